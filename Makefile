@@ -1,0 +1,101 @@
+# `make help` lists the targets. `make run` and `make test` do their whole set-up on a fresh clone;
+# repeated runs reuse the virtual environment and the built extension (stamps in .stamps/).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMPS := .stamps
+RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock
+CONFIG ?= config/demo.toml
+PORT ?= 8080
+SIM_PORT ?= 9911
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Python dependencies straight from pyproject.toml: runtime, test and dev (bench extras: bench-tools).
+REQUIREMENTS = $(BIN)/python -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+	  [print(d) for d in p["build-system"]["requires"] + p["project"]["dependencies"] \
+	   + [x for extra in sys.argv[1:] for x in p["project"]["optional-dependencies"][extra]]]'
+
+$(STAMPS)/deps: pyproject.toml | $(BIN)/python
+	@mkdir -p $(STAMPS)
+	$(REQUIREMENTS) test dev > $(STAMPS)/requirements.txt
+	$(BIN)/pip install --quiet -r $(STAMPS)/requirements.txt
+	@touch $@
+
+# The Rust extension, release build, installed editable into the venv (python/ stays the source).
+$(STAMPS)/ext: $(STAMPS)/deps $(RUST_SOURCES)
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/maturin develop --release --locked --quiet
+	@touch $@
+
+Cargo.lock:
+	cargo generate-lockfile
+
+.PHONY: setup
+setup: $(STAMPS)/ext ## create the venv, install dependencies, build the extension
+
+.PHONY: run
+run: setup ## start the simulator and the gateway; prints the base URL and a demo key
+	$(BIN)/gateway demo --config $(CONFIG) --port $(PORT) --sim-port $(SIM_PORT)
+
+.PHONY: test
+test: setup lint test-rust test-py ## the whole suite: lint, Rust unit tests, then pytest
+
+.PHONY: test-rust
+test-rust: ## cargo tests of the core (no Python)
+	cargo test --locked -p gateway-core --release
+
+.PHONY: test-py
+test-py: setup ## pytest (real processes: gateway on Granian, simulator, official clients)
+	$(BIN)/python -m pytest -q
+
+# What the benchmarks need beyond the test set-up: wrk (Debian), chart and packaging libraries,
+# LiteLLM's proxy in its own venv, Portkey's gateway from npm (skipped without Node.js).
+$(STAMPS)/bench-tools: $(STAMPS)/deps benches/install_litellm.py
+	command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	$(REQUIREMENTS) bench > $(STAMPS)/bench-requirements.txt
+	$(BIN)/pip install --quiet -r $(STAMPS)/bench-requirements.txt
+	$(BIN)/python benches/install_litellm.py
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix benches/.portkey \
+	  @portkey-ai/gateway@1.15.2; fi
+	@touch $@
+
+.PHONY: bench-tools
+bench-tools: $(STAMPS)/bench-tools ## install wrk, LiteLLM and Portkey for the benchmarks
+
+.PHONY: bench
+bench: setup bench-tools ## every path, workload and concurrency, micro-benchmarks (under 10 minutes)
+	$(BIN)/python benches/run.py
+
+.PHONY: bench-quick
+bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 64, about two minutes
+	$(BIN)/python benches/run.py --quick
+
+.PHONY: lint
+lint: setup ## formatting, clippy, ruff, mypy and the stub check
+	cargo fmt --all --check
+	cargo clippy --locked --all-targets -- -D warnings
+	$(BIN)/ruff format --check python tests benches
+	$(BIN)/ruff check python tests benches
+	$(BIN)/mypy
+	$(BIN)/python -m mypy.stubtest gateway._core
+
+.PHONY: fmt
+fmt: setup ## format Rust and Python sources
+	cargo fmt --all
+	$(BIN)/ruff format python tests benches
+	$(BIN)/ruff check --fix python tests benches
+
+.PHONY: clean
+clean: ## remove build output, the venv and local data
+	rm -rf $(VENV) $(STAMPS) target var python/gateway/*.so benches/.venv-litellm benches/.portkey

@@ -1,0 +1,136 @@
+"""Load generation: wrk (a C load generator, not a Python loop) for throughput and latency, and a
+small streaming client for time to first token and the gap between chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+LUA = """
+wrk.method = "POST"
+wrk.body = {body}
+{headers}
+done = function(summary, latency, requests)
+  io.write(string.format('RESULT {{"requests":%d,"duration_us":%d,"p50":%d,"p90":%d,"p99":%d,"non2xx":%d,"errors":%d}}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    summary.errors.status, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+"""
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    seconds: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    failures: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _lua_string(text: str) -> str:
+    return "[==[" + text + "]==]"
+
+
+def wrk(
+    url: str, body: bytes, headers: dict[str, str], connections: int, seconds: float, cpu: str
+) -> WrkResult:
+    header_lines = "\n".join(
+        f"wrk.headers[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in headers.items()
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(LUA.format(body=_lua_string(body.decode()), headers=header_lines))
+    try:
+        out = subprocess.run(
+            [
+                "taskset",
+                "-c",
+                cpu,
+                "wrk",
+                "-t1",
+                f"-c{connections}",
+                f"-d{seconds:g}s",
+                "--timeout",
+                "30s",
+                "-s",
+                script.name,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=seconds + 60,
+        ).stdout
+    finally:
+        Path(script.name).unlink()
+    line = next(line for line in out.splitlines() if line.startswith("RESULT "))
+    data = json.loads(line.removeprefix("RESULT "))
+    return WrkResult(
+        requests=data["requests"],
+        seconds=data["duration_us"] / 1e6,
+        p50_ms=data["p50"] / 1000,
+        p90_ms=data["p90"] / 1000,
+        p99_ms=data["p99"] / 1000,
+        failures=data["non2xx"] + data["errors"],
+    )
+
+
+class StreamFailed(Exception):
+    pass
+
+
+@dataclass
+class StreamTiming:
+    ttft_p50_ms: float
+    chunk_gap_p50_us: float
+    chunk_gap_p99_us: float
+    chunks: int
+
+
+async def _stream_timing(url: str, body: bytes, headers: dict[str, str], count: int) -> StreamTiming:
+    ttfts: list[float] = []
+    gaps: list[float] = []
+    chunks = 0
+    async with aiohttp.ClientSession() as session:
+        for i in range(count + 5):
+            start = time.perf_counter()
+            last = None
+            n = 0
+            async with session.post(url, data=body, headers=headers) as response:
+                if response.status != 200:
+                    text = (await response.read())[:200].decode(errors="replace")
+                    raise StreamFailed(f"the server answered {response.status}: {text}")
+                async for _ in response.content.iter_any():
+                    now = time.perf_counter()
+                    if last is None:
+                        if i >= 5:  # the first streams warm up
+                            ttfts.append(now - start)
+                    elif i >= 5:
+                        gaps.append(now - last)
+                    last = now
+                    n += 1
+            chunks = max(chunks, n)
+    gaps.sort()
+    return StreamTiming(
+        ttft_p50_ms=statistics.median(ttfts) * 1000,
+        chunk_gap_p50_us=statistics.median(gaps) * 1e6 if gaps else 0.0,
+        chunk_gap_p99_us=gaps[int(len(gaps) * 0.99)] * 1e6 if gaps else 0.0,
+        chunks=chunks,
+    )
+
+
+def stream_timing(url: str, body: bytes, headers: dict[str, str], count: int = 30) -> StreamTiming:
+    """One stream at a time: time to the first bytes of the body, and the median gap between reads."""
+    return asyncio.run(_stream_timing(url, body, headers, count))

@@ -1,0 +1,178 @@
+"""The results: benches/results/latest.json (for tools), latest.md (for people), latency.png."""
+
+from __future__ import annotations
+
+import json
+import platform
+import tomllib
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGETS = Path(__file__).resolve().parent / "targets.toml"
+
+
+def machine() -> str:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    import os
+
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+
+
+def row(rows: list[dict[str, Any]], path: str, workload: str, c: int) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if r["path"] == path and r["workload"] == workload and r["concurrency"] == c), None
+    )
+
+
+def check_targets(rows: list[dict[str, Any]]) -> list[tuple[str, float, float | None, bool | None]]:
+    targets = tomllib.loads(TARGETS.read_text())["targets"]
+    gw1 = row(rows, "gateway", "chat", 1)
+    gw64 = row(rows, "gateway", "chat", 64)
+    ll64 = row(rows, "litellm", "chat", 64)
+    stream1 = row(rows, "gateway", "chat_stream", 1)
+    rss = max((r["rss_mb"] for r in rows if r["path"] == "gateway" and r.get("rss_mb")), default=None)
+    measured: dict[str, float | None] = {
+        "added_p50_ms_c1": gw1["added_p50_ms"] if gw1 else None,
+        "added_p99_ms_c1": gw1["added_p99_ms"] if gw1 else None,
+        "throughput_vs_litellm_c64": gw64["rps"] / ll64["rps"] if gw64 and ll64 and ll64["rps"] else None,
+        "stream_added_us_per_chunk": stream1["added_us_per_chunk"] if stream1 else None,
+        "rss_mb": rss,
+    }
+    out = []
+    for name, limit in targets.items():
+        value = measured.get(name)
+        if value is None:
+            ok = None
+        elif name == "throughput_vs_litellm_c64":
+            ok = value >= limit
+        else:
+            ok = value <= limit
+        out.append((name, limit, value, ok))
+    return out
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def write(result: dict[str, Any], stamp: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    rows = result["rows"]
+    (RESULTS / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
+    paths = [p for p in ("floor", "gateway", "litellm", "portkey") if any(r["path"] == p for r in rows)]
+    lines = [
+        f"# Benchmark results — {result['date']}",
+        "",
+        f"Machine: {result['machine']}. Versions: "
+        + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+        + f". Mode: {result['mode']}.",
+        "",
+        "Each server runs one worker pinned to CPU 0; the simulator and the load generator (wrk, one "
+        "thread) share CPU 1. Every run is warmed up first. `added` is the path's latency minus the "
+        "floor's (the client straight to the simulator) at the same percentile; `× gateway` is the "
+        "gateway's figure over that path's (throughput) or that path's over the gateway's (latency).",
+        "",
+        "## Targets",
+        "",
+        "| target | limit | measured | |",
+        "|---|---|---|---|",
+    ]
+    for name, limit, value, ok in check_targets(rows):
+        mark = "–" if ok is None else ("met" if ok else "**missed**")
+        lines.append(f"| {name} | {limit:g} | {_fmt(value)} | {mark} |")
+    for workload in ("chat", "chat_stream", "embeddings"):
+        cs = sorted({r["concurrency"] for r in rows if r["workload"] == workload})
+        if not cs:
+            continue
+        lines += ["", f"## {workload}", ""]
+        header = "| path | c | req/s | × gateway | p50 ms | p90 ms | p99 ms | added p50 | added p99 | CPU s/1k req | peak RSS MB | failed |"
+        lines += [header, "|---" * (header.count("|") - 1) + "|"]
+        for c in cs:
+            gw = row(rows, "gateway", workload, c)
+            for p in paths:
+                r = row(rows, p, workload, c)
+                if r is None:
+                    continue
+                ratio = None
+                if gw and p != "gateway" and r["rps"]:
+                    ratio = gw["rps"] / r["rps"]
+                lines.append(
+                    f"| {p} | {c} | {_fmt(r['rps'], 0)} | {_fmt(ratio, 1) if ratio else ''} | {_fmt(r['p50_ms'])} "
+                    f"| {_fmt(r['p90_ms'])} | {_fmt(r['p99_ms'])} | {_fmt(r.get('added_p50_ms'))} "
+                    f"| {_fmt(r.get('added_p99_ms'))} | {_fmt(r.get('cpu_s_per_1k'), 3)} | {_fmt(r.get('rss_mb'), 0)} | {r['failures']} |"
+                )
+    streams = [r for r in rows if r["workload"] == "chat_stream" and r.get("added_us_per_chunk") is not None]
+    timings = result.get("stream_timing", [])
+    if streams or timings:
+        lines += [
+            "",
+            "## Streaming",
+            "",
+            "Added per chunk: (path − floor) p50 of a 200-chunk stream at concurrency 1, divided by 200. "
+            "Time to first byte and the gap between chunks come from one client reading a stream of 50 "
+            "chunks paced 2 ms apart by the simulator.",
+            "",
+            "| path | added µs/chunk | first byte p50 ms | chunk gap p50 µs | chunk gap p99 µs |",
+            "|---|---|---|---|---|",
+        ]
+        for p in paths:
+            s = next((r for r in streams if r["path"] == p and r["concurrency"] == 1), None)
+            t = next((t for t in timings if t["path"] == p), None)
+            lines.append(
+                f"| {p} | {_fmt(s['added_us_per_chunk'], 1) if s else '–'} | {_fmt(t['ttft_p50_ms']) if t else '–'} "
+                f"| {_fmt(t['chunk_gap_p50_us'], 0) if t else '–'} | {_fmt(t['chunk_gap_p99_us'], 0) if t else '–'} |"
+            )
+    if result.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
+    if result.get("micro"):
+        lines += [
+            "",
+            "## Micro-benchmarks (Rust core beside the nearest pure-Python way)",
+            "",
+            "| job | Rust core | Python | × |",
+            "|---|---|---|---|",
+        ]
+        for m in result["micro"]:
+            lines.append(f"| {m['job']} | {m['rust']} | {m['python']} | {m['speedup']:.1f} |")
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "latest.md").write_text(text)
+    (RESULTS / f"{stamp}.md").write_text(text)
+    chart(rows, RESULTS / "latency.png")
+    return RESULTS / "latest.md"
+
+
+def chart(rows: list[dict[str, Any]], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric, title in ((axes[0], "p50_ms", "p50 latency"), (axes[1], "p99_ms", "p99 latency")):
+        for path in ("floor", "gateway", "litellm", "portkey"):
+            pts = sorted(
+                (r["concurrency"], r[metric]) for r in rows if r["path"] == path and r["workload"] == "chat"
+            )
+            if pts:
+                ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=path)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("ms")
+        ax.set_title(f"chat completions: {title}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,179 @@
+"""`make bench` / `make bench-quick`: every path against the same simulator, in one run, as ratios.
+
+Usage: python benches/run.py [--quick] [--paths floor,gateway,litellm,portkey] [--no-micro]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import load
+import procstat
+import report
+import servers
+
+SERVER_CPU = "0"  # the path under test
+CLIENT_CPU = "1"  # the simulator and the load generator
+
+
+def body(workload: str, model: str) -> bytes:
+    payload: dict[str, Any]
+    if workload == "embeddings":
+        payload = {"model": model, "input": "Say something.", "encoding_format": "float"}
+    else:
+        payload = {"model": model, "messages": [{"role": "user", "content": "Say something."}]}
+        if workload != "chat":
+            payload["stream"] = True
+    return json.dumps(payload).encode()
+
+
+def measure(
+    target: servers.Target, workload: str, concurrency: int, seconds: float, warmup: float
+) -> dict[str, Any]:
+    data = body(workload, target.model[workload])
+    url = target.url(workload)
+    load.wrk(url, data, target.headers, concurrency, warmup, CLIENT_CPU)
+    cpu_before = procstat.cpu_seconds(target.pid) if target.pid else 0.0
+    result = load.wrk(url, data, target.headers, concurrency, seconds, CLIENT_CPU)
+    cpu = (procstat.cpu_seconds(target.pid) - cpu_before) if target.pid else None
+    row: dict[str, Any] = {
+        "path": target.name,
+        "workload": workload,
+        "concurrency": concurrency,
+        "requests": result.requests,
+        "failures": result.failures,
+        "rps": round(result.rps, 1),
+        "p50_ms": result.p50_ms,
+        "p90_ms": result.p90_ms,
+        "p99_ms": result.p99_ms,
+        "rss_mb": round(procstat.peak_rss_mb(target.pid), 1) if target.pid else None,
+        "cpu_s_per_1k": round(cpu / result.requests * 1000, 4)
+        if cpu is not None and result.requests
+        else None,
+    }
+    print(
+        f"  {target.name:8} {workload:12} c={concurrency:<4} {row['rps']:>9,.0f} req/s  p50 {result.p50_ms:8.2f} ms"
+        f"  p99 {result.p99_ms:8.2f} ms  failures {result.failures}",
+        flush=True,
+    )
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--quick", action="store_true", help="gateway and LiteLLM, chat, concurrency 1 and 64"
+    )
+    parser.add_argument("--paths", default=None)
+    parser.add_argument("--no-micro", action="store_true")
+    args = parser.parse_args()
+
+    if args.quick:
+        paths = ["floor", "gateway", "litellm"]
+        plan = {"chat": [1, 64], "chat_stream": [1]}
+        seconds, warmup = 5.0, 2.0
+    else:
+        paths = ["floor", "gateway", "litellm", "portkey"]
+        plan = {"chat": [1, 16, 64, 256], "chat_stream": [1, 16, 64], "embeddings": [1, 64]}
+        seconds, warmup = 8.0, 3.0
+    if args.paths:
+        paths = args.paths.split(",")
+    notes: list[str] = []
+    if "litellm" in paths and not servers.litellm_available():
+        paths.remove("litellm")
+        notes.append("LiteLLM is not installed (run `make bench-tools`); its rows are missing.")
+    if "portkey" in paths and not servers.portkey_available():
+        paths.remove("portkey")
+        notes.append("Portkey's gateway needs Node.js and `make bench-tools`; its rows are missing.")
+
+    rows: list[dict[str, Any]] = []
+    timings: list[dict[str, Any]] = []
+    versions: dict[str, str] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp,
+        servers.simulator(Path(tmp), CLIENT_CPU) as sim,
+    ):
+        starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]] = {
+            "floor": lambda: contextlib.nullcontext(servers.floor(sim)),
+            "gateway": lambda: servers.gateway(sim, Path(tmp), SERVER_CPU),
+            "litellm": lambda: servers.litellm(sim, Path(tmp), SERVER_CPU),
+            "portkey": lambda: servers.portkey(sim, Path(tmp), SERVER_CPU),
+        }
+        for path in paths:
+            print(f"{path}:", flush=True)
+            with starters[path]() as target:
+                versions[path] = target.version
+                time.sleep(0.5)
+                for workload, concurrencies in plan.items():
+                    for c in concurrencies:
+                        rows.append(measure(target, workload, c, seconds, warmup))
+                try:
+                    t = load.stream_timing(
+                        target.url("chat_paced"),
+                        body("chat_paced", target.model["chat_paced"]),
+                        target.headers,
+                    )
+                except load.StreamFailed as exc:
+                    notes.append(f"{path}: stream timing not measured, {exc}.")
+                else:
+                    timings.append({"path": path, **t.__dict__})
+    for r in rows:
+        if r["failures"]:
+            notes.append(
+                f"{r['path']} {r['workload']} at c={r['concurrency']}: {r['failures']} of "
+                f"{r['requests']} requests failed (non-2xx or socket errors); its figures include them."
+            )
+    add_differences(rows)
+    micro_rows = [] if args.no_micro or args.quick else micro()
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    result = {
+        "machine": report.machine(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "mode": "quick" if args.quick else "full",
+        "versions": versions,
+        "rows": rows,
+        "stream_timing": timings,
+        "micro": micro_rows,
+        "notes": notes,
+    }
+    out = report.write(result, stamp)
+    print(f"\nwrote {out}")
+    for name, limit, value, ok in report.check_targets(rows):
+        status = "n/a" if ok is None else ("met" if ok else "MISSED")
+        print(
+            f"  target {name}: limit {limit:g}, measured {value if value is None else round(value, 3)} -> {status}"
+        )
+    return 0
+
+
+def add_differences(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        base = report.row(rows, "floor", r["workload"], r["concurrency"])
+        if base is None:
+            continue
+        r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3)
+        r["added_p99_ms"] = round(r["p99_ms"] - base["p99_ms"], 3)
+        if r["workload"] == "chat_stream":
+            r["added_us_per_chunk"] = round((r["p50_ms"] - base["p50_ms"]) * 1000 / 200, 2)
+
+
+def micro() -> list[dict[str, Any]]:
+    import micro as micro_module
+
+    return micro_module.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

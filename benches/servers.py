@@ -1,0 +1,269 @@
+"""The paths under test, each started on loopback against the same simulator.
+
+floor    the client straight to the simulator
+gateway  this gateway as a user runs it: auth, billing, usage records, embedded SQLite store
+litellm  LiteLLM's proxy (own virtual environment), no database
+portkey  Portkey's open-source gateway (npm), when Node.js is present
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LITELLM = HERE / ".venv-litellm" / "bin" / "litellm"
+PORTKEY = HERE / ".portkey" / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+
+# What the simulator is asked for, per workload (directives ride on the upstream model name).
+UPSTREAM_MODEL = {
+    "chat": "sim-chat",
+    "chat_stream": "sim-chat+tokens=200",
+    "chat_paced": "sim-chat+tokens=50+pace=2ms",
+    "embeddings": "sim-embed",
+}
+MODEL_TYPE = {"embeddings": "embedding"}  # the rest are chat
+PATH = {"embeddings": "/embeddings"}  # the rest are /chat/completions
+
+
+@dataclass
+class Target:
+    name: str
+    base_url: str  # what an OpenAI client takes as its base: .../v1
+    headers: dict[str, str]
+    pid: int | None  # the server process whose tree is measured (None for the floor)
+    model: dict[str, str] = field(default_factory=dict)  # workload -> model name to send
+    version: str = ""
+
+    def url(self, workload: str) -> str:
+        return self.base_url + PATH.get(workload, "/chat/completions")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(port: int, proc: subprocess.Popen[bytes], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+@contextmanager
+def process(
+    args: list[str], port: int, cpu: str, log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # no database, as stated
+        proc = subprocess.Popen(
+            ["taskset", "-c", cpu, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**environment, **(env or {})},
+            start_new_session=True,
+        )
+        try:
+            try:
+                wait_for(port, proc)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}; see {log}:\n{log.read_text(errors='replace')[-3000:]}") from None
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 15)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+@contextmanager
+def simulator(workdir: Path, cpu: str) -> Iterator[str]:
+    port = free_port()
+    with process(
+        [sys.executable, "-m", "gateway", "sim", "--port", str(port)], port, cpu, workdir / "sim.log"
+    ):
+        yield f"http://127.0.0.1:{port}"
+
+
+def floor(sim: str) -> Target:
+    return Target(
+        "floor",
+        sim + "/v1",
+        {"content-type": "application/json"},
+        None,
+        model=dict(UPSTREAM_MODEL),
+        version="simulator",
+    )
+
+
+@contextmanager
+def gateway(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
+    port = free_port()
+    db = workdir / "gateway.db"
+    models = "".join(
+        f"""
+[[models]]
+name = "bench/{workload}"
+type = "{MODEL_TYPE.get(workload, "chat")}"
+[models.prices]
+input = "0.15"
+output = "0.60"
+[[models.channels]]
+provider = "openai"
+base_url = "{sim}/v1"
+model = "{upstream}"
+"""
+        for workload, upstream in UPSTREAM_MODEL.items()
+    )
+    config = workdir / "gateway.toml"
+    config.write_text(f'[server]\nport = {port}\nworkers = {workers}\n[store]\npath = "{db}"\n{models}')
+    key = asyncio.run(_mint_key(db))
+    with process(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        port,
+        cpu,
+        workdir / "gateway.log",
+    ) as proc:
+        yield Target(
+            "gateway",
+            f"http://127.0.0.1:{port}/v1",
+            {"content-type": "application/json", "authorization": f"Bearer {key}"},
+            proc.pid,
+            model={w: f"bench/{w}" for w in UPSTREAM_MODEL},
+            version=_git_version(),
+        )
+
+
+async def _mint_key(db: Path) -> str:
+    sys.path.insert(0, str(ROOT / "python"))
+    from gateway.auth import display_prefix, generate_key, hash_key
+    from gateway.store.sqlite import SqliteStore
+
+    store = SqliteStore(db)
+    await store.start()
+    try:
+        account = await store.create_account("bench-" + secrets.token_hex(4), Decimal(1_000_000))
+        key = generate_key()
+        await store.create_key(account.id, "bench", hash_key(key), display_prefix(key), None)
+        return key
+    finally:
+        await store.close()
+
+
+def _git_version() -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip()
+
+
+def litellm_available() -> bool:
+    return LITELLM.exists()
+
+
+@contextmanager
+def litellm(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
+    port = free_port()
+    master = "sk-" + secrets.token_hex(16)  # LiteLLM refuses sk-1234
+    lines = ["model_list:"]
+    for workload, upstream in UPSTREAM_MODEL.items():
+        lines += [
+            f"  - model_name: bench/{workload}",
+            "    litellm_params:",
+            f"      model: openai/{upstream}",
+            f"      api_base: {sim}/v1",
+            "      api_key: sk-sim",
+        ]
+        if workload in MODEL_TYPE:
+            lines += ["    model_info:", f"      mode: {MODEL_TYPE[workload]}"]
+    lines += [
+        "litellm_settings:",
+        "  callbacks: []",
+        "  num_retries: 0",
+        "  drop_params: true",
+        "  request_timeout: 600",
+        "general_settings:",
+        f"  master_key: {master}",
+    ]
+    config = workdir / "litellm.yaml"
+    config.write_text("\n".join(lines) + "\n")
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_ADMIN_UI": "True",
+    }
+    args = [str(LITELLM), "--config", str(config), "--port", str(port), "--num_workers", str(workers)]
+    with process(args, port, cpu, workdir / "litellm.log", env) as proc:
+        version = subprocess.run(
+            [
+                str(LITELLM.parent / "python"),
+                "-c",
+                "import importlib.metadata as m; print(m.version('litellm'))",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        yield Target(
+            "litellm",
+            f"http://127.0.0.1:{port}/v1",
+            {"content-type": "application/json", "authorization": f"Bearer {master}"},
+            proc.pid,
+            model={w: f"bench/{w}" for w in UPSTREAM_MODEL},
+            version=version,
+        )
+
+
+def portkey_available() -> bool:
+    return PORTKEY.exists() and shutil.which("node") is not None
+
+
+@contextmanager
+def portkey(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
+    port = free_port()
+    with process(
+        ["node", str(PORTKEY), f"--port={port}", "--headless"], port, cpu, workdir / "portkey.log"
+    ) as proc:
+        headers = {
+            "content-type": "application/json",
+            "authorization": "Bearer sk-sim",
+            "x-portkey-provider": "openai",
+            "x-portkey-custom-host": f"{sim}/v1",
+        }
+        package = PORTKEY.parents[1] / "package.json"
+        version = json.loads(package.read_text()).get("version", "")
+        yield Target(
+            "portkey",
+            f"http://127.0.0.1:{port}/v1",
+            headers,
+            proc.pid,
+            model=dict(UPSTREAM_MODEL),
+            version=version,
+        )

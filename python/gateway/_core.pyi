@@ -1,0 +1,271 @@
+"""Typed face of the Rust extension `gateway._core` (crate `rust/py`, logic in `rust/core`).
+
+Every function here is pure or owns its own small state; nothing here does I/O.
+Errors raised by the extension all derive from `CoreError`.
+"""
+
+from typing import Final, Literal, Self, TypeAlias, final
+
+__version__: Final[str]
+__all__ = [
+    "ChatStreamRewriter",
+    "CoreError",
+    "InvalidJsonError",
+    "MessagesStreamRewriter",
+    "MultipartPart",
+    "SseEvent",
+    "SseParser",
+    "StreamUsage",
+    "TakeResult",
+    "TokenBucket",
+    "UnknownEncodingError",
+    "__version__",
+    "count_chat_tokens",
+    "count_tokens",
+    "fingerprint",
+    "parse_chat_usage",
+    "parse_messages_usage",
+    "parse_multipart",
+    "set_json_id",
+]
+
+_Encoding: TypeAlias = Literal["o200k_base", "cl100k_base"]
+
+# ---------------------------------------------------------------- errors
+
+class CoreError(ValueError):
+    """Root of every exception the Rust core raises (all are bad input, hence ValueError)."""
+
+class UnknownEncodingError(CoreError):
+    """The tokenizer name is not one of the bundled vocabularies."""
+
+class InvalidJsonError(CoreError):
+    """Bytes that had to be JSON were not (message says where)."""
+
+# ---------------------------------------------------------------- SSE
+
+@final
+class SseEvent:
+    """One whole server-sent event. `data` joins multiple data: lines with "\\n"."""
+
+    @property
+    def event(self) -> str | None:
+        """The event: field; None when absent or empty (a plain "message" event)."""
+    @property
+    def data(self) -> str: ...
+    @property
+    def id(self) -> str | None:
+        """This event's own id: field (not carried over from earlier events as EventSource does)."""
+    @property
+    def retry(self) -> int | None: ...
+
+@final
+class SseParser:
+    """Incremental SSE parser (WHATWG rules): feed byte chunks split anywhere, get whole events.
+
+    LF, CRLF and CR line ends; comment lines (":...") ignored; a UTF-8 BOM at the very start skipped;
+    an event is dispatched at a blank line; an event with no data: line is not dispatched.
+    """
+
+    def __new__(cls) -> Self: ...
+    def feed(self, chunk: bytes) -> list[SseEvent]: ...
+    def finish(self) -> list[SseEvent]:
+        """End of input: dispatch a last event that lacked its blank line."""
+
+@final
+class ChatStreamRewriter:
+    """Rewrites an upstream OpenAI chat-completions SSE stream for the client.
+
+    Every JSON chunk gets its top-level "id" set to `response_id` (inserted when absent); the rest of the
+    chunk's bytes are untouched. Output is normalised to `data: <json>\\n\\n` per event.
+    Reads `usage` when present, collects streamed output text (delta content, reasoning content, tool-call
+    arguments) so output can be counted when the upstream gives no usage, and notes `[DONE]`.
+    When `forward_usage` is False, a chunk whose `choices` is empty and which carries a non-null usage
+    (the include_usage chunk the gateway asked for on its own) is consumed, not forwarded.
+    An upstream chunk with a top-level "error" member is not forwarded: its raw JSON lands in `error`.
+    Data that is not a JSON object is forwarded unchanged. Fields of an unexpected type are ignored
+    rather than fatal, and a valid JSON object of an unexpected shape still gets the id.
+    """
+
+    def __new__(cls, response_id: str, forward_usage: bool) -> Self: ...
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to send to the client for all events completed by this chunk (may be b"")."""
+    def finish(self) -> bytes:
+        """End of upstream input; flushes a last event that lacked its blank line."""
+    @property
+    def done(self) -> bool:
+        """`data: [DONE]` was seen (and forwarded)."""
+    @property
+    def chunks(self) -> int:
+        """JSON chunks forwarded so far."""
+    @property
+    def saw_output(self) -> bool:
+        """Any non-empty output (content, reasoning or tool-call text) was forwarded."""
+    @property
+    def output_text(self) -> str:
+        """All streamed output text so far, concatenated."""
+    @property
+    def usage(self) -> StreamUsage | None:
+        """The last non-null usage object seen, if any."""
+    @property
+    def model(self) -> str | None:
+        """The upstream's "model" field from the first chunk that had one."""
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def error(self) -> bytes | None:
+        """Raw JSON of an upstream error chunk, if one arrived (then the stream is over)."""
+
+@final
+class MessagesStreamRewriter:
+    """Rewrites an upstream message-style (Anthropic Messages API) SSE stream for the client.
+
+    Event names are kept; every event's JSON gets a top-level "id" set to `response_id`, and
+    message_start also gets it as message.id; nothing else changes. Usage is read from message_start
+    (input, cache reads counted as cached prompt tokens) and message_delta (cumulative output); text,
+    thinking and tool-input JSON are collected in `output_text`. message_stop sets `done` and is
+    followed by `data: [DONE]` (the client library ignores unnamed events). An upstream error event is
+    not forwarded: its raw JSON lands in `error`.
+    """
+
+    def __new__(cls, response_id: str) -> Self: ...
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def saw_output(self) -> bool: ...
+    @property
+    def output_text(self) -> str: ...
+    @property
+    def usage(self) -> StreamUsage | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def error(self) -> bytes | None: ...
+
+def parse_messages_usage(body: bytes) -> StreamUsage | None:
+    """`usage` of a whole message (Anthropic Messages API), mapped as in streams; None when absent.
+
+    Raises InvalidJsonError when the body is not a JSON object.
+    """
+
+@final
+class StreamUsage:
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def total_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int:
+        """usage.prompt_tokens_details.cached_tokens, 0 when absent."""
+    @property
+    def reasoning_tokens(self) -> int:
+        """usage.completion_tokens_details.reasoning_tokens, 0 when absent."""
+
+def parse_chat_usage(body: bytes) -> StreamUsage | None:
+    """`usage` of a whole (non-streamed) chat completion body; None when absent or null.
+
+    Raises InvalidJsonError when the body is not a JSON object.
+    """
+
+def set_json_id(body: bytes, new_id: str) -> bytes:
+    """Return the JSON object `body` with its top-level "id" set to `new_id` (inserted when absent),
+    all other bytes untouched. Raises InvalidJsonError when the body is not a JSON object (the whole
+    body is validated)."""
+
+# ---------------------------------------------------------------- tokens
+
+def count_tokens(text: str, encoding: _Encoding = "o200k_base") -> int:
+    """Exact BPE token count (same as OpenAI's tiktoken). Releases the GIL for long texts."""
+
+def count_chat_tokens(body: bytes, encoding: _Encoding = "o200k_base") -> int:
+    """Prompt tokens of a chat-completions request body (the JSON object with "messages").
+
+    OpenAI's accounting: 3 per message, +1 when it has a name, the tokens of every string field of the
+    message (role, content text or text parts, name, tool-call names and arguments), +3 priming the reply.
+    Non-text parts (images, audio) are not counted. Raises InvalidJsonError on a body that is not a JSON
+    object with a "messages" array.
+    """
+
+# ---------------------------------------------------------------- rate limiting
+
+@final
+class TakeResult:
+    @property
+    def allowed(self) -> bool: ...
+    @property
+    def remaining(self) -> int:
+        """Whole tokens left after this call (0 when in debt)."""
+    @property
+    def retry_after_ns(self) -> int:
+        """0 when allowed; else nanoseconds until `n` tokens would be available. When `n` exceeds
+        the capacity it can never be taken: this is then the time until the bucket is full (0 if it
+        is full already)."""
+
+@final
+class TokenBucket:
+    """Token bucket with exact integer arithmetic.
+
+    Refills `refill_tokens` every `refill_period_ns` continuously (a per-minute limit L is
+    `TokenBucket(L, L, 60_000_000_000, now)`), holding at most `capacity`. Starts full.
+    Invariant: tokens admitted over any interval of length t (net of tokens given back through
+    `adjust`) never exceed capacity + rate * t.
+    Time is an integer in nanoseconds from any monotonic origin; time going backwards is treated as
+    no time passing.
+    """
+
+    def __new__(cls, capacity: int, refill_tokens: int, refill_period_ns: int, now_ns: int) -> Self: ...
+    def try_take(self, n: int, now_ns: int) -> TakeResult: ...
+    def adjust(self, delta: int, now_ns: int) -> None:
+        """Correct a reservation: positive returns tokens (capped at capacity), negative takes more
+        (the bucket may go into debt, delaying later takes)."""
+    def available(self, now_ns: int) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def state(self) -> tuple[int, int]:
+        """(level, last_ns): the whole state, to store elsewhere (level is in token * period_ns units)."""
+    @staticmethod
+    def from_state(
+        capacity: int, refill_tokens: int, refill_period_ns: int, level: int, last_ns: int
+    ) -> TokenBucket:
+        """Raises CoreError when `level` is above capacity * refill_period_ns or below the deepest
+        debt a bucket can hold (-2**125); as in `TokenBucket(...)`, when refill_tokens or
+        refill_period_ns is 0 or capacity * refill_period_ns is 2**125 or more."""
+
+# ---------------------------------------------------------------- idempotency
+
+def fingerprint(
+    method: str, path: str, body: bytes, content_type: str | None = None, key: bytes | None = None
+) -> str:
+    """Stable hex digest (BLAKE3, keyed when `key` — 32 bytes — is given) of method, path and body.
+
+    JSON bodies (content type containing "json", or unknown type and the body parses) are canonicalised:
+    object keys sorted, insignificant whitespace dropped. multipart/form-data bodies are reduced to their
+    parts (name, filename, content type, bytes) so the random boundary does not matter. Other bodies
+    are taken byte for byte. Releases the GIL for large bodies.
+    """
+
+# ---------------------------------------------------------------- multipart
+
+@final
+class MultipartPart:
+    @property
+    def name(self) -> str: ...
+    @property
+    def filename(self) -> str | None: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def data(self) -> bytes: ...
+
+def parse_multipart(body: bytes, content_type: str) -> list[MultipartPart] | None:
+    """The parts of a multipart/form-data body, in order; None when the body or the content type's
+    boundary is malformed. Releases the GIL for large bodies."""

@@ -1,0 +1,97 @@
+"""create_app: the Starlette application, its routes, its error handling and its lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ._core import count_tokens
+from .config import Settings, settings_from_env
+from .errors import GatewayError, error_response
+from .providers.http import UpstreamClient
+from .registry import ModelRegistry
+from .routes import chat, embeddings, messages, models, rerank, speech, transcription, usage
+from .state import GatewayState
+from .store import open_store
+
+log = logging.getLogger("gateway")
+
+
+def create_app(settings: Settings) -> Starlette:
+    state = GatewayState(
+        settings=settings,
+        registry=ModelRegistry(settings.models),
+        store=open_store(str(settings.store_path)),
+        upstream=UpstreamClient(settings),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.store.start()
+        await state.upstream.start()
+        warm_tokenizers(settings)
+        try:
+            yield
+        finally:
+            await state.upstream.close()
+            await state.store.close()
+
+    app = Starlette(
+        routes=[
+            *chat.routes(state),
+            *messages.routes(state),
+            *embeddings.routes(state),
+            *rerank.routes(state),
+            *speech.routes(state),
+            *transcription.routes(state),
+            *models.routes(state),
+            *usage.routes(state),
+        ],
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.gateway = state
+    return app
+
+
+def warm_tokenizers(settings: Settings) -> None:
+    """Load every configured vocabulary now, not on the first request that needs it (tens of ms)."""
+    for tokenizer in {m.tokenizer for m in settings.models}:
+        count_tokens("warm", tokenizer)
+
+
+def app_from_env() -> Starlette:
+    """Factory for server workers: settings come from the file named by GATEWAY_CONFIG."""
+    return create_app(settings_from_env())
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Starlette's router raises these for unknown paths and wrong methods.
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        err = GatewayError("method_not_allowed", f"{request.method} is not allowed on {request.url.path}.")
+        return error_response(err, exc.headers)
+    if exc.status_code == 404:
+        return error_response(GatewayError("not_found", f"No such path: {request.url.path}."))
+    return error_response(GatewayError("invalid_request", str(exc.detail), status=exc.status_code))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # Logged with its traceback for operators; the client sees the spec's error object, nothing more.
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(GatewayError("api_error", "The gateway failed unexpectedly. Retry later."))

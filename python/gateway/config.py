@@ -1,0 +1,247 @@
+"""Settings: one TOML file (see gateway.example.toml), parsed once into frozen dataclasses."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar, cast
+
+T = TypeVar("T")
+
+MODEL_TYPES: Final = frozenset(
+    {"chat", "responses", "messages", "image", "video", "embedding", "speech", "transcription", "rerank"}
+)
+Tokenizer = Literal["o200k_base", "cl100k_base"]
+TOKENIZERS: Final = frozenset({"o200k_base", "cl100k_base"})
+PROVIDER_KINDS: Final = frozenset({"openai", "anthropic", "cohere"})
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-:@+]+$")
+CONFIG_ENV: Final = "GATEWAY_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or wrong; the message names the place."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Exact US dollars: per one million tokens of each kind, per search unit (rerank), per one
+    million characters of input (speech) and per second of audio (transcription)."""
+
+    input: Decimal = Decimal(0)
+    cached_input: Decimal = Decimal(0)
+    output: Decimal = Decimal(0)
+    reasoning: Decimal = Decimal(0)
+    search: Decimal = Decimal(0)
+    character: Decimal = Decimal(0)
+    second: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    provider: str
+    base_url: str
+    upstream_model: str
+    api_key_env: str | None = None
+
+    def api_key(self) -> str | None:
+        """Read at call time from the environment; never stored in settings, never logged."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    type: str
+    channels: tuple[ChannelConfig, ...]
+    prices: Prices = field(default_factory=Prices)
+    tokenizer: Tokenizer = "o200k_base"
+    max_output_tokens: int = 16384
+    # None: the provider kind's default list decides what is forwarded (spec 1.3).
+    supported_params: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    models: tuple[ModelConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    store_path: Path = Path("var/gateway.db")
+    max_request_bytes: int = 10 * 1024 * 1024
+    sync_timeout_seconds: float = 240.0
+    stream_idle_timeout_seconds: float = 120.0
+    upstream_connect_timeout_seconds: float = 10.0
+    upstream_max_connections: int = 1000
+
+
+def load_settings(path: str | os.PathLike[str]) -> Settings:
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+    return parse_settings(raw, base_dir=p.resolve().parent)
+
+
+def settings_from_env() -> Settings:
+    """For server worker processes: the config path travels in GATEWAY_CONFIG."""
+    path = os.environ.get(CONFIG_ENV)
+    if not path:
+        raise ConfigError(f"{CONFIG_ENV} is not set: pass --config to `gateway serve`")
+    return load_settings(path)
+
+
+def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
+    server = _table(raw, "server")
+    store = _table(raw, "store")
+    limits = _table(raw, "limits")
+    upstream = _table(raw, "upstream")
+    models_raw = raw.get("models", [])
+    if not isinstance(models_raw, list) or not models_raw:
+        raise ConfigError("[[models]]: at least one model is required")
+    models = tuple(_model(m, f"models[{i}]") for i, m in enumerate(models_raw))
+    names = [m.name for m in models]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"models: duplicate names {dupes}")
+    store_path = Path(_get(store, "path", str, "store.path", "var/gateway.db"))
+    if not store_path.is_absolute():
+        store_path = base_dir / store_path
+    return Settings(
+        models=models,
+        host=_get(server, "host", str, "server.host", "127.0.0.1"),
+        port=_get(server, "port", int, "server.port", 8080),
+        workers=_positive(_get(server, "workers", int, "server.workers", 1), "server.workers"),
+        store_path=store_path,
+        max_request_bytes=_positive(
+            _get(limits, "max_request_bytes", int, "limits.max_request_bytes", 10 * 1024 * 1024),
+            "limits.max_request_bytes",
+        ),
+        sync_timeout_seconds=_seconds(limits, "sync_timeout_seconds", 240.0),
+        stream_idle_timeout_seconds=_seconds(limits, "stream_idle_timeout_seconds", 120.0),
+        upstream_connect_timeout_seconds=_seconds(upstream, "connect_timeout_seconds", 10.0),
+        upstream_max_connections=_positive(
+            _get(upstream, "max_connections", int, "upstream.max_connections", 1000),
+            "upstream.max_connections",
+        ),
+    )
+
+
+def _model(raw: Any, where: str) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a table")
+    name = _get(raw, "name", str, f"{where}.name")
+    if not _MODEL_NAME.match(name):
+        raise ConfigError(f"{where}.name: {name!r} is not of the form <vendor>/<model>")
+    type_ = _get(raw, "type", str, f"{where}.type")
+    if type_ not in MODEL_TYPES:
+        raise ConfigError(f"{where}.type: {type_!r} is not one of {sorted(MODEL_TYPES)}")
+    tokenizer = _get(raw, "tokenizer", str, f"{where}.tokenizer", "o200k_base")
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"{where}.tokenizer: {tokenizer!r} is not one of {sorted(TOKENIZERS)}")
+    channels_raw = raw.get("channels")
+    if not isinstance(channels_raw, list) or not channels_raw:
+        raise ConfigError(f"{where}.channels: at least one channel is required")
+    channels = tuple(_channel(c, f"{where}.channels[{i}]", name) for i, c in enumerate(channels_raw))
+    params = raw.get("supported_params")
+    if params is not None and (not isinstance(params, list) or not all(isinstance(p, str) for p in params)):
+        raise ConfigError(f"{where}.supported_params: must be a list of strings")
+    return ModelConfig(
+        name=name,
+        type=type_,
+        channels=channels,
+        prices=_prices(_table(raw, "prices", where), f"{where}.prices"),
+        tokenizer=cast(Tokenizer, tokenizer),
+        max_output_tokens=_positive(
+            _get(raw, "max_output_tokens", int, f"{where}.max_output_tokens", 16384),
+            f"{where}.max_output_tokens",
+        ),
+        supported_params=frozenset(params) if params is not None else None,
+    )
+
+
+def _channel(raw: Any, where: str, model_name: str) -> ChannelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a table")
+    provider = _get(raw, "provider", str, f"{where}.provider")
+    if provider not in PROVIDER_KINDS:
+        raise ConfigError(f"{where}.provider: {provider!r} is not one of {sorted(PROVIDER_KINDS)}")
+    base_url = _get(raw, "base_url", str, f"{where}.base_url").rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.base_url: must start with http:// or https://")
+    api_key_env = raw.get("api_key_env")
+    if api_key_env is not None and not isinstance(api_key_env, str):
+        raise ConfigError(f"{where}.api_key_env: must be the name of an environment variable")
+    return ChannelConfig(
+        provider=provider,
+        base_url=base_url,
+        upstream_model=_get(raw, "model", str, f"{where}.model", model_name.split("/", 1)[1]),
+        api_key_env=api_key_env,
+    )
+
+
+def _prices(raw: Mapping[str, Any], where: str) -> Prices:
+    known = {"input", "cached_input", "output", "reasoning", "search", "character", "second"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown price fields {sorted(unknown)}")
+    input_ = _money(raw.get("input", 0), f"{where}.input")
+    output = _money(raw.get("output", 0), f"{where}.output")
+    return Prices(
+        input=input_,
+        cached_input=_money(raw.get("cached_input", input_), f"{where}.cached_input"),
+        output=output,
+        reasoning=_money(raw.get("reasoning", output), f"{where}.reasoning"),
+        search=_money(raw.get("search", 0), f"{where}.search"),
+        character=_money(raw.get("character", 0), f"{where}.character"),
+        second=_money(raw.get("second", 0), f"{where}.second"),
+    )
+
+
+def _money(value: Any, where: str) -> Decimal:
+    # Strings are exact; TOML numbers go through their shortest repr, never through binary float math.
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, Decimal)):
+        raise ConfigError(f'{where}: must be a price such as "0.15"')
+    try:
+        d = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise ConfigError(f"{where}: {value!r} is not a number") from exc
+    if not d.is_finite() or d < 0:
+        raise ConfigError(f"{where}: must be a finite, non-negative number")
+    return d
+
+
+def _table(raw: Mapping[str, Any], key: str, where: str = "") -> Mapping[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where + '.' if where else ''}{key}: must be a table")
+    return value
+
+
+def _get(raw: Mapping[str, Any], key: str, kind: type[T], where: str, default: T | None = None) -> T:
+    value = raw.get(key, default)
+    if value is None:
+        raise ConfigError(f"{where}: required")
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: must be of type {kind.__name__}")
+    return value
+
+
+def _positive(value: int, where: str) -> int:
+    if value <= 0:
+        raise ConfigError(f"{where}: must be positive")
+    return value
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{key}: must be a positive number of seconds")
+    return float(value)

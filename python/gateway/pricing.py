@@ -1,0 +1,63 @@
+"""The one pricing function: what a finished request costs, exact, rounded to 4 significant figures.
+
+The rounded amount is what x-service-cost shows, what the usage record shows and exactly what the
+balance loses (spec 1.4, 4 note 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+
+from .config import Prices
+
+_MILLION = Decimal(1_000_000)
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a request consumed. completion_tokens includes reasoning_tokens, prompt_tokens includes
+    cached_tokens, as in the OpenAI usage object."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    searches: int = 0  # rerank search units
+    characters: int = 0  # speech input
+    seconds: int = 0  # audio transcribed, whole seconds rounded up
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def cost(prices: Prices, usage: Usage) -> Decimal:
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    reasoning = min(usage.reasoning_tokens, usage.completion_tokens)
+    raw = (
+        (
+            (usage.prompt_tokens - cached) * prices.input
+            + cached * prices.cached_input
+            + (usage.completion_tokens - reasoning) * prices.output
+            + reasoning * prices.reasoning
+            + usage.characters * prices.character
+        )
+        / _MILLION
+        + usage.searches * prices.search
+        + usage.seconds * prices.second
+    )
+    return round_significant(raw)
+
+
+def round_significant(value: Decimal, digits: int = 4) -> Decimal:
+    if value.is_zero():
+        return ZERO
+    quantum = Decimal(1).scaleb(value.adjusted() - digits + 1)
+    return value.quantize(quantum, rounding=ROUND_HALF_UP).normalize()
+
+
+def format_cost(value: Decimal) -> str:
+    """Plain decimal notation, never an exponent: 0.0001234, 12.5, 0."""
+    return "0" if value.is_zero() else format(value.normalize(), "f")

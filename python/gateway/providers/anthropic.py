@@ -1,0 +1,52 @@
+"""The message-style family's native API (Anthropic Messages)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from ..config import ChannelConfig
+
+# Messages parameters the native API accepts (spec 1.3 default list). "model", "messages" and
+# "max_tokens" are the request itself: they always go.
+MESSAGES_PARAMS: Final = frozenset(
+    {
+        "container",
+        "mcp_servers",
+        "metadata",
+        "service_tier",
+        "stop_sequences",
+        "stream",
+        "system",
+        "temperature",
+        "thinking",
+        "tool_choice",
+        "tools",
+        "top_k",
+        "top_p",
+    }
+)
+PARAMS: Final = {"messages": MESSAGES_PARAMS}
+PATHS: Final = {"messages": "/v1/messages"}
+# The API version the gateway speaks when the client names none.
+DEFAULT_VERSION = "2023-06-01"
+
+
+def url(channel: ChannelConfig, model_type: str) -> str:
+    # Anthropic's base URL is the host (https://api.anthropic.com); the path carries /v1.
+    return channel.base_url + PATHS[model_type]
+
+
+def headers(channel: ChannelConfig, client_headers: Mapping[str, str]) -> dict[str, str]:
+    out = {
+        "content-type": "application/json",
+        "accept": "application/json",
+        "anthropic-version": client_headers.get("anthropic-version", DEFAULT_VERSION),
+    }
+    beta = client_headers.get("anthropic-beta")
+    if beta:
+        out["anthropic-beta"] = beta
+    key = channel.api_key()
+    if key:
+        out["x-api-key"] = key
+    return out

@@ -1,0 +1,77 @@
+"""What every provider adapter shares: sending a request and turning upstream failures into the
+spec's errors. An adapter module supplies the URL, the headers and the parameter lists."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import aiohttp
+import orjson
+
+from ..errors import GatewayError
+from .http import UPSTREAM_FAILURES, UpstreamClient, is_timeout
+
+
+async def send(
+    client: UpstreamClient,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    stream: bool,
+    read_timeout: float,
+) -> aiohttp.ClientResponse:
+    """POST and return a 2xx response whose body is left for the caller.
+
+    read_timeout is the longest silence allowed from the upstream: the stream idle window for streams
+    (a timeout is then 408), the synchronous window otherwise (504)."""
+    try:
+        response = await client.post(url, body, headers, read_timeout)
+    except UPSTREAM_FAILURES as exc:
+        if is_timeout(exc):
+            raise GatewayError(
+                "timeout", "The model did not answer within the time window.", status=408 if stream else 504
+            ) from exc
+        raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
+    if response.status >= 400:
+        try:
+            payload = await response.read()
+        except UPSTREAM_FAILURES:
+            payload = b""
+        finally:
+            response.release()
+        raise upstream_error(response.status, payload, response.headers.get("retry-after"))
+    return response
+
+
+def upstream_error(status: int, payload: bytes, retry_after: str | None) -> GatewayError:
+    """An upstream failure in the spec's vocabulary. Upstream credentials never leak into it."""
+    if status == 429:
+        seconds = retry_after if retry_after and retry_after.isdigit() else "1"
+        return GatewayError(
+            "provider_overloaded",
+            "The model's provider is at capacity. Retry with backoff or choose another model.",
+            headers={"retry-after": seconds},
+        )
+    if status in (400, 413, 422):
+        return GatewayError("invalid_request", "The model rejected the request: " + _message(payload))
+    if status >= 500:
+        return GatewayError(
+            "provider_error",
+            f"The model's provider failed (HTTP {status}).",
+            status=503 if status == 503 else 502,
+        )
+    # 401/403/404 and the rest: the gateway's own upstream set-up is at fault, not the caller.
+    return GatewayError("provider_error", f"The model's provider refused the gateway (HTTP {status}).")
+
+
+def _message(payload: bytes) -> str:
+    """error.message of an OpenAI- or Anthropic-format error body."""
+    try:
+        data = orjson.loads(payload)
+        message = data["error"]["message"]
+        if isinstance(message, str) and message:
+            return message[:500]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        pass
+    return "no details given."

@@ -1,0 +1,28 @@
+"""Cohere's rerank API and every server that speaks it (Jina and others use the same shape)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from ..config import ChannelConfig
+
+# "model", "query" and "documents" are the request itself: they always go.
+RERANK_PARAMS: Final = frozenset(
+    {"max_chunks_per_doc", "max_tokens_per_doc", "priority", "rank_fields", "return_documents", "top_n"}
+)
+PARAMS: Final = {"rerank": RERANK_PARAMS}
+# The base URL is the host (https://api.cohere.com); /v1/rerank takes strings or {"text": ...} documents.
+PATHS: Final = {"rerank": "/v1/rerank"}
+
+
+def url(channel: ChannelConfig, model_type: str) -> str:
+    return channel.base_url + PATHS[model_type]
+
+
+def headers(channel: ChannelConfig, client_headers: Mapping[str, str]) -> dict[str, str]:
+    out = {"content-type": "application/json", "accept": "application/json"}
+    key = channel.api_key()
+    if key:
+        out["authorization"] = f"Bearer {key}"
+    return out

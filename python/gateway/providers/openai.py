@@ -1,0 +1,87 @@
+"""OpenAI and every OpenAI-compatible server (vLLM, Ollama, LM Studio and the like)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from ..config import ChannelConfig
+
+# Chat-completions parameters an OpenAI-compatible upstream accepts (spec 1.3 default list).
+# "model" and "messages" are not parameters: they always go.
+CHAT_PARAMS: Final = frozenset(
+    {
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+    }
+)
+EMBEDDING_PARAMS: Final = frozenset({"dimensions", "encoding_format", "user"})
+SPEECH_PARAMS: Final = frozenset({"instructions", "response_format", "speed", "stream_format"})
+# Multipart fields; arrays are sent as name[] fields.
+TRANSCRIPTION_PARAMS: Final = frozenset(
+    {
+        "chunking_strategy",
+        "include[]",
+        "language",
+        "prompt",
+        "response_format",
+        "temperature",
+        "timestamp_granularities[]",
+    }
+)
+# Model type -> the parameters an OpenAI-compatible upstream accepts on that type's endpoint.
+PARAMS: Final = {
+    "chat": CHAT_PARAMS,
+    "embedding": EMBEDDING_PARAMS,
+    "speech": SPEECH_PARAMS,
+    "transcription": TRANSCRIPTION_PARAMS,
+}
+# Model type -> the upstream path, relative to the channel's base URL.
+PATHS: Final = {
+    "chat": "/chat/completions",
+    "embedding": "/embeddings",
+    "speech": "/audio/speech",
+    "transcription": "/audio/transcriptions",
+}
+
+
+def url(channel: ChannelConfig, model_type: str) -> str:
+    return channel.base_url + PATHS[model_type]
+
+
+def headers(channel: ChannelConfig, client_headers: Mapping[str, str]) -> dict[str, str]:
+    out = {"content-type": "application/json", "accept": "application/json"}
+    key = channel.api_key()
+    if key:
+        out["authorization"] = f"Bearer {key}"
+    return out

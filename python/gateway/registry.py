@@ -1,0 +1,91 @@
+"""The configured models: lookup, access rules and which parameters reach each one (spec 1.3, 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from .config import ModelConfig
+from .errors import GatewayError, invalid_request
+from .providers import PROVIDERS
+from .store import KeyContext
+
+# Which endpoint serves each model type (spec 4 note 4), for the error that points the caller there.
+ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "image": "/v1/images/generations",
+    "video": "/v1/videos",
+    "embedding": "/v1/embeddings",
+    "speech": "/v1/audio/speech",
+    "transcription": "/v1/audio/transcriptions",
+    "rerank": "/v1/rerank",
+}
+# Fields of a request body that are the request itself, not parameters: always forwarded.
+REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
+    "chat": frozenset({"model", "messages"}),
+    "embedding": frozenset({"model", "input"}),
+    "messages": frozenset({"model", "messages", "max_tokens"}),
+    "rerank": frozenset({"model", "query", "documents"}),
+    "speech": frozenset({"model", "input", "voice"}),
+    "transcription": frozenset({"model", "file"}),
+}
+
+
+class ModelRegistry:
+    def __init__(self, models: Iterable[ModelConfig]) -> None:
+        self._by_name = {m.name: m for m in models}
+        self._params = {m.name: self._resolve_params(m) for m in self._by_name.values()}
+
+    @staticmethod
+    def _resolve_params(model: ModelConfig) -> frozenset[str]:
+        if model.supported_params is not None:
+            return model.supported_params
+        params: frozenset[str] = PROVIDERS[model.channels[0].provider].PARAMS.get(model.type, frozenset())
+        return params
+
+    def get(self, name: str) -> ModelConfig | None:
+        return self._by_name.get(name)
+
+    def visible(self, ctx: KeyContext) -> list[ModelConfig]:
+        allowed = ctx.account.allowed_models
+        return [m for m in self._by_name.values() if allowed is None or m.name in allowed]
+
+    def lookup(self, name: Any, ctx: KeyContext) -> ModelConfig:
+        """The model a request names, if it exists and this account may use it."""
+        if not isinstance(name, str) or not name:
+            raise invalid_request("`model` is required and must be a string.", "model")
+        model = self._by_name.get(name)
+        if model is None:
+            raise GatewayError(
+                "model_not_found", f"The model {name!r} does not exist. See GET /v1/models.", param="model"
+            )
+        allowed = ctx.account.allowed_models
+        if allowed is not None and name not in allowed:
+            raise GatewayError(
+                "model_not_allowed", f"This key may not use the model {name!r}.", param="model"
+            )
+        return model
+
+    def resolve(self, name: Any, ctx: KeyContext, model_type: str) -> ModelConfig:
+        """Like lookup, and the model's type must be the one this endpoint serves."""
+        model = self.lookup(name, ctx)
+        if model.type != model_type:
+            raise invalid_request(
+                f"The model {name!r} is a {model.type} model: call {ENDPOINT_FOR_TYPE[model.type]}.",
+                "model",
+            )
+        return model
+
+    def forwarded_params(self, model: ModelConfig) -> frozenset[str]:
+        """Exactly the parameters this model receives; the rest are dropped (spec 1.3)."""
+        return self._params[model.name]
+
+    def upstream_body(self, model: ModelConfig, payload: dict[str, Any]) -> dict[str, Any]:
+        """The request as the model's first channel receives it: the request's own fields, the
+        supported parameters untouched, everything else dropped, and the upstream's model name."""
+        keep = self._params[model.name] | REQUIRED_FIELDS.get(model.type, frozenset({"model"}))
+        body = {k: v for k, v in payload.items() if k in keep}
+        body["model"] = model.channels[0].upstream_model
+        return body

@@ -1,0 +1,105 @@
+"""POST /v1/chat/completions (Shape A), plain and streamed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing
+from .._core import ChatStreamRewriter, count_chat_tokens, count_tokens, parse_chat_usage
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import invalid_request
+from ..ids import response_id
+from ..pricing import Usage
+from ..state import GatewayState
+from .common import model_endpoint, parse_object, read_body
+from .streaming import forward_stream
+from .upstream import forward_plain, usage_reader
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def chat_completions(request: Request, call: Call) -> Response:
+        raw = await read_body(request, state.settings.max_request_bytes)
+        payload = parse_object(raw)
+        model = state.registry.resolve(payload.get("model"), call.ctx, "chat")
+        _validate(payload)
+        billing.require_funds(call.ctx)
+
+        upstream = state.registry.upstream_body(model, payload)
+        rid = response_id("chatcmpl-")
+        if payload.get("stream") is not True:
+            return await forward_plain(
+                state,
+                request,
+                call,
+                model,
+                orjson.dumps(upstream),
+                rid,
+                usage_reader(parse_chat_usage),
+                lambda body: _counted_usage(model, raw, body),
+            )
+
+        options = payload.get("stream_options")
+        client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+        if "stream_options" in state.registry.forwarded_params(model):
+            # Ask for usage even when the client did not, to bill from the upstream's own count;
+            # the rewriter then keeps that usage chunk from the client.
+            upstream["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+        return await forward_stream(
+            state,
+            request,
+            call,
+            model,
+            orjson.dumps(upstream),
+            rid,
+            ChatStreamRewriter(rid, client_wants_usage),
+            lambda: count_chat_tokens(raw, model.tokenizer),
+        )
+
+    return [Route("/v1/chat/completions", model_endpoint(state, chat_completions), methods=["POST"])]
+
+
+def _validate(payload: dict[str, Any]) -> None:
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid_request("`messages` must be a non-empty array.", "messages")
+    if not all(isinstance(m, dict) for m in messages):
+        raise invalid_request("Every entry of `messages` must be an object.", "messages")
+    if "stream" in payload and not isinstance(payload["stream"], bool | None):
+        raise invalid_request("`stream` must be a boolean.", "stream")
+    options = payload.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid_request("`stream_options` must be an object.", "stream_options")
+
+
+def _counted_usage(model: ModelConfig, raw: bytes, body: bytes) -> Usage:
+    """Usage counted by the gateway, for an upstream that reported none."""
+    return Usage(
+        prompt_tokens=count_chat_tokens(raw, model.tokenizer),
+        completion_tokens=count_tokens(_answer_text(body), model.tokenizer),
+    )
+
+
+def _answer_text(body: bytes) -> str:
+    """The text of every choice, for counting output when the upstream reported no usage."""
+    data = orjson.loads(body)
+    parts: list[str] = []
+    for choice in data.get("choices") or []:
+        message = choice.get("message") or {}
+        for key in ("content", "reasoning_content"):
+            if isinstance(message.get(key), str):
+                parts.append(message[key])
+        for tool_call in message.get("tool_calls") or []:
+            fn = tool_call.get("function") or {}
+            parts.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
+    return "".join(parts)

@@ -1,0 +1,78 @@
+"""POST /v1/embeddings (Shape A)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing
+from .._core import count_tokens, parse_chat_usage
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import invalid_request
+from ..ids import response_id
+from ..pricing import Usage
+from ..state import GatewayState
+from .common import model_endpoint, parse_object, read_body
+from .upstream import forward_plain, usage_reader
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def embeddings(request: Request, call: Call) -> Response:
+        payload = parse_object(await read_body(request, state.settings.max_request_bytes))
+        model = state.registry.resolve(payload.get("model"), call.ctx, "embedding")
+        inputs = _inputs(payload.get("input"))
+        billing.require_funds(call.ctx)
+        upstream = orjson.dumps(state.registry.upstream_body(model, payload))
+        # OpenAI's embeddings answer has no id; the gateway adds one (spec 2.4), for the usage lookup.
+        rid = response_id("embd-")
+        return await forward_plain(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            usage_reader(parse_chat_usage),
+            lambda _: _counted_usage(model, inputs),
+        )
+
+    return [Route("/v1/embeddings", model_endpoint(state, embeddings), methods=["POST"])]
+
+
+def _inputs(value: Any) -> list[str | list[int]]:
+    """The input as a list of texts or token arrays, as OpenAI accepts it; anything else is refused."""
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        items = [value]
+    elif isinstance(value, list) and value:
+        items = value
+    else:
+        raise invalid_request(
+            "`input` must be a non-empty string, array of strings or array of tokens.", "input"
+        )
+    for item in items:
+        is_tokens = (
+            isinstance(item, list)
+            and item
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        )
+        if not (isinstance(item, str) and item) and not is_tokens:
+            raise invalid_request(
+                "Every `input` entry must be a non-empty string or array of tokens.", "input"
+            )
+    return items
+
+
+def _counted_usage(model: ModelConfig, inputs: list[str | list[int]]) -> Usage:
+    tokens = sum(len(i) if isinstance(i, list) else count_tokens(i, model.tokenizer) for i in inputs)
+    return Usage(prompt_tokens=tokens)

@@ -1,0 +1,91 @@
+"""POST /v1/messages (Shape B): the message-style API, for models of that family."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing
+from .._core import MessagesStreamRewriter, count_chat_tokens, count_tokens, parse_messages_usage
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import invalid_request
+from ..ids import response_id
+from ..pricing import Usage
+from ..state import GatewayState
+from .common import model_endpoint, parse_object, read_body
+from .streaming import forward_stream
+from .upstream import forward_plain, usage_reader
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def messages(request: Request, call: Call) -> Response:
+        payload = parse_object(await read_body(request, state.settings.max_request_bytes))
+        model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
+        _validate(payload)
+        billing.require_funds(call.ctx)
+        upstream = orjson.dumps(state.registry.upstream_body(model, payload))
+        rid = response_id("msg_")
+        if payload.get("stream") is True:
+            return await forward_stream(
+                state,
+                request,
+                call,
+                model,
+                upstream,
+                rid,
+                MessagesStreamRewriter(rid),
+                lambda: _prompt_tokens(model, payload),
+                error_event=b"event: error\n",
+            )
+        return await forward_plain(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            usage_reader(parse_messages_usage),
+            lambda body: Usage(
+                _prompt_tokens(model, payload), count_tokens(_answer_text(body), model.tokenizer)
+            ),
+        )
+
+    return [Route("/v1/messages", model_endpoint(state, messages), methods=["POST"])]
+
+
+def _validate(payload: dict[str, Any]) -> None:
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise invalid_request("`messages` must be a non-empty array of objects.", "messages")
+    max_tokens = payload.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise invalid_request("`max_tokens` is required and must be a positive integer.", "max_tokens")
+    if "stream" in payload and not isinstance(payload["stream"], bool):
+        raise invalid_request("`stream` must be a boolean.", "stream")
+
+
+def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
+    """The gateway's own count of a messages prompt: the system text plus the messages, counted as
+    chat messages are (only used when the upstream reports no usage)."""
+    messages = list(payload.get("messages") or [])
+    system = payload.get("system")
+    if isinstance(system, (str, list)):  # a string, or text blocks
+        messages.insert(0, {"role": "system", "content": system})
+    return count_chat_tokens(orjson.dumps({"messages": messages}), model.tokenizer)
+
+
+def _answer_text(body: bytes) -> str:
+    data = orjson.loads(body)
+    parts: list[str] = []
+    for block in data.get("content") or []:
+        for key in ("text", "thinking"):
+            if isinstance(block.get(key), str):
+                parts.append(block[key])
+        if block.get("type") == "tool_use":
+            parts.append(orjson.dumps(block.get("input")).decode())
+    return "".join(parts)

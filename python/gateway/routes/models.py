@@ -1,0 +1,52 @@
+"""GET /v1/models (Shape A list) and GET /model_group/info (spec 1.3.5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..auth import authenticate
+from ..config import ModelConfig
+from ..state import GatewayState
+from .common import json_response
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def list_models(request: Request) -> Response:
+        ctx = await authenticate(request, state.store)
+        data = [_model_entry(m) for m in state.registry.visible(ctx)]
+        return json_response({"object": "list", "data": data})
+
+    async def model_group_info(request: Request) -> Response:
+        ctx = await authenticate(request, state.store)
+        name = request.query_params.get("model_group")
+        models = [state.registry.lookup(name, ctx)] if name is not None else state.registry.visible(ctx)
+        return json_response({"data": [_group_info(state, m) for m in models]})
+
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/model_group/info", model_group_info, methods=["GET"]),
+    ]
+
+
+def _model_entry(model: ModelConfig) -> dict[str, Any]:
+    # `created` is when the model was made; the gateway does not know it, so it says 0.
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": model.name.split("/", 1)[0]}
+
+
+def _group_info(state: GatewayState, model: ModelConfig) -> dict[str, Any]:
+    prices = model.prices
+    return {
+        "model_group": model.name,
+        "mode": model.type,
+        "providers": sorted({c.provider for c in model.channels}),
+        "max_output_tokens": model.max_output_tokens,
+        "input_cost_per_million_tokens": str(prices.input),
+        "cached_input_cost_per_million_tokens": str(prices.cached_input),
+        "output_cost_per_million_tokens": str(prices.output),
+        "reasoning_cost_per_million_tokens": str(prices.reasoning),
+        "supported_openai_params": sorted(state.registry.forwarded_params(model)),
+    }

@@ -1,0 +1,91 @@
+"""POST /v1/rerank (Shape C): documents scored and ordered by relevance to a query.
+
+Also served at /v2/rerank, where the cohere library's ClientV2 sends it; the body is the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing
+from .._core import count_tokens
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import invalid_request
+from ..ids import response_id
+from ..pricing import Usage
+from ..state import GatewayState
+from .common import model_endpoint, parse_object, read_body
+from .upstream import forward_plain
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def rerank(request: Request, call: Call) -> Response:
+        payload = parse_object(await read_body(request, state.settings.max_request_bytes))
+        model = state.registry.resolve(payload.get("model"), call.ctx, "rerank")
+        texts = _validate(payload)
+        billing.require_funds(call.ctx)
+        upstream = orjson.dumps(state.registry.upstream_body(model, payload))
+        rid = response_id("rerank-")
+        return await forward_plain(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            _reported_usage,
+            lambda _: _counted(model, payload, texts),
+        )
+
+    endpoint = model_endpoint(state, rerank)
+    return [Route("/v1/rerank", endpoint, methods=["POST"]), Route("/v2/rerank", endpoint, methods=["POST"])]
+
+
+def _validate(payload: dict[str, Any]) -> list[str]:
+    """The documents' texts; refuses what the rerank APIs refuse."""
+    query = payload.get("query")
+    if not isinstance(query, str) or not query:
+        raise invalid_request("`query` must be a non-empty string.", "query")
+    documents = payload.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise invalid_request("`documents` must be a non-empty array.", "documents")
+    texts = []
+    for doc in documents:
+        if isinstance(doc, str):
+            texts.append(doc)
+        elif isinstance(doc, dict) and isinstance(doc.get("text"), str):
+            texts.append(doc["text"])
+        else:
+            raise invalid_request("Each document must be a string or an object with `text`.", "documents")
+    top_n = payload.get("top_n")
+    if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
+        raise invalid_request("`top_n` must be a positive integer.", "top_n")
+    return texts
+
+
+def _reported_usage(body: bytes) -> Usage | None:
+    """Cohere bills search units (meta.billed_units); Jina-style servers report usage.total_tokens."""
+    data = orjson.loads(body)
+    meta = data.get("meta") if isinstance(data, dict) else None
+    billed = meta.get("billed_units") if isinstance(meta, dict) else None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if isinstance(billed, dict) and isinstance(billed.get("search_units"), int | float):
+        tokens = meta.get("tokens") if isinstance(meta, dict) else None
+        prompt = tokens.get("input_tokens") if isinstance(tokens, dict) else None
+        return Usage(prompt_tokens=int(prompt or 0), searches=int(billed["search_units"]))
+    if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
+        return Usage(prompt_tokens=usage["total_tokens"], searches=1)
+    return None
+
+
+def _counted(model: ModelConfig, payload: dict[str, Any], texts: list[str]) -> Usage:
+    """One search per 100 documents, as Cohere bills; tokens of the query with every document."""
+    query_tokens = count_tokens(payload["query"], model.tokenizer)
+    tokens = sum(query_tokens + count_tokens(t, model.tokenizer) for t in texts)
+    return Usage(prompt_tokens=tokens, searches=-(-len(texts) // 100))

@@ -1,0 +1,77 @@
+"""POST /v1/audio/speech (Shape A): text in, audio bytes out, streamed to the client as they arrive."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import billing
+from .._core import count_tokens
+from ..billing import Call
+from ..errors import invalid_request
+from ..ids import response_id
+from ..pricing import Usage, format_cost
+from ..providers import PROVIDERS
+from ..providers.base import send
+from ..state import GatewayState
+from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
+
+MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
+# Audio has no body to carry the id that /v1/usage/{id} takes, so it travels in this header.
+RESPONSE_ID_HEADER = "x-service-response-id"
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def speech(request: Request, call: Call) -> Response:
+        payload = parse_object(await read_body(request, state.settings.max_request_bytes))
+        model = state.registry.resolve(payload.get("model"), call.ctx, "speech")
+        text = _validate(payload)
+        billing.require_funds(call.ctx)
+        channel = model.channels[0]
+        provider = PROVIDERS[channel.provider]
+        upstream = await send(
+            state.upstream,
+            provider.url(channel, model.type),
+            orjson.dumps(state.registry.upstream_body(model, payload)),
+            provider.headers(channel, request.headers),
+            stream=True,
+            read_timeout=state.settings.stream_idle_timeout_seconds,
+        )
+        # The cost depends on the input alone: settled once the model has accepted the request.
+        rid = response_id("speech-")
+        usage = Usage(prompt_tokens=count_tokens(text, model.tokenizer), characters=len(text))
+        charged = billing.settle(state.store, call, model, rid, "completed", usage)
+
+        async def audio() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    yield chunk
+            finally:
+                upstream.release()
+
+        headers = {
+            REQUEST_ID_HEADER: call.request_id,
+            RESPONSE_ID_HEADER: rid,
+            "x-service-cost": format_cost(charged),
+        }
+        media_type = upstream.headers.get("content-type", "application/octet-stream")
+        return StreamingResponse(audio(), media_type=media_type, headers=headers)
+
+    return [Route("/v1/audio/speech", model_endpoint(state, speech), methods=["POST"])]
+
+
+def _validate(payload: dict[str, Any]) -> str:
+    text = payload.get("input")
+    if not isinstance(text, str) or not text:
+        raise invalid_request("`input` must be a non-empty string.", "input")
+    if len(text) > MAX_INPUT_CHARACTERS:
+        raise invalid_request(f"`input` is longer than {MAX_INPUT_CHARACTERS} characters.", "input")
+    voice = payload.get("voice")
+    if not (isinstance(voice, str) and voice) and not (isinstance(voice, dict) and voice.get("id")):
+        raise invalid_request('`voice` is required: a voice name or {"id": ...}.', "voice")
+    return text

@@ -1,0 +1,153 @@
+"""The one flow of a streamed model request, for every text shape: send, hold back until the first
+token, pass chunks through the shape's Rust rewriter, end with the spec's error chunk when the model
+fails mid-stream, and settle what was streamed (spec 6.1)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from .. import billing
+from .._core import StreamUsage, count_tokens
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import GatewayError, error_body
+from ..pricing import Usage
+from ..providers import PROVIDERS
+from ..providers.base import send
+from ..providers.http import UPSTREAM_FAILURES, is_timeout
+from ..state import GatewayState
+from .common import REQUEST_ID_HEADER
+from .upstream import reported_usage
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class StreamRewriter(Protocol):
+    """ChatStreamRewriter and MessagesStreamRewriter from the Rust core."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def saw_output(self) -> bool: ...
+    @property
+    def output_text(self) -> str: ...
+    @property
+    def usage(self) -> StreamUsage | None: ...
+    @property
+    def error(self) -> bytes | None: ...
+
+
+async def forward_stream(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    upstream_body: bytes,
+    rid: str,
+    rewriter: StreamRewriter,
+    count_prompt: Callable[[], int],
+    error_event: bytes = b"",
+) -> Response:
+    """`count_prompt()` is the gateway's own prompt count, used only when the upstream reports no usage.
+    `error_event` prefixes the final error chunk (the message shape names it `event: error`)."""
+    channel = model.channels[0]
+    provider = PROVIDERS[channel.provider]
+    response = await send(
+        state.upstream,
+        provider.url(channel, model.type),
+        upstream_body,
+        provider.headers(channel, request.headers),
+        stream=True,
+        read_timeout=state.settings.stream_idle_timeout_seconds,
+    )
+    upstream = response.content.iter_any()
+
+    # Hold the client's bytes back until the first token: an error before it is an ordinary JSON
+    # error with its own status (spec 6.1.7), and nothing is billed (6.1.9).
+    first = b""
+    try:
+        while not (rewriter.saw_output or rewriter.done or rewriter.error is not None):
+            try:
+                chunk = await anext(upstream)
+            except StopAsyncIteration:
+                first += rewriter.finish()
+                break
+            first += rewriter.feed(chunk)
+    except BaseException as exc:
+        response.release()
+        if is_timeout(exc):
+            raise GatewayError(
+                "timeout", "The model sent nothing within the stream idle window.", status=408
+            ) from exc
+        if isinstance(exc, UPSTREAM_FAILURES):
+            raise GatewayError("provider_error", "The model's stream broke before it started.") from exc
+        raise
+    if not rewriter.saw_output and not rewriter.done:
+        response.release()
+        raise GatewayError("provider_error", "The model's stream failed before it started.")
+
+    async def body() -> AsyncIterator[bytes]:
+        failure: bytes | None = None
+        try:
+            yield first
+            if rewriter.error is None and not rewriter.done:
+                async for chunk in upstream:
+                    out = rewriter.feed(chunk)
+                    if out:
+                        yield out
+                    if rewriter.error is not None:
+                        break
+                else:
+                    tail = rewriter.finish()
+                    if tail:
+                        yield tail
+            if rewriter.error is not None:
+                failure = error_body("provider_error", "The model failed during the stream.")
+            elif not rewriter.done:
+                failure = error_body("provider_error", "The model's stream ended before it was complete.")
+        except UPSTREAM_FAILURES as exc:
+            if is_timeout(exc):
+                failure = error_body("timeout", "The model sent nothing within the stream idle window.")
+            else:
+                failure = error_body("provider_error", "The model's stream broke.")
+        finally:
+            response.release()  # closes the connection when the body was not read to its end
+            _settle(
+                state, call, model, rid, rewriter, count_prompt, complete=failure is None and rewriter.done
+            )
+        if failure is not None:
+            yield error_event + b"data: " + failure + b"\n\n"
+
+    headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+def _settle(
+    state: GatewayState,
+    call: Call,
+    model: ModelConfig,
+    rid: str,
+    rewriter: StreamRewriter,
+    count_prompt: Callable[[], int],
+    *,
+    complete: bool,
+) -> None:
+    """Spec 6.1.9: a stream is billed for the full prompt plus the output streamed so far; one that
+    produced no output is not billed. The upstream's own usage is used when it sent one."""
+    reported = rewriter.usage
+    if complete and reported is not None:
+        usage = reported_usage(reported)
+    elif rewriter.saw_output:
+        prompt = reported.prompt_tokens if reported is not None and reported.prompt_tokens else count_prompt()
+        usage = Usage(
+            prompt_tokens=prompt, completion_tokens=count_tokens(rewriter.output_text, model.tokenizer)
+        )
+    else:
+        usage = Usage()
+    billing.settle(state.store, call, model, rid, "completed" if complete else "incomplete", usage)

@@ -1,0 +1,136 @@
+"""POST /v1/audio/transcriptions (Shape A): an uploaded audio file in, its text out.
+
+The multipart body is parsed by the Rust core so that unsupported fields can be dropped (spec 1.3)
+and the model's name replaced; the rest is sent on as it came.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing
+from .._core import InvalidJsonError, MultipartPart, count_tokens, parse_multipart, set_json_id
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import invalid_request
+from ..ids import response_id
+from ..pricing import Usage, format_cost
+from ..registry import REQUIRED_FIELDS
+from ..state import GatewayState
+from .common import REQUEST_ID_HEADER, model_endpoint, read_body
+from .speech import RESPONSE_ID_HEADER
+from .upstream import call_upstream
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def transcriptions(request: Request, call: Call) -> Response:
+        raw = await read_body(request, state.settings.max_request_bytes)
+        content_type = request.headers.get("content-type", "")
+        parts = parse_multipart(raw, content_type) if content_type.startswith("multipart/form-data") else None
+        if parts is None:
+            raise invalid_request("The request must be a well-formed multipart/form-data body.")
+        names = [p.data.decode(errors="replace") for p in parts if p.name == "model"]
+        model = state.registry.resolve(names[0] if names else None, call.ctx, "transcription")
+        upload = next((p for p in parts if p.name == "file"), None)
+        if upload is None or not upload.data or not upload.filename:
+            raise invalid_request("`file` is required: the audio file to transcribe.", "file")
+        billing.require_funds(call.ctx)
+
+        keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["transcription"]
+        fields = [
+            (p.name, model.channels[0].upstream_model.encode() if p.name == "model" else p.data, p)
+            for p in parts
+            if p.name in keep
+        ]
+        boundary = "gateway" + os.urandom(12).hex()
+        content, answer_type = await call_upstream(
+            state, request, model, _encode(fields, boundary), f"multipart/form-data; boundary={boundary}"
+        )
+        rid = response_id("transcr-")
+        is_json = answer_type.startswith("application/json")
+        try:
+            body = set_json_id(content, rid) if is_json else content
+            text, reported = _read_answer(body) if is_json else (content.decode(errors="replace"), None)
+        except (InvalidJsonError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise invalid_request("The model's provider sent a malformed answer.") from exc
+        usage = reported or _counted(model, upload.data, text)
+        charged = billing.settle(state.store, call, model, rid, "completed", usage)
+        headers = {
+            REQUEST_ID_HEADER: call.request_id,
+            RESPONSE_ID_HEADER: rid,
+            "x-service-cost": format_cost(charged),
+        }
+        return Response(body, media_type=answer_type, headers=headers)
+
+    return [Route("/v1/audio/transcriptions", model_endpoint(state, transcriptions), methods=["POST"])]
+
+
+def _encode(fields: list[tuple[str, bytes, MultipartPart]], boundary: str) -> bytes:
+    out = bytearray()
+    for name, data, part in fields:
+        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{_quote(name)}"'.encode()
+        if part.filename is not None:
+            out += f'; filename="{_quote(part.filename)}"'.encode()
+        out += b"\r\n"
+        if part.content_type:
+            out += f"Content-Type: {part.content_type}\r\n".encode()
+        out += b"\r\n" + data + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return bytes(out)
+
+
+def _quote(value: str) -> str:
+    # As browsers do (WHATWG): a quote, CR and LF in a field name or filename are percent-encoded.
+    return value.replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _read_answer(body: bytes) -> tuple[str, Usage | None]:
+    """The text, and the usage OpenAI reports: by duration (whisper) or by tokens (gpt-4o-transcribe)."""
+    data = orjson.loads(body)
+    text = data.get("text") if isinstance(data, dict) else None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    reported = None
+    if (
+        isinstance(usage, dict)
+        and usage.get("type") == "duration"
+        and isinstance(usage.get("seconds"), int | float)
+    ):
+        reported = Usage(seconds=math.ceil(usage["seconds"]))
+    elif isinstance(usage, dict) and usage.get("type") == "tokens":
+        reported = Usage(
+            prompt_tokens=int(usage.get("input_tokens") or 0),
+            completion_tokens=int(usage.get("output_tokens") or 0),
+        )
+    elif isinstance(data, dict) and isinstance(data.get("duration"), int | float):
+        reported = Usage(seconds=math.ceil(data["duration"]))
+    return (text if isinstance(text, str) else ""), reported
+
+
+def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:
+    """The gateway's own measure when the upstream reports none: the duration of a WAV upload (other
+    formats would need decoding), and the tokens of the text."""
+    return Usage(
+        seconds=math.ceil(_wav_seconds(audio) or 0), completion_tokens=count_tokens(text, model.tokenizer)
+    )
+
+
+def _wav_seconds(data: bytes) -> float | None:
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    pos, byte_rate, size = 12, 0, None
+    while pos + 8 <= len(data):
+        chunk, length = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
+        if chunk == b"fmt " and length >= 16:
+            byte_rate = struct.unpack("<I", data[pos + 16 : pos + 20])[0]
+        elif chunk == b"data":
+            size = min(length, len(data) - pos - 8)
+            break
+        pos += 8 + length + (length & 1)
+    return size / byte_rate if size is not None and byte_rate else None

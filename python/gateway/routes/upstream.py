@@ -1,0 +1,104 @@
+"""The one flow of a plain (non-streamed) model request: send, read, stamp the gateway's id, price,
+settle, answer. Every endpoint that answers with one JSON body goes through here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .. import billing
+from .._core import InvalidJsonError, StreamUsage, set_json_id
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import GatewayError
+from ..pricing import Usage, format_cost
+from ..providers import PROVIDERS
+from ..providers.base import send
+from ..providers.http import UPSTREAM_FAILURES
+from ..state import GatewayState
+from .common import REQUEST_ID_HEADER
+
+
+def reported_usage(reported: StreamUsage) -> Usage:
+    return Usage(
+        prompt_tokens=reported.prompt_tokens,
+        completion_tokens=reported.completion_tokens,
+        cached_tokens=reported.cached_tokens,
+        reasoning_tokens=reported.reasoning_tokens,
+    )
+
+
+def usage_reader(parse: Callable[[bytes], StreamUsage | None]) -> Callable[[bytes], Usage | None]:
+    """A Rust core usage parser (parse_chat_usage, parse_messages_usage) as forward_plain takes it."""
+
+    def read(body: bytes) -> Usage | None:
+        reported = parse(body)
+        return reported_usage(reported) if reported is not None else None
+
+    return read
+
+
+async def call_upstream(
+    state: GatewayState,
+    request: Request,
+    model: ModelConfig,
+    upstream_body: bytes,
+    content_type: str | None = None,
+) -> tuple[bytes, str]:
+    """Send to the model's channel and read the whole answer within the synchronous window (spec 8):
+    the answer's bytes and content type, or the spec's error."""
+    channel = model.channels[0]
+    provider = PROVIDERS[channel.provider]
+    headers = provider.headers(channel, request.headers)
+    if content_type is not None:
+        headers["content-type"] = content_type
+    try:
+        async with asyncio.timeout(state.settings.sync_timeout_seconds):
+            response = await send(
+                state.upstream,
+                provider.url(channel, model.type),
+                upstream_body,
+                headers,
+                stream=False,
+                read_timeout=state.settings.sync_timeout_seconds,
+            )
+            try:
+                return await response.read(), response.headers.get("content-type", "application/json")
+            finally:
+                response.release()
+    except TimeoutError as exc:
+        raise GatewayError(
+            "timeout", "The request ran past the synchronous time window.", status=504
+        ) from exc
+    except UPSTREAM_FAILURES as exc:
+        raise GatewayError("provider_error", "The model's answer broke off.") from exc
+
+
+async def forward_plain(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    upstream_body: bytes,
+    rid: str,
+    parse_usage: Callable[[bytes], Usage | None],
+    count_usage: Callable[[bytes], Usage],
+) -> Response:
+    """`parse_usage(answer)` reads the upstream's usage in its shape; `count_usage(answer)` is the
+    gateway's own count, used only when the upstream reports none."""
+    content, _ = await call_upstream(state, request, model, upstream_body)
+    try:
+        body = set_json_id(content, rid)
+        usage = parse_usage(body) or count_usage(body)
+    except (InvalidJsonError, orjson.JSONDecodeError) as exc:
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
+    charged = billing.settle(state.store, call, model, rid, "completed", usage)
+    return Response(
+        body,
+        media_type="application/json",
+        headers={REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)},
+    )

@@ -1,0 +1,50 @@
+"""GET /v1/usage/{request_id} (Shape D, spec 2.3): the usage record of one of this key's requests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..auth import authenticate
+from ..errors import GatewayError
+from ..pricing import format_cost
+from ..state import GatewayState
+from .common import json_response
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def get_usage(request: Request) -> Response:
+        ctx = await authenticate(request, state.store)
+        usage_id = request.path_params["request_id"]
+        record = await state.store.get_usage(usage_id, ctx.key.id)
+        if record is None:
+            # Another key's record looks exactly like one that does not exist (yet).
+            raise GatewayError("not_found", f"No usage record {usage_id!r} for this key (yet).")
+        return json_response(
+            {
+                "id": record.id,
+                "model": record.model,
+                # A JSON number; the Decimal's plain text is its exact shortest form.
+                "cost": float(format_cost(record.cost)),
+                "status": record.status,
+                "usage": {
+                    "prompt_tokens": record.prompt_tokens,
+                    "completion_tokens": record.completion_tokens,
+                    "total_tokens": record.total_tokens,
+                },
+                "started_at": _timestamp(record.started_at_ms),
+                "ended_at": _timestamp(record.ended_at_ms),
+                "duration_ms": record.duration_ms,
+            }
+        )
+
+    return [Route("/v1/usage/{request_id}", get_usage, methods=["GET"])]
+
+
+def _timestamp(ms: int) -> str:
+    """RFC 3339 in UTC with milliseconds, e.g. 2026-11-22T10:04:05.123Z."""
+    moment = datetime.fromtimestamp(ms // 1000, tz=UTC).replace(microsecond=(ms % 1000) * 1000)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -1,0 +1,82 @@
+"""How a caller tells the simulator to misbehave.
+
+Directives are `name=value` pairs, read from three places (later ones win):
+  1. the model name after a `+`:      "gpt-4o-mini+ttft=200ms+fail=503"
+  2. the header `x-sim`:               "tokens=200, pace=5ms"
+  3. a marker in the last message:     "[sim tokens=3 drop_after=2]"
+The model name route lets a gateway config pin behaviour per model; the marker lets a test drive one
+configured model through the gateway, which forwards neither headers nor anything else of its own.
+
+  tokens=N        output length in words (default 16; max_tokens / max_completion_tokens cap it)
+  reasoning=N     stream N words of reasoning_content before the answer
+  ttft=D          wait D before the first token (non-streamed: before answering)
+  pace=D          wait D between streamed chunks
+  fail=STATUS     answer with this HTTP status and an OpenAI-format error body
+  stall_after=N   after N content chunks, send nothing more and keep the connection open
+  drop_after=N    after N content chunks, cut the connection without ending the stream
+  error_after=N   after N content chunks, send an error chunk and end the stream
+Durations: "150ms", "2s" or plain seconds ("0.5").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
+
+
+@dataclass(slots=True)
+class Directives:
+    tokens: int = 16
+    reasoning: int = 0
+    ttft: float = 0.0
+    pace: float = 0.0
+    fail: int | None = None
+    stall_after: int | None = None
+    drop_after: int | None = None
+    error_after: int | None = None
+
+
+class DirectiveError(ValueError):
+    pass
+
+
+def _duration(text: str) -> float:
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
+    if text.endswith("s"):
+        return float(text[:-1])
+    return float(text)
+
+
+def _apply(d: Directives, pairs: list[str]) -> None:
+    for item in pairs:
+        pair = item.strip()
+        if not pair:
+            continue
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise DirectiveError(f"directive {pair!r} has no value")
+        try:
+            if name in ("ttft", "pace"):
+                setattr(d, name, _duration(value))
+            elif name in ("tokens", "reasoning", "fail", "stall_after", "drop_after", "error_after"):
+                setattr(d, name, int(value))
+            else:
+                raise DirectiveError(f"unknown directive {name!r}")
+        except ValueError as exc:
+            raise DirectiveError(f"bad value for {name}: {value!r}") from exc
+
+
+def parse(model: str, header: str | None, last_message: str | None) -> tuple[str, Directives]:
+    """The base model name and the directives that apply to this request."""
+    d = Directives()
+    base, *suffix = model.split("+")
+    _apply(d, suffix)
+    if header:
+        _apply(d, re.split(r"[,\s]+", header))
+    if last_message:
+        for match in _MARKER.finditer(last_message):
+            _apply(d, match.group(1).split())
+    return base, d

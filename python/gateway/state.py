@@ -1,0 +1,18 @@
+"""Everything a running gateway holds, built once per process by create_app (never module globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Settings
+from .providers.http import UpstreamClient
+from .registry import ModelRegistry
+from .store import Store
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    registry: ModelRegistry
+    store: Store
+    upstream: UpstreamClient

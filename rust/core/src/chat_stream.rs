@@ -1,0 +1,578 @@
+//! Rewriting an upstream OpenAI chat-completions stream for the client, and reading what it says.
+//!
+//! Each JSON chunk gets the gateway's response id (the rest of its bytes untouched); `usage`, the
+//! streamed text (for counting when no usage comes), the model and the finish reason are read on the
+//! way; `[DONE]` and upstream error chunks are noticed. Chunks are read with typed views whose leaves
+//! are lenient ([`Text`], [`Count`]): a field of an unexpected type is ignored, not fatal, and a
+//! valid JSON object of an unexpected shape is still forwarded with the gateway's id.
+
+use crate::error::{CoreError, Result};
+use crate::json::{member_is_set, starts_object, write_json_string, write_with_member, Count, Text};
+use crate::sse::{EventRef, SseParser};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cached_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct UsageView {
+    #[serde(default)]
+    prompt_tokens: Count,
+    #[serde(default)]
+    completion_tokens: Count,
+    #[serde(default)]
+    total_tokens: Count,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Count,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Count,
+}
+
+impl From<UsageView> for TokenUsage {
+    fn from(u: UsageView) -> Self {
+        let prompt = u.prompt_tokens.0.unwrap_or(0);
+        let completion = u.completion_tokens.0.unwrap_or(0);
+        TokenUsage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: u.total_tokens.0.unwrap_or(prompt.saturating_add(completion)),
+            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
+            reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ChunkView<'a> {
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+    #[serde(default)]
+    usage: Option<UsageView>,
+    #[serde(default, borrow)]
+    model: Text<'a>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChoiceView<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView<'a> {
+    #[serde(default, borrow)]
+    delta: Option<DeltaView<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct DeltaView<'a> {
+    #[serde(default, borrow)]
+    content: Text<'a>,
+    #[serde(default, borrow)]
+    reasoning_content: Text<'a>,
+    #[serde(default, borrow)]
+    reasoning: Text<'a>,
+    #[serde(default, borrow)]
+    refusal: Text<'a>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<ToolCallView<'a>>>,
+    /// The deprecated single function call of the functions API.
+    #[serde(default, borrow)]
+    function_call: Option<FunctionView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallView<'a> {
+    #[serde(default, borrow)]
+    function: Option<FunctionView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView<'a> {
+    #[serde(default, borrow)]
+    name: Text<'a>,
+    #[serde(default, borrow)]
+    arguments: Text<'a>,
+}
+
+fn expect_object(body: &[u8]) -> Result<()> {
+    // serde would also read a struct from an array; a body that is not an object is malformed.
+    if starts_object(body) {
+        Ok(())
+    } else {
+        Err(CoreError::InvalidJson("expected a JSON object".into()))
+    }
+}
+
+/// `usage` of a whole (non-streamed) chat completion body, which must be a JSON object.
+pub fn parse_chat_usage(body: &[u8]) -> Result<Option<TokenUsage>> {
+    expect_object(body)?;
+    #[derive(Deserialize)]
+    struct Body {
+        #[serde(default)]
+        usage: Option<UsageView>,
+    }
+    let parsed: Body = serde_json::from_slice(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
+    Ok(parsed.usage.map(TokenUsage::from))
+}
+
+/// The JSON object `body` with its top-level "id" set to `new_id` (inserted first when absent), every
+/// other byte untouched. The whole body is validated first.
+pub fn set_json_id(body: &[u8], new_id: &str) -> Result<Vec<u8>> {
+    expect_object(body)?;
+    serde_json::from_slice::<IgnoredAny>(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
+    let mut encoded = Vec::with_capacity(new_id.len() + 2);
+    write_json_string(new_id, &mut encoded);
+    let mut out = Vec::new();
+    write_with_member(body, "id", &encoded, &mut out)?;
+    Ok(out)
+}
+
+pub struct ChatStreamRewriter {
+    parser: SseParser,
+    /// The response id as a JSON string literal, encoded once.
+    encoded_id: Vec<u8>,
+    forward_usage: bool,
+    pub done: bool,
+    pub chunks: u64,
+    pub saw_output: bool,
+    pub output_text: String,
+    pub usage: Option<TokenUsage>,
+    pub model: Option<String>,
+    pub finish_reason: Option<String>,
+    pub error: Option<Vec<u8>>,
+}
+
+impl ChatStreamRewriter {
+    pub fn new(response_id: &str, forward_usage: bool) -> Self {
+        let mut encoded_id = Vec::with_capacity(response_id.len() + 2);
+        write_json_string(response_id, &mut encoded_id);
+        Self {
+            parser: SseParser::new(),
+            encoded_id,
+            forward_usage,
+            done: false,
+            chunks: 0,
+            saw_output: false,
+            output_text: String::new(),
+            usage: None,
+            model: None,
+            finish_reason: None,
+            error: None,
+        }
+    }
+
+    /// Bytes for the client for every event this chunk completes.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut parser = std::mem::take(&mut self.parser);
+        parser.feed_each(chunk, |e| self.handle(e, &mut out));
+        self.parser = parser;
+        out
+    }
+
+    /// End of upstream input.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut parser = std::mem::take(&mut self.parser);
+        parser.finish_each(|e| self.handle(e, &mut out));
+        self.parser = parser;
+        out
+    }
+
+    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+        if self.done || self.error.is_some() {
+            return; // the stream is over; anything after is not the client's
+        }
+        let data = event.data;
+        if data.trim_matches(is_json_ws) == "[DONE]" {
+            self.done = true;
+            out.extend_from_slice(b"data: [DONE]\n\n");
+            return;
+        }
+        if !starts_object(data.as_bytes()) {
+            push_event(out, data.as_bytes()); // not a JSON object: the client gets it as it came
+            return;
+        }
+        match serde_json::from_str::<ChunkView<'_>>(data) {
+            Ok(view) => {
+                if view.error.is_some() {
+                    self.error = Some(data.as_bytes().to_vec());
+                    return;
+                }
+                if self.read(view) {
+                    return; // the usage chunk the gateway asked for on its own account
+                }
+            }
+            // Valid JSON of a shape the views do not know: forwarded, but an error is still an error.
+            Err(_) if serde_json::from_str::<IgnoredAny>(data).is_ok() => {
+                if member_is_set(data.as_bytes(), "error") {
+                    self.error = Some(data.as_bytes().to_vec());
+                    return;
+                }
+            }
+            Err(_) => {
+                push_event(out, data.as_bytes());
+                return;
+            }
+        }
+        push_with_id(out, data.as_bytes(), &self.encoded_id);
+        self.chunks += 1;
+    }
+
+    /// Takes what the chunk says; true when the chunk is to be withheld from the client.
+    fn read(&mut self, view: ChunkView<'_>) -> bool {
+        if self.model.is_none() {
+            self.model = view.model.into_owned();
+        }
+        let has_usage = view.usage.is_some();
+        if let Some(u) = view.usage {
+            self.usage = Some(u.into());
+        }
+        let mut no_choices = true;
+        for choice in view.choices.into_iter().flatten() {
+            no_choices = false;
+            if let Some(reason) = choice.finish_reason.0 {
+                self.finish_reason = Some(reason.into_owned());
+            }
+            if let Some(delta) = choice.delta {
+                for text in [&delta.content, &delta.reasoning_content, &delta.reasoning, &delta.refusal] {
+                    self.take_text(text);
+                }
+                let calls = delta.tool_calls.iter().flatten().filter_map(|c| c.function.as_ref());
+                for f in calls.chain(delta.function_call.as_ref()) {
+                    self.take_text(&f.name);
+                    self.take_text(&f.arguments);
+                }
+            }
+        }
+        no_choices && has_usage && !self.forward_usage
+    }
+
+    fn take_text(&mut self, text: &Text<'_>) {
+        if let Some(t) = text.non_empty() {
+            self.saw_output = true;
+            self.output_text.push_str(t);
+        }
+    }
+}
+
+fn is_json_ws(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r')
+}
+
+/// One `data:` event for `data`; data with line breaks needs one data: line per line to stay one event.
+pub(crate) fn push_event(out: &mut Vec<u8>, data: &[u8]) {
+    out.extend_from_slice(b"data: ");
+    push_data_lines(out, data);
+}
+
+pub(crate) fn push_data_lines(out: &mut Vec<u8>, data: &[u8]) {
+    let mut rest = data;
+    while let Some(i) = memchr::memchr(b'\n', rest) {
+        out.extend_from_slice(rest.get(..i).unwrap_or_default());
+        out.extend_from_slice(b"\ndata: ");
+        rest = rest.get(i + 1..).unwrap_or_default();
+    }
+    out.extend_from_slice(rest);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// One `data:` event for the object `data` with its top-level id set to `encoded_id`, written straight
+/// into `out` (the usual case of a one-line chunk) or through a buffer (a chunk spread over lines).
+pub(crate) fn push_with_id(out: &mut Vec<u8>, data: &[u8], encoded_id: &[u8]) {
+    if memchr::memchr(b'\n', data).is_none() {
+        out.extend_from_slice(b"data: ");
+        // On error nothing was written; forward the chunk as it came.
+        if write_with_member(data, "id", encoded_id, out).is_err() {
+            out.extend_from_slice(data);
+        }
+        out.extend_from_slice(b"\n\n");
+    } else {
+        let mut rewritten = Vec::with_capacity(data.len() + encoded_id.len() + 8);
+        match write_with_member(data, "id", encoded_id, &mut rewritten) {
+            Ok(()) => push_event(out, &rewritten),
+            Err(_) => push_event(out, data),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const FIXTURE: &[u8] = include_bytes!("../../../tests/fixtures/sse/openai_chat_stream.txt");
+
+    fn events(bytes: &[u8]) -> Vec<String> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(bytes, &mut out);
+        p.finish(&mut out);
+        out.into_iter().map(|e| e.data).collect()
+    }
+
+    #[test]
+    fn sets_id_reads_usage_and_done() {
+        let mut rw = ChatStreamRewriter::new("chatcmpl-gw", true);
+        let mut out = rw.feed(FIXTURE);
+        out.extend(rw.finish());
+        let data = events(&out);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+        for chunk in &data[..data.len() - 1] {
+            let v: serde_json::Value = serde_json::from_str(chunk).unwrap();
+            assert_eq!(v["id"], "chatcmpl-gw");
+        }
+        assert!(rw.done);
+        assert_eq!(rw.chunks, 12);
+        assert_eq!(rw.output_text, "Hello! How can I help you today?");
+        assert_eq!(rw.usage.unwrap().completion_tokens, 9);
+        assert_eq!(rw.usage.unwrap().total_tokens, 18);
+        assert_eq!(rw.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(rw.model.as_deref(), Some("gpt-4o-mini-2024-07-18"));
+    }
+
+    #[test]
+    fn keeps_usage_chunk_from_client_that_did_not_ask() {
+        let mut rw = ChatStreamRewriter::new("x", false);
+        let out = rw.feed(FIXTURE);
+        let data = events(&out);
+        assert_eq!(data.len(), 12); // 11 choice chunks + [DONE]; the usage chunk consumed
+        assert!(!data.iter().any(|d| d.contains("prompt_tokens")));
+        assert_eq!(rw.usage.unwrap().prompt_tokens, 9);
+    }
+
+    #[test]
+    fn bytes_other_than_id_untouched() {
+        let mut rw = ChatStreamRewriter::new("chatcmpl-upstream123", true);
+        let out = rw.feed(FIXTURE);
+        assert_eq!(out, FIXTURE);
+    }
+
+    #[test]
+    fn error_chunk_is_kept_back_and_ends_the_stream() {
+        let mut rw = ChatStreamRewriter::new("x", true);
+        let out = rw.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"boom\"}}\n\ndata: {\"choices\":[]}\n\n");
+        assert_eq!(events(&out).len(), 1);
+        assert_eq!(rw.error.as_deref(), Some(&b"{\"error\":{\"message\":\"boom\"}}"[..]));
+        assert!(rw.saw_output);
+    }
+
+    #[test]
+    fn null_error_is_not_an_error_and_reasoning_and_tools_count_as_output() {
+        let mut rw = ChatStreamRewriter::new("x", true);
+        rw.feed(b"data: {\"error\":null,\"choices\":[{\"delta\":{\"reasoning_content\":\"think\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}\n\n");
+        assert!(rw.error.is_none());
+        assert_eq!(rw.output_text, "thinkf{}");
+    }
+
+    #[test]
+    fn non_json_data_passes_through() {
+        let mut rw = ChatStreamRewriter::new("x", true);
+        assert_eq!(rw.feed(b"data: hello\n\n"), b"data: hello\n\n");
+        assert_eq!(rw.chunks, 0);
+    }
+
+    #[test]
+    fn whole_body_usage() {
+        let u = parse_chat_usage(br#"{"id":"a","usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":2},"completion_tokens_details":{"reasoning_tokens":1}}}"#).unwrap().unwrap();
+        assert_eq!(
+            u,
+            TokenUsage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+                total_tokens: 7,
+                cached_tokens: 2,
+                reasoning_tokens: 1
+            }
+        );
+        assert_eq!(parse_chat_usage(br#"{"usage":null}"#).unwrap(), None);
+        assert!(parse_chat_usage(b"[]").is_err());
+    }
+
+    fn run(rw: &mut ChatStreamRewriter, input: &[u8]) -> Vec<u8> {
+        let mut out = rw.feed(input);
+        out.extend(rw.finish());
+        out
+    }
+
+    #[test]
+    fn non_objects_pass_through_and_odd_objects_still_get_the_id() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        assert_eq!(
+            run(&mut rw, b"data: [1,2]\n\ndata: \"s\"\n\ndata: {broken\n\n"),
+            b"data: [1,2]\n\ndata: \"s\"\n\ndata: {broken\n\n"
+        );
+        assert_eq!(rw.chunks, 0);
+        let out = run(&mut rw, b"data: {\"id\":\"up\",\"choices\":{\"weird\":1}}\n\n");
+        assert_eq!(out, b"data: {\"id\":\"gw\",\"choices\":{\"weird\":1}}\n\n");
+        assert_eq!(rw.chunks, 1);
+    }
+
+    #[test]
+    fn odd_shaped_error_is_still_kept_back() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        assert_eq!(run(&mut rw, b"data: {\"error\":{\"message\":\"x\"},\"choices\":5}\n\ndata: {}\n\n"), b"");
+        assert_eq!(rw.error.as_deref(), Some(&b"{\"error\":{\"message\":\"x\"},\"choices\":5}"[..]));
+    }
+
+    #[test]
+    fn lenient_fields() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        run(
+            &mut rw,
+            br#"data: {"model":7,"choices":[{"delta":{"content":[{"type":"text","text":"hi"}],"refusal":" no"},"finish_reason":5}],"usage":{"prompt_tokens":2.0,"completion_tokens":"x","prompt_tokens_details":null}}
+
+"#,
+        );
+        assert_eq!(rw.chunks, 1);
+        assert_eq!(rw.output_text, "hi no");
+        assert_eq!(rw.model, None);
+        assert_eq!(rw.finish_reason, None);
+        let u = rw.usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (2, 0, 2));
+    }
+
+    #[test]
+    fn legacy_function_call_and_escapes_in_text() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        run(&mut rw, b"data: {\"choices\":[{\"delta\":{\"function_call\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"\\u00e9\\\"}\"}}}]}\n\n");
+        assert_eq!(rw.output_text, "f{\"a\":\"\u{e9}\"}");
+    }
+
+    #[test]
+    fn multi_line_data_stays_one_event() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        let out = run(&mut rw, b"data: {\"a\":\ndata: 1}\n\n");
+        assert_eq!(out, b"data: {\"id\":\"gw\",\"a\":\ndata: 1}\n\n");
+    }
+
+    #[test]
+    fn nothing_after_done_and_done_with_spaces() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        let out = run(&mut rw, b"data:  [DONE] \n\ndata: {\"choices\":[]}\n\n");
+        assert_eq!(out, b"data: [DONE]\n\n");
+        assert!(rw.done);
+        assert_eq!(rw.chunks, 0);
+    }
+
+    #[test]
+    fn response_id_is_escaped() {
+        let mut rw = ChatStreamRewriter::new("a\"b\\c", true);
+        let out = run(&mut rw, b"data: {\"id\":\"x\"}\n\n");
+        assert_eq!(out, b"data: {\"id\":\"a\\\"b\\\\c\"}\n\n");
+    }
+
+    #[test]
+    fn set_json_id_validates_the_whole_body() {
+        assert_eq!(
+            set_json_id(b" {\"id\": 1, \"a\": [1, {\"id\": 2}]} ", "gw").unwrap(),
+            b" {\"id\": \"gw\", \"a\": [1, {\"id\": 2}]} "
+        );
+        assert_eq!(set_json_id(b"{}", "gw").unwrap(), b"{\"id\":\"gw\"}");
+        for bad in
+            [&b"{\"a\":xyz}"[..], b"{\"a\":1} trailing", b"{\"a\":[1}}", b"[]", b"", b"{\"a\":\"\x01\"}", b"\xff"]
+        {
+            assert!(matches!(set_json_id(bad, "gw"), Err(CoreError::InvalidJson(_))), "{bad:?}");
+        }
+    }
+
+    /// A stream of chat chunks, noise and comments with every kind of line end.
+    fn synthetic_stream() -> impl Strategy<Value = Vec<u8>> {
+        let event = prop_oneof![
+            "[a-zé😀 \\\\\"]{0,8}".prop_map(|t| format!(
+                "data: {{\"id\":\"u\",\"choices\":[{{\"delta\":{{\"content\":{}}}}}]}}",
+                serde_json::to_string(&t).unwrap()
+            )),
+            Just("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}".to_owned()),
+            Just(": keep-alive".to_owned()),
+            Just("data: not json".to_owned()),
+            Just("data: {\"a\":\ndata: [1]}".to_owned()),
+            Just("data: [DONE]".to_owned()),
+        ];
+        let end = prop_oneof![Just("\n"), Just("\r\n"), Just("\r")];
+        proptest::collection::vec((event, end.clone(), end), 0..12).prop_map(|events| {
+            events.into_iter().flat_map(|(e, a, b)| format!("{}{a}{b}", e.replace('\n', a)).into_bytes()).collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn synthetic_streams_same_output_however_split(
+            bytes in synthetic_stream(),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
+            forward in any::<bool>(),
+        ) {
+            let mut whole = ChatStreamRewriter::new("gw", forward);
+            let expected = run(&mut whole, &bytes);
+            let mut points: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+            points.sort_unstable();
+            let mut rw = ChatStreamRewriter::new("gw", forward);
+            let mut got = Vec::new();
+            let mut last = 0;
+            for p in points {
+                got.extend(rw.feed(&bytes[last..p]));
+                last = p;
+            }
+            got.extend(rw.feed(&bytes[last..]));
+            got.extend(rw.finish());
+            prop_assert_eq!(&got, &expected);
+            prop_assert_eq!(&rw.output_text, &whole.output_text);
+            prop_assert_eq!(rw.chunks, whole.chunks);
+            // Every forwarded JSON chunk carries the gateway's id.
+            for e in events(&got) {
+                if let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(&e) {
+                    prop_assert_eq!(m.get("id").and_then(|v| v.as_str()), Some("gw"));
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut rw = ChatStreamRewriter::new("gw", false);
+            run(&mut rw, &bytes);
+            let _ = set_json_id(&bytes, "x");
+            let _ = parse_chat_usage(&bytes);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn same_output_however_split(cuts in proptest::collection::vec(0..FIXTURE.len(), 0..10)) {
+            let mut whole = ChatStreamRewriter::new("gw", false);
+            let mut expected = whole.feed(FIXTURE);
+            expected.extend(whole.finish());
+            let mut points = cuts.clone();
+            points.sort_unstable();
+            let mut rw = ChatStreamRewriter::new("gw", false);
+            let mut got = Vec::new();
+            let mut last = 0;
+            for p in points {
+                got.extend(rw.feed(&FIXTURE[last..p]));
+                last = p;
+            }
+            got.extend(rw.feed(&FIXTURE[last..]));
+            got.extend(rw.finish());
+            prop_assert_eq!(got, expected);
+            prop_assert_eq!(rw.output_text, whole.output_text);
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! `gateway._core`: conversions between Python and gateway-core, nothing else.
+//! Types and docs for Python live in python/gateway/_core.pyi.
+
+use gateway_core::chat_stream::{self, TokenUsage};
+use gateway_core::messages_stream;
+use gateway_core::multipart;
+use gateway_core::ratelimit;
+use gateway_core::sse;
+use gateway_core::tokens::{self, Encoding};
+use gateway_core::{idempotency, CoreError as Core};
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+create_exception!(_core, CoreError, PyValueError, "Root of every exception the Rust core raises.");
+create_exception!(_core, UnknownEncodingError, CoreError, "The tokenizer name is not a bundled vocabulary.");
+create_exception!(_core, InvalidJsonError, CoreError, "Bytes that had to be JSON were not.");
+
+/// Texts and bodies above these sizes are processed with the GIL released.
+const DETACH_TEXT_BYTES: usize = 4 * 1024;
+const DETACH_BODY_BYTES: usize = 64 * 1024;
+
+/// The one place core errors become Python exceptions.
+fn to_py(err: Core) -> PyErr {
+    let message = err.to_string();
+    match err {
+        Core::UnknownEncoding(_) => UnknownEncodingError::new_err(message),
+        Core::InvalidJson(_) => InvalidJsonError::new_err(message),
+        Core::InvalidArgument(_) => CoreError::new_err(message),
+    }
+}
+
+fn encoding(name: &str) -> PyResult<Encoding> {
+    name.parse().map_err(to_py)
+}
+
+// ------------------------------------------------------------------ SSE
+
+#[pyclass(frozen, module = "gateway._core")]
+struct SseEvent {
+    #[pyo3(get)]
+    event: Option<String>,
+    #[pyo3(get)]
+    data: String,
+    #[pyo3(get)]
+    id: Option<String>,
+    #[pyo3(get)]
+    retry: Option<u64>,
+}
+
+#[pymethods]
+impl SseEvent {
+    fn __repr__(&self) -> String {
+        format!("SseEvent(event={:?}, data={:?}, id={:?}, retry={:?})", self.event, self.data, self.id, self.retry)
+    }
+}
+
+fn to_events(events: Vec<sse::Event>) -> Vec<SseEvent> {
+    events.into_iter().map(|e| SseEvent { event: e.event, data: e.data, id: e.id, retry: e.retry }).collect()
+}
+
+#[pyclass(module = "gateway._core")]
+struct SseParser(sse::SseParser);
+
+#[pymethods]
+impl SseParser {
+    #[new]
+    fn new() -> Self {
+        Self(sse::SseParser::new())
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        self.0.feed(chunk, &mut out);
+        to_events(out)
+    }
+
+    fn finish(&mut self) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        self.0.finish(&mut out);
+        to_events(out)
+    }
+}
+
+// ------------------------------------------------------------------ chat streams
+
+#[pyclass(frozen, module = "gateway._core")]
+struct StreamUsage(TokenUsage);
+
+#[pymethods]
+impl StreamUsage {
+    #[getter]
+    fn prompt_tokens(&self) -> u64 {
+        self.0.prompt_tokens
+    }
+    #[getter]
+    fn completion_tokens(&self) -> u64 {
+        self.0.completion_tokens
+    }
+    #[getter]
+    fn total_tokens(&self) -> u64 {
+        self.0.total_tokens
+    }
+    #[getter]
+    fn cached_tokens(&self) -> u64 {
+        self.0.cached_tokens
+    }
+    #[getter]
+    fn reasoning_tokens(&self) -> u64 {
+        self.0.reasoning_tokens
+    }
+    fn __repr__(&self) -> String {
+        format!("StreamUsage({:?})", self.0)
+    }
+}
+
+#[pyclass(module = "gateway._core")]
+struct ChatStreamRewriter(chat_stream::ChatStreamRewriter);
+
+#[pymethods]
+impl ChatStreamRewriter {
+    #[new]
+    fn new(response_id: &str, forward_usage: bool) -> Self {
+        Self(chat_stream::ChatStreamRewriter::new(response_id, forward_usage))
+    }
+
+    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.0.feed(chunk))
+    }
+
+    fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.0.finish())
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.0.done
+    }
+    #[getter]
+    fn chunks(&self) -> u64 {
+        self.0.chunks
+    }
+    #[getter]
+    fn saw_output(&self) -> bool {
+        self.0.saw_output
+    }
+    #[getter]
+    fn output_text(&self) -> String {
+        self.0.output_text.clone()
+    }
+    #[getter]
+    fn usage(&self) -> Option<StreamUsage> {
+        self.0.usage.map(StreamUsage)
+    }
+    #[getter]
+    fn model(&self) -> Option<String> {
+        self.0.model.clone()
+    }
+    #[getter]
+    fn finish_reason(&self) -> Option<String> {
+        self.0.finish_reason.clone()
+    }
+    #[getter]
+    fn error<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.error.as_deref().map(|e| PyBytes::new(py, e))
+    }
+}
+
+#[pyclass(module = "gateway._core")]
+struct MessagesStreamRewriter(messages_stream::MessagesStreamRewriter);
+
+#[pymethods]
+impl MessagesStreamRewriter {
+    #[new]
+    fn new(response_id: &str) -> Self {
+        Self(messages_stream::MessagesStreamRewriter::new(response_id))
+    }
+
+    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.0.feed(chunk))
+    }
+
+    fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.0.finish())
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.0.done
+    }
+    #[getter]
+    fn chunks(&self) -> u64 {
+        self.0.chunks
+    }
+    #[getter]
+    fn saw_output(&self) -> bool {
+        self.0.saw_output
+    }
+    #[getter]
+    fn output_text(&self) -> String {
+        self.0.output_text.clone()
+    }
+    #[getter]
+    fn usage(&self) -> Option<StreamUsage> {
+        self.0.usage().map(StreamUsage)
+    }
+    #[getter]
+    fn model(&self) -> Option<String> {
+        self.0.model.clone()
+    }
+    #[getter]
+    fn finish_reason(&self) -> Option<String> {
+        self.0.finish_reason.clone()
+    }
+    #[getter]
+    fn error<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.error.as_deref().map(|e| PyBytes::new(py, e))
+    }
+}
+
+#[pyfunction]
+fn parse_messages_usage(body: &[u8]) -> PyResult<Option<StreamUsage>> {
+    Ok(messages_stream::parse_messages_usage(body).map_err(to_py)?.map(StreamUsage))
+}
+
+#[pyfunction]
+fn parse_chat_usage(body: &[u8]) -> PyResult<Option<StreamUsage>> {
+    Ok(chat_stream::parse_chat_usage(body).map_err(to_py)?.map(StreamUsage))
+}
+
+#[pyfunction]
+fn set_json_id<'py>(py: Python<'py>, body: &[u8], new_id: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let out = chat_stream::set_json_id(body, new_id).map_err(to_py)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+// ------------------------------------------------------------------ tokens
+
+#[pyfunction]
+#[pyo3(signature = (text, encoding = "o200k_base"))]
+fn count_tokens(py: Python<'_>, text: &str, encoding: &str) -> PyResult<usize> {
+    let enc = self::encoding(encoding)?;
+    let result = if text.len() > DETACH_TEXT_BYTES {
+        py.detach(|| tokens::count_tokens(text, enc))
+    } else {
+        tokens::count_tokens(text, enc)
+    };
+    result.map_err(to_py)
+}
+
+#[pyfunction]
+#[pyo3(signature = (body, encoding = "o200k_base"))]
+fn count_chat_tokens(py: Python<'_>, body: &[u8], encoding: &str) -> PyResult<usize> {
+    let enc = self::encoding(encoding)?;
+    let result = if body.len() > DETACH_TEXT_BYTES {
+        py.detach(|| tokens::count_chat_tokens(body, enc))
+    } else {
+        tokens::count_chat_tokens(body, enc)
+    };
+    result.map_err(to_py)
+}
+
+// ------------------------------------------------------------------ rate limiting
+
+#[pyclass(frozen, module = "gateway._core")]
+struct TakeResult(ratelimit::TakeResult);
+
+#[pymethods]
+impl TakeResult {
+    #[getter]
+    fn allowed(&self) -> bool {
+        self.0.allowed
+    }
+    #[getter]
+    fn remaining(&self) -> u64 {
+        self.0.remaining
+    }
+    #[getter]
+    fn retry_after_ns(&self) -> u64 {
+        self.0.retry_after_ns
+    }
+    fn __repr__(&self) -> String {
+        format!("TakeResult({:?})", self.0)
+    }
+}
+
+#[pyclass(module = "gateway._core")]
+struct TokenBucket(ratelimit::TokenBucket);
+
+#[pymethods]
+impl TokenBucket {
+    #[new]
+    fn new(capacity: u64, refill_tokens: u64, refill_period_ns: u64, now_ns: u64) -> PyResult<Self> {
+        ratelimit::TokenBucket::new(capacity, refill_tokens, refill_period_ns, now_ns).map(Self).map_err(to_py)
+    }
+
+    #[staticmethod]
+    fn from_state(
+        capacity: u64,
+        refill_tokens: u64,
+        refill_period_ns: u64,
+        level: i128,
+        last_ns: u64,
+    ) -> PyResult<Self> {
+        ratelimit::TokenBucket::from_state(capacity, refill_tokens, refill_period_ns, level, last_ns)
+            .map(Self)
+            .map_err(to_py)
+    }
+
+    fn try_take(&mut self, n: u64, now_ns: u64) -> TakeResult {
+        TakeResult(self.0.try_take(n, now_ns))
+    }
+
+    fn adjust(&mut self, delta: i64, now_ns: u64) {
+        self.0.adjust(delta, now_ns);
+    }
+
+    fn available(&mut self, now_ns: u64) -> u64 {
+        self.0.available(now_ns)
+    }
+
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.0.capacity()
+    }
+
+    #[getter]
+    fn state(&self) -> (i128, u64) {
+        self.0.state()
+    }
+}
+
+// ------------------------------------------------------------------ multipart
+
+#[pyclass(frozen, module = "gateway._core")]
+struct MultipartPart {
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    filename: Option<String>,
+    #[pyo3(get)]
+    content_type: Option<String>,
+    data: Vec<u8>,
+}
+
+#[pymethods]
+impl MultipartPart {
+    #[getter]
+    fn data<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.data)
+    }
+    fn __repr__(&self) -> String {
+        format!("MultipartPart(name={:?}, filename={:?}, {} bytes)", self.name, self.filename, self.data.len())
+    }
+}
+
+#[pyfunction]
+fn parse_multipart(py: Python<'_>, body: &[u8], content_type: &str) -> Option<Vec<MultipartPart>> {
+    let run = || {
+        multipart::parse(body, content_type).map(|parts| {
+            parts
+                .into_iter()
+                .map(|p| MultipartPart {
+                    name: p.name,
+                    filename: p.filename,
+                    content_type: p.content_type,
+                    data: p.content.to_vec(),
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    if body.len() > DETACH_BODY_BYTES {
+        py.detach(run)
+    } else {
+        run()
+    }
+}
+
+// ------------------------------------------------------------------ idempotency
+
+#[pyfunction]
+#[pyo3(signature = (method, path, body, content_type = None, key = None))]
+fn fingerprint(
+    py: Python<'_>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    content_type: Option<&str>,
+    key: Option<&[u8]>,
+) -> PyResult<String> {
+    let run = || idempotency::fingerprint(method, path, body, content_type, key);
+    let result = if body.len() > DETACH_BODY_BYTES { py.detach(run) } else { run() };
+    result.map_err(to_py)
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("CoreError", py.get_type::<CoreError>())?;
+    m.add("UnknownEncodingError", py.get_type::<UnknownEncodingError>())?;
+    m.add("InvalidJsonError", py.get_type::<InvalidJsonError>())?;
+    m.add_class::<SseEvent>()?;
+    m.add_class::<SseParser>()?;
+    m.add_class::<StreamUsage>()?;
+    m.add_class::<ChatStreamRewriter>()?;
+    m.add_class::<MessagesStreamRewriter>()?;
+    m.add_class::<TakeResult>()?;
+    m.add_class::<TokenBucket>()?;
+    m.add_function(wrap_pyfunction!(parse_chat_usage, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_messages_usage, m)?)?;
+    m.add_function(wrap_pyfunction!(set_json_id, m)?)?;
+    m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_class::<MultipartPart>()?;
+    m.add_function(wrap_pyfunction!(parse_multipart, m)?)?;
+    Ok(())
+}

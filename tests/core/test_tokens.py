@@ -1,0 +1,124 @@
+"""Token counts equal OpenAI's tiktoken, exactly.
+
+The reference is OpenAI's tiktoken, loaded offline from the vocabulary files tiktoken-rs ships and
+checked against the hashes tiktoken pins (see tests/tiktoken_reference.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tiktoken_reference
+from gateway._core import (
+    CoreError,
+    InvalidJsonError,
+    UnknownEncodingError,
+    count_chat_tokens,
+    count_tokens,
+)
+
+CORPUS = [
+    "",
+    "Hello, world!",
+    "日本語のテキスト、中文、한국어 문장입니다.",
+    "emoji 😀👍🏽🇫🇷 family 👨‍👩‍👧‍👦",
+    "    leading spaces\n\n\ttabs\r\n  trailing   ",
+    'def f(x):\n    return {"a": [1, 2, 3]}\n',
+    "1234567890 3.14159 -42 1e10 0x1F",
+    "a" * 500,
+    "<|endoftext|> is text here",
+    "It's we've they'll I'd DON'T",
+    "مرحبا بالعالم שלום עולם",
+    "Ünïcödé façade naïve café résumé",
+    "<|endoftext|><|fim_prefix|><|im_start|>",
+    "\u00a0\u2003\u3000 odd spaces\u200b",
+    *(ch * 3000 for ch in ["a", " ", "\n", "1", "😀", "ab", "中", ".", "\t ", "x ", "\r\n"]),
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> Callable[[str], tiktoken.Encoding]:
+    encodings = tiktoken_reference.load()
+    if encodings is None:
+        pytest.skip("the tiktoken-rs crate's vocabulary files were not found (is cargo installed?)")
+    return encodings.__getitem__
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_corpus_matches_tiktoken(reference: Callable[[str], tiktoken.Encoding], encoding: str) -> None:
+    enc = reference(encoding)
+    for text in CORPUS:
+        assert count_tokens(text, encoding) == len(enc.encode_ordinary(text)), text  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200))
+def test_random_text_matches_tiktoken(reference: Callable[[str], tiktoken.Encoding], text: str) -> None:
+    for encoding in ("o200k_base", "cl100k_base"):
+        assert count_tokens(text, encoding) == len(reference(encoding).encode_ordinary(text))  # type: ignore[arg-type]
+
+
+def test_long_text_releases_the_gil_and_still_counts(reference: Callable[[str], tiktoken.Encoding]) -> None:
+    text = "The quick brown fox. " * 2000
+    assert count_tokens(text) == len(reference("o200k_base").encode_ordinary(text))
+
+
+def test_chat_accounting_follows_openai(reference: Callable[[str], tiktoken.Encoding]) -> None:
+    enc = reference("o200k_base")
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "Hi"}, {"type": "image_url"}]},
+    ]
+    expected = 3 + sum(
+        3 + sum(len(enc.encode_ordinary(v)) for v in m.values() if isinstance(v, str)) + ("name" in m)
+        for m in messages
+    )
+    expected += len(enc.encode_ordinary("Hi"))
+    body = json.dumps({"model": "x", "messages": messages}).encode()
+    assert count_chat_tokens(body) == expected
+
+
+def test_tool_calls_and_tool_messages(reference: Callable[[str], tiktoken.Encoding]) -> None:
+    enc = reference("cl100k_base")
+
+    def n(text: str) -> int:
+        return len(enc.encode_ordinary(text))
+
+    messages = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "sunny"},
+    ]
+    expected = 3 + (3 + n("assistant") + n("get_weather") + n('{"city": "Paris"}'))
+    expected += 3 + n("tool") + n("c") + n("sunny")
+    body = json.dumps({"messages": messages}).encode()
+    assert count_chat_tokens(body, "cl100k_base") == expected
+
+
+def test_errors() -> None:
+    with pytest.raises(UnknownEncodingError):
+        count_tokens("x", "gpt2")  # type: ignore[arg-type]
+    with pytest.raises(InvalidJsonError):
+        count_chat_tokens(b"{}")
+    with pytest.raises(ValueError):  # every core error is a ValueError
+        count_chat_tokens(b"not json")
+    for bad in (b"[[]]", b'{"messages": {}}', b'{"messages": ["x"]}'):
+        with pytest.raises(InvalidJsonError):
+            count_chat_tokens(bad)
+    assert issubclass(UnknownEncodingError, CoreError) and issubclass(InvalidJsonError, CoreError)
+    assert count_tokens("") == 0

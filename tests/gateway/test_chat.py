@@ -1,0 +1,158 @@
+"""Chat completions end to end with the official openai client: plain, streamed, ids, cost, usage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost
+from harness import Gateway, KeyHandle
+
+PRICES = Prices(
+    input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal("10.00"), reasoning=Decimal("10.00")
+)
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def wait_for_usage(gw: Gateway, key: str, usage_id: str) -> httpx.Response:
+    with gw.client(key) as c:
+        deadline = time.monotonic() + 5
+        while True:
+            r = c.get(f"/v1/usage/{usage_id}")
+            if r.status_code == 200 or time.monotonic() > deadline:
+                return r
+            time.sleep(0.05)
+
+
+def test_plain_completion_with_openai_client(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    raw = oai.chat.completions.with_raw_response.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "Say hello"}], max_tokens=5
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None and completion.usage.completion_tokens == 5
+    assert completion.id.startswith("chatcmpl-")
+    request_id = raw.headers["x-service-request-id"]
+    assert request_id.startswith("req_") and request_id != completion.id
+    expected = cost(PRICES, Usage(completion.usage.prompt_tokens, completion.usage.completion_tokens))
+    assert Decimal(raw.headers["x-service-cost"]) == expected
+
+
+def test_charge_equals_cost_header_and_usage_record(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    before = gw.balance(key.account_id)
+    raw = oai.chat.completions.with_raw_response.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "count to three"}]
+    )
+    completion = raw.parse()
+    charged = Decimal(raw.headers["x-service-cost"])
+    assert charged > 0
+    assert gw.wait_balance(key.account_id, before - charged) == before - charged
+
+    record = wait_for_usage(gw, key.key, completion.id)
+    assert record.status_code == 200
+    body = record.json()
+    assert body["id"] == completion.id
+    assert body["model"] == "openai/gpt-4o-mini"
+    assert body["status"] == "completed"
+    assert Decimal(str(body["cost"])) == charged
+    assert completion.usage is not None
+    assert body["usage"] == {
+        "prompt_tokens": completion.usage.prompt_tokens,
+        "completion_tokens": completion.usage.completion_tokens,
+        "total_tokens": completion.usage.total_tokens,
+    }
+    assert body["duration_ms"] >= 0
+    assert body["started_at"].endswith("Z") and body["ended_at"] >= body["started_at"]
+
+
+def test_usage_lookup_is_scoped_to_the_key(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    completion = oai.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert wait_for_usage(gw, key.key, completion.id).status_code == 200
+    other = gw.new_key()
+    with gw.client(other.key) as c:
+        r = c.get(f"/v1/usage/{completion.id}")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
+    # The request id header is not what the lookup takes.
+    with gw.client(key.key) as c:
+        assert c.get("/v1/usage/req_doesnotexist").status_code == 404
+
+
+def test_streamed_completion_same_id_on_every_chunk(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    stream = oai.chat.completions.create(
+        model="openai/gpt-4o-mini",
+        messages=[{"role": "user", "content": "stream please [sim tokens=12]"}],
+        stream=True,
+    )
+    chunks = list(stream)
+    ids = {c.id for c in chunks}
+    assert len(ids) == 1 and next(iter(ids)).startswith("chatcmpl-")
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 12
+    # Without include_usage the client sees no usage chunk, although the gateway asked for one upstream.
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+
+
+def test_stream_include_usage_last_chunk_and_billing(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    before = gw.balance(key.account_id)
+    with oai.chat.completions.with_streaming_response.create(
+        model="openai/gpt-4o-mini",
+        messages=[{"role": "user", "content": "with usage [sim tokens=7]"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert "x-service-cost" not in response.headers
+        assert response.headers["x-service-request-id"].startswith("req_")
+        chunks = list(response.parse())
+    last = chunks[-1]
+    assert last.usage is not None and last.usage.completion_tokens == 7
+    assert last.choices == []
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+    record = wait_for_usage(gw, key.key, last.id).json()
+    assert record["usage"]["completion_tokens"] == 7
+    expected = cost(PRICES, Usage(last.usage.prompt_tokens, 7))
+    assert Decimal(str(record["cost"])) == expected
+    assert gw.wait_balance(key.account_id, before - expected) == before - expected
+
+
+def test_raw_stream_ends_with_done(gw: Gateway, key: KeyHandle) -> None:
+    with (
+        gw.client(key.key) as c,
+        c.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": "openai/gpt-4o-mini",
+                "messages": [{"role": "user", "content": "x [sim tokens=3]"}],
+                "stream": True,
+            },
+        ) as r,
+    ):
+        body = b"".join(r.iter_bytes())
+    events = [e for e in body.split(b"\n\n") if e]
+    assert all(e.startswith(b"data: ") for e in events)
+    assert events[-1] == b"data: [DONE]"
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "meta/llama-3.1-8b"])
+def test_models_list_with_openai_client(gw: Gateway, key: KeyHandle, model: str, oai: openai.OpenAI) -> None:
+    models = oai.models.list()
+    assert model in {m.id for m in models.data}

@@ -1,0 +1,62 @@
+"""Configuration: the demo file loads; mistakes are reported with the place they are in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_settings, parse_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+CHANNEL = {"provider": "openai", "base_url": "http://127.0.0.1:1/v1"}
+
+
+def test_demo_config_loads() -> None:
+    settings = load_settings(ROOT / "config" / "demo.toml")
+    assert {m.name for m in settings.models} >= {"openai/gpt-4o-mini"}
+    assert settings.store_path.is_absolute()
+    assert settings.max_request_bytes == 10 * 1024 * 1024
+
+
+def model(**overrides: object) -> dict[str, object]:
+    return {"name": "a/b", "type": "chat", "channels": [CHANNEL], **overrides}
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ({}, "[[models]]"),
+        ({"models": [model(name="nope")]}, "models[0].name"),
+        ({"models": [model(type="poetry")]}, "models[0].type"),
+        ({"models": [model(channels=[])]}, "models[0].channels"),
+        ({"models": [model(channels=[{**CHANNEL, "provider": "x"}])]}, "models[0].channels[0].provider"),
+        (
+            {"models": [model(channels=[{**CHANNEL, "base_url": "ftp://x"}])]},
+            "models[0].channels[0].base_url",
+        ),
+        ({"models": [model(prices={"input": "abc"})]}, "models[0].prices.input"),
+        ({"models": [model(prices={"input": "-1"})]}, "models[0].prices.input"),
+        ({"models": [model(prices={"inptu": "1"})]}, "models[0].prices"),
+        ({"models": [model(tokenizer="gpt2")]}, "models[0].tokenizer"),
+        ({"models": [model(), model()]}, "duplicate"),
+        ({"models": [model()], "server": {"port": "80"}}, "server.port"),
+        ({"models": [model()], "limits": {"sync_timeout_seconds": 0}}, "sync_timeout_seconds"),
+    ],
+)
+def test_config_errors_name_the_place(raw: dict[str, object], where: str) -> None:
+    with pytest.raises(ConfigError, match=__import__("re").escape(where)):
+        parse_settings(raw, Path("/tmp"))
+
+
+def test_prices_are_exact_decimals() -> None:
+    settings = parse_settings({"models": [model(prices={"input": 0.1, "output": "0.3"})]}, Path("/tmp"))
+    prices = settings.models[0].prices
+    assert str(prices.input) == "0.1"
+    assert str(prices.cached_input) == "0.1"
+    assert str(prices.reasoning) == "0.3"
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "missing.toml")

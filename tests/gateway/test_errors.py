@@ -1,0 +1,166 @@
+"""Every failure is the spec's error object with the right status and code (spec 5, 6.1.7, 7)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from harness import Gateway, KeyHandle
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(content: str = "hi", **extra: object) -> dict[str, object]:
+    return {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def assert_error(r: httpx.Response, status: int, code: str, type_: str) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert error["code"] == code
+    assert error["type"] == type_
+    assert isinstance(error["message"], str) and error["message"]
+    assert "param" in error
+    return dict(error)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Bearer sk-unknown"},
+        {"authorization": "Bearer nope"},
+        {"authorization": "Basic x"},
+    ],
+)
+def test_missing_or_unknown_key_is_401_without_request_id(gw: Gateway, headers: dict[str, str]) -> None:
+    r = httpx.post(gw.url + CHAT, json=chat_body(), headers=headers)
+    assert_error(r, 401, "invalid_api_key", "authentication_error")
+    assert "x-service-request-id" not in r.headers
+
+
+def test_deleted_key_stops_working(gw: Gateway) -> None:
+    handle = gw.new_key()
+    with gw.client(handle.key) as c:
+        assert c.post(CHAT, json=chat_body()).status_code == 200
+        gw.delete_key(handle.key_id)
+        assert_error(c.post(CHAT, json=chat_body()), 401, "invalid_api_key", "authentication_error")
+
+
+def test_expired_key(gw: Gateway) -> None:
+    handle = gw.new_key(expires_at_ms=time.time_ns() // 1_000_000 - 1000)
+    with gw.client(handle.key) as c:
+        r = c.post(CHAT, json=chat_body())
+    assert_error(r, 401, "key_expired", "authentication_error")
+    assert "x-service-request-id" not in r.headers
+
+
+def test_openai_client_raises_authentication_error(gw: Gateway) -> None:
+    with (
+        openai.OpenAI(base_url=gw.openai_base, api_key="sk-wrong", max_retries=0) as c,
+        pytest.raises(openai.AuthenticationError) as info,
+    ):
+        c.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "invalid_api_key"
+
+
+def test_unknown_model(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, json={**chat_body(), "model": "nobody/nothing"})
+    error = assert_error(r, 400, "model_not_found", "not_found_error")
+    assert error["param"] == "model"
+    assert r.headers["x-service-request-id"].startswith("req_")
+
+
+def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        assert_error(c.get("/v1/nothing/here"), 404, "not_found", "not_found_error")
+        assert_error(c.get(CHAT), 405, "method_not_allowed", "invalid_request_error")
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"model": "openai/gpt-4o-mini"}', "messages"),
+        (b'{"model": "openai/gpt-4o-mini", "messages": []}', "messages"),
+        (b'{"model": "openai/gpt-4o-mini", "messages": ["x"]}', "messages"),
+        (
+            b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
+            b' "stream": "yes"}',
+            "stream",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+        (b"\xff\xfe", None),
+    ],
+)
+def test_malformed_requests(gw: Gateway, key: KeyHandle, content: bytes, param: str | None) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, content=content, headers={"content-type": "application/json"})
+    assert assert_error(r, 400, "invalid_request", "invalid_request_error")["param"] == param
+
+
+def test_no_credits(gw: Gateway) -> None:
+    broke = gw.new_key(balance="0")
+    with gw.client(broke.key) as c:
+        r = c.post(CHAT, json=chat_body())
+    assert_error(r, 400, "insufficient_credits", "insufficient_credits")
+
+
+def test_upstream_500_is_provider_error_and_not_charged(gw: Gateway, key: KeyHandle) -> None:
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, json=chat_body("[sim fail=500]"))
+    assert_error(r, 502, "provider_error", "api_error")
+    assert gw.balance(key.account_id) == before
+
+
+def test_upstream_503_keeps_its_status_family(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        assert_error(c.post(CHAT, json=chat_body("[sim fail=503]")), 503, "provider_error", "api_error")
+
+
+def test_upstream_429_is_provider_overloaded_with_retry_after(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, json=chat_body("[sim fail=429]"))
+    assert_error(r, 429, "provider_overloaded", "rate_limit_error")
+    assert r.headers["retry-after"] == "1"
+
+
+def test_upstream_400_is_invalid_request(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, json=chat_body("[sim fail=400]"))
+    assert_error(r, 400, "invalid_request", "invalid_request_error")
+
+
+def test_stream_error_before_first_token_is_plain_json(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, json=chat_body("[sim fail=500]", stream=True))
+    assert_error(r, 502, "provider_error", "api_error")
+
+
+def stream_events(gw: Gateway, key: KeyHandle, content: str) -> list[bytes]:
+    with gw.client(key.key) as c, c.stream("POST", CHAT, json=chat_body(content, stream=True)) as r:
+        assert r.status_code == 200
+        body = b"".join(r.iter_bytes())
+    return [e for e in body.split(b"\n\n") if e]
+
+
+def test_stream_error_after_start_is_final_error_chunk(gw: Gateway, key: KeyHandle) -> None:
+    events = stream_events(gw, key, "[sim tokens=10 error_after=3]")
+    assert b'"error"' in events[-1]
+    assert events[-1].startswith(b"data: {")
+    assert b"[DONE]" not in b"".join(events)
+    assert b'"code":"provider_error"' in events[-1]
+
+
+def test_stream_dropped_upstream_ends_with_error_chunk(gw: Gateway, key: KeyHandle) -> None:
+    events = stream_events(gw, key, "[sim tokens=10 drop_after=4]")
+    assert b'"code":"provider_error"' in events[-1]
+    content = [e for e in events[:-1] if b'"content":" ' in e]
+    assert len(content) == 4

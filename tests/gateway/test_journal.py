@@ -1,0 +1,216 @@
+"""The settlement journal: a charge survives a killed process, and is applied exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.auth import display_prefix, generate_key, hash_key
+from gateway.store import UsageRecord
+from gateway.store.journal import Journal, orphans
+from gateway.store.sqlite import SqliteStore
+from harness import chat_model, free_port, running
+
+
+def record(account_id: str, i: int, cost: str = "0.001") -> UsageRecord:
+    return UsageRecord(
+        f"chatcmpl-{i}", f"req_{i}", "key_x", account_id, "m", "completed", 10, 5, Decimal(cost), 1, 2
+    )
+
+
+async def open_store(path: Path) -> SqliteStore:
+    store = SqliteStore(path)
+    await store.start()
+    return store
+
+
+def test_settlements_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+
+    async def setup() -> str:
+        store = await open_store(db)
+        account = await store.create_account("a", Decimal(10))
+        await store.close()
+        return account.id
+
+    account_id = asyncio.run(setup())
+    # A child journals 50 settlements while its own writer is blocked by an exclusive lock it holds,
+    # then dies without any cleanup, as under kill -9.
+    child = textwrap.dedent(
+        f"""
+        import asyncio, os, sqlite3, sys
+        from decimal import Decimal
+        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        from gateway.store.sqlite import SqliteStore
+        from gateway.store import UsageRecord
+
+        async def main():
+            store = SqliteStore({str(db)!r})
+            await store.start()
+            blocker = sqlite3.connect({str(db)!r}, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            for i in range(50):
+                store.settle(UsageRecord(f"chatcmpl-{{i}}", "r", "k", {account_id!r}, "m", "completed",
+                                         10, 5, Decimal("0.001"), 1, 2))
+            print("journaled", flush=True)
+            os._exit(0)
+
+        asyncio.run(main())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "journaled" in out.stdout, out.stderr
+    assert list((tmp_path / "g.db.journal").glob("*.jsonl")), "the dead process's journal is left behind"
+
+    async def check() -> tuple[Decimal, int]:
+        store = await open_store(db)  # replays the orphaned journal
+        try:
+            account = await store.find_account("a")
+            assert account is not None
+            found = [await store.get_usage(f"chatcmpl-{i}", "k") for i in range(50)]
+            return account.balance, sum(r is not None for r in found)
+        finally:
+            await store.close()
+
+    balance, records = asyncio.run(check())
+    assert records == 50
+    assert balance == Decimal(10) - 50 * Decimal("0.001")
+    assert not list((tmp_path / "g.db.journal").glob("*.jsonl"))
+    # A second start finds nothing more to replay, and the balance stays.
+    assert asyncio.run(check()) == (balance, 50)
+
+
+def test_replay_is_idempotent(tmp_path: Path) -> None:
+    async def go() -> Decimal:
+        store = await open_store(tmp_path / "g.db")
+        account = await store.create_account("a", Decimal(1))
+        for i in range(3):
+            store.settle(record(account.id, i))
+        await store.close()  # applied and the journal removed
+        # The same settlements journaled again by a process that then died:
+        directory = store.journal_dir
+        stale = Journal(directory)
+        for i in range(3):
+            stale.append(record(account.id, i))
+        os.close(stale._fd)  # dies without applying
+        again = await open_store(tmp_path / "g.db")
+        try:
+            found = await again.find_account("a")
+            assert found is not None
+            return found.balance
+        finally:
+            await again.close()
+
+    assert asyncio.run(go()) == Decimal(1) - 3 * Decimal("0.001")
+
+
+def test_a_live_process_journal_is_left_alone(tmp_path: Path) -> None:
+    live = Journal(tmp_path)
+    live.append(record("a", 1))
+    with orphans(tmp_path) as records:
+        assert records == []
+    assert live.path.exists()
+    live.applied(1)
+    assert live.path.stat().st_size == 0
+    live.close()
+    assert not live.path.exists()
+
+
+@pytest.mark.slow
+def test_kill_9_under_load_loses_no_charge(sim_url: str, tmp_path: Path) -> None:
+    """Every request that got a successful answer before the gateway was killed has its usage record
+    and its charge after a restart; none is charged twice."""
+    port = free_port()
+    db = tmp_path / "g.db"
+    config = tmp_path / "g.toml"
+    config.write_text(f'[server]\nport = {port}\n[store]\npath = "{db}"\n' + chat_model("a/m", "m", sim_url))
+
+    async def mint() -> tuple[str, str]:
+        store = await open_store(db)
+        try:
+            account = await store.create_account("a", Decimal(100))
+            key = generate_key()
+            await store.create_key(account.id, "k", hash_key(key), display_prefix(key), None)
+            return key, account.id
+        finally:
+            await store.close()
+
+    key, _ = asyncio.run(mint())
+    answered: dict[str, Decimal] = {}
+
+    async def load(stop_at: float) -> None:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+            async def worker() -> None:
+                while time.monotonic() < stop_at:
+                    try:
+                        r = await client.post(
+                            "/v1/chat/completions",
+                            headers={"authorization": f"Bearer {key}"},
+                            json={"model": "a/m", "messages": [{"role": "user", "content": "hi"}]},
+                        )
+                    except httpx.HTTPError:
+                        return  # the gateway is gone
+                    if r.status_code == 200:
+                        answered[r.json()["id"]] = Decimal(r.headers["x-service-cost"])
+
+            await asyncio.gather(*(worker() for _ in range(16)))
+
+    with running(["serve", "--config", str(config)], port) as proc:
+        killer = asyncio.new_event_loop()
+        try:
+            killer.call_later(1.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in _tree(proc.pid)])
+            killer.run_until_complete(load(time.monotonic() + 3))
+        finally:
+            killer.close()
+    assert len(answered) > 50
+
+    with running(["serve", "--config", str(config)], port):
+
+        async def verify() -> tuple[int, Decimal]:
+            store = await open_store(db)
+            try:
+                found = [await store.get_usage(rid, _key_id(db)) for rid in answered]
+                account = await store.find_account("a")
+                assert account is not None
+                return sum(r is not None for r in found), account.balance
+            finally:
+                await store.close()
+
+        present, balance = asyncio.run(verify())
+    assert present == len(answered)
+    # Requests in flight at the kill may have been settled without their answer arriving: charged
+    # at most once each, never less than what was answered.
+    assert balance <= Decimal(100) - sum(answered.values())
+    with sqlite3.connect(db) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM usage_records").fetchone()
+        total = sum(Decimal(c) for (c,) in conn.execute("SELECT cost FROM usage_records"))
+    assert balance == Decimal(100) - total
+    assert count >= len(answered)
+
+
+def _tree(pid: int) -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    children = [int(p) for p in out]
+    return [pid, *[d for c in children for d in _tree(c)]]
+
+
+def _key_id(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        (key_id,) = conn.execute("SELECT id FROM api_keys").fetchone()
+    return str(key_id)

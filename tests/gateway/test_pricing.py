@@ -1,0 +1,51 @@
+"""The pricing function: exact Decimal arithmetic, four significant figures."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost, format_cost, round_significant
+
+PRICES = Prices(
+    input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal("10"), reasoning=Decimal("12")
+)
+
+
+def test_cost_of_each_token_kind() -> None:
+    usage = Usage(prompt_tokens=1000, completion_tokens=500, cached_tokens=400, reasoning_tokens=100)
+    # 600 * 2.50 + 400 * 1.25 + 400 * 10 + 100 * 12 = 1500 + 500 + 4000 + 1200 = 7200 per million
+    assert cost(PRICES, usage) == Decimal("0.0072")
+
+
+def test_rounding_to_four_significant_figures() -> None:
+    assert round_significant(Decimal("0.000123456")) == Decimal("0.0001235")
+    assert round_significant(Decimal("123456")) == Decimal("123500")
+    assert round_significant(Decimal("0.00012345")) == Decimal("0.0001235")  # half up
+    assert round_significant(Decimal(0)) == 0
+    assert format_cost(Decimal("0.0001235")) == "0.0001235"
+    assert format_cost(Decimal("123500")) == "123500"
+    assert format_cost(Decimal(0)) == "0"
+    assert format_cost(Decimal("1.5E-7")) == "0.00000015"
+
+
+@given(
+    st.decimals(min_value=Decimal("1e-12"), max_value=Decimal("1e9"), allow_nan=False, allow_infinity=False)
+)
+def test_round_significant_properties(value: Decimal) -> None:
+    rounded = round_significant(value)
+    assert len(rounded.as_tuple().digits) <= 4
+    assert abs(rounded - value) <= abs(value) * Decimal("0.0005") * 10
+    assert round_significant(rounded) == rounded
+    assert Decimal(format_cost(rounded)) == rounded
+    assert "E" not in format_cost(rounded)
+
+
+@given(st.integers(0, 10**7), st.integers(0, 10**7))
+def test_cost_is_monotonic_in_tokens(prompt: int, completion: int) -> None:
+    base = cost(PRICES, Usage(prompt, completion))
+    assert cost(PRICES, Usage(prompt + 1, completion)) >= base
+    assert cost(PRICES, Usage(prompt, completion + 1)) >= base

@@ -1,0 +1,87 @@
+"""POST /v1/rerank (Shape C) with the cohere client (v1 and v2) and a plain POST."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+import cohere
+import httpx
+import pytest
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost
+from harness import Gateway, KeyHandle
+
+MODEL = "cohere/rerank-v3.5"
+PRICES = Prices(input=Decimal("2.50"), output=Decimal(10), search=Decimal("0.002"))
+DOCS = [
+    "Carson City is the capital city of the American state of Nevada.",
+    "Washington, D.C. is the capital of the United States.",
+    "Capital punishment has existed in the United States since before it was a country.",
+    "The Commonwealth of the Northern Mariana Islands is a group of islands in the Pacific Ocean.",
+]
+QUERY = "What is the capital of the United States?"
+
+
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=30) as client:
+        yield client
+
+
+def test_cohere_client_v2(gw: Gateway, key: KeyHandle, http: httpx.Client) -> None:
+    co = cohere.ClientV2(api_key=key.key, base_url=gw.url, httpx_client=http)
+    result = co.rerank(model=MODEL, query=QUERY, documents=DOCS, top_n=2)
+    assert len(result.results) == 2
+    assert result.results[0].index == 1  # the document that answers the query
+    assert result.results[0].relevance_score >= result.results[1].relevance_score
+
+
+def test_cohere_client_v1(gw: Gateway, key: KeyHandle, http: httpx.Client) -> None:
+    co = cohere.Client(api_key=key.key, base_url=gw.url, httpx_client=http)
+    result = co.rerank(model=MODEL, query=QUERY, documents=DOCS, return_documents=True)
+    assert len(result.results) == len(DOCS) and result.results[0].index == 1
+    scores = [r.relevance_score for r in result.results]
+    assert scores == sorted(scores, reverse=True)
+    assert result.results[0].document is not None and "Washington" in result.results[0].document.text
+
+
+def test_plain_post_is_charged_per_search(gw: Gateway, key: KeyHandle) -> None:
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/rerank",
+            json={"model": MODEL, "query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 1},
+        )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["id"].startswith("rerank-") and [x["index"] for x in body["results"]] == [1]
+    tokens = body["meta"]["tokens"]["input_tokens"]
+    charged = Decimal(r.headers["x-service-cost"])
+    assert charged == cost(PRICES, Usage(prompt_tokens=tokens, searches=1))
+    assert gw.wait_balance(key.account_id, before - charged) == before - charged
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL, "documents": DOCS}, "query"),
+        ({"model": MODEL, "query": "q", "documents": []}, "documents"),
+        ({"model": MODEL, "query": "q", "documents": [1]}, "documents"),
+        ({"model": MODEL, "query": "q", "documents": DOCS, "top_n": 0}, "top_n"),
+        ({"model": "openai/gpt-4o-mini", "query": "q", "documents": DOCS}, "model"),
+    ],
+)
+def test_bad_requests(gw: Gateway, key: KeyHandle, body: dict[str, object], param: str) -> None:
+    with gw.client(key.key) as c:
+        r = c.post("/v1/rerank", json=body)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == "invalid_request"
+
+
+def test_model_group_info_for_rerank(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        info = c.get("/model_group/info", params={"model_group": MODEL}).json()["data"][0]
+    assert info["mode"] == "rerank"
+    assert "top_n" in info["supported_openai_params"]

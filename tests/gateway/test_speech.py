@@ -1,0 +1,102 @@
+"""POST /v1/audio/speech with the official openai client: audio bytes streamed, priced per character."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost
+from harness import Gateway, KeyHandle
+
+MODEL = "openai/tts-1"
+PRICES = Prices(input=Decimal("2.50"), output=Decimal(10), character=Decimal(15))
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def test_wav_streamed_with_cost_and_usage_record(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    text = "Hello from the gateway."
+    before = gw.balance(key.account_id)
+    with oai.audio.speech.with_streaming_response.create(
+        model=MODEL, voice="alloy", input=text, response_format="wav"
+    ) as response:
+        assert response.headers["content-type"] == "audio/wav"
+        audio = b"".join(response.iter_bytes())
+        charged = Decimal(response.headers["x-service-cost"])
+        usage_id = response.headers["x-service-response-id"]
+    assert audio[:4] == b"RIFF" and audio[8:12] == b"WAVE"
+    assert len(audio) == 44 + int(len(text) * 0.02 * 24_000) * 2
+    assert charged > 0
+    assert gw.wait_balance(key.account_id, before - charged) == before - charged
+    with gw.client(key.key) as c:
+        deadline = time.monotonic() + 5
+        while (r := c.get(f"/v1/usage/{usage_id}")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert r.status_code == 200 and Decimal(str(r.json()["cost"])) == charged
+    tokens = r.json()["usage"]["prompt_tokens"]
+    assert charged == cost(PRICES, Usage(prompt_tokens=tokens, characters=len(text)))
+
+
+def test_client_default_format_is_mp3(oai: openai.OpenAI) -> None:
+    audio = oai.audio.speech.create(model=MODEL, voice="alloy", input="Hi").content
+    assert audio[:2] == b"\xff\xfb"  # an MPEG audio frame
+
+
+def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    marker = "marker " + os.urandom(4).hex()
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/audio/speech",
+            json={
+                "model": MODEL,
+                "voice": "alloy",
+                "input": marker,
+                "speed": 1.5,
+                "temperature": 2,
+                "response_format": "pcm",
+            },
+        )
+    assert r.status_code == 200
+    (received,) = [e["body"] for e in sim.get("/_sim/requests").json() if e["body"].get("input") == marker]
+    assert received == {
+        "model": "tts-1",
+        "voice": "alloy",
+        "input": marker,
+        "speed": 1.5,
+        "response_format": "pcm",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL, "voice": "alloy"}, "input"),
+        ({"model": MODEL, "voice": "alloy", "input": "x" * 4097}, "input"),
+        ({"model": MODEL, "input": "hi"}, "voice"),
+        ({"model": "openai/gpt-4o-mini", "voice": "alloy", "input": "hi"}, "model"),
+    ],
+)
+def test_bad_requests(gw: Gateway, key: KeyHandle, body: dict[str, object], param: str) -> None:
+    with gw.client(key.key) as c:
+        r = c.post("/v1/audio/speech", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: KeyHandle) -> None:
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post("/v1/audio/speech", json={"model": MODEL, "voice": "alloy", "input": "[sim fail=500]"})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
+    time.sleep(0.2)
+    assert gw.balance(key.account_id) == before

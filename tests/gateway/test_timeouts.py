@@ -1,0 +1,100 @@
+"""The two time windows (spec 6.1.8, 8), made short through settings, and billing of cut streams."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import Gateway, chat_model, gateway
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def quick(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    limits = "sync_timeout_seconds = 1.5\nstream_idle_timeout_seconds = 1.0"
+    models = chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url)
+    tmp: Path = tmp_path_factory.mktemp("quick")
+    with gateway(tmp, models, limits) as g:
+        yield g
+
+
+def body(content: str, stream: bool = False) -> dict[str, object]:
+    return {
+        "model": "openai/gpt-4o-mini",
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+    }
+
+
+def test_plain_request_past_sync_window_is_504(quick: Gateway) -> None:
+    handle = quick.new_key()
+    with quick.client(handle.key) as c:
+        r = c.post(CHAT, json=body("[sim ttft=4s]"))
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "timeout"
+    assert r.json()["error"]["type"] == "api_error"
+
+
+def test_stream_silent_before_first_token_is_408_json(quick: Gateway) -> None:
+    handle = quick.new_key()
+    with quick.client(handle.key) as c:
+        r = c.post(CHAT, json=body("[sim ttft=4s]", stream=True))
+    assert r.status_code == 408
+    assert r.json()["error"]["code"] == "timeout"
+
+
+def test_stream_idle_after_start_ends_with_timeout_chunk_and_bills_what_streamed(quick: Gateway) -> None:
+    handle = quick.new_key()
+    before = quick.balance(handle.account_id)
+    with (
+        quick.client(handle.key) as c,
+        c.stream("POST", CHAT, json=body("[sim tokens=9 stall_after=3]", True)) as r,
+    ):
+        assert r.status_code == 200
+        raw = b"".join(r.iter_bytes())
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert b'"code":"timeout"' in events[-1]
+    first_id = events[0].split(b'"id":"', 1)[1].split(b'"', 1)[0].decode()
+    with quick.client(handle.key) as c:
+        deadline = time.monotonic() + 5
+        while (record := c.get(f"/v1/usage/{first_id}")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert record.status_code == 200
+    usage = record.json()
+    assert usage["status"] == "incomplete"
+    assert usage["usage"]["completion_tokens"] == 3
+    assert usage["cost"] > 0
+    assert quick.balance(handle.account_id) < before
+
+
+def test_stream_stalled_before_any_output_is_not_billed(quick: Gateway) -> None:
+    handle = quick.new_key()
+    before = quick.balance(handle.account_id)
+    with quick.client(handle.key) as c, c.stream("POST", CHAT, json=body("[sim stall_after=0]", True)) as r:
+        raw = b"".join(r.iter_bytes())
+    assert b'"code":"timeout"' in raw
+    time.sleep(0.5)
+    assert quick.balance(handle.account_id) == before
+
+
+def test_client_disconnect_mid_stream_bills_only_what_was_sent(quick: Gateway) -> None:
+    handle = quick.new_key()
+    # Leaving the block closes the connection mid-stream.
+    with (
+        quick.client(handle.key) as c,
+        c.stream("POST", CHAT, json=body("[sim tokens=50 pace=50ms]", True)) as r,
+    ):
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+    rid = first.split('"id":"', 1)[1].split('"', 1)[0]
+    with quick.client(handle.key) as c:
+        deadline = time.monotonic() + 5
+        while (record := c.get(f"/v1/usage/{rid}")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert record.status_code == 200
+    usage = record.json()
+    assert usage["status"] == "incomplete"
+    assert usage["usage"]["completion_tokens"] < 50
