@@ -85,6 +85,7 @@ cached_input = "1.25"
 output = "10.00"
 search = "0.002"
 character = "15.00"
+second = "0.0001"
 [[models.channels]]
 provider = "{provider}"
 base_url = "{base_url}"

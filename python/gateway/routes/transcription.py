@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 
 import orjson
 from starlette.requests import Request
@@ -17,9 +16,10 @@ from starlette.routing import Route
 
 from .. import billing
 from .._core import InvalidJsonError, MultipartPart, count_tokens, parse_multipart, set_json_id
+from ..audio import wav_seconds
 from ..billing import Call
 from ..config import ModelConfig
-from ..errors import invalid_request
+from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
@@ -59,7 +59,7 @@ def routes(state: GatewayState) -> list[Route]:
             body = set_json_id(content, rid) if is_json else content
             text, reported = _read_answer(body) if is_json else (content.decode(errors="replace"), None)
         except (InvalidJsonError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise invalid_request("The model's provider sent a malformed answer.") from exc
+            raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
         usage = reported or _counted(model, upload.data, text)
         charged = billing.settle(state.store, call, model, rid, "completed", usage)
         headers = {
@@ -117,20 +117,5 @@ def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:
     """The gateway's own measure when the upstream reports none: the duration of a WAV upload (other
     formats would need decoding), and the tokens of the text."""
     return Usage(
-        seconds=math.ceil(_wav_seconds(audio) or 0), completion_tokens=count_tokens(text, model.tokenizer)
+        seconds=math.ceil(wav_seconds(audio) or 0), completion_tokens=count_tokens(text, model.tokenizer)
     )
-
-
-def _wav_seconds(data: bytes) -> float | None:
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return None
-    pos, byte_rate, size = 12, 0, None
-    while pos + 8 <= len(data):
-        chunk, length = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
-        if chunk == b"fmt " and length >= 16:
-            byte_rate = struct.unpack("<I", data[pos + 16 : pos + 20])[0]
-        elif chunk == b"data":
-            size = min(length, len(data) - pos - 8)
-            break
-        pos += 8 + length + (length & 1)
-    return size / byte_rate if size is not None and byte_rate else None

@@ -22,45 +22,9 @@ from typing import Any, cast
 import orjson
 
 from .._core import count_chat_tokens, count_tokens
-from . import directives
+from . import directives, transcription
 from .directives import DirectiveError, Directives
-
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "bright",
-    "stars",
-    "watch",
-    "from",
-    "above",
-    "and",
-    "rivers",
-    "run",
-    "down",
-    "toward",
-    "the",
-    "calm",
-    "sea",
-    "where",
-    "ships",
-    "sail",
-    "past",
-    "old",
-    "harbor",
-    "lights",
-    "into",
-    "the",
-    "night",
-]
+from .words import WORDS
 
 _REASONS = {
     200: "OK",
@@ -199,6 +163,8 @@ class Simulator:
                 send(_error(405, "Use POST.", "invalid_request_error", None))
                 return
             await self._speech(headers, body, send)
+        elif path.endswith("/audio/transcriptions") and method == "POST":
+            self._transcription(headers, body, send)
         elif path.endswith("/rerank"):
             if method != "POST":
                 send(_error(405, "Use POST.", "invalid_request_error", None))
@@ -309,6 +275,21 @@ class Simulator:
             piece = audio[start : start + 8192]
             send(b"%x\r\n%s\r\n" % (len(piece), piece))
         send(b"0\r\n\r\n")
+
+    def _transcription(self, headers: dict[str, str], body: bytes, send: Callable[[bytes], None]) -> None:
+        answer, record = transcription.transcribe(headers.get("content-type", ""), body)
+        if record is not None:
+            self.requests.append(record)
+            try:
+                fields = record["body"]
+                _, d = directives.parse(fields["model"], headers.get("x-sim"), fields.get("prompt"))
+            except DirectiveError as exc:
+                send(_error(400, str(exc), "invalid_request_error", None))
+                return
+            if d.fail is not None:
+                send(_error(d.fail, f"Simulated failure {d.fail}.", "server_error", None))
+                return
+        send(_full(answer.status, answer.body, answer.content_type))
 
     def _rerank(self, body: bytes, send: Callable[[bytes], None]) -> None:
         """Cohere's rerank answer; relevance is the share of query words a document contains."""

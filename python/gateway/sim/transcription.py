@@ -1,0 +1,121 @@
+"""The simulator's OpenAI audio transcription endpoint: a multipart upload in, deterministic text out.
+
+The "transcript" is words chosen from a hash of the audio bytes, about two and a half per second of
+audio, so the same file always gives the same text. Usage is reported as OpenAI does: by duration for
+whisper models, by tokens for the gpt-4o-transcribe family.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .._core import count_tokens, parse_multipart
+from ..audio import wav_seconds
+from .words import WORDS
+
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+_PLAIN = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] | None]:
+    """The answer to one request, and what to record of the request (None when it was refused)."""
+    parts = parse_multipart(body, content_type) if content_type.startswith("multipart/form-data") else None
+    if parts is None:
+        return _error("Could not parse multipart form"), None
+    fields = {p.name: p.data.decode(errors="replace") for p in parts if p.filename is None}
+    upload = next((p for p in parts if p.name == "file" and p.filename is not None), None)
+    if "model" not in fields or upload is None or not upload.data:
+        return _error("model and file are required", "file"), None
+    record = {
+        "path": "/v1/audio/transcriptions",
+        "body": fields,
+        "file": {"filename": upload.filename, "content_type": upload.content_type, "size": len(upload.data)},
+    }
+    fmt = fields.get("response_format", "json")
+    if fmt not in FORMATS:
+        return _error(f"response_format must be one of {', '.join(FORMATS)}", "response_format"), record
+
+    seconds = wav_seconds(upload.data) or len(upload.data) / 16_000  # else: as 128 kbit/s audio
+    words = _words(upload.data, max(1, min(400, round(seconds * 2.5))))
+    text = " ".join(words)
+    if fmt == "text":
+        return Answer(200, text.encode() + b"\n", _PLAIN), record
+    if fmt in ("srt", "vtt"):
+        return Answer(200, _subtitles(fmt, words, seconds).encode(), _PLAIN), record
+
+    usage: dict[str, Any]
+    if "gpt-4o" in fields["model"]:
+        audio_tokens = max(1, math.ceil(seconds * 10))
+        output = count_tokens(text)
+        usage = {
+            "type": "tokens",
+            "input_tokens": audio_tokens,
+            "input_token_details": {"audio_tokens": audio_tokens, "text_tokens": 0},
+            "output_tokens": output,
+            "total_tokens": audio_tokens + output,
+        }
+    else:
+        usage = {"type": "duration", "seconds": math.ceil(seconds)}
+    answer: dict[str, Any] = {"text": text, "usage": usage}
+    if fmt == "verbose_json":
+        answer = {
+            "task": "transcribe",
+            "language": fields.get("language", "english"),
+            "duration": round(seconds, 2),
+            "text": text,
+            "segments": [
+                {
+                    "id": 0,
+                    "seek": 0,
+                    "start": 0.0,
+                    "end": round(seconds, 2),
+                    "text": text,
+                    "tokens": [],
+                    "temperature": 0.0,
+                    "avg_logprob": -0.2,
+                    "compression_ratio": 1.2,
+                    "no_speech_prob": 0.01,
+                }
+            ],
+            "usage": usage,
+        }
+    return Answer(200, orjson.dumps(answer)), record
+
+
+def _error(message: str, param: str | None = None) -> Answer:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
+    return Answer(400, orjson.dumps(body))
+
+
+def _words(seed: bytes, count: int) -> list[str]:
+    start = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest())
+    return [WORDS[(start + i * 7) % len(WORDS)] for i in range(count)]
+
+
+def _subtitles(fmt: str, words: list[str], seconds: float) -> str:
+    """One cue per eight words, spread evenly over the audio."""
+    cues = [words[i : i + 8] for i in range(0, len(words), 8)]
+    step = seconds / len(cues)
+    sep = "," if fmt == "srt" else "."
+    out = ["WEBVTT\n"] if fmt == "vtt" else []
+    for n, cue in enumerate(cues):
+        start, end = _stamp(n * step, sep), _stamp((n + 1) * step, sep)
+        out.append(("" if fmt == "vtt" else f"{n + 1}\n") + f"{start} --> {end}\n{' '.join(cue)}\n")
+    return "\n".join(out)
+
+
+def _stamp(t: float, sep: str) -> str:
+    ms = round(t * 1000)
+    return f"{ms // 3_600_000:02}:{ms // 60_000 % 60:02}:{ms // 1000 % 60:02}{sep}{ms % 1000:03}"

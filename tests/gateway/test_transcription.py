@@ -1,0 +1,179 @@
+"""POST /v1/audio/transcriptions with the official openai client: multipart in, text out, priced per
+second of audio (or per token for models that report tokens)."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import struct
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost
+from harness import Gateway, KeyHandle
+
+WHISPER = "openai/whisper-1"
+PRICES = Prices(input=Decimal("2.50"), output=Decimal(10), second=Decimal("0.0001"))
+
+
+def wav(seconds: float, rate: int = 8000) -> bytes:
+    """A silent 16-bit mono WAV file of this length."""
+    pcm = bytes(int(seconds * rate) * 2)
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(pcm))
+        + b"WAVE"
+        + b"fmt "
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(pcm))
+        + pcm
+    )
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def usage_record(gw: Gateway, key: str, usage_id: str) -> httpx.Response:
+    with gw.client(key) as c:
+        deadline = time.monotonic() + 5
+        while (r := c.get(f"/v1/usage/{usage_id}")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return r
+
+
+def test_json_transcript_priced_per_second(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    before = gw.balance(key.account_id)
+    raw = oai.audio.transcriptions.with_raw_response.create(
+        model=WHISPER, file=("hello.wav", wav(4.2), "audio/wav")
+    )
+    transcript = raw.parse()
+    assert transcript.text and len(transcript.text.split()) == round(4.2 * 2.5)
+    charged = Decimal(raw.headers["x-service-cost"])
+    assert charged == cost(PRICES, Usage(seconds=5))  # 4.2 s, billed in whole seconds rounded up
+    assert gw.wait_balance(key.account_id, before - charged) == before - charged
+    usage_id = raw.headers["x-service-response-id"]
+    assert usage_id.startswith("transcr-")
+    record = usage_record(gw, key.key, usage_id)
+    assert record.status_code == 200
+    assert record.json()["model"] == WHISPER and Decimal(str(record.json()["cost"])) == charged
+
+
+def test_same_audio_same_text(oai: openai.OpenAI) -> None:
+    audio = wav(2.0) + b""  # the simulator's text depends only on the bytes
+    first = oai.audio.transcriptions.create(model=WHISPER, file=("a.wav", audio))
+    second = oai.audio.transcriptions.create(model=WHISPER, file=("b.wav", io.BytesIO(audio)))
+    assert first.text == second.text
+
+
+def test_text_and_subtitle_formats_pass_through(oai: openai.OpenAI) -> None:
+    text = oai.audio.transcriptions.create(model=WHISPER, file=("a.wav", wav(3.0)), response_format="text")
+    assert isinstance(text, str) and len(text.split()) == round(3.0 * 2.5)
+    srt = oai.audio.transcriptions.create(model=WHISPER, file=("a.wav", wav(3.0)), response_format="srt")
+    assert srt.startswith("1\n00:00:00,000 --> ")
+    vtt = oai.audio.transcriptions.create(model=WHISPER, file=("a.wav", wav(3.0)), response_format="vtt")
+    assert vtt.startswith("WEBVTT")
+
+
+def test_verbose_json_with_segments(oai: openai.OpenAI) -> None:
+    verbose = oai.audio.transcriptions.create(
+        model=WHISPER,
+        file=("a.wav", wav(2.0)),
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
+    )
+    assert verbose.duration == 2.0 and verbose.segments and verbose.segments[0].end == 2.0
+
+
+def test_token_usage_models_priced_by_tokens(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    raw = oai.audio.transcriptions.with_raw_response.create(
+        model="openai/gpt-4o-transcribe", file=("a.wav", wav(3.0))
+    )
+    transcript = raw.parse()
+    assert transcript.usage is not None and transcript.usage.type == "tokens"
+    charged = Decimal(raw.headers["x-service-cost"])
+    expected = Usage(
+        prompt_tokens=transcript.usage.input_tokens, completion_tokens=transcript.usage.output_tokens
+    )
+    assert charged == cost(PRICES, expected) > 0
+
+
+def test_unsupported_fields_dropped_and_model_renamed(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    marker = "marker " + os.urandom(4).hex()
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/audio/transcriptions",
+            data={"model": WHISPER, "prompt": marker, "language": "en", "top_k": "3", "seed": "1"},
+            files={"file": ("clip.wav", wav(1.0), "audio/wav")},
+        )
+    assert r.status_code == 200, r.text
+    (received,) = [e for e in sim.get("/_sim/requests").json() if e["body"].get("prompt") == marker]
+    assert received["body"] == {"model": "whisper-1", "prompt": marker, "language": "en"}
+    assert received["file"] == {"filename": "clip.wav", "content_type": "audio/wav", "size": len(wav(1.0))}
+
+
+@pytest.mark.parametrize(
+    ("data", "files", "param"),
+    [
+        ({"model": WHISPER}, None, "file"),
+        ({"model": WHISPER}, {"file": ("empty.wav", b"", "audio/wav")}, "file"),
+        ({}, {"file": ("a.wav", b"RIFF", "audio/wav")}, "model"),
+    ],
+)
+def test_missing_parts_are_invalid_request(
+    gw: Gateway,
+    key: KeyHandle,
+    data: dict[str, str],
+    files: dict[str, tuple[str, bytes, str]] | None,
+    param: str,
+) -> None:
+    with gw.client(key.key) as c:
+        # httpx sends urlencoded without files; force multipart with an unrelated part.
+        r = c.post("/v1/audio/transcriptions", data=data, files=files or {"other": ("x.txt", b"x")})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_request" and r.json()["error"]["param"] == param
+
+
+def test_json_body_is_invalid_request(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post("/v1/audio/transcriptions", json={"model": WHISPER, "file": "a.wav"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert "multipart" in r.json()["error"]["message"]
+
+
+def test_wrong_model_type(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.audio.transcriptions.create(model="openai/tts-1", file=("a.wav", wav(1.0)))
+    assert err.value.code == "invalid_request"
+    assert "/v1/audio/speech" in err.value.message
+
+
+def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: KeyHandle) -> None:
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/audio/transcriptions",
+            data={"model": WHISPER, "prompt": "[sim fail=500]"},
+            files={"file": ("a.wav", wav(1.0), "audio/wav")},
+        )
+    assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
+    assert "x-service-request-id" in r.headers
+    time.sleep(0.2)
+    assert gw.balance(key.account_id) == before
+
+
+def test_duration_rounds_up(oai: openai.OpenAI) -> None:
+    # 0.3 s of audio still costs a whole second, as OpenAI bills.
+    raw = oai.audio.transcriptions.with_raw_response.create(model=WHISPER, file=("a.wav", wav(0.3)))
+    assert Decimal(raw.headers["x-service-cost"]) == cost(PRICES, Usage(seconds=math.ceil(0.3)))
