@@ -13,6 +13,8 @@ __all__ = [
     "InvalidJsonError",
     "MessagesStreamRewriter",
     "MultipartPart",
+    "ResponsesStreamRewriter",
+    "RewrittenResponse",
     "SseEvent",
     "SseParser",
     "StreamUsage",
@@ -26,6 +28,7 @@ __all__ = [
     "parse_chat_usage",
     "parse_messages_usage",
     "parse_multipart",
+    "rewrite_response",
     "set_json_id",
 ]
 
@@ -147,6 +150,59 @@ class MessagesStreamRewriter:
     def finish_reason(self) -> str | None: ...
     @property
     def error(self) -> bytes | None: ...
+
+@final
+class ResponsesStreamRewriter:
+    """Rewrites an upstream OpenAI Responses API SSE stream for the client.
+
+    Every event's JSON gets a top-level "id" set to `response_id`; the `response` object of lifecycle
+    events (response.created ... response.completed) gets it as response.id, and its
+    previous_response_id, when set, becomes `previous_response_id` (the gateway id the client sent).
+    Event names are kept; nothing else changes. Usage is read from response.usage; text of every
+    `*.delta` event except audio is collected in `output_text`. response.completed and
+    response.incomplete set `done` and are followed by `data: [DONE]`. An `error` or response.failed
+    event is not forwarded: its raw JSON lands in `error`.
+    """
+
+    def __new__(cls, response_id: str, previous_response_id: str | None = None) -> Self: ...
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def saw_output(self) -> bool: ...
+    @property
+    def output_text(self) -> str: ...
+    @property
+    def usage(self) -> StreamUsage | None: ...
+    @property
+    def upstream_id(self) -> str | None:
+        """The upstream's own id of this response (from the first response object seen)."""
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def finish_reason(self) -> str | None:
+        """The response's last status (in_progress, completed, incomplete)."""
+    @property
+    def error(self) -> bytes | None: ...
+
+@final
+class RewrittenResponse:
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def upstream_id(self) -> str | None: ...
+    @property
+    def usage(self) -> StreamUsage | None:
+        """usage mapped as OpenAI chat usage: input -> prompt, output -> completion, cached and
+        reasoning from the details."""
+
+def rewrite_response(body: bytes, new_id: str, previous_response_id: str | None = None) -> RewrittenResponse:
+    """A whole Responses API object with its id set to `new_id` (and a set previous_response_id set
+    to `previous_response_id`), with the upstream's id and usage. Raises InvalidJsonError unless the
+    body is a valid JSON object."""
 
 def parse_messages_usage(body: bytes) -> StreamUsage | None:
     """`usage` of a whole message (Anthropic Messages API), mapped as in streams; None when absent.

@@ -8,7 +8,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::json::{member_is_set, starts_object, write_json_string, write_with_member, Count, Text};
-use crate::sse::{EventRef, SseParser};
+use crate::sse::{EventRef, RewriteEvents, SseParser};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -179,25 +179,22 @@ impl ChatStreamRewriter {
         }
     }
 
+    /// The last usage the upstream reported, if any.
+    pub fn usage(&self) -> Option<TokenUsage> {
+        self.usage
+    }
+
     /// Bytes for the client for every event this chunk completes.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.feed_each(chunk, |e| self.handle(e, &mut out));
-        self.parser = parser;
-        out
+        self.rewrite(chunk)
     }
 
     /// End of upstream input.
     pub fn finish(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.finish_each(|e| self.handle(e, &mut out));
-        self.parser = parser;
-        out
+        self.rewrite_end()
     }
 
-    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+    fn on_event(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
         if self.done || self.error.is_some() {
             return; // the stream is over; anything after is not the client's
         }
@@ -311,6 +308,16 @@ pub(crate) fn push_with_id(out: &mut Vec<u8>, data: &[u8], encoded_id: &[u8]) {
             Ok(()) => push_event(out, &rewritten),
             Err(_) => push_event(out, data),
         }
+    }
+}
+
+impl RewriteEvents for ChatStreamRewriter {
+    fn parser(&mut self) -> &mut SseParser {
+        &mut self.parser
+    }
+
+    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+        self.on_event(event, out);
     }
 }
 

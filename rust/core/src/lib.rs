@@ -8,6 +8,7 @@ pub mod json;
 pub mod messages_stream;
 pub mod multipart;
 pub mod ratelimit;
+pub mod responses_stream;
 pub mod sse;
 pub mod tokens;
 

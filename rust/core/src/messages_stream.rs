@@ -12,7 +12,7 @@ use crate::chat_stream::{push_data_lines, push_with_id, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
 use crate::json::{Count, Text};
-use crate::sse::{EventRef, SseParser};
+use crate::sse::{EventRef, RewriteEvents, SseParser};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -166,23 +166,17 @@ impl MessagesStreamRewriter {
         self.saw_usage.then_some(self.usage)
     }
 
+    /// Bytes for the client for every event this chunk completes.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.feed_each(chunk, |e| self.handle(e, &mut out));
-        self.parser = parser;
-        out
+        self.rewrite(chunk)
     }
 
+    /// End of upstream input.
     pub fn finish(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.finish_each(|e| self.handle(e, &mut out));
-        self.parser = parser;
-        out
+        self.rewrite_end()
     }
 
-    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+    fn on_event(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
         if self.done || self.error.is_some() {
             return;
         }
@@ -270,6 +264,16 @@ fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(name.as_bytes());
         out.push(b'\n');
+    }
+}
+
+impl RewriteEvents for MessagesStreamRewriter {
+    fn parser(&mut self) -> &mut SseParser {
+        &mut self.parser
+    }
+
+    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+        self.on_event(event, out);
     }
 }
 

@@ -179,6 +179,32 @@ impl SseParser {
     }
 }
 
+/// A stream rewriter: it owns a parser and turns each parsed event into bytes for the client.
+/// `rewrite` and `rewrite_end` are the feed/finish every rewriter exposes.
+pub(crate) trait RewriteEvents {
+    fn parser(&mut self) -> &mut SseParser;
+    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>);
+
+    /// Bytes for the client for every event this chunk completes.
+    fn rewrite(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        // The parser is taken out for the call so that `handle` may borrow the rest of self.
+        let mut parser = std::mem::take(self.parser());
+        parser.feed_each(chunk, |e| self.handle(e, &mut out));
+        *self.parser() = parser;
+        out
+    }
+
+    /// End of upstream input.
+    fn rewrite_end(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut parser = std::mem::take(self.parser());
+        parser.finish_each(|e| self.handle(e, &mut out));
+        *self.parser() = parser;
+        out
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {

@@ -5,6 +5,7 @@ use gateway_core::chat_stream::{self, TokenUsage};
 use gateway_core::messages_stream;
 use gateway_core::multipart;
 use gateway_core::ratelimit;
+use gateway_core::responses_stream;
 use gateway_core::sse;
 use gateway_core::tokens::{self, Encoding};
 use gateway_core::{idempotency, CoreError as Core};
@@ -86,6 +87,7 @@ impl SseParser {
 // ------------------------------------------------------------------ chat streams
 
 #[pyclass(frozen, module = "gateway._core")]
+#[derive(Clone)]
 struct StreamUsage(TokenUsage);
 
 #[pymethods]
@@ -115,108 +117,117 @@ impl StreamUsage {
     }
 }
 
-#[pyclass(module = "gateway._core")]
-struct ChatStreamRewriter(chat_stream::ChatStreamRewriter);
+/// A Rust stream rewriter as a Python class: its constructor, then feed/finish and what it has read
+/// so far, the same for every shape (see _core.pyi), then getters of its own fields.
+macro_rules! stream_rewriter {
+    (
+        $name:ident($inner:ty),
+        $(#[$ctor_attr:meta])* fn new($($arg:ident: $ty:ty),*) -> Self $ctor:block
+        $(, getter $extra:ident: $extra_ty:ty)*
+    ) => {
+        #[pyclass(module = "gateway._core")]
+        struct $name($inner);
 
-#[pymethods]
-impl ChatStreamRewriter {
-    #[new]
+        #[pymethods]
+        impl $name {
+            #[new]
+            $(#[$ctor_attr])*
+            fn new($($arg: $ty),*) -> Self $ctor
+
+            fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
+                PyBytes::new(py, &self.0.feed(chunk))
+            }
+
+            fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
+                PyBytes::new(py, &self.0.finish())
+            }
+
+            #[getter]
+            fn done(&self) -> bool {
+                self.0.done
+            }
+            #[getter]
+            fn chunks(&self) -> u64 {
+                self.0.chunks
+            }
+            #[getter]
+            fn saw_output(&self) -> bool {
+                self.0.saw_output
+            }
+            #[getter]
+            fn output_text(&self) -> String {
+                self.0.output_text.clone()
+            }
+            #[getter]
+            fn usage(&self) -> Option<StreamUsage> {
+                self.0.usage().map(StreamUsage)
+            }
+            #[getter]
+            fn model(&self) -> Option<String> {
+                self.0.model.clone()
+            }
+            #[getter]
+            fn finish_reason(&self) -> Option<String> {
+                self.0.finish_reason.clone()
+            }
+            #[getter]
+            fn error<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+                self.0.error.as_deref().map(|e| PyBytes::new(py, e))
+            }
+            $(
+                #[getter]
+                fn $extra(&self) -> $extra_ty {
+                    self.0.$extra.clone()
+                }
+            )*
+        }
+    };
+}
+
+stream_rewriter!(
+    ChatStreamRewriter(chat_stream::ChatStreamRewriter),
     fn new(response_id: &str, forward_usage: bool) -> Self {
         Self(chat_stream::ChatStreamRewriter::new(response_id, forward_usage))
     }
+);
 
-    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.0.feed(chunk))
-    }
-
-    fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.0.finish())
-    }
-
-    #[getter]
-    fn done(&self) -> bool {
-        self.0.done
-    }
-    #[getter]
-    fn chunks(&self) -> u64 {
-        self.0.chunks
-    }
-    #[getter]
-    fn saw_output(&self) -> bool {
-        self.0.saw_output
-    }
-    #[getter]
-    fn output_text(&self) -> String {
-        self.0.output_text.clone()
-    }
-    #[getter]
-    fn usage(&self) -> Option<StreamUsage> {
-        self.0.usage.map(StreamUsage)
-    }
-    #[getter]
-    fn model(&self) -> Option<String> {
-        self.0.model.clone()
-    }
-    #[getter]
-    fn finish_reason(&self) -> Option<String> {
-        self.0.finish_reason.clone()
-    }
-    #[getter]
-    fn error<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        self.0.error.as_deref().map(|e| PyBytes::new(py, e))
-    }
-}
-
-#[pyclass(module = "gateway._core")]
-struct MessagesStreamRewriter(messages_stream::MessagesStreamRewriter);
-
-#[pymethods]
-impl MessagesStreamRewriter {
-    #[new]
+stream_rewriter!(
+    MessagesStreamRewriter(messages_stream::MessagesStreamRewriter),
     fn new(response_id: &str) -> Self {
         Self(messages_stream::MessagesStreamRewriter::new(response_id))
     }
+);
 
-    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.0.feed(chunk))
-    }
+stream_rewriter!(
+    ResponsesStreamRewriter(responses_stream::ResponsesStreamRewriter),
+    #[pyo3(signature = (response_id, previous_response_id=None))]
+    fn new(response_id: &str, previous_response_id: Option<&str>) -> Self {
+        Self(responses_stream::ResponsesStreamRewriter::new(response_id, previous_response_id))
+    },
+    getter upstream_id: Option<String>
+);
 
-    fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.0.finish())
-    }
+#[pyclass(module = "gateway._core", frozen, get_all)]
+struct RewrittenResponse {
+    body: Py<PyBytes>,
+    upstream_id: Option<String>,
+    usage: Option<StreamUsage>,
+}
 
-    #[getter]
-    fn done(&self) -> bool {
-        self.0.done
-    }
-    #[getter]
-    fn chunks(&self) -> u64 {
-        self.0.chunks
-    }
-    #[getter]
-    fn saw_output(&self) -> bool {
-        self.0.saw_output
-    }
-    #[getter]
-    fn output_text(&self) -> String {
-        self.0.output_text.clone()
-    }
-    #[getter]
-    fn usage(&self) -> Option<StreamUsage> {
-        self.0.usage().map(StreamUsage)
-    }
-    #[getter]
-    fn model(&self) -> Option<String> {
-        self.0.model.clone()
-    }
-    #[getter]
-    fn finish_reason(&self) -> Option<String> {
-        self.0.finish_reason.clone()
-    }
-    #[getter]
-    fn error<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        self.0.error.as_deref().map(|e| PyBytes::new(py, e))
-    }
+#[pyfunction]
+#[pyo3(signature = (body, new_id, previous_response_id=None))]
+fn rewrite_response(
+    py: Python<'_>,
+    body: &[u8],
+    new_id: &str,
+    previous_response_id: Option<&str>,
+) -> PyResult<RewrittenResponse> {
+    let r = responses_stream::rewrite_response(body, new_id, previous_response_id).map_err(to_py)?;
+    Ok(RewrittenResponse {
+        body: PyBytes::new(py, &r.body).unbind(),
+        upstream_id: r.upstream_id,
+        usage: r.usage.map(StreamUsage),
+    })
 }
 
 #[pyfunction]
@@ -406,6 +417,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StreamUsage>()?;
     m.add_class::<ChatStreamRewriter>()?;
     m.add_class::<MessagesStreamRewriter>()?;
+    m.add_class::<ResponsesStreamRewriter>()?;
+    m.add_class::<RewrittenResponse>()?;
+    m.add_function(wrap_pyfunction!(rewrite_response, m)?)?;
     m.add_class::<TakeResult>()?;
     m.add_class::<TokenBucket>()?;
     m.add_function(wrap_pyfunction!(parse_chat_usage, m)?)?;

@@ -1,0 +1,421 @@
+//! Rewriting an upstream OpenAI Responses API answer (a whole body or a stream) for the client.
+//!
+//! The client sees the gateway's ids: every stream event gets a top-level `id` (spec 6.1.6), and the
+//! `response` object that lifecycle events carry gets it as `response.id`; a `previous_response_id`
+//! the upstream echoes becomes the gateway id the client sent. The upstream's own response id is kept
+//! (`upstream_id`) because the next turn must name it to the channel that holds the state. Usage comes
+//! from `response.usage`; `*.delta` text (answer, reasoning, tool arguments) is collected for counting
+//! when no usage comes. `response.completed` / `response.incomplete` end the stream, followed by
+//! `data: [DONE]` (spec 6.1.3; the client library stops there). An `error` event or
+//! `response.failed` is kept back: its raw JSON lands in `error`.
+
+use crate::chat_stream::{push_data_lines, push_with_id, TokenUsage};
+use crate::error::{CoreError, Result};
+use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
+use crate::json::{Count, Text};
+use crate::sse::{EventRef, RewriteEvents, SseParser};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct UsageView {
+    #[serde(default)]
+    input_tokens: Count,
+    #[serde(default)]
+    output_tokens: Count,
+    #[serde(default)]
+    input_tokens_details: Option<InputDetails>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    #[serde(default)]
+    cached_tokens: Count,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Count,
+}
+
+impl From<UsageView> for TokenUsage {
+    fn from(u: UsageView) -> Self {
+        let prompt = u.input_tokens.0.unwrap_or(0);
+        let completion = u.output_tokens.0.unwrap_or(0);
+        TokenUsage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt.saturating_add(completion),
+            cached_tokens: u.input_tokens_details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
+            reasoning_tokens: u.output_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ResponseView<'a> {
+    #[serde(default, borrow)]
+    id: Text<'a>,
+    #[serde(default, borrow)]
+    model: Text<'a>,
+    #[serde(default, borrow)]
+    status: Text<'a>,
+    #[serde(default)]
+    usage: Option<UsageView>,
+}
+
+#[derive(Deserialize)]
+struct EventView<'a> {
+    #[serde(default, rename = "type", borrow)]
+    kind: Text<'a>,
+    #[serde(default, borrow)]
+    response: Option<ResponseView<'a>>,
+    #[serde(default, borrow)]
+    delta: Text<'a>,
+}
+
+/// A whole (non-streamed) response with the gateway's id, and what the client must not see.
+pub struct RewrittenResponse {
+    pub body: Vec<u8>,
+    /// The upstream's own id for this response (None when it sent none).
+    pub upstream_id: Option<String>,
+    pub usage: Option<TokenUsage>,
+}
+
+/// `body` (a Responses API object) with `id` set to `new_id` and, when it echoes a previous response
+/// id, that set to `previous_id`. The whole body is validated.
+pub fn rewrite_response(body: &[u8], new_id: &str, previous_id: Option<&str>) -> Result<RewrittenResponse> {
+    if !starts_object(body) {
+        return Err(CoreError::InvalidJson("expected a JSON object".into()));
+    }
+    let view: ResponseView<'_> = serde_json::from_slice(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
+    let upstream_id = view.id.into_owned();
+    let usage = view.usage.map(TokenUsage::from);
+    let mut out = Vec::with_capacity(body.len() + new_id.len() + 8);
+    write_ids(body, &encode(new_id), previous_id.map(encode).as_deref(), &mut out)?;
+    Ok(RewrittenResponse { body: out, upstream_id, usage })
+}
+
+fn encode(s: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len() + 2);
+    write_json_string(s, &mut out);
+    out
+}
+
+/// Appends the response object `body` with its id (and a set previous_response_id) replaced.
+fn write_ids(body: &[u8], encoded_id: &[u8], encoded_previous: Option<&[u8]>, out: &mut Vec<u8>) -> Result<()> {
+    match encoded_previous {
+        Some(previous) if member_is_set(body, "previous_response_id") => {
+            let mut with_previous = Vec::with_capacity(body.len() + previous.len());
+            write_with_member(body, "previous_response_id", previous, &mut with_previous)?;
+            write_with_member(&with_previous, "id", encoded_id, out)
+        }
+        _ => write_with_member(body, "id", encoded_id, out),
+    }
+}
+
+pub struct ResponsesStreamRewriter {
+    parser: SseParser,
+    encoded_id: Vec<u8>,
+    encoded_previous: Option<Vec<u8>>,
+    pub done: bool,
+    pub chunks: u64,
+    pub saw_output: bool,
+    pub output_text: String,
+    pub usage: Option<TokenUsage>,
+    pub upstream_id: Option<String>,
+    pub model: Option<String>,
+    /// The response's last status (completed, incomplete ...).
+    pub finish_reason: Option<String>,
+    pub error: Option<Vec<u8>>,
+}
+
+impl ResponsesStreamRewriter {
+    pub fn new(response_id: &str, previous_id: Option<&str>) -> Self {
+        Self {
+            parser: SseParser::new(),
+            encoded_id: encode(response_id),
+            encoded_previous: previous_id.map(encode),
+            done: false,
+            chunks: 0,
+            saw_output: false,
+            output_text: String::new(),
+            usage: None,
+            upstream_id: None,
+            model: None,
+            finish_reason: None,
+            error: None,
+        }
+    }
+
+    /// The last usage the upstream reported, if any.
+    pub fn usage(&self) -> Option<TokenUsage> {
+        self.usage
+    }
+
+    /// Bytes for the client for every event this chunk completes.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.rewrite(chunk)
+    }
+
+    /// End of upstream input.
+    pub fn finish(&mut self) -> Vec<u8> {
+        self.rewrite_end()
+    }
+
+    fn on_event(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+        if self.done || self.error.is_some() {
+            return;
+        }
+        let data = event.data;
+        let is_json = starts_object(data.as_bytes());
+        let view = if is_json { serde_json::from_str::<EventView<'_>>(data).ok() } else { None };
+        if !is_json || (view.is_none() && serde_json::from_str::<IgnoredAny>(data).is_err()) {
+            if data.trim() != "[DONE]" {
+                push_name(out, event.event);
+                out.extend_from_slice(b"data: ");
+                push_data_lines(out, data.as_bytes());
+            }
+            return;
+        }
+        let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
+        let name = kind.or(event.event).unwrap_or("");
+        if name == "error" || name == "response.failed" {
+            self.error = Some(data.as_bytes().to_vec());
+            return;
+        }
+        let ends = name == "response.completed" || name == "response.incomplete";
+        // Audio deltas are base64 bytes, not text; every other delta is model output.
+        let delta_is_output = name.ends_with(".delta") && !name.contains("audio");
+        let mut has_response = false;
+        if let Some(v) = view {
+            has_response = v.response.is_some();
+            self.read(v, delta_is_output);
+        }
+        push_name(out, event.event);
+        if has_response {
+            self.push_lifecycle(out, data.as_bytes());
+        } else {
+            push_with_id(out, data.as_bytes(), &self.encoded_id);
+        }
+        self.chunks += 1;
+        if ends {
+            self.done = true;
+            out.extend_from_slice(b"data: [DONE]\n\n");
+        }
+    }
+
+    fn read(&mut self, view: EventView<'_>, delta_is_output: bool) {
+        if let Some(response) = view.response {
+            if self.upstream_id.is_none() {
+                self.upstream_id = response.id.into_owned();
+            }
+            if self.model.is_none() {
+                self.model = response.model.into_owned();
+            }
+            if let Some(status) = response.status.into_owned() {
+                self.finish_reason = Some(status);
+            }
+            if let Some(u) = response.usage {
+                self.usage = Some(u.into());
+            }
+        }
+        if delta_is_output {
+            if let Some(t) = view.delta.non_empty() {
+                self.saw_output = true;
+                self.output_text.push_str(t);
+            }
+        }
+    }
+
+    /// An event carrying the `response` object: the gateway's ids set inside it and at the top level.
+    fn push_lifecycle(&self, out: &mut Vec<u8>, data: &[u8]) {
+        let mut span = None;
+        let _ = for_each_member(data, |k, s| {
+            if key_is(k, "response") {
+                span = Some(s);
+            }
+        });
+        let mut nested = Vec::with_capacity(data.len() + 2 * self.encoded_id.len());
+        let rewritten = span.is_some_and(|s| {
+            let (Some(before), Some(inner), Some(after)) =
+                (data.get(..s.start), data.get(s.clone()), data.get(s.end..))
+            else {
+                return false;
+            };
+            nested.extend_from_slice(before);
+            let ok = inner.first() == Some(&b'{')
+                && write_ids(inner, &self.encoded_id, self.encoded_previous.as_deref(), &mut nested).is_ok();
+            nested.extend_from_slice(after);
+            ok
+        });
+        push_with_id(out, if rewritten { &nested } else { data }, &self.encoded_id);
+    }
+}
+
+fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+}
+
+impl RewriteEvents for ResponsesStreamRewriter {
+    fn parser(&mut self) -> &mut SseParser {
+        &mut self.parser
+    }
+
+    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
+        self.on_event(event, out);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::sse::Event;
+    use proptest::prelude::*;
+
+    const FIXTURE: &[u8] = include_bytes!("../../../tests/fixtures/sse/openai_responses_stream.txt");
+    const UPSTREAM_ID: &str = "resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654";
+
+    fn parse(bytes: &[u8]) -> Vec<Event> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(bytes, &mut out);
+        p.finish(&mut out);
+        out
+    }
+
+    fn run(rw: &mut ResponsesStreamRewriter, input: &[u8]) -> Vec<u8> {
+        let mut out = rw.feed(input);
+        out.extend(rw.finish());
+        out
+    }
+
+    #[test]
+    fn ids_set_everywhere_usage_read_done_added() {
+        let mut rw = ResponsesStreamRewriter::new("resp_gw", Some("resp_prev_gw"));
+        let out = run(&mut rw, FIXTURE);
+        let events = parse(&out);
+        assert_eq!(events.first().unwrap().event.as_deref(), Some("response.created"));
+        assert_eq!(events[events.len() - 2].event.as_deref(), Some("response.completed"));
+        assert_eq!(events.last().unwrap().data, "[DONE]");
+        for e in &events[..events.len() - 1] {
+            let v: serde_json::Value = serde_json::from_str(&e.data).unwrap();
+            assert_eq!(v["id"], "resp_gw");
+            if let Some(response) = v.get("response") {
+                assert_eq!(response["id"], "resp_gw");
+                assert_eq!(response["previous_response_id"], "resp_prev_gw");
+            }
+        }
+        assert_eq!(rw.upstream_id.as_deref(), Some(UPSTREAM_ID));
+        let u = rw.usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.reasoning_tokens), (37, 5, 11, 2));
+        assert_eq!(rw.output_text, "Hi there!");
+        assert_eq!(rw.finish_reason.as_deref(), Some("completed"));
+        assert_eq!(rw.model.as_deref(), Some("gpt-4.1-2025-04-14"));
+        assert!(rw.done && rw.saw_output);
+        assert!(!String::from_utf8(out).unwrap().contains(UPSTREAM_ID));
+    }
+
+    #[test]
+    fn only_ids_change() {
+        let mut rw = ResponsesStreamRewriter::new("resp_gw", None);
+        let out = run(&mut rw, FIXTURE);
+        let expected = String::from_utf8(FIXTURE.to_vec())
+            .unwrap()
+            .replace(&format!("\"{UPSTREAM_ID}\""), "\"resp_gw\"")
+            .replace("data: {\"type\"", "data: {\"id\":\"resp_gw\",\"type\"")
+            + "data: [DONE]\n\n";
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+
+    #[test]
+    fn error_and_failed_are_kept_back() {
+        for event in [
+            "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null}\n\n",
+            "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\"}}\n\n",
+        ] {
+            let mut rw = ResponsesStreamRewriter::new("gw", None);
+            let delta = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n";
+            let out = run(&mut rw, format!("{delta}{event}event: response.completed\ndata: {{}}\n\n").as_bytes());
+            assert_eq!(parse(&out).len(), 1);
+            assert!(rw.error.is_some() && !rw.done && rw.saw_output);
+        }
+    }
+
+    #[test]
+    fn reasoning_and_tool_arguments_are_output_audio_is_not() {
+        let mut rw = ResponsesStreamRewriter::new("gw", None);
+        run(
+            &mut rw,
+            b"data: {\"type\":\"response.reasoning_summary_text.delta\",\"delta\":\"think \"}\n\n\
+data: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\":1}\"}\n\n\
+data: {\"type\":\"response.audio.delta\",\"delta\":\"AAAA\"}\n\n\
+data: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"up\",\"status\":\"incomplete\",\"previous_response_id\":null}}\n\n",
+        );
+        assert_eq!(rw.output_text, "think {\"a\":1}");
+        assert_eq!(rw.finish_reason.as_deref(), Some("incomplete"));
+        assert!(rw.done && rw.usage.is_none());
+    }
+
+    #[test]
+    fn null_previous_id_is_left_null() {
+        let mut rw = ResponsesStreamRewriter::new("gw", Some("prev"));
+        let out = run(
+            &mut rw,
+            b"data: {\"type\":\"response.created\",\"response\":{\"id\":\"up\",\"previous_response_id\":null}}\n\n",
+        );
+        assert_eq!(out, b"data: {\"id\":\"gw\",\"type\":\"response.created\",\"response\":{\"id\":\"gw\",\"previous_response_id\":null}}\n\n");
+    }
+
+    #[test]
+    fn whole_response_rewritten() {
+        let body = br#"{"id":"resp_up","object":"response","previous_response_id":"resp_prev_up","output":[],"usage":{"input_tokens":3,"output_tokens":4,"output_tokens_details":{"reasoning_tokens":1}}}"#;
+        let r = rewrite_response(body, "resp_gw", Some("resp_prev_gw")).unwrap();
+        assert_eq!(
+            String::from_utf8(r.body).unwrap(),
+            r#"{"id":"resp_gw","object":"response","previous_response_id":"resp_prev_gw","output":[],"usage":{"input_tokens":3,"output_tokens":4,"output_tokens_details":{"reasoning_tokens":1}}}"#
+        );
+        assert_eq!(r.upstream_id.as_deref(), Some("resp_up"));
+        let u = r.usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.total_tokens), (3, 4, 1, 7));
+        assert!(rewrite_response(b"[]", "x", None).is_err());
+        assert!(rewrite_response(b"{\"id\":1,}", "x", None).is_err());
+        let odd = rewrite_response(br#"{"id":7,"usage":null}"#, "x", None).unwrap();
+        assert!(odd.upstream_id.is_none() && odd.usage.is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn same_output_however_split(cuts in proptest::collection::vec(0..FIXTURE.len(), 0..10)) {
+            let mut whole = ResponsesStreamRewriter::new("gw", Some("p"));
+            let expected = run(&mut whole, FIXTURE);
+            let mut points = cuts.clone();
+            points.sort_unstable();
+            let mut rw = ResponsesStreamRewriter::new("gw", Some("p"));
+            let mut got = Vec::new();
+            let mut last = 0;
+            for p in points {
+                got.extend(rw.feed(&FIXTURE[last..p]));
+                last = p;
+            }
+            got.extend(rw.feed(&FIXTURE[last..]));
+            got.extend(rw.finish());
+            prop_assert_eq!(got, expected);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut rw = ResponsesStreamRewriter::new("gw", Some("p"));
+            run(&mut rw, &bytes);
+            let _ = rewrite_response(&bytes, "gw", Some("p"));
+        }
+    }
+}
