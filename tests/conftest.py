@@ -33,10 +33,11 @@ def gw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatew
     )
     models += chat_model("cohere/rerank-v3.5", "rerank-v3.5", sim_url, type_="rerank", provider="cohere")
     models += chat_model("openai/tts-1", "tts-1", sim_url, type_="speech")
+    models += chat_model("openai/gpt-4.1-mini", "gpt-4.1-mini", sim_url, type_="responses")
     models += chat_model("openai/whisper-1", "whisper-1", sim_url, type_="transcription")
-    models += chat_model(
-        "openai/gpt-4o-transcribe", "gpt-4o-transcribe", sim_url, type_="transcription"
-    )
+    models += chat_model("openai/gpt-image-1", "gpt-image-1", sim_url, type_="image")
+    models += chat_model("openai/dall-e-3", "dall-e-3", sim_url, type_="image")
+    models += chat_model("openai/gpt-4o-transcribe", "gpt-4o-transcribe", sim_url, type_="transcription")
     with gateway(tmp_path_factory.mktemp("gw"), models) as g:
         yield g
 

@@ -86,6 +86,7 @@ output = "10.00"
 search = "0.002"
 character = "15.00"
 second = "0.0001"
+image = "0.04"
 [[models.channels]]
 provider = "{provider}"
 base_url = "{base_url}"
@@ -155,14 +156,21 @@ async def _new_key(db_path: Path, balance: Decimal, expires_at_ms: int | None) -
 
 
 @contextmanager
-def gateway(tmp: Path, models_toml: str, limits_toml: str = "") -> Iterator[Gateway]:
+def gateway(
+    tmp: Path,
+    models_toml: str,
+    limits_toml: str = "",
+    server_toml: str = "",
+    env: dict[str, str] | None = None,
+) -> Iterator[Gateway]:
     port = free_port()
     db = tmp / "gateway.db"
     config = tmp / "gateway.toml"
     config.write_text(
-        f'[server]\nport = {port}\n[store]\npath = "{db}"\n[limits]\n{limits_toml}\n{models_toml}'
+        f'[server]\nport = {port}\n{server_toml}\n[store]\npath = "{db}"\n'
+        f"[limits]\n{limits_toml}\n{models_toml}"
     )
-    with running(["serve", "--config", str(config)], port) as proc:
+    with running(["serve", "--config", str(config)], port, env) as proc:
         yield Gateway(url=f"http://127.0.0.1:{port}", db_path=db, proc=proc)
 
 

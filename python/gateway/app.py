@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,9 +16,22 @@ from starlette.responses import Response
 from ._core import count_tokens
 from .config import Settings, settings_from_env
 from .errors import GatewayError, error_response
+from .housekeeping import purge_expired
 from .providers.http import UpstreamClient
 from .registry import ModelRegistry
-from .routes import chat, embeddings, messages, models, rerank, speech, transcription, usage
+from .routes import (
+    admin,
+    chat,
+    embeddings,
+    images,
+    messages,
+    models,
+    rerank,
+    responses,
+    speech,
+    transcription,
+    usage,
+)
 from .state import GatewayState
 from .store import open_store
 
@@ -36,9 +51,13 @@ def create_app(settings: Settings) -> Starlette:
         await state.store.start()
         await state.upstream.start()
         warm_tokenizers(settings)
+        purging = asyncio.create_task(purge_expired(state))
         try:
             yield
         finally:
+            purging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purging
             await state.upstream.close()
             await state.store.close()
 
@@ -46,12 +65,15 @@ def create_app(settings: Settings) -> Starlette:
         routes=[
             *chat.routes(state),
             *messages.routes(state),
+            *responses.routes(state),
             *embeddings.routes(state),
             *rerank.routes(state),
             *speech.routes(state),
+            *images.routes(state),
             *transcription.routes(state),
             *models.routes(state),
             *usage.routes(state),
+            *admin.routes(state),
         ],
         exception_handlers={
             GatewayError: _gateway_error,

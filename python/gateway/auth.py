@@ -1,17 +1,22 @@
-"""API keys: how they look, how they are stored (a hash only) and how a request proves one."""
+"""API keys: how they look, how they are stored (a hash only) and how a request proves one; and the
+admin token that the management API takes instead."""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 import secrets
 import time
 
 from starlette.requests import Request
 
+from .config import ConfigError, Settings
 from .errors import GatewayError
 from .store import KeyContext, Store
 
 KEY_PREFIX = "sk-"
+MIN_ADMIN_TOKEN_CHARS = 32
 
 
 def generate_key() -> str:
@@ -53,3 +58,38 @@ async def authenticate(request: Request, store: Store) -> KeyContext:
     if expires is not None and time.time_ns() // 1_000_000 >= expires:
         raise GatewayError("key_expired", "This API key has expired. Create a new key in the console.")
     return ctx
+
+
+def admin_token(settings: Settings) -> str | None:
+    """The management API's token, from the environment variable the settings name (never from the
+    file); None when it is not configured, which disables that API."""
+    token = os.environ.get(settings.admin_token_env) if settings.admin_token_env else None
+    if not token:
+        return None
+    if token.startswith(KEY_PREFIX) or len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"{settings.admin_token_env}: the admin token must have at least {MIN_ADMIN_TOKEN_CHARS}"
+            f" characters and must not begin with {KEY_PREFIX} (e.g. `openssl rand -hex 32`)"
+        )
+    return token
+
+
+def authenticate_admin(request: Request, token: str | None) -> None:
+    """Let the request through only with the admin token. An API key, even a valid one, is refused
+    with 403 forbidden: keys cannot manage keys (spec 5.6)."""
+    presented = presented_key(request)
+    if presented and presented.startswith(KEY_PREFIX):
+        raise GatewayError(
+            "forbidden", "An API key cannot manage accounts or keys: use the console or the admin token."
+        )
+    if token is None:
+        raise GatewayError(
+            "forbidden", "The management API is disabled: no admin token is configured ([admin] token_env)."
+        )
+    if not presented:
+        raise GatewayError(
+            "invalid_admin_token", "No admin token provided. Send the header Authorization: Bearer <token>."
+        )
+    # Bytes, compared in constant time: the time taken says nothing about how much of a guess matched.
+    if not hmac.compare_digest(presented.encode(), token.encode()):
+        raise GatewayError("invalid_admin_token", "Invalid admin token.")

@@ -11,13 +11,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import TextIO, TypeVar
 
-from .auth import display_prefix, generate_key, hash_key
+from . import admin_fields as field
+from .auth import admin_token, display_prefix, generate_key, hash_key
+from .clock import rfc3339
 from .config import CONFIG_ENV, ConfigError, Settings, load_settings
-from .store import Store, open_store
+from .errors import GatewayError
+from .store import LIMIT_RESETS, Account, KeyChanges, NameTaken, Store, open_store
 
 T = TypeVar("T")
 DEMO_ACCOUNT = "demo"
@@ -39,20 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     _server_args(demo)
     demo.add_argument("--sim-port", type=int, default=9911)
 
-    admin = sub.add_parser("admin", help="manage accounts and keys in the store")
-    admin_sub = admin.add_subparsers(dest="action", required=True)
-    acct = admin_sub.add_parser("create-account", help="create an account")
-    acct.add_argument("--config", required=True)
-    acct.add_argument("--name", required=True)
-    acct.add_argument("--balance", default="0", help="US dollars, e.g. 25.50")
-    key = admin_sub.add_parser("create-key", help="create a key for an account and print it (once)")
-    key.add_argument("--config", required=True)
-    key.add_argument("--account", required=True, help="account name")
-    key.add_argument("--name", default="default")
-    key.add_argument("--expires-in-days", type=float, default=None)
-    delete = admin_sub.add_parser("delete-key", help="delete a key; it stops working at once")
-    delete.add_argument("--config", required=True)
-    delete.add_argument("--key-id", required=True)
+    _admin_args(sub.add_parser("admin", help="manage accounts, money and keys (as /admin/v1 does)"))
 
     args = parser.parse_args(argv)
     try:
@@ -74,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except AdminError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
+    except GatewayError as exc:  # a value refused by the same checks the management API makes
+        print(f"gateway: {exc.message}", file=sys.stderr)
+        return 1
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -87,6 +80,7 @@ def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
+    admin_token(settings)  # a bad admin token stops here with a plain message, not in every worker
     # Worker processes load the settings themselves from this path.
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
     Granian(
@@ -179,44 +173,165 @@ def _run(action: Callable[[Store], Awaitable[T]], settings: Settings) -> T:
     return asyncio.run(go())
 
 
+NONE = "none"  # on the command line: clear the setting
+LIMIT_RESET_CHOICES = (*LIMIT_RESETS, NONE)
+
+
+def _admin_args(admin: argparse.ArgumentParser) -> None:
+    actions = admin.add_subparsers(dest="action", required=True)
+
+    def action(name: str, summary: str) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=summary)
+        p.add_argument("--config", required=True)
+        return p
+
+    acct = action("create-account", "create an account")
+    acct.add_argument("--name", required=True)
+    acct.add_argument("--balance", default="0", help="US dollars, e.g. 25.50")
+    action("list-accounts", "list the accounts with their balances and limits")
+    top = action("top-up", "add money to an account and print its new balance")
+    top.add_argument("--account", required=True, help="account name")
+    top.add_argument("--amount", required=True, help="US dollars, e.g. 10.00")
+    top.add_argument("--note", default=None, help="kept with the top-up, e.g. an invoice number")
+    key = action("create-key", "create a key for an account and print it (once)")
+    key.add_argument("--account", required=True, help="account name")
+    key.add_argument("--name", default="default")
+    key.add_argument("--expires-in-days", type=float, default=None)
+    key.add_argument("--credit-limit", default=None, help="the key's own limit in US dollars")
+    key.add_argument("--limit-reset", default=None, choices=LIMIT_RESETS)
+    keys = action("list-keys", "list an account's keys (never their secrets)")
+    keys.add_argument("--account", required=True, help="account name")
+    limit = action("set-key-limit", "change a key's credit limit, its reset or its expiry")
+    limit.add_argument("--key-id", required=True)
+    limit.add_argument("--credit-limit", default=None, help='US dollars, or "none" for no limit')
+    limit.add_argument("--limit-reset", default=None, choices=LIMIT_RESET_CHOICES)
+    limit.add_argument(
+        "--expires-at", default=None, help='Unix ms, ISO 8601 (2026-12-31T23:59:59Z), or "none"'
+    )
+    rotate = action("rotate-key", "give a key a new secret and print it (once); the old one stops at once")
+    rotate.add_argument("--key-id", required=True)
+    delete = action("delete-key", "delete a key; it stops working at once")
+    delete.add_argument("--key-id", required=True)
+
+
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
-    if args.action == "create-account":
-        try:
-            balance = Decimal(args.balance)
-        except InvalidOperation as exc:
-            raise AdminError(f"--balance {args.balance!r} is not a number") from exc
+    actions = {
+        "create-account": _create_account,
+        "list-accounts": _list_accounts,
+        "top-up": _top_up,
+        "create-key": _create_key,
+        "list-keys": _list_keys,
+        "set-key-limit": _set_key_limit,
+        "rotate-key": _rotate_key,
+        "delete-key": _delete_key,
+    }
+    _run(lambda store: actions[args.action](store, args), settings)
+    return 0
 
-        async def create_account(store: Store) -> str:
-            if await store.find_account(args.name) is not None:
-                raise AdminError(f"an account named {args.name!r} exists already")
-            return (await store.create_account(args.name, balance)).id
 
-        print(_run(create_account, settings))
-        return 0
-    if args.action == "create-key":
+# Each action calls the same store method as its /admin/v1 endpoint, with the same checks.
 
-        async def create_key(store: Store) -> str:
-            account = await store.find_account(args.account)
-            if account is None:
-                raise AdminError(f"no account named {args.account!r}")
-            expires = None
-            if args.expires_in_days is not None:
-                expires = time.time_ns() // 1_000_000 + int(args.expires_in_days * 86_400_000)
-            key = generate_key()
-            record = await store.create_key(
-                account.id, args.name, hash_key(key), display_prefix(key), expires
-            )
-            print(f"created key {record.id} for account {account.name!r}", file=sys.stderr)
-            return key
 
-        print(_run(create_key, settings))
-        return 0
-    if args.action == "delete-key":
+async def _create_account(store: Store, args: argparse.Namespace) -> None:
+    balance = field.money(args.balance, "--balance")
+    try:
+        print((await store.create_account(field.name(args.name, "--name"), balance)).id)
+    except NameTaken as exc:
+        raise AdminError(str(exc)) from None
 
-        async def delete_key(store: Store) -> bool:
-            return await store.delete_key(args.key_id)
 
-        if not _run(delete_key, settings):
-            raise AdminError(f"no live key with id {args.key_id!r}")
-        return 0
-    raise AdminError(f"unknown action {args.action!r}")
+async def _list_accounts(store: Store, args: argparse.Namespace) -> None:
+    print("id\tname\tbalance\tallowed_models\trpm_limit\ttpm_limit")
+    for a in await store.list_accounts():
+        models = "*" if a.allowed_models is None else ",".join(sorted(a.allowed_models))
+        row = (a.id, a.name, field.money_text(a.balance), models, _text(a.rpm_limit), _text(a.tpm_limit))
+        print("\t".join(row))
+
+
+async def _top_up(store: Store, args: argparse.Namespace) -> None:
+    account = await _account(store, args.account)
+    amount = field.money(args.amount, "--amount", positive=True)
+    entry = await store.top_up(account.id, amount, field.note(args.note, "--note"))
+    if entry is None:
+        raise AdminError(f"no account named {args.account!r}")
+    print(field.money_text(entry.balance_after))
+
+
+async def _create_key(store: Store, args: argparse.Namespace) -> None:
+    account = await _account(store, args.account)
+    expires = None
+    if args.expires_in_days is not None:
+        expires = time.time_ns() // 1_000_000 + int(args.expires_in_days * 86_400_000)
+    credit_limit = None if args.credit_limit is None else field.money(args.credit_limit, "--credit-limit")
+    secret = generate_key()
+    record = await store.create_key(
+        account.id,
+        field.name(args.name, "--name"),
+        hash_key(secret),
+        display_prefix(secret),
+        expires,
+        credit_limit=credit_limit,
+        limit_reset=args.limit_reset,
+    )
+    print(f"created key {record.id} for account {account.name!r}", file=sys.stderr)
+    print(secret)
+
+
+async def _list_keys(store: Store, args: argparse.Namespace) -> None:
+    account = await _account(store, args.account)
+    print("id\tprefix\tname\tcredit_limit\tlimit_reset\texpires_at\tcreated_at\tdeleted_at")
+    for k in await store.list_keys(account.id):
+        row = (
+            k.id,
+            k.prefix,
+            k.name,
+            "-" if k.credit_limit is None else field.money_text(k.credit_limit),
+            _text(k.limit_reset),
+            "-" if k.expires_at_ms is None else rfc3339(k.expires_at_ms),
+            rfc3339(k.created_at_ms),
+            "-" if k.deleted_at_ms is None else rfc3339(k.deleted_at_ms),
+        )
+        print("\t".join(row))
+
+
+async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
+    changes: KeyChanges = {}
+    if args.credit_limit is not None:
+        changes["credit_limit"] = _unless_none(args.credit_limit, lambda v: field.money(v, "--credit-limit"))
+    if args.limit_reset is not None:
+        changes["limit_reset"] = _unless_none(args.limit_reset, str)
+    if args.expires_at is not None:
+        changes["expires_at_ms"] = _unless_none(
+            args.expires_at, lambda v: field.expiry(int(v) if v.isdigit() else v, "--expires-at")
+        )
+    if not changes:
+        raise AdminError("nothing to change: give --credit-limit, --limit-reset or --expires-at")
+    if await store.update_key(args.key_id, changes) is None:
+        raise AdminError(f"no live key with id {args.key_id!r}")
+
+
+async def _rotate_key(store: Store, args: argparse.Namespace) -> None:
+    secret = generate_key()
+    if await store.rotate_key(args.key_id, hash_key(secret), display_prefix(secret)) is None:
+        raise AdminError(f"no live key with id {args.key_id!r}")
+    print(secret)
+
+
+async def _delete_key(store: Store, args: argparse.Namespace) -> None:
+    if not await store.delete_key(args.key_id):
+        raise AdminError(f"no live key with id {args.key_id!r}")
+
+
+async def _account(store: Store, name: str) -> Account:
+    account = await store.find_account(name)
+    if account is None:
+        raise AdminError(f"no account named {name!r}")
+    return account
+
+
+def _unless_none(text: str, parse: Callable[[str], T]) -> T | None:
+    return None if text == NONE else parse(text)
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)

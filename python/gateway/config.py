@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Prices:
     """Exact US dollars: per one million tokens of each kind, per search unit (rerank), per one
-    million characters of input (speech) and per second of audio (transcription)."""
+    million characters of input (speech), per second of audio (transcription) and per image."""
 
     input: Decimal = Decimal(0)
     cached_input: Decimal = Decimal(0)
@@ -39,6 +39,7 @@ class Prices:
     search: Decimal = Decimal(0)
     character: Decimal = Decimal(0)
     second: Decimal = Decimal(0)
+    image: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +76,13 @@ class Settings:
     max_request_bytes: int = 10 * 1024 * 1024
     sync_timeout_seconds: float = 240.0
     stream_idle_timeout_seconds: float = 120.0
+    image_url_ttl_seconds: float = 86400.0
+    # None: image URLs are built from each request's own scheme and Host.
+    public_base_url: str | None = None
     upstream_connect_timeout_seconds: float = 10.0
     upstream_max_connections: int = 1000
+    # The environment variable holding the management API's admin token; None: that API is disabled.
+    admin_token_env: str | None = None
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
@@ -103,6 +109,7 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     store = _table(raw, "store")
     limits = _table(raw, "limits")
     upstream = _table(raw, "upstream")
+    admin = _table(raw, "admin")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("[[models]]: at least one model is required")
@@ -126,11 +133,14 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
         ),
         sync_timeout_seconds=_seconds(limits, "sync_timeout_seconds", 240.0),
         stream_idle_timeout_seconds=_seconds(limits, "stream_idle_timeout_seconds", 120.0),
+        image_url_ttl_seconds=_seconds(limits, "image_url_ttl_seconds", 86400.0),
+        public_base_url=_base_url(server),
         upstream_connect_timeout_seconds=_seconds(upstream, "connect_timeout_seconds", 10.0),
         upstream_max_connections=_positive(
             _get(upstream, "max_connections", int, "upstream.max_connections", 1000),
             "upstream.max_connections",
         ),
+        admin_token_env=_env_name(admin, "token_env", "admin.token_env"),
     )
 
 
@@ -188,7 +198,7 @@ def _channel(raw: Any, where: str, model_name: str) -> ChannelConfig:
 
 
 def _prices(raw: Mapping[str, Any], where: str) -> Prices:
-    known = {"input", "cached_input", "output", "reasoning", "search", "character", "second"}
+    known = {"input", "cached_input", "output", "reasoning", "search", "character", "second", "image"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{where}: unknown price fields {sorted(unknown)}")
@@ -202,7 +212,26 @@ def _prices(raw: Mapping[str, Any], where: str) -> Prices:
         search=_money(raw.get("search", 0), f"{where}.search"),
         character=_money(raw.get("character", 0), f"{where}.character"),
         second=_money(raw.get("second", 0), f"{where}.second"),
+        image=_money(raw.get("image", 0), f"{where}.image"),
     )
+
+
+def _base_url(server: Mapping[str, Any]) -> str | None:
+    value = server.get("public_base_url")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ConfigError("server.public_base_url: must be a URL starting with http:// or https://")
+    return value.rstrip("/")
+
+
+def _env_name(raw: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: must be the name of an environment variable")
+    return value
 
 
 def _money(value: Any, where: str) -> Decimal:

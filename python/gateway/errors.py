@@ -21,6 +21,8 @@ ERROR_TABLE: Final[Mapping[str, tuple[int, str]]] = {
     "content_filtered": (400, "content_policy_violation"),
     "invalid_api_key": (401, "authentication_error"),
     "key_expired": (401, "authentication_error"),
+    # Added beyond the spec's table: the management API's admin token is missing or wrong.
+    "invalid_admin_token": (401, "authentication_error"),
     "model_not_allowed": (403, "permission_error"),
     "forbidden": (403, "permission_error"),
     "not_found": (404, "not_found_error"),

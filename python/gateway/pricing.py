@@ -27,6 +27,7 @@ class Usage:
     searches: int = 0  # rerank search units
     characters: int = 0  # speech input
     seconds: int = 0  # audio transcribed, whole seconds rounded up
+    images: int = 0  # images generated or edited
 
     @property
     def total_tokens(self) -> int:
@@ -47,6 +48,7 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
         / _MILLION
         + usage.searches * prices.search
         + usage.seconds * prices.second
+        + usage.images * prices.image
     )
     return round_significant(raw)
 

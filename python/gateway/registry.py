@@ -22,12 +22,17 @@ ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
     "transcription": "/v1/audio/transcriptions",
     "rerank": "/v1/rerank",
 }
+# The two text shapes the gateway translates between (gateway.translate): the endpoint of one also
+# serves models of the other.
+TRANSLATED_TYPE: Final[Mapping[str, str]] = {"chat": "messages", "messages": "chat"}
 # Fields of a request body that are the request itself, not parameters: always forwarded.
 REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "chat": frozenset({"model", "messages"}),
     "embedding": frozenset({"model", "input"}),
+    "image": frozenset({"model", "prompt"}),
     "messages": frozenset({"model", "messages", "max_tokens"}),
     "rerank": frozenset({"model", "query", "documents"}),
+    "responses": frozenset({"model", "input", "previous_response_id"}),
     "speech": frozenset({"model", "input", "voice"}),
     "transcription": frozenset({"model", "file"}),
 }
@@ -69,9 +74,10 @@ class ModelRegistry:
         return model
 
     def resolve(self, name: Any, ctx: KeyContext, model_type: str) -> ModelConfig:
-        """Like lookup, and the model's type must be the one this endpoint serves."""
+        """Like lookup, and the model's type must be one this endpoint serves: its own type, or for
+        the two text endpoints also the other text shape's (translated)."""
         model = self.lookup(name, ctx)
-        if model.type != model_type:
+        if model.type != model_type and model.type != TRANSLATED_TYPE.get(model_type):
             raise invalid_request(
                 f"The model {name!r} is a {model.type} model: call {ENDPOINT_FOR_TYPE[model.type]}.",
                 "model",

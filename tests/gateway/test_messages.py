@@ -167,7 +167,11 @@ def test_spec_example_top_k_reaches_this_family_and_logit_bias_is_dropped(
         ({"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         ({"model": MODEL, "max_tokens": 5, "messages": []}, "messages"),
         (
-            {"model": "openai/gpt-4o-mini", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+            {
+                "model": "openai/text-embedding-3-small",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x"}],
+            },
             "model",
         ),
     ],

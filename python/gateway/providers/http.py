@@ -57,12 +57,26 @@ class UpstreamClient:
         read_timeout is the longest silence allowed from the upstream between any two reads.
         Raises one of UPSTREAM_FAILURES.
         """
+        return await self._started().post(
+            url, data=body, headers=headers, timeout=self._timeout(read_timeout)
+        )
+
+    async def get(self, url: str, read_timeout: float) -> aiohttp.ClientResponse:
+        """GET a file an upstream answer links to (an image URL), without any credentials; otherwise
+        as post. Asks for identity encoding: the session does not decompress, and the bytes are kept."""
+        return await self._started().get(
+            url, headers={"accept-encoding": "identity"}, timeout=self._timeout(read_timeout)
+        )
+
+    def _started(self) -> aiohttp.ClientSession:
         if self._session is None:
             raise RuntimeError("the upstream client is started in the app's lifespan")
-        timeout = aiohttp.ClientTimeout(
+        return self._session
+
+    def _timeout(self, read_timeout: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
             total=None,
             sock_connect=self._settings.upstream_connect_timeout_seconds,
             connect=self._settings.upstream_connect_timeout_seconds,
             sock_read=read_timeout,
         )
-        return await self._session.post(url, data=body, headers=headers, timeout=timeout)

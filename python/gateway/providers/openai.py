@@ -59,17 +59,72 @@ TRANSCRIPTION_PARAMS: Final = frozenset(
         "timestamp_granularities[]",
     }
 )
+# An image model serves two endpoints and has one list: what either accepts. "model", "prompt" and
+# the edited images are the request itself; "mask" is a file part of edits. Streamed partial images
+# (stream, partial_images) are not offered: the gateway answers with URLs once the images exist.
+IMAGE_PARAMS: Final = frozenset(
+    {
+        "background",
+        "input_fidelity",
+        "mask",
+        "moderation",
+        "n",
+        "output_compression",
+        "output_format",
+        "quality",
+        "response_format",
+        "safety_identifier",
+        "size",
+        "style",
+        "user",
+    }
+)
+# Responses API parameters. "model", "input" and "previous_response_id" are the request itself.
+# `background` is not offered: a background response is polled with GET /v1/responses/{id}, which the
+# gateway does not serve.
+RESPONSES_PARAMS: Final = frozenset(
+    {
+        "conversation",
+        "include",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "metadata",
+        "parallel_tool_calls",
+        "prompt",
+        "prompt_cache_key",
+        "reasoning",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "truncation",
+        "user",
+    }
+)
 # Model type -> the parameters an OpenAI-compatible upstream accepts on that type's endpoint.
 PARAMS: Final = {
     "chat": CHAT_PARAMS,
     "embedding": EMBEDDING_PARAMS,
+    "image": IMAGE_PARAMS,
+    "responses": RESPONSES_PARAMS,
     "speech": SPEECH_PARAMS,
     "transcription": TRANSCRIPTION_PARAMS,
 }
-# Model type -> the upstream path, relative to the channel's base URL.
+# Model type (or one of its operations, as image_edit) -> the upstream path, relative to the base URL.
 PATHS: Final = {
     "chat": "/chat/completions",
     "embedding": "/embeddings",
+    "image": "/images/generations",
+    "image_edit": "/images/edits",
+    "responses": "/responses",
     "speech": "/audio/speech",
     "transcription": "/audio/transcriptions",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -10,13 +11,26 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from .._core import ChatStreamRewriter, count_chat_tokens, count_tokens, parse_chat_usage
+from .._core import (
+    ChatStreamRewriter,
+    count_chat_tokens,
+    count_tokens,
+    parse_chat_usage,
+    parse_messages_usage,
+)
 from ..billing import Call
 from ..config import ModelConfig
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
+from ..translate import (
+    ChatStreamFromMessages,
+    chat_completion_from_message,
+    chat_output_text,
+    message_output_text,
+    messages_request_from_chat,
+)
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
 from .upstream import forward_plain, usage_reader
@@ -31,6 +45,8 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "chat")
         _validate(payload)
         billing.require_funds(call.ctx)
+        if model.type == "messages":
+            return await _from_messages_model(state, request, call, model, raw, payload)
 
         upstream = state.registry.upstream_body(model, payload)
         rid = response_id("chatcmpl-")
@@ -43,11 +59,11 @@ def routes(state: GatewayState) -> list[Route]:
                 orjson.dumps(upstream),
                 rid,
                 usage_reader(parse_chat_usage),
-                lambda body: _counted_usage(model, raw, body),
+                lambda body: _counted_usage(model, raw, chat_output_text(body)),
             )
 
         options = payload.get("stream_options")
-        client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+        client_wants_usage = _wants_usage(payload)
         if "stream_options" in state.registry.forwarded_params(model):
             # Ask for usage even when the client did not, to bill from the upstream's own count;
             # the rewriter then keeps that usage chunk from the client.
@@ -69,6 +85,55 @@ def routes(state: GatewayState) -> list[Route]:
     return [Route("/v1/chat/completions", model_endpoint(state, chat_completions), methods=["POST"])]
 
 
+async def _from_messages_model(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    raw: bytes,
+    payload: dict[str, Any],
+) -> Response:
+    """A messages-family model in the chat shape: the request goes out as a message request, the
+    answer or stream comes back as chat completions (gateway.translate), billed from the upstream's
+    own usage."""
+    translated = messages_request_from_chat(payload, model.max_output_tokens)
+    upstream = orjson.dumps(state.registry.upstream_body(model, translated))
+    rid = response_id("chatcmpl-")
+    created = int(time.time())
+    if payload.get("stream") is not True:
+        return await forward_plain(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            usage_reader(parse_messages_usage),
+            lambda body: _counted_usage(model, raw, message_output_text(body)),
+            to_client=lambda body, usage: orjson.dumps(
+                chat_completion_from_message(orjson.loads(body), usage, created)
+            ),
+        )
+    translator = ChatStreamFromMessages(
+        rid, _wants_usage(payload), created, lambda text: _counted_usage(model, raw, text)
+    )
+    return await forward_stream(
+        state,
+        request,
+        call,
+        model,
+        upstream,
+        rid,
+        translator,
+        lambda: count_chat_tokens(raw, model.tokenizer),
+    )
+
+
+def _wants_usage(payload: dict[str, Any]) -> bool:
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 def _validate(payload: dict[str, Any]) -> None:
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -82,24 +147,9 @@ def _validate(payload: dict[str, Any]) -> None:
         raise invalid_request("`stream_options` must be an object.", "stream_options")
 
 
-def _counted_usage(model: ModelConfig, raw: bytes, body: bytes) -> Usage:
+def _counted_usage(model: ModelConfig, raw: bytes, output_text: str) -> Usage:
     """Usage counted by the gateway, for an upstream that reported none."""
     return Usage(
         prompt_tokens=count_chat_tokens(raw, model.tokenizer),
-        completion_tokens=count_tokens(_answer_text(body), model.tokenizer),
+        completion_tokens=count_tokens(output_text, model.tokenizer),
     )
-
-
-def _answer_text(body: bytes) -> str:
-    """The text of every choice, for counting output when the upstream reported no usage."""
-    data = orjson.loads(body)
-    parts: list[str] = []
-    for choice in data.get("choices") or []:
-        message = choice.get("message") or {}
-        for key in ("content", "reasoning_content"):
-            if isinstance(message.get(key), str):
-                parts.append(message[key])
-        for tool_call in message.get("tool_calls") or []:
-            fn = tool_call.get("function") or {}
-            parts.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
-    return "".join(parts)

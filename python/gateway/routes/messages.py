@@ -10,13 +10,26 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from .._core import MessagesStreamRewriter, count_chat_tokens, count_tokens, parse_messages_usage
+from .._core import (
+    MessagesStreamRewriter,
+    count_chat_tokens,
+    count_tokens,
+    parse_chat_usage,
+    parse_messages_usage,
+)
 from ..billing import Call
 from ..config import ModelConfig
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
+from ..translate import (
+    MessagesStreamFromChat,
+    chat_output_text,
+    chat_request_from_messages,
+    message_from_chat_completion,
+    message_output_text,
+)
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
 from .upstream import forward_plain, usage_reader
@@ -28,6 +41,8 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
         _validate(payload)
         billing.require_funds(call.ctx)
+        if model.type == "chat":
+            return await _from_chat_model(state, request, call, model, payload)
         upstream = orjson.dumps(state.registry.upstream_body(model, payload))
         rid = response_id("msg_")
         if payload.get("stream") is True:
@@ -51,11 +66,52 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             usage_reader(parse_messages_usage),
             lambda body: Usage(
-                _prompt_tokens(model, payload), count_tokens(_answer_text(body), model.tokenizer)
+                _prompt_tokens(model, payload), count_tokens(message_output_text(body), model.tokenizer)
             ),
         )
 
     return [Route("/v1/messages", model_endpoint(state, messages), methods=["POST"])]
+
+
+async def _from_chat_model(
+    state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
+) -> Response:
+    """A chat model in the message shape: the request goes out as a chat completions request, the
+    answer or stream comes back as a message (gateway.translate), billed from the upstream's own
+    usage."""
+    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
+    forwarded = state.registry.forwarded_params(model)
+    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
+    translated = chat_request_from_messages(payload, limit)
+    upstream = orjson.dumps(state.registry.upstream_body(model, translated))
+    rid = response_id("msg_")
+
+    def counted_usage(output_text: str) -> Usage:
+        return Usage(_prompt_tokens(model, payload), count_tokens(output_text, model.tokenizer))
+
+    if payload.get("stream") is True:
+        return await forward_stream(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            MessagesStreamFromChat(rid, counted_usage),
+            lambda: _prompt_tokens(model, payload),
+            error_event=b"event: error\n",
+        )
+    return await forward_plain(
+        state,
+        request,
+        call,
+        model,
+        upstream,
+        rid,
+        usage_reader(parse_chat_usage),
+        lambda body: counted_usage(chat_output_text(body)),
+        to_client=lambda body, usage: orjson.dumps(message_from_chat_completion(orjson.loads(body), usage)),
+    )
 
 
 def _validate(payload: dict[str, Any]) -> None:
@@ -77,15 +133,3 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
     if isinstance(system, (str, list)):  # a string, or text blocks
         messages.insert(0, {"role": "system", "content": system})
     return count_chat_tokens(orjson.dumps({"messages": messages}), model.tokenizer)
-
-
-def _answer_text(body: bytes) -> str:
-    data = orjson.loads(body)
-    parts: list[str] = []
-    for block in data.get("content") or []:
-        for key in ("text", "thinking"):
-            if isinstance(block.get(key), str):
-                parts.append(block[key])
-        if block.get("type") == "tool_use":
-            parts.append(orjson.dumps(block.get("input")).decode())
-    return "".join(parts)

@@ -4,16 +4,16 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .. import billing
-from .._core import StreamUsage, count_tokens
+from .._core import count_tokens
 from ..billing import Call
-from ..config import ModelConfig
+from ..config import ChannelConfig, ModelConfig
 from ..errors import GatewayError, error_body
 from ..pricing import Usage
 from ..providers import PROVIDERS
@@ -21,13 +21,14 @@ from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER
-from .upstream import reported_usage
+from .upstream import ReportedUsage, reported_usage
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class StreamRewriter(Protocol):
-    """ChatStreamRewriter and MessagesStreamRewriter from the Rust core."""
+    """ChatStreamRewriter and MessagesStreamRewriter from the Rust core, and the shape translators
+    ChatStreamFromMessages and MessagesStreamFromChat (gateway.translate)."""
 
     def feed(self, chunk: bytes) -> bytes: ...
     def finish(self) -> bytes: ...
@@ -38,7 +39,7 @@ class StreamRewriter(Protocol):
     @property
     def output_text(self) -> str: ...
     @property
-    def usage(self) -> StreamUsage | None: ...
+    def usage(self) -> ReportedUsage | None: ...
     @property
     def error(self) -> bytes | None: ...
 
@@ -53,10 +54,14 @@ async def forward_stream(
     rewriter: StreamRewriter,
     count_prompt: Callable[[], int],
     error_event: bytes = b"",
+    channel: ChannelConfig | None = None,
+    on_start: Callable[[], Awaitable[None]] | None = None,
 ) -> Response:
     """`count_prompt()` is the gateway's own prompt count, used only when the upstream reports no usage.
-    `error_event` prefixes the final error chunk (the message shape names it `event: error`)."""
-    channel = model.channels[0]
+    `error_event` prefixes the final error chunk (the message and responses shapes name it
+    `event: error`). `channel` is the model's first unless the request must go to a particular one.
+    `on_start()` runs once the stream has started, before the client sees its first byte."""
+    channel = channel or model.channels[0]
     provider = PROVIDERS[channel.provider]
     response = await send(
         state.upstream,
@@ -91,6 +96,12 @@ async def forward_stream(
     if not rewriter.saw_output and not rewriter.done:
         response.release()
         raise GatewayError("provider_error", "The model's stream failed before it started.")
+    if on_start is not None:
+        try:
+            await on_start()
+        except BaseException:
+            response.release()
+            raise
 
     async def body() -> AsyncIterator[bytes]:
         failure: bytes | None = None

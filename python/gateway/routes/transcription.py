@@ -7,7 +7,6 @@ and the model's name replaced; the rest is sent on as it came.
 from __future__ import annotations
 
 import math
-import os
 
 import orjson
 from starlette.requests import Request
@@ -15,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from .._core import InvalidJsonError, MultipartPart, count_tokens, parse_multipart, set_json_id
+from .._core import InvalidJsonError, count_tokens, parse_multipart, set_json_id
 from ..audio import wav_seconds
 from ..billing import Call
 from ..config import ModelConfig
@@ -25,6 +24,7 @@ from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, model_endpoint, read_body
+from .multipart import FormPart, encode_form
 from .speech import RESPONSE_ID_HEADER
 from .upstream import call_upstream
 
@@ -44,15 +44,17 @@ def routes(state: GatewayState) -> list[Route]:
         billing.require_funds(call.ctx)
 
         keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["transcription"]
-        fields = [
-            (p.name, model.channels[0].upstream_model.encode() if p.name == "model" else p.data, p)
+        form, form_type = encode_form(
+            FormPart(
+                p.name,
+                model.channels[0].upstream_model.encode() if p.name == "model" else p.data,
+                p.filename,
+                p.content_type,
+            )
             for p in parts
             if p.name in keep
-        ]
-        boundary = "gateway" + os.urandom(12).hex()
-        content, answer_type = await call_upstream(
-            state, request, model, _encode(fields, boundary), f"multipart/form-data; boundary={boundary}"
         )
+        content, answer_type = await call_upstream(state, request, model, form, form_type)
         rid = response_id("transcr-")
         is_json = answer_type.startswith("application/json")
         try:
@@ -70,25 +72,6 @@ def routes(state: GatewayState) -> list[Route]:
         return Response(body, media_type=answer_type, headers=headers)
 
     return [Route("/v1/audio/transcriptions", model_endpoint(state, transcriptions), methods=["POST"])]
-
-
-def _encode(fields: list[tuple[str, bytes, MultipartPart]], boundary: str) -> bytes:
-    out = bytearray()
-    for name, data, part in fields:
-        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{_quote(name)}"'.encode()
-        if part.filename is not None:
-            out += f'; filename="{_quote(part.filename)}"'.encode()
-        out += b"\r\n"
-        if part.content_type:
-            out += f"Content-Type: {part.content_type}\r\n".encode()
-        out += b"\r\n" + data + b"\r\n"
-    out += f"--{boundary}--\r\n".encode()
-    return bytes(out)
-
-
-def _quote(value: str) -> str:
-    # As browsers do (WHATWG): a quote, CR and LF in a field name or filename are percent-encoded.
-    return value.replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _read_answer(body: bytes) -> tuple[str, Usage | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 import orjson
 from starlette.requests import Request
@@ -13,7 +14,7 @@ from starlette.responses import Response
 from .. import billing
 from .._core import InvalidJsonError, StreamUsage, set_json_id
 from ..billing import Call
-from ..config import ModelConfig
+from ..config import ChannelConfig, ModelConfig
 from ..errors import GatewayError
 from ..pricing import Usage, format_cost
 from ..providers import PROVIDERS
@@ -23,7 +24,21 @@ from ..state import GatewayState
 from .common import REQUEST_ID_HEADER
 
 
-def reported_usage(reported: StreamUsage) -> Usage:
+class ReportedUsage(Protocol):
+    """An upstream's token counts: the Rust core's StreamUsage, or a pricing.Usage read by a shape
+    translator (gateway.translate)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+
+
+def reported_usage(reported: ReportedUsage) -> Usage:
     return Usage(
         prompt_tokens=reported.prompt_tokens,
         completion_tokens=reported.completion_tokens,
@@ -48,10 +63,14 @@ async def call_upstream(
     model: ModelConfig,
     upstream_body: bytes,
     content_type: str | None = None,
+    operation: str | None = None,
+    channel: ChannelConfig | None = None,
 ) -> tuple[bytes, str]:
     """Send to the model's channel and read the whole answer within the synchronous window (spec 8):
-    the answer's bytes and content type, or the spec's error."""
-    channel = model.channels[0]
+    the answer's bytes and content type, or the spec's error. `operation` names the upstream endpoint
+    when a model type has several (image_edit); by default it is the type's own. `channel` is the
+    model's first unless the request must go to a particular one (the one holding its state)."""
+    channel = channel or model.channels[0]
     provider = PROVIDERS[channel.provider]
     headers = provider.headers(channel, request.headers)
     if content_type is not None:
@@ -60,7 +79,7 @@ async def call_upstream(
         async with asyncio.timeout(state.settings.sync_timeout_seconds):
             response = await send(
                 state.upstream,
-                provider.url(channel, model.type),
+                provider.url(channel, operation or model.type),
                 upstream_body,
                 headers,
                 stream=False,
@@ -87,13 +106,17 @@ async def forward_plain(
     rid: str,
     parse_usage: Callable[[bytes], Usage | None],
     count_usage: Callable[[bytes], Usage],
+    to_client: Callable[[bytes, Usage], bytes] | None = None,
 ) -> Response:
     """`parse_usage(answer)` reads the upstream's usage in its shape; `count_usage(answer)` is the
-    gateway's own count, used only when the upstream reports none."""
+    gateway's own count, used only when the upstream reports none. `to_client(answer, usage)` turns
+    an answer of the other text shape into the endpoint's (gateway.translate)."""
     content, _ = await call_upstream(state, request, model, upstream_body)
     try:
         body = set_json_id(content, rid)
         usage = parse_usage(body) or count_usage(body)
+        if to_client is not None:
+            body = to_client(body, usage)
     except (InvalidJsonError, orjson.JSONDecodeError) as exc:
         raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
     charged = billing.settle(state.store, call, model, rid, "completed", usage)

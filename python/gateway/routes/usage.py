@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ..auth import authenticate
+from ..clock import rfc3339
 from ..errors import GatewayError
 from ..pricing import format_cost
 from ..state import GatewayState
@@ -35,16 +34,10 @@ def routes(state: GatewayState) -> list[Route]:
                     "completion_tokens": record.completion_tokens,
                     "total_tokens": record.total_tokens,
                 },
-                "started_at": _timestamp(record.started_at_ms),
-                "ended_at": _timestamp(record.ended_at_ms),
+                "started_at": rfc3339(record.started_at_ms),
+                "ended_at": rfc3339(record.ended_at_ms),
                 "duration_ms": record.duration_ms,
             }
         )
 
     return [Route("/v1/usage/{request_id}", get_usage, methods=["GET"])]
-
-
-def _timestamp(ms: int) -> str:
-    """RFC 3339 in UTC with milliseconds, e.g. 2026-11-22T10:04:05.123Z."""
-    moment = datetime.fromtimestamp(ms // 1000, tz=UTC).replace(microsecond=(ms % 1000) * 1000)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

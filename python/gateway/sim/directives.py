@@ -15,6 +15,8 @@ configured model through the gateway, which forwards neither headers nor anythin
   stall_after=N   after N content chunks, send nothing more and keep the connection open
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
+  tool            call the first tool the request offers (the only directive without a value; a
+                  tool_choice that forces a call does the same without it, see sim/tools.py)
 Durations: "150ms", "2s" or plain seconds ("0.5").
 """
 
@@ -36,6 +38,7 @@ class Directives:
     stall_after: int | None = None
     drop_after: int | None = None
     error_after: int | None = None
+    tool: bool = False
 
 
 class DirectiveError(ValueError):
@@ -56,6 +59,9 @@ def _apply(d: Directives, pairs: list[str]) -> None:
         if not pair:
             continue
         name, sep, value = pair.partition("=")
+        if pair == "tool":
+            d.tool = True
+            continue
         if not sep:
             raise DirectiveError(f"directive {pair!r} has no value")
         try:

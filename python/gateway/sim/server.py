@@ -22,8 +22,10 @@ from typing import Any, cast
 import orjson
 
 from .._core import count_chat_tokens, count_tokens
-from . import directives, transcription
+from . import directives, images, tools, transcription
 from .directives import DirectiveError, Directives
+from .responses import ResponsesSim
+from .tools import ToolCall
 from .words import WORDS
 
 _REASONS = {
@@ -139,6 +141,7 @@ def _text(seed: bytes, count: int, offset: int = 0) -> list[str]:
 class Simulator:
     def __init__(self, history: int = 1000) -> None:
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
+        self.responses = ResponsesSim()
 
     # Each handler writes its answer through `send`; streaming handlers are coroutines.
     async def handle(
@@ -165,6 +168,11 @@ class Simulator:
             await self._speech(headers, body, send)
         elif path.endswith("/audio/transcriptions") and method == "POST":
             self._transcription(headers, body, send)
+        elif path.endswith(("/images/generations", "/images/edits")):
+            answer, record = images.create(method, path, headers, body)
+            if record is not None:
+                self.requests.append(record)
+            send(_full(answer.status, answer.body, answer.content_type))
         elif path.endswith("/rerank"):
             if method != "POST":
                 send(_error(405, "Use POST.", "invalid_request_error", None))
@@ -175,6 +183,8 @@ class Simulator:
                 send(_anthropic_error(405, "Use POST.", "invalid_request_error"))
                 return
             await self._messages(headers, body, send, abort)
+        elif path.endswith("/responses") and method == "POST":
+            await self.responses.handle(headers, body, self.requests.append, send, abort)
         elif path.endswith("/embeddings"):
             if method != "POST":
                 send(_error(405, "Use POST.", "invalid_request_error", None))
@@ -203,6 +213,9 @@ class Simulator:
             return _full(200, b"{}")
         if path == "/_sim/health":
             return _full(200, b'{"ok":true}')
+        if path.startswith(images.FILES_PATH) and method == "GET":
+            answer = images.file(path)
+            return _full(answer.status, answer.body, answer.content_type)
         return _error(404, f"Unknown path {path}", "invalid_request_error", "unknown_url")
 
     def _embeddings(self, body: bytes, send: Callable[[bytes], None]) -> None:
@@ -371,9 +384,14 @@ class Simulator:
         words = _text(body, n)
         thinking = _text(body, d.reasoning, offset=3)
         stop = "max_tokens" if n < d.tokens else "end_turn"
+        call = tools.anthropic_tool_call(req, d.tool, body)
+        if call is not None:
+            stop = "tool_use"
         prompt = [{"role": "system", "content": req["system"]}] if isinstance(req.get("system"), str) else []
         input_tokens = count_chat_tokens(orjson.dumps({"messages": prompt + messages}))
-        output_tokens = count_tokens("".join(words)) + (count_tokens("".join(thinking)) if thinking else 0)
+        output_tokens = count_tokens("".join(words) if call is None else call.arguments_json) + (
+            count_tokens("".join(thinking)) if thinking else 0
+        )
         mid = "msg_sim" + hashlib.blake2b(body, digest_size=10).hexdigest()
         usage = {
             "input_tokens": input_tokens,
@@ -385,7 +403,9 @@ class Simulator:
             content: list[dict[str, Any]] = []
             if thinking:
                 content.append({"type": "thinking", "thinking": "".join(thinking), "signature": "sim"})
-            content.append({"type": "text", "text": "".join(words)})
+            content.append(
+                {"type": "text", "text": "".join(words)} if call is None else call.tool_use_block()
+            )
             send(
                 _full(
                     200,
@@ -435,14 +455,26 @@ class Simulator:
                 },
             },
         )
-        blocks = ([("thinking", "thinking_delta", "thinking", thinking)] if thinking else []) + [
-            ("text", "text_delta", "text", words)
-        ]
+        answer = (
+            ({"type": "text", "text": ""}, "text_delta", "text", words)
+            if call is None
+            else (
+                {**call.tool_use_block(), "input": {}},
+                "input_json_delta",
+                "partial_json",
+                call.fragments(),
+            )
+        )
+        blocks = (
+            [({"type": "thinking", "thinking": ""}, "thinking_delta", "thinking", thinking)]
+            if thinking
+            else []
+        ) + [answer]
         sent = 0
-        for index, (kind, delta_type, field, pieces) in enumerate(blocks):
+        for index, (start, delta_type, field, pieces) in enumerate(blocks):
             event(
                 "content_block_start",
-                {"type": "content_block_start", "index": index, "content_block": {"type": kind, field: ""}},
+                {"type": "content_block_start", "index": index, "content_block": start},
             )
             if index == 0:
                 event("ping", {"type": "ping"})
@@ -498,12 +530,8 @@ class Simulator:
         self.requests.append(
             {"path": "/v1/chat/completions", "body": req, "authorization": headers.get("authorization")}
         )
-        last = req["messages"][-1] if req["messages"] else {}
-        content = last.get("content") if isinstance(last, dict) else None
         try:
-            model, d = directives.parse(
-                req["model"], headers.get("x-sim"), content if isinstance(content, str) else None
-            )
+            model, d = directives.parse(req["model"], headers.get("x-sim"), _last_text(req["messages"]))
         except DirectiveError as exc:
             send(_error(400, str(exc), "invalid_request_error", None))
             return
@@ -524,6 +552,9 @@ class Simulator:
         words = _text(body, n)
         reasoning = _text(body, d.reasoning, offset=3)
         finish = "length" if n < d.tokens else "stop"
+        call = tools.openai_tool_call(req, d.tool, body)
+        if call is not None:
+            finish = "tool_calls"
         prompt_tokens = count_chat_tokens(body)
         created = int(time.time())
         cid = "chatcmpl-sim" + hashlib.blake2b(body, digest_size=10).hexdigest()
@@ -531,11 +562,18 @@ class Simulator:
             opts = req.get("stream_options")
             with_usage = isinstance(opts, dict) and opts.get("include_usage") is True
             await self._chat_stream(
-                cid, created, model, words, reasoning, finish, prompt_tokens, with_usage, d, send, abort
+                cid, created, model, words, reasoning, call, finish, prompt_tokens, with_usage, d, send, abort
             )
             return
-        text = "".join(words)
-        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+        text = "".join(words) if call is None else call.arguments_json
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": text if call is None else None,
+            "refusal": None,
+            "annotations": [],
+        }
+        if call is not None:
+            message["tool_calls"] = [call.chat_tool_call()]
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
         completion = count_tokens(text) + (count_tokens("".join(reasoning)) if reasoning else 0)
@@ -568,6 +606,7 @@ class Simulator:
         model: str,
         words: list[str],
         reasoning: list[str],
+        call: ToolCall | None,
         finish: str,
         prompt_tokens: int,
         with_usage: bool,
@@ -606,9 +645,10 @@ class Simulator:
         def frame(data: bytes) -> None:
             send(b"%x\r\n%s\r\n" % (len(data), data))
 
-        frame(event({"role": "assistant", "content": "", "refusal": None}))
-        pieces = [("reasoning_content", w) for w in reasoning] + [("content", w) for w in words]
-        for i, (field, word) in enumerate(pieces):
+        frame(event({"role": "assistant", "content": "" if call is None else None, "refusal": None}))
+        answer = [{"content": w} for w in words] if call is None else call.chat_deltas()
+        deltas = [{"reasoning_content": w} for w in reasoning] + answer
+        for i, delta in enumerate(deltas):
             if d.pace:
                 await asyncio.sleep(d.pace)
             if d.stall_after is not None and i >= d.stall_after:
@@ -634,11 +674,13 @@ class Simulator:
                 )
                 send(b"0\r\n\r\n")
                 return
-            frame(event({field: word}))
+            frame(event(delta))
         frame(event({}, finish))
         if with_usage:
             reasoning_tokens = count_tokens("".join(reasoning)) if reasoning else 0
-            completion = count_tokens("".join(words)) + reasoning_tokens
+            completion = (
+                count_tokens("".join(words) if call is None else call.arguments_json) + reasoning_tokens
+            )
             frame(
                 b"data: "
                 + orjson.dumps(

@@ -9,35 +9,28 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from .._core import count_tokens, parse_multipart
 from ..audio import wav_seconds
+from .wire import Answer, error_answer
 from .words import WORDS
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 _PLAIN = "text/plain; charset=utf-8"
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-
-
 def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] | None]:
     """The answer to one request, and what to record of the request (None when it was refused)."""
     parts = parse_multipart(body, content_type) if content_type.startswith("multipart/form-data") else None
     if parts is None:
-        return _error("Could not parse multipart form"), None
+        return error_answer("Could not parse multipart form"), None
     fields = {p.name: p.data.decode(errors="replace") for p in parts if p.filename is None}
     upload = next((p for p in parts if p.name == "file" and p.filename is not None), None)
     if "model" not in fields or upload is None or not upload.data:
-        return _error("model and file are required", "file"), None
+        return error_answer("model and file are required", "file"), None
     record = {
         "path": "/v1/audio/transcriptions",
         "body": fields,
@@ -45,7 +38,7 @@ def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] |
     }
     fmt = fields.get("response_format", "json")
     if fmt not in FORMATS:
-        return _error(f"response_format must be one of {', '.join(FORMATS)}", "response_format"), record
+        return error_answer(f"response_format must be one of {', '.join(FORMATS)}", "response_format"), record
 
     seconds = wav_seconds(upload.data) or len(upload.data) / 16_000  # else: as 128 kbit/s audio
     words = _words(upload.data, max(1, min(400, round(seconds * 2.5))))
@@ -92,11 +85,6 @@ def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] |
             "usage": usage,
         }
     return Answer(200, orjson.dumps(answer)), record
-
-
-def _error(message: str, param: str | None = None) -> Answer:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
-    return Answer(400, orjson.dumps(body))
 
 
 def _words(seed: bytes, count: int) -> list[str]:

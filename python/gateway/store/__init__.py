@@ -1,8 +1,35 @@
 """Persistence behind one interface (`Store`), one module per backend."""
 
-from .base import Account, ApiKey, KeyContext, Store, UsageRecord
+from .base import (
+    LIMIT_RESETS,
+    Account,
+    AccountChanges,
+    ApiKey,
+    KeyChanges,
+    KeyContext,
+    NameTaken,
+    ResponseState,
+    Store,
+    StoredImage,
+    TopUp,
+    UsageRecord,
+)
 
-__all__ = ["Account", "ApiKey", "KeyContext", "Store", "UsageRecord", "open_store"]
+__all__ = [
+    "LIMIT_RESETS",
+    "Account",
+    "AccountChanges",
+    "ApiKey",
+    "KeyChanges",
+    "KeyContext",
+    "NameTaken",
+    "ResponseState",
+    "Store",
+    "StoredImage",
+    "TopUp",
+    "UsageRecord",
+    "open_store",
+]
 
 
 def open_store(path: str) -> Store:

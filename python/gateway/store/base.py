@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, TypedDict
+
+# How often a key's spending against its own credit limit starts again from zero (spec 2.4, 8).
+LIMIT_RESETS: Final = ("daily", "weekly", "monthly")
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +18,10 @@ class Account:
     balance: Decimal
     # None: every configured model is allowed.
     allowed_models: frozenset[str] | None = None
+    # Requests and tokens per minute allowed on each of the account's keys (spec 8); None: no limit.
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    created_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,45 @@ class ApiKey:
     prefix: str  # the first characters of the key, for people to recognise it; never enough to use it
     created_at_ms: int
     expires_at_ms: int | None = None
+    # The key's own spending limit in US dollars (spec 5.4); None: only the account's balance limits it.
+    credit_limit: Decimal | None = None
+    # One of LIMIT_RESETS, or None: what the key spent counts against credit_limit for ever.
+    limit_reset: str | None = None
+    deleted_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopUp:
+    """Money added to an account: one entry of its ledger, never changed afterwards."""
+
+    id: str
+    account_id: str
+    amount: Decimal
+    note: str | None
+    created_at_ms: int
+    balance_after: Decimal  # the account's balance right after this top-up
+
+
+class AccountChanges(TypedDict, total=False):
+    """A partial update of an account: a field left out stays as it is, None clears it."""
+
+    name: str
+    allowed_models: frozenset[str] | None
+    rpm_limit: int | None
+    tpm_limit: int | None
+
+
+class KeyChanges(TypedDict, total=False):
+    """A partial update of a key's settings: a field left out stays as it is, None clears it."""
+
+    name: str
+    credit_limit: Decimal | None
+    limit_reset: str | None
+    expires_at_ms: int | None
+
+
+class NameTaken(Exception):
+    """Another account has this name already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +144,32 @@ USAGE_COLUMNS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class StoredImage:
+    """An image the gateway serves at its own URL until it expires (spec 2.4). The token, in the URL,
+    is the only thing needed to fetch it; key_id is the key whose request made it."""
+
+    token: str
+    data: bytes
+    content_type: str
+    expires_at_ms: int
+    key_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseState:
+    """Where a stateful response (Responses API) lives upstream: the next turn that names `id` as its
+    previous_response_id must go to the channel at `channel_url` and name `upstream_id` there.
+    Scoped to the account that made it."""
+
+    id: str
+    account_id: str
+    model: str
+    channel_url: str
+    upstream_id: str
+    expires_at_ms: int
+
+
 class Store(Protocol):
     async def start(self) -> None:
         """Open connections, create or migrate the schema."""
@@ -115,12 +187,80 @@ class Store(Protocol):
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         """The record, only if it belongs to this key."""
 
-    async def create_account(self, name: str, balance: Decimal) -> Account: ...
+    async def put_images(self, images: Sequence[StoredImage]) -> None:
+        """Keep the images, all or none; committed when this returns, so their URLs may be handed out."""
 
-    async def find_account(self, name: str) -> Account | None: ...
+    async def get_image(self, token: str) -> StoredImage | None:
+        """The image with this token, whether or not it has expired."""
+
+    async def purge_images(self, now_ms: int) -> int:
+        """Delete every image expired at `now_ms`; returns how many were deleted."""
+
+    async def remember_response(self, state: ResponseState) -> None:
+        """Keep where a response's state lives; committed when this returns."""
+
+    async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
+        """The unexpired state of this account's response."""
+
+    async def purge_responses(self, now_ms: int) -> int:
+        """Delete every response state expired at `now_ms`; returns how many were deleted."""
+
+    async def create_account(
+        self,
+        name: str,
+        balance: Decimal,
+        *,
+        allowed_models: frozenset[str] | None = None,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
+    ) -> Account:
+        """A new account; NameTaken if another has this name."""
+
+    async def find_account(self, name: str) -> Account | None:
+        """The account with this name."""
+
+    async def get_account(self, account_id: str) -> Account | None:
+        """The account with this id."""
+
+    async def list_accounts(self) -> list[Account]:
+        """Every account, oldest first."""
+
+    async def update_account(self, account_id: str, changes: AccountChanges) -> Account | None:
+        """The account after the change, or None if there is no such account; NameTaken if the new
+        name is another account's."""
+
+    async def top_up(self, account_id: str, amount: Decimal, note: str | None) -> TopUp | None:
+        """Add `amount` to the balance and to the ledger in one transaction, serialised with every
+        settlement, so no concurrent charge or top-up is lost. None if there is no such account."""
+
+    async def list_top_ups(self, account_id: str) -> list[TopUp]:
+        """The account's ledger, oldest first."""
 
     async def create_key(
-        self, account_id: str, name: str, key_hash: bytes, prefix: str, expires_at_ms: int | None
-    ) -> ApiKey: ...
+        self,
+        account_id: str,
+        name: str,
+        key_hash: bytes,
+        prefix: str,
+        expires_at_ms: int | None,
+        *,
+        credit_limit: Decimal | None = None,
+        limit_reset: str | None = None,
+    ) -> ApiKey:
+        """A new key of an existing account, stored by its hash only."""
 
-    async def delete_key(self, key_id: str) -> bool: ...
+    async def get_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id, deleted or not."""
+
+    async def list_keys(self, account_id: str) -> list[ApiKey]:
+        """Every key of the account, deleted ones included, oldest first."""
+
+    async def update_key(self, key_id: str, changes: KeyChanges) -> ApiKey | None:
+        """The live key after the change, or None if there is no live key with this id."""
+
+    async def rotate_key(self, key_id: str, key_hash: bytes, prefix: str) -> ApiKey | None:
+        """Give the live key a new secret: the old one stops working at once; its id, settings and
+        usage stay. None if there is no live key with this id."""
+
+    async def delete_key(self, key_id: str) -> bool:
+        """Delete the live key (it stops working at once); False if there is none with this id."""

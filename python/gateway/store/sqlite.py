@@ -12,19 +12,33 @@ Money is stored as decimal text and added in Python's Decimal inside the write t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..clock import now_ms
 from . import journal
-from .base import USAGE_COLUMNS, Account, ApiKey, KeyContext, UsageRecord
+from .base import (
+    USAGE_COLUMNS,
+    Account,
+    AccountChanges,
+    ApiKey,
+    KeyChanges,
+    KeyContext,
+    NameTaken,
+    ResponseState,
+    StoredImage,
+    TopUp,
+    UsageRecord,
+)
 
 T = TypeVar("T")
 WriteOp = Callable[[sqlite3.Connection], Any]
@@ -64,15 +78,73 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX usage_records_account ON usage_records(account_id, ended_at_ms);
     """,
+    # Image bytes live in the database, not in files, so any instance sharing it can serve them.
+    """
+    CREATE TABLE images (
+        token TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        content_type TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX images_expiry ON images(expires_at_ms);
+    """,
+    """
+    CREATE TABLE response_states (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        channel_url TEXT NOT NULL,
+        upstream_id TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX response_states_expiry ON response_states(expires_at_ms);
+    """,
+    # Accounts, keys and money: a key's own credit limit (decimal text) and its reset period, an
+    # account's rate limits, and the ledger of top-ups with the balance each one left.
+    """
+    ALTER TABLE api_keys ADD COLUMN credit_limit TEXT;
+    ALTER TABLE api_keys ADD COLUMN limit_reset TEXT;
+    ALTER TABLE accounts ADD COLUMN rpm_limit INTEGER;
+    ALTER TABLE accounts ADD COLUMN tpm_limit INTEGER;
+    CREATE INDEX api_keys_account ON api_keys(account_id);
+    CREATE TABLE top_ups (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id),
+        amount TEXT NOT NULL,
+        note TEXT,
+        created_at_ms INTEGER NOT NULL,
+        balance_after TEXT NOT NULL
+    );
+    CREATE INDEX top_ups_account ON top_ups(account_id);
+    """,
 )
 
 _STOP = object()
 _COLUMNS = ", ".join(USAGE_COLUMNS)
+# Row layouts read by _account, _key and _top_up.
+_ACCOUNT_COLUMNS = ("id", "name", "balance", "allowed_models", "rpm_limit", "tpm_limit", "created_at_ms")
+_KEY_COLUMNS = (
+    "id",
+    "account_id",
+    "name",
+    "prefix",
+    "created_at_ms",
+    "expires_at_ms",
+    "credit_limit",
+    "limit_reset",
+    "deleted_at_ms",
+)
+_TOP_UP_COLUMNS = ("id", "account_id", "amount", "note", "created_at_ms", "balance_after")
+_ACCOUNT = ", ".join(_ACCOUNT_COLUMNS)
+_KEY = ", ".join(_KEY_COLUMNS)
+_TOP_UP = ", ".join(_TOP_UP_COLUMNS)
+_FIND_KEY = (
+    f"SELECT {', '.join('k.' + c for c in _KEY_COLUMNS)}, {', '.join('a.' + c for c in _ACCOUNT_COLUMNS)}"
+    " FROM api_keys k JOIN accounts a ON a.id = k.account_id"
+    " WHERE k.key_hash = ? AND k.deleted_at_ms IS NULL"
+)
 log = logging.getLogger("gateway.store")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _new_id(prefix: str) -> str:
@@ -230,29 +302,11 @@ class SqliteStore:
         return self._reader
 
     async def find_key(self, key_hash: bytes) -> KeyContext | None:
-        row = (
-            self._read()
-            .execute(
-                "SELECT k.id, k.account_id, k.name, k.prefix, k.created_at_ms, k.expires_at_ms,"
-                " a.name, a.balance, a.allowed_models"
-                " FROM api_keys k JOIN accounts a ON a.id = k.account_id"
-                " WHERE k.key_hash = ? AND k.deleted_at_ms IS NULL",
-                (key_hash,),
-            )
-            .fetchone()
-        )
+        row = self._read().execute(_FIND_KEY, (key_hash,)).fetchone()
         if row is None:
             return None
-        key = ApiKey(
-            id=row[0],
-            account_id=row[1],
-            name=row[2],
-            prefix=row[3],
-            created_at_ms=row[4],
-            expires_at_ms=row[5],
-        )
-        account = Account(id=row[1], name=row[6], balance=Decimal(row[7]), allowed_models=_models(row[8]))
-        return KeyContext(key=key, account=account)
+        split = len(_KEY_COLUMNS)
+        return KeyContext(key=_key(row[:split]), account=_account(row[split:]))
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         row = (
@@ -262,15 +316,56 @@ class SqliteStore:
         )
         return None if row is None else UsageRecord.from_row(row)
 
-    async def find_account(self, name: str) -> Account | None:
+    async def get_image(self, token: str) -> StoredImage | None:
         row = (
             self._read()
-            .execute("SELECT id, name, balance, allowed_models FROM accounts WHERE name = ?", (name,))
+            .execute(
+                "SELECT token, data, content_type, expires_at_ms, key_id FROM images WHERE token = ?",
+                (token,),
+            )
             .fetchone()
         )
-        if row is None:
-            return None
-        return Account(id=row[0], name=row[1], balance=Decimal(row[2]), allowed_models=_models(row[3]))
+        return None if row is None else StoredImage(*row)
+
+    async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
+        row = (
+            self._read()
+            .execute(
+                "SELECT id, account_id, model, channel_url, upstream_id, expires_at_ms FROM response_states"
+                " WHERE id = ? AND account_id = ? AND expires_at_ms > ?",
+                (response_id, account_id, now_ms),
+            )
+            .fetchone()
+        )
+        return None if row is None else ResponseState(*row)
+
+    async def find_account(self, name: str) -> Account | None:
+        row = self._read().execute(f"SELECT {_ACCOUNT} FROM accounts WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _account(row)
+
+    async def get_account(self, account_id: str) -> Account | None:
+        row = self._read().execute(f"SELECT {_ACCOUNT} FROM accounts WHERE id = ?", (account_id,)).fetchone()
+        return None if row is None else _account(row)
+
+    async def list_accounts(self) -> list[Account]:
+        rows = self._read().execute(f"SELECT {_ACCOUNT} FROM accounts ORDER BY created_at_ms, rowid")
+        return [_account(row) for row in rows]
+
+    async def list_top_ups(self, account_id: str) -> list[TopUp]:
+        rows = self._read().execute(
+            f"SELECT {_TOP_UP} FROM top_ups WHERE account_id = ? ORDER BY rowid", (account_id,)
+        )
+        return [_top_up(row) for row in rows]
+
+    async def get_key(self, key_id: str) -> ApiKey | None:
+        row = self._read().execute(f"SELECT {_KEY} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+        return None if row is None else _key(row)
+
+    async def list_keys(self, account_id: str) -> list[ApiKey]:
+        rows = self._read().execute(
+            f"SELECT {_KEY} FROM api_keys WHERE account_id = ? ORDER BY created_at_ms, rowid", (account_id,)
+        )
+        return [_key(row) for row in rows]
 
     # ------------------------------------------------------------------ writes
 
@@ -280,47 +375,205 @@ class SqliteStore:
         self._journal.append(record)  # durable against a killed process from here on
         self._queue.put((lambda conn: _settle(conn, record), None, True))
 
-    async def create_account(self, name: str, balance: Decimal) -> Account:
-        account = Account(id=_new_id("acct_"), name=name, balance=balance)
+    async def put_images(self, images: Sequence[StoredImage]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO images (token, key_id, content_type, expires_at_ms, data)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(i.token, i.key_id, i.content_type, i.expires_at_ms, i.data) for i in images],
+            )
+
+        await self._write(op)
+
+    async def purge_images(self, now_ms: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM images WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+
+        deleted: int = await self._write(op)
+        return deleted
+
+    async def remember_response(self, state: ResponseState) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO response_states"
+                " (id, account_id, model, channel_url, upstream_id, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    state.id,
+                    state.account_id,
+                    state.model,
+                    state.channel_url,
+                    state.upstream_id,
+                    state.expires_at_ms,
+                ),
+            )
+
+        await self._write(op)
+
+    async def purge_responses(self, now_ms: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM response_states WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+
+        deleted: int = await self._write(op)
+        return deleted
+
+    async def create_account(
+        self,
+        name: str,
+        balance: Decimal,
+        *,
+        allowed_models: frozenset[str] | None = None,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
+    ) -> Account:
+        account = Account(
+            id=_new_id("acct_"),
+            name=name,
+            balance=balance,
+            allowed_models=allowed_models,
+            rpm_limit=rpm_limit,
+            tpm_limit=tpm_limit,
+            created_at_ms=now_ms(),
+        )
 
         def op(conn: sqlite3.Connection) -> Account:
-            conn.execute(
-                "INSERT INTO accounts (id, name, balance, created_at_ms) VALUES (?, ?, ?, ?)",
-                (account.id, name, str(balance), _now_ms()),
-            )
+            with _unique_name(name):
+                conn.execute(
+                    f"INSERT INTO accounts ({_ACCOUNT}) VALUES ({', '.join('?' * len(_ACCOUNT_COLUMNS))})",
+                    (
+                        account.id,
+                        name,
+                        str(balance),
+                        _models_text(allowed_models),
+                        rpm_limit,
+                        tpm_limit,
+                        account.created_at_ms,
+                    ),
+                )
             return account
 
         result: Account = await self._write(op)
         return result
 
+    async def update_account(self, account_id: str, changes: AccountChanges) -> Account | None:
+        values: dict[str, Any] = dict(changes)
+        if "allowed_models" in values:
+            values["allowed_models"] = _models_text(values["allowed_models"])
+
+        def op(conn: sqlite3.Connection) -> Account | None:
+            if values:
+                with _unique_name(changes.get("name", "")):
+                    conn.execute(
+                        f"UPDATE accounts SET {_assignments(values)} WHERE id = ?",
+                        (*values.values(), account_id),
+                    )
+            row = conn.execute(f"SELECT {_ACCOUNT} FROM accounts WHERE id = ?", (account_id,)).fetchone()
+            return None if row is None else _account(row)
+
+        result: Account | None = await self._write(op)
+        return result
+
+    async def top_up(self, account_id: str, amount: Decimal, note: str | None) -> TopUp | None:
+        # Read, add and write in the writer's transaction, as _settle does: every change to a balance
+        # is serialised there (BEGIN IMMEDIATE across processes), so none is lost.
+        def op(conn: sqlite3.Connection) -> TopUp | None:
+            row = conn.execute("SELECT balance FROM accounts WHERE id = ?", (account_id,)).fetchone()
+            if row is None:
+                return None
+            entry = TopUp(
+                id=_new_id("topup_"),
+                account_id=account_id,
+                amount=amount,
+                note=note,
+                created_at_ms=now_ms(),
+                balance_after=Decimal(row[0]) + amount,
+            )
+            conn.execute(
+                "UPDATE accounts SET balance = ? WHERE id = ?", (str(entry.balance_after), account_id)
+            )
+            conn.execute(
+                f"INSERT INTO top_ups ({_TOP_UP}) VALUES (?, ?, ?, ?, ?, ?)",
+                (entry.id, account_id, str(amount), note, entry.created_at_ms, str(entry.balance_after)),
+            )
+            return entry
+
+        result: TopUp | None = await self._write(op)
+        return result
+
     async def create_key(
-        self, account_id: str, name: str, key_hash: bytes, prefix: str, expires_at_ms: int | None
+        self,
+        account_id: str,
+        name: str,
+        key_hash: bytes,
+        prefix: str,
+        expires_at_ms: int | None,
+        *,
+        credit_limit: Decimal | None = None,
+        limit_reset: str | None = None,
     ) -> ApiKey:
         key = ApiKey(
             id=_new_id("key_"),
             account_id=account_id,
             name=name,
             prefix=prefix,
-            created_at_ms=_now_ms(),
+            created_at_ms=now_ms(),
             expires_at_ms=expires_at_ms,
+            credit_limit=credit_limit,
+            limit_reset=limit_reset,
         )
 
         def op(conn: sqlite3.Connection) -> ApiKey:
             conn.execute(
-                "INSERT INTO api_keys (id, account_id, name, key_hash, prefix, created_at_ms, expires_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (key.id, account_id, name, key_hash, prefix, key.created_at_ms, expires_at_ms),
+                "INSERT INTO api_keys (id, account_id, name, key_hash, prefix, created_at_ms, expires_at_ms,"
+                " credit_limit, limit_reset) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.id,
+                    account_id,
+                    name,
+                    key_hash,
+                    prefix,
+                    key.created_at_ms,
+                    expires_at_ms,
+                    _money_text(credit_limit),
+                    limit_reset,
+                ),
             )
             return key
 
         result: ApiKey = await self._write(op)
         return result
 
+    async def update_key(self, key_id: str, changes: KeyChanges) -> ApiKey | None:
+        values: dict[str, Any] = dict(changes)
+        if "credit_limit" in values:
+            values["credit_limit"] = _money_text(values["credit_limit"])
+
+        def op(conn: sqlite3.Connection) -> ApiKey | None:
+            if values:
+                conn.execute(
+                    f"UPDATE api_keys SET {_assignments(values)} WHERE id = ? AND deleted_at_ms IS NULL",
+                    (*values.values(), key_id),
+                )
+            return _live_key(conn, key_id)
+
+        result: ApiKey | None = await self._write(op)
+        return result
+
+    async def rotate_key(self, key_id: str, key_hash: bytes, prefix: str) -> ApiKey | None:
+        def op(conn: sqlite3.Connection) -> ApiKey | None:
+            conn.execute(
+                "UPDATE api_keys SET key_hash = ?, prefix = ? WHERE id = ? AND deleted_at_ms IS NULL",
+                (key_hash, prefix, key_id),
+            )
+            return _live_key(conn, key_id)
+
+        result: ApiKey | None = await self._write(op)
+        return result
+
     async def delete_key(self, key_id: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE api_keys SET deleted_at_ms = ? WHERE id = ? AND deleted_at_ms IS NULL",
-                (_now_ms(), key_id),
+                (now_ms(), key_id),
             )
             return cur.rowcount == 1
 
@@ -342,8 +595,69 @@ def _settle(conn: sqlite3.Connection, r: UsageRecord) -> bool:
     return inserted == 1
 
 
+def _account(row: Sequence[Any]) -> Account:
+    return Account(
+        id=row[0],
+        name=row[1],
+        balance=Decimal(row[2]),
+        allowed_models=_models(row[3]),
+        rpm_limit=row[4],
+        tpm_limit=row[5],
+        created_at_ms=row[6],
+    )
+
+
+def _key(row: Sequence[Any]) -> ApiKey:
+    return ApiKey(
+        id=row[0],
+        account_id=row[1],
+        name=row[2],
+        prefix=row[3],
+        created_at_ms=row[4],
+        expires_at_ms=row[5],
+        credit_limit=None if row[6] is None else Decimal(row[6]),
+        limit_reset=row[7],
+        deleted_at_ms=row[8],
+    )
+
+
+def _top_up(row: Sequence[Any]) -> TopUp:
+    return TopUp(row[0], row[1], Decimal(row[2]), row[3], row[4], Decimal(row[5]))
+
+
+def _live_key(conn: sqlite3.Connection, key_id: str) -> ApiKey | None:
+    row = conn.execute(
+        f"SELECT {_KEY} FROM api_keys WHERE id = ? AND deleted_at_ms IS NULL", (key_id,)
+    ).fetchone()
+    return None if row is None else _key(row)
+
+
+def _assignments(values: dict[str, Any]) -> str:
+    """`col = ?, ...` for an UPDATE. The names come from AccountChanges / KeyChanges, never a client."""
+    return ", ".join(f"{column} = ?" for column in values)
+
+
+@contextlib.contextmanager
+def _unique_name(name: str) -> Iterator[None]:
+    # The only constraint an account write can break is the unique name (ids are 96 random bits).
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        raise NameTaken(f"an account named {name!r} exists already") from exc
+
+
+def _money_text(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
+
+
+# Allowed models as comma-separated names (a model name never holds a comma). NULL allows every model;
+# the empty text is the empty set, which allows none.
 def _models(text: str | None) -> frozenset[str] | None:
-    return frozenset(text.split(",")) if text else None
+    return None if text is None else frozenset(filter(None, text.split(",")))
+
+
+def _models_text(models: frozenset[str] | None) -> str | None:
+    return None if models is None else ",".join(sorted(models))
 
 
 def _resolve_all(outcomes: list[tuple[Any, bool, Any]]) -> None:

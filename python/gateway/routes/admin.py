@@ -1,0 +1,273 @@
+"""The management API under /admin/v1: accounts, top-ups and keys (docs/admin.md).
+
+Used by a console and by scripts with the admin token, never with an API key (spec 5.6). Money is a
+decimal string in both directions; a JSON number is read from its digits, never through a float.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from decimal import Decimal
+from typing import Any, cast
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import admin_fields as field
+from ..auth import admin_token, authenticate_admin, display_prefix, generate_key, hash_key
+from ..clock import rfc3339
+from ..errors import GatewayError, invalid_request
+from ..state import GatewayState
+from ..store import Account, AccountChanges, ApiKey, KeyChanges, NameTaken, TopUp
+from .common import json_response, read_body
+
+Reader = Callable[[Any, str], Any]
+Handler = Callable[[Request], Awaitable[tuple[int, Any]]]
+PREFIX = "/admin/v1"
+
+_KEY_FIELDS: Mapping[str, Reader] = {
+    "name": field.name,
+    "credit_limit": field.optional_money,
+    "limit_reset": field.limit_reset,
+    "expires_at": field.expiry,
+}
+_TOP_UP_FIELDS: Mapping[str, Reader] = {
+    "amount": lambda value, param: field.money(value, param, positive=True),
+    "note": field.note,
+}
+
+
+def routes(state: GatewayState) -> list[Route]:
+    store = state.store
+    token = admin_token(state.settings)
+    body_limit = state.settings.max_request_bytes
+    configured = frozenset(m.name for m in state.settings.models)
+    account_fields: Mapping[str, Reader] = {
+        "name": field.name,
+        "allowed_models": lambda value, param: field.model_names(value, param, configured),
+        "rpm_limit": field.rate_limit,
+        "tpm_limit": field.rate_limit,
+    }
+
+    def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            authenticate_admin(request, token)  # before anything else, even a 404 for an id
+            status, payload = await handler(request)
+            return json_response(payload, status)
+
+        return run
+
+    async def body(request: Request) -> dict[str, Any]:
+        return _decode(await read_body(request, body_limit))
+
+    async def account_of(request: Request) -> Account:
+        account_id = request.path_params["account_id"]
+        account = await store.get_account(account_id)
+        if account is None:
+            raise _no_account(account_id)
+        return account
+
+    # ---------------------------------------------------------------- accounts
+
+    async def create_account(request: Request) -> tuple[int, Any]:
+        fields = _fields(await body(request), {**account_fields, "balance": field.money}, required=("name",))
+        name = fields.pop("name")
+        balance = fields.pop("balance", Decimal(0))
+        try:
+            account = await store.create_account(name, balance, **fields)
+        except NameTaken as exc:
+            raise invalid_request(f"An account named {name!r} exists already.", "name") from exc
+        return 201, _account(account)
+
+    async def list_accounts(request: Request) -> tuple[int, Any]:
+        return 200, _list([_account(a) for a in await store.list_accounts()])
+
+    async def get_account(request: Request) -> tuple[int, Any]:
+        return 200, _account(await account_of(request))
+
+    async def update_account(request: Request) -> tuple[int, Any]:
+        changes = cast(AccountChanges, _fields(await body(request), account_fields))
+        account_id = request.path_params["account_id"]
+        try:
+            account = await store.update_account(account_id, changes)
+        except NameTaken as exc:
+            raise invalid_request(
+                f"An account named {changes.get('name')!r} exists already.", "name"
+            ) from exc
+        if account is None:
+            raise _no_account(account_id)
+        return 200, _account(account)
+
+    # ---------------------------------------------------------------- top-ups
+
+    async def top_up(request: Request) -> tuple[int, Any]:
+        fields = _fields(await body(request), _TOP_UP_FIELDS, required=("amount",))
+        account_id = request.path_params["account_id"]
+        entry = await store.top_up(account_id, fields["amount"], fields.get("note"))
+        if entry is None:
+            raise _no_account(account_id)
+        return 201, _top_up(entry)
+
+    async def list_top_ups(request: Request) -> tuple[int, Any]:
+        account = await account_of(request)
+        return 200, _list([_top_up(t) for t in await store.list_top_ups(account.id)])
+
+    # ---------------------------------------------------------------- keys
+
+    async def create_key(request: Request) -> tuple[int, Any]:
+        fields = _fields(await body(request), _KEY_FIELDS)
+        account = await account_of(request)
+        secret = generate_key()
+        key = await store.create_key(
+            account.id,
+            fields.get("name", "default"),
+            hash_key(secret),
+            display_prefix(secret),
+            fields.get("expires_at"),
+            credit_limit=fields.get("credit_limit"),
+            limit_reset=fields.get("limit_reset"),
+        )
+        return 201, {**_key(key), "key": secret}
+
+    async def list_keys(request: Request) -> tuple[int, Any]:
+        account = await account_of(request)
+        return 200, _list([_key(k) for k in await store.list_keys(account.id)])
+
+    async def get_key(request: Request) -> tuple[int, Any]:
+        key = await store.get_key(request.path_params["key_id"])
+        if key is None:
+            raise GatewayError("not_found", f"No key {request.path_params['key_id']!r}.")
+        return 200, _key(key)
+
+    async def update_key(request: Request) -> tuple[int, Any]:
+        fields = _fields(await body(request), _KEY_FIELDS)
+        if "expires_at" in fields:
+            fields["expires_at_ms"] = fields.pop("expires_at")
+        key = await store.update_key(request.path_params["key_id"], cast(KeyChanges, fields))
+        if key is None:
+            raise _no_live_key(request.path_params["key_id"])
+        return 200, _key(key)
+
+    async def rotate_key(request: Request) -> tuple[int, Any]:
+        secret = generate_key()
+        key = await store.rotate_key(request.path_params["key_id"], hash_key(secret), display_prefix(secret))
+        if key is None:
+            raise _no_live_key(request.path_params["key_id"])
+        return 200, {**_key(key), "key": secret}
+
+    async def delete_key(request: Request) -> tuple[int, Any]:
+        key_id = request.path_params["key_id"]
+        deleted = await store.delete_key(key_id)
+        key = await store.get_key(key_id)
+        if not deleted or key is None:
+            raise _no_live_key(key_id)
+        return 200, _key(key)
+
+    return [
+        Route(f"{PREFIX}/accounts", endpoint(create_account), methods=["POST"]),
+        Route(f"{PREFIX}/accounts", endpoint(list_accounts), methods=["GET"]),
+        Route(f"{PREFIX}/accounts/{{account_id}}", endpoint(get_account), methods=["GET"]),
+        Route(f"{PREFIX}/accounts/{{account_id}}", endpoint(update_account), methods=["PATCH"]),
+        Route(f"{PREFIX}/accounts/{{account_id}}/top-ups", endpoint(top_up), methods=["POST"]),
+        Route(f"{PREFIX}/accounts/{{account_id}}/top-ups", endpoint(list_top_ups), methods=["GET"]),
+        Route(f"{PREFIX}/accounts/{{account_id}}/keys", endpoint(create_key), methods=["POST"]),
+        Route(f"{PREFIX}/accounts/{{account_id}}/keys", endpoint(list_keys), methods=["GET"]),
+        Route(f"{PREFIX}/keys/{{key_id}}", endpoint(get_key), methods=["GET"]),
+        Route(f"{PREFIX}/keys/{{key_id}}", endpoint(update_key), methods=["PATCH"]),
+        Route(f"{PREFIX}/keys/{{key_id}}", endpoint(delete_key), methods=["DELETE"]),
+        Route(f"{PREFIX}/keys/{{key_id}}/rotate", endpoint(rotate_key), methods=["POST"]),
+    ]
+
+
+def _no_account(account_id: str) -> GatewayError:
+    return GatewayError("not_found", f"No account {account_id!r}.")
+
+
+def _no_live_key(key_id: str) -> GatewayError:
+    return GatewayError("not_found", f"No live key {key_id!r}.")
+
+
+# ---------------------------------------------------------------- reading requests
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object ({} when empty). Numbers with a fraction or exponent become Decimal
+    from their own digits, so "amount": 0.1 is exactly 0.1; NaN and Infinity are refused."""
+    if not raw.strip():
+        return {}
+    try:
+        payload = json.loads(raw, parse_float=Decimal, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(payload, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    return payload
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number")
+
+
+def _fields(
+    body: Mapping[str, Any], readers: Mapping[str, Reader], required: Collection[str] = ()
+) -> dict[str, Any]:
+    """Each field of the body read by its reader. Unknown fields are refused, so a misspelt one is
+    never silently ignored; a field left out is left out of the result."""
+    unknown = sorted(body.keys() - readers.keys())
+    if unknown:
+        raise invalid_request(
+            f"Unknown field `{unknown[0]}`; the fields are: {', '.join(readers)}.", unknown[0]
+        )
+    for name in required:
+        if name not in body:
+            raise invalid_request(f"`{name}` is required.", name)
+    return {name: readers[name](value, name) for name, value in body.items()}
+
+
+# ---------------------------------------------------------------- rendering (money as decimal strings)
+
+
+def _account(a: Account) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "object": "account",
+        "name": a.name,
+        "balance": field.money_text(a.balance),
+        "allowed_models": None if a.allowed_models is None else sorted(a.allowed_models),
+        "rpm_limit": a.rpm_limit,
+        "tpm_limit": a.tpm_limit,
+        "created_at": rfc3339(a.created_at_ms),
+    }
+
+
+def _key(k: ApiKey) -> dict[str, Any]:
+    return {
+        "id": k.id,
+        "object": "api_key",
+        "account_id": k.account_id,
+        "name": k.name,
+        "prefix": k.prefix,
+        "credit_limit": None if k.credit_limit is None else field.money_text(k.credit_limit),
+        "limit_reset": k.limit_reset,
+        "expires_at": None if k.expires_at_ms is None else rfc3339(k.expires_at_ms),
+        "created_at": rfc3339(k.created_at_ms),
+        "deleted_at": None if k.deleted_at_ms is None else rfc3339(k.deleted_at_ms),
+    }
+
+
+def _top_up(t: TopUp) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "object": "top_up",
+        "account_id": t.account_id,
+        "amount": field.money_text(t.amount),
+        "note": t.note,
+        "balance_after": field.money_text(t.balance_after),
+        "created_at": rfc3339(t.created_at_ms),
+    }
+
+
+def _list(data: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": data}

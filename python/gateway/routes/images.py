@@ -1,0 +1,215 @@
+"""POST /v1/images/generations (JSON) and POST /v1/images/edits (multipart), Shape A.
+
+Whatever the upstream answers, base64 images or links to its own files, the client gets one URL per
+image served by the gateway itself (see image_files.py): links are downloaded at once, while they
+are fresh. Everything else of the upstream's answer (created, revised_prompt, usage, ...) is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing
+from .._core import MultipartPart, count_tokens, parse_multipart
+from ..billing import Call
+from ..config import ModelConfig
+from ..errors import GatewayError, invalid_request
+from ..ids import response_id
+from ..pricing import Usage, format_cost
+from ..providers.http import UPSTREAM_FAILURES
+from ..registry import REQUIRED_FIELDS
+from ..state import GatewayState
+from . import image_files
+from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
+from .multipart import FormPart, encode_form
+from .upstream import call_upstream
+
+IMAGE_FIELDS = ("image", "image[]")  # one image, or several as the openai client sends a list
+EDIT_FIELDS = REQUIRED_FIELDS["image"] | frozenset(IMAGE_FIELDS)
+UPLOADS = (*IMAGE_FIELDS, "mask")
+ACCEPTED_UPLOADS = frozenset({"image/png", "image/jpeg", "image/webp"})  # what OpenAI's edits take
+MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024  # one image linked from an upstream answer
+# Formats an answer may name (output_format) that the bytes alone do not tell (SVG is text).
+_FORMAT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "svg": "image/svg+xml"}
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def generations(request: Request, call: Call) -> Response:
+        payload = parse_object(await read_body(request, state.settings.max_request_bytes))
+        model = state.registry.resolve(payload.get("model"), call.ctx, "image")
+        prompt = _prompt(payload.get("prompt"))
+        billing.require_funds(call.ctx)
+        upstream_body = orjson.dumps(state.registry.upstream_body(model, payload))
+        return await _create(state, request, call, model, prompt, upstream_body)
+
+    async def edits(request: Request, call: Call) -> Response:
+        raw = await read_body(request, state.settings.max_request_bytes)
+        content_type = request.headers.get("content-type", "")
+        parts = parse_multipart(raw, content_type) if content_type.startswith("multipart/form-data") else None
+        if parts is None:
+            raise invalid_request("The request must be a well-formed multipart/form-data body.")
+        fields = {p.name: p.data.decode(errors="replace") for p in parts if p.name not in UPLOADS}
+        model = state.registry.resolve(fields.get("model"), call.ctx, "image")
+        prompt = _prompt(fields.get("prompt"))
+        if not any(p.name in IMAGE_FIELDS for p in parts):
+            raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
+        billing.require_funds(call.ctx)
+        keep = state.registry.forwarded_params(model) | EDIT_FIELDS
+        form = [_form_part(p, model) for p in parts if p.name in keep]
+        upstream_body, form_type = encode_form(form)
+        return await _create(state, request, call, model, prompt, upstream_body, form_type, "image_edit")
+
+    return [
+        Route("/v1/images/generations", model_endpoint(state, generations), methods=["POST"]),
+        Route("/v1/images/edits", model_endpoint(state, edits), methods=["POST"]),
+        *image_files.routes(state),
+    ]
+
+
+def _prompt(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise invalid_request("`prompt` is required: a text description of the image.", "prompt")
+    return value
+
+
+def _form_part(part: MultipartPart, model: ModelConfig) -> FormPart:
+    """A part as the upstream receives it: the upstream's model name; an upload checked to be an
+    image, labelled with its real type (clients often send application/octet-stream, which OpenAI
+    refuses)."""
+    if part.name == "model":
+        return FormPart("model", model.channels[0].upstream_model.encode())
+    if part.name not in UPLOADS:
+        return FormPart(part.name, part.data, part.filename, part.content_type)
+    kind = image_files.media_type(part.data)
+    param = "mask" if part.name == "mask" else "image"
+    if not part.data:
+        raise invalid_request(f"The `{param}` file is empty.", param)
+    if kind not in ACCEPTED_UPLOADS:
+        raise invalid_request(f"The `{param}` file is not a PNG, JPEG or WEBP image.", param)
+    filename = part.filename or f"{param}.{kind.removeprefix('image/')}"
+    return FormPart(part.name, part.data, filename, kind)
+
+
+async def _create(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    prompt: str,
+    upstream_body: bytes,
+    content_type: str | None = None,
+    operation: str | None = None,
+) -> Response:
+    """The shared second half: call the model, fetch its images, keep them, answer with URLs."""
+    try:
+        # Spec 8: start to last byte, downloads included.
+        async with asyncio.timeout(state.settings.sync_timeout_seconds):
+            content, _ = await call_upstream(state, request, model, upstream_body, content_type, operation)
+            answer, items = _read_answer(content)
+            images = [await _image_bytes(state, answer, item) for item in items]
+    except TimeoutError as exc:
+        raise GatewayError(
+            "timeout", "The request ran past the synchronous time window.", status=504
+        ) from exc
+    urls = await image_files.keep(state, request, call.ctx.key.id, images)
+    rid = response_id("img-")
+    data = [
+        {"url": url, **{k: v for k, v in item.items() if k not in ("url", "b64_json")}}
+        for url, item in zip(urls, items, strict=True)
+    ]
+    body = orjson.dumps({**answer, "id": rid, "data": data})
+    usage = _usage(answer, len(images), model, prompt)
+    charged = billing.settle(state.store, call, model, rid, "completed", usage)
+    headers = {REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _read_answer(content: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The answer object and its image entries, each with a b64_json or a url string."""
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        answer = None
+    items = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(answer, dict) or not isinstance(items, list) or not all(_is_image(i) for i in items):
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.")
+    return answer, items
+
+
+def _is_image(item: Any) -> bool:
+    return isinstance(item, dict) and (
+        isinstance(item.get("b64_json"), str) or isinstance(item.get("url"), str)
+    )
+
+
+async def _image_bytes(
+    state: GatewayState, answer: dict[str, Any], item: dict[str, Any]
+) -> tuple[bytes, str]:
+    """An entry's bytes and content type: decoded, or downloaded from the upstream's link."""
+    declared: str | None = None
+    if isinstance(item.get("b64_json"), str):
+        try:
+            data = base64.b64decode(item["b64_json"], validate=True)
+        except binascii.Error as exc:
+            raise GatewayError("provider_error", "The model's provider sent a malformed image.") from exc
+    else:
+        data, declared = await _download(state, item["url"])
+    kind = image_files.media_type(data) or _FORMAT_TYPES.get(str(answer.get("output_format")))
+    return data, kind or declared or "application/octet-stream"
+
+
+async def _download(state: GatewayState, url: str) -> tuple[bytes, str | None]:
+    """The file an upstream answer links to (no credentials go with it), and its content type."""
+    try:
+        response = await state.upstream.get(url, state.settings.sync_timeout_seconds)
+        try:
+            if response.status != 200:
+                raise GatewayError(
+                    "provider_error", f"The model's image could not be fetched (HTTP {response.status})."
+                )
+            data = await _read_capped(response)
+            return data, response.headers.get("content-type")
+        finally:
+            response.release()
+    except UPSTREAM_FAILURES as exc:
+        raise GatewayError("provider_error", "The model's image could not be fetched.") from exc
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > MAX_DOWNLOAD_BYTES:
+            raise GatewayError("provider_error", "The model's image is larger than the gateway keeps.")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str) -> Usage:
+    """The upstream's token usage when it reports one (GPT image models: input_tokens and
+    output_tokens), else the prompt's tokens as the gateway counts them; plus the images."""
+    reported = answer.get("usage")
+    if isinstance(reported, dict) and _count(reported.get("input_tokens")) is not None:
+        details = reported.get("input_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        return Usage(
+            prompt_tokens=_count(reported.get("input_tokens")) or 0,
+            completion_tokens=_count(reported.get("output_tokens")) or 0,
+            cached_tokens=cached or 0,
+            images=images,
+        )
+    return Usage(prompt_tokens=count_tokens(prompt, model.tokenizer), images=images)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

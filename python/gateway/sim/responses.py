@@ -1,0 +1,380 @@
+"""The simulator's OpenAI Responses API: plain and streamed, stateful like the real one.
+
+A stored response (store is not false) can be continued with `previous_response_id`; an id this
+simulator does not hold is refused as OpenAI refuses it, which is how tests prove that the gateway
+sent the next turn to the upstream holding the state. The previous turns count as input tokens, as
+they do upstream. Hosted tools are echoed back in `tools`, and web search leaves a web_search_call
+item in the output, as the real API does; reasoning models (directive `reasoning=N`) emit a
+reasoning item with a summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from .._core import count_chat_tokens, count_tokens
+from . import directives
+from .directives import DirectiveError, Directives
+from .tools import ToolCall, responses_tool_call
+from .wire import END_OF_CHUNKS, SSE_HEAD, Send, chunk, full, head, openai_error
+from .words import WORDS
+
+WEB_SEARCH_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26")
+
+
+class ResponsesSim:
+    def __init__(self, history: int = 10_000) -> None:
+        # upstream response id -> the conversation up to and including that response, as messages
+        self.stored: dict[str, list[dict[str, Any]]] = {}
+        self.history = history
+
+    async def handle(
+        self,
+        headers: dict[str, str],
+        body: bytes,
+        record: Callable[[dict[str, Any]], None],
+        send: Send,
+        abort: Callable[[], None],
+    ) -> None:
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            req = None
+        if not isinstance(req, dict) or not isinstance(req.get("model"), str):
+            send(openai_error(400, "'model' is required.", "invalid_request_error", param="model"))
+            return
+        record({"path": "/v1/responses", "body": req})
+        turn = _messages(req.get("input"))
+        if turn is None:
+            send(openai_error(400, "'input' must be a string or an array.", "invalid_request_error"))
+            return
+        previous_id = req.get("previous_response_id")
+        history: list[dict[str, Any]] = []
+        if previous_id is not None:
+            if not isinstance(previous_id, str) or previous_id not in self.stored:
+                send(
+                    openai_error(
+                        400,
+                        f"Previous response with id '{previous_id}' not found.",
+                        "invalid_request_error",
+                        code="previous_response_not_found",
+                        param="previous_response_id",
+                    )
+                )
+                return
+            history = self.stored[previous_id]
+        try:
+            model, d = directives.parse(req["model"], headers.get("x-sim"), _last_text(turn))
+        except DirectiveError as exc:
+            send(openai_error(400, str(exc), "invalid_request_error"))
+            return
+        if d.ttft:
+            await asyncio.sleep(d.ttft)
+        if d.fail is not None:
+            send(openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error"))
+            return
+
+        limit = req.get("max_output_tokens")
+        n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
+        words = _words(body, n)
+        reasoning = _words(body, d.reasoning, offset=3)
+        instructions = req.get("instructions")
+        prompt = ([{"role": "system", "content": instructions}] if isinstance(instructions, str) else []) + [
+            *history,
+            *turn,
+        ]
+        reasoning_tokens = count_tokens("".join(reasoning)) if reasoning else 0
+        usage: dict[str, Any] = {
+            "input_tokens": count_chat_tokens(orjson.dumps({"messages": prompt})),
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": count_tokens("".join(words)) + reasoning_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        }
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        rid = "resp_" + os.urandom(24).hex()
+        if req.get("store") is not False:
+            if len(self.stored) >= self.history:
+                self.stored.pop(next(iter(self.stored)))
+            self.stored[rid] = [*history, *turn, {"role": "assistant", "content": "".join(words).strip()}]
+        response = _response(req, rid, model, previous_id, incomplete=n < d.tokens)
+        search = _web_search(req.get("tools"), _last_text(turn))
+        call = responses_tool_call(req, d.tool, body)
+        if call is not None:  # a turn that calls a function says nothing else
+            words = []
+            usage["output_tokens"] = count_tokens(call.arguments_json) + reasoning_tokens
+            usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        if req.get("stream") is not True:
+            text = "".join(words).strip()
+            response["output"] = [
+                *([search] if search else []),
+                *([_reasoning_item(rid, "".join(reasoning).strip())] if reasoning else []),
+                _function_call_item(call) if call else _message_item(rid, text, response["status"]),
+            ]
+            response["usage"] = usage
+            send(full(200, orjson.dumps(response)))
+            return
+        await _stream(response, usage, search, call, words, reasoning, d, send, abort)
+
+
+async def _stream(
+    response: dict[str, Any],
+    usage: dict[str, Any],
+    search: dict[str, Any] | None,
+    call: ToolCall | None,
+    words: list[str],
+    reasoning: list[str],
+    d: Directives,
+    send: Send,
+    abort: Callable[[], None],
+) -> None:
+    send(head(200, SSE_HEAD))
+    sequence = 0
+
+    def event(kind: str, **fields: Any) -> None:
+        nonlocal sequence
+        data = orjson.dumps({"type": kind, "sequence_number": sequence, **fields})
+        sequence += 1
+        send(chunk(b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"))
+
+    final = response["status"]
+    started = {**response, "status": "in_progress"}
+    event("response.created", response=started)
+    event("response.in_progress", response=started)
+    output: list[dict[str, Any]] = []
+    if search:
+        index = len(output)
+        event("response.output_item.added", output_index=index, item={**search, "status": "in_progress"})
+        event("response.web_search_call.in_progress", output_index=index, item_id=search["id"])
+        event("response.web_search_call.searching", output_index=index, item_id=search["id"])
+        event("response.web_search_call.completed", output_index=index, item_id=search["id"])
+        event("response.output_item.done", output_index=index, item=search)
+        output.append(search)
+
+    sent = 0
+
+    async def pace() -> bool:
+        """Before each streamed piece: the directives that slow or break the stream. False: stop."""
+        nonlocal sent
+        if d.pace:
+            await asyncio.sleep(d.pace)
+        if d.stall_after is not None and sent >= d.stall_after:
+            await asyncio.sleep(3600)
+            return False
+        if d.drop_after is not None and sent >= d.drop_after:
+            abort()
+            return False
+        if d.error_after is not None and sent >= d.error_after:
+            event("error", code="server_error", message="Simulated failure mid-stream.", param=None)
+            send(END_OF_CHUNKS)
+            return False
+        sent += 1
+        return True
+
+    if reasoning:
+        item = _reasoning_item(response["id"], "")
+        index = len(output)
+        event("response.output_item.added", output_index=index, item={**item, "summary": []})
+        part = {"type": "summary_text", "text": ""}
+        event(
+            "response.reasoning_summary_part.added",
+            item_id=item["id"],
+            output_index=index,
+            summary_index=0,
+            part=part,
+        )
+        for word in reasoning:
+            if not await pace():
+                return
+            event(
+                "response.reasoning_summary_text.delta",
+                item_id=item["id"],
+                output_index=index,
+                summary_index=0,
+                delta=word,
+            )
+        text = "".join(reasoning)
+        done = {"type": "summary_text", "text": text}
+        event(
+            "response.reasoning_summary_text.done",
+            item_id=item["id"],
+            output_index=index,
+            summary_index=0,
+            text=text,
+        )
+        event(
+            "response.reasoning_summary_part.done",
+            item_id=item["id"],
+            output_index=index,
+            summary_index=0,
+            part=done,
+        )
+        item = {**item, "summary": [done]}
+        event("response.output_item.done", output_index=index, item=item)
+        output.append(item)
+
+    if call is not None:
+        item = _function_call_item(call)
+        index = len(output)
+        event(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "arguments": "", "status": "in_progress"},
+        )
+        for piece in call.fragments():
+            if not await pace():
+                return
+            event(
+                "response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=piece
+            )
+        event(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=index,
+            arguments=call.arguments_json,
+        )
+        event("response.output_item.done", output_index=index, item=item)
+        output.append(item)
+        event("response.completed", response={**response, "output": output, "usage": usage})
+        send(END_OF_CHUNKS)
+        return
+
+    message = _message_item(response["id"], "", "in_progress")
+    index = len(output)
+    event("response.output_item.added", output_index=index, item={**message, "content": []})
+    where: dict[str, Any] = {"item_id": message["id"], "output_index": index, "content_index": 0}
+    event("response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []})
+    for word in words:
+        if not await pace():
+            return
+        event("response.output_text.delta", **where, delta=word, logprobs=[])
+    text = "".join(words)
+    event("response.output_text.done", **where, text=text, logprobs=[])
+    text_part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    event("response.content_part.done", **where, part=text_part)
+    status = "completed" if final == "completed" else "incomplete"
+    message = {**message, "status": status, "content": [text_part]}
+    event("response.output_item.done", output_index=index, item=message)
+    output.append(message)
+    finished = {**response, "output": output, "usage": usage}
+    event("response.completed" if final == "completed" else "response.incomplete", response=finished)
+    send(END_OF_CHUNKS)
+
+
+def _messages(value: Any) -> list[dict[str, Any]] | None:
+    """The request's input as chat messages (for counting and for the stored conversation)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        return None
+    out = []
+    for item in value:
+        if not isinstance(item, dict):
+            return None
+        content = item.get("content")
+        if isinstance(content, list):
+            content = " ".join(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+        elif item.get("type") == "function_call_output":
+            content = item.get("output")
+        out.append(
+            {"role": str(item.get("role", "user")), "content": content if isinstance(content, str) else ""}
+        )
+    return out
+
+
+def _last_text(messages: list[dict[str, Any]]) -> str | None:
+    return messages[-1]["content"] if messages else None
+
+
+def _words(seed: bytes, count: int, offset: int = 0) -> list[str]:
+    start = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest()) + offset
+    return [("" if i == 0 else " ") + WORDS[(start + i * 7) % len(WORDS)] for i in range(count)]
+
+
+def _response(
+    req: dict[str, Any], rid: str, model: str, previous_id: Any, *, incomplete: bool
+) -> dict[str, Any]:
+    def given(name: str, default: Any) -> Any:
+        return req.get(name, default)
+
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if incomplete else "completed",
+        "background": False,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": given("instructions", None),
+        "max_output_tokens": given("max_output_tokens", None),
+        "max_tool_calls": None,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": given("parallel_tool_calls", True),
+        "previous_response_id": previous_id,
+        "reasoning": given("reasoning", {"effort": None, "summary": None}),
+        "service_tier": "default",
+        "store": given("store", True),
+        "temperature": given("temperature", 1.0),
+        "text": given("text", {"format": {"type": "text"}, "verbosity": "medium"}),
+        "tool_choice": given("tool_choice", "auto"),
+        "tools": given("tools", []),
+        "top_logprobs": 0,
+        "top_p": given("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": None,
+        "user": None,
+        "metadata": given("metadata", {}),
+    }
+
+
+def _message_item(rid: str, text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": "msg_" + rid[5:],
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def _function_call_item(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": "fc_" + call.id[5:],
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments_json,
+    }
+
+
+def _reasoning_item(rid: str, summary: str) -> dict[str, Any]:
+    return {
+        "id": "rs_" + rid[5:],
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": summary}],
+    }
+
+
+def _web_search(tools: Any, query: str | None) -> dict[str, Any] | None:
+    if not isinstance(tools, list) or not any(
+        isinstance(t, dict) and t.get("type") in WEB_SEARCH_TOOLS for t in tools
+    ):
+        return None
+    return {
+        "id": "ws_" + hashlib.blake2b((query or "").encode(), digest_size=12).hexdigest(),
+        "type": "web_search_call",
+        "status": "completed",
+        "action": {"type": "search", "query": query or ""},
+    }

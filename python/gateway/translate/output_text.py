@@ -1,0 +1,34 @@
+"""The output text of a whole answer in either text shape, for counting output tokens when the
+upstream reported no usage: text, reasoning and tool calls."""
+
+from __future__ import annotations
+
+import orjson
+
+
+def chat_output_text(body: bytes) -> str:
+    """Every choice's content, reasoning content and tool-call names and arguments."""
+    data = orjson.loads(body)
+    parts: list[str] = []
+    for choice in data.get("choices") or []:
+        message = choice.get("message") or {}
+        for key in ("content", "reasoning_content"):
+            if isinstance(message.get(key), str):
+                parts.append(message[key])
+        for tool_call in message.get("tool_calls") or []:
+            fn = tool_call.get("function") or {}
+            parts.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
+    return "".join(parts)
+
+
+def message_output_text(body: bytes) -> str:
+    """Every block's text and thinking, and the input of tool_use blocks as JSON."""
+    data = orjson.loads(body)
+    parts: list[str] = []
+    for block in data.get("content") or []:
+        for key in ("text", "thinking"):
+            if isinstance(block.get(key), str):
+                parts.append(block[key])
+        if block.get("type") == "tool_use":
+            parts.append(orjson.dumps(block.get("input")).decode())
+    return "".join(parts)

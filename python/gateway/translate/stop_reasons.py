@@ -1,0 +1,36 @@
+"""Why a model stopped, in both text shapes: Anthropic's stop_reason and OpenAI's finish_reason."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+FINISH_REASON_FOR_STOP_REASON: Final[Mapping[str, str]] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+# The chat shape does not say whether "stop" was the model's own end or a stop sequence: end_turn.
+STOP_REASON_FOR_FINISH_REASON: Final[Mapping[str, str]] = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+
+
+def finish_reason(stop_reason: Any) -> str:
+    """The chat shape's finish_reason for a message's stop_reason ("stop" when unknown)."""
+    return FINISH_REASON_FOR_STOP_REASON.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
+
+
+def stop_reason(finish_reason: Any) -> str:
+    """The message shape's stop_reason for a chat finish_reason ("end_turn" when unknown)."""
+    if isinstance(finish_reason, str):
+        return STOP_REASON_FOR_FINISH_REASON.get(finish_reason, "end_turn")
+    return "end_turn"

@@ -1,0 +1,64 @@
+"""Token usage in both text shapes, to and from the gateway's own `Usage`.
+
+OpenAI's prompt_tokens includes cached tokens; Anthropic's input_tokens does not (cache reads and cache
+writes are counted beside it). The mapping is the one the Rust core bills by (parse_messages_usage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..pricing import Usage
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_from_chat(usage: Mapping[str, Any]) -> Usage:
+    """A chat completion's `usage` object."""
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else 0,
+        reasoning_tokens=(
+            _count(completion_details.get("reasoning_tokens")) if isinstance(completion_details, dict) else 0
+        ),
+    )
+
+
+def usage_from_messages(usage: Mapping[str, Any]) -> Usage:
+    """A message's `usage` object: the prompt is fresh input plus cache reads and cache writes."""
+    cache_read = _count(usage.get("cache_read_input_tokens"))
+    return Usage(
+        prompt_tokens=_count(usage.get("input_tokens"))
+        + cache_read
+        + _count(usage.get("cache_creation_input_tokens")),
+        completion_tokens=_count(usage.get("output_tokens")),
+        cached_tokens=cache_read,
+    )
+
+
+def chat_usage(usage: Usage) -> dict[str, Any]:
+    """`usage` of a chat completion (and of the include_usage chunk of its stream)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def messages_usage(usage: Usage) -> dict[str, Any]:
+    """`usage` of a message (and of message_delta in its stream). The chat shape knows no cache writes."""
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    return {
+        "input_tokens": usage.prompt_tokens - cached,
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }

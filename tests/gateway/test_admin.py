@@ -1,0 +1,491 @@
+"""The management API (/admin/v1) and `gateway admin` against a real gateway with an admin token:
+accounts, top-ups exact to the cent under concurrency, keys that work, rotate and stop at once, and
+the spec's errors for API keys (403), missing or wrong admin tokens (401) and bad input (400)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+
+from harness import Gateway, chat_model, gateway
+
+TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
+TOKEN = "admin-" + "0123456789abcdef" * 3
+MODEL = "openai/gpt-4o-mini"
+OTHER_MODEL = "meta/llama-3.1-8b"
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def agw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway whose management API is enabled: two chat models answered by the simulator."""
+    models = chat_model(MODEL, "gpt-4o-mini", sim_url) + chat_model(OTHER_MODEL, "llama-3.1-8b", sim_url)
+    admin = f'\n[admin]\ntoken_env = "{TOKEN_ENV}"\n'
+    with gateway(tmp_path_factory.mktemp("admin"), models + admin, env={TOKEN_ENV: TOKEN}) as g:
+        yield g
+
+
+@pytest.fixture
+def admin(agw: Gateway) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=agw.url + "/admin/v1", headers={"authorization": f"Bearer {TOKEN}"}, timeout=30
+    ) as c:
+        yield c
+
+
+def ok(r: httpx.Response, status: int = 200) -> dict[str, Any]:
+    """The JSON body of a successful answer, which never holds a float: money is decimal strings."""
+    assert r.status_code == status, r.text
+    body: dict[str, Any] = r.json()
+    assert_no_floats(body)
+    return body
+
+
+def assert_no_floats(value: object) -> None:
+    assert not isinstance(value, float), value
+    if isinstance(value, dict):
+        for item in value.values():
+            assert_no_floats(item)
+    elif isinstance(value, list):
+        for item in value:
+            assert_no_floats(item)
+
+
+def error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err: dict[str, Any] = r.json()["error"]
+    assert err["code"] == code and err["message"] and "param" in err and err["type"]
+    return err
+
+
+def new_account(admin: httpx.Client, balance: str = "100", **fields: object) -> dict[str, Any]:
+    name = f"acct-{time.monotonic_ns()}"
+    return ok(admin.post("/accounts", json={"name": name, "balance": balance, **fields}), 201)
+
+
+def new_key(admin: httpx.Client, account_id: str, **fields: object) -> dict[str, Any]:
+    return ok(admin.post(f"/accounts/{account_id}/keys", json=fields), 201)
+
+
+def chat(agw: Gateway, secret: str, model: str = MODEL) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    return httpx.post(agw.url + CHAT, json=body, headers={"authorization": f"Bearer {secret}"}, timeout=30)
+
+
+# ---------------------------------------------------------------- accounts
+
+
+def test_account_create_get_list_update(admin: httpx.Client) -> None:
+    created = new_account(admin, "12.50", allowed_models=[MODEL], rpm_limit=60)
+    assert created["id"].startswith("acct_") and created["object"] == "account"
+    assert created["balance"] == "12.50"
+    assert created["allowed_models"] == [MODEL]
+    assert (created["rpm_limit"], created["tpm_limit"]) == (60, None)
+    assert created["created_at"].endswith("Z")
+
+    assert ok(admin.get(f"/accounts/{created['id']}")) == created
+    listed = ok(admin.get("/accounts"))
+    assert listed["object"] == "list" and created in listed["data"]
+
+    renamed = created["name"] + "-renamed"
+    updated = ok(
+        admin.patch(
+            f"/accounts/{created['id']}",
+            json={"name": renamed, "allowed_models": None, "rpm_limit": None, "tpm_limit": 100_000},
+        )
+    )
+    assert updated == {
+        **created,
+        "name": renamed,
+        "allowed_models": None,
+        "rpm_limit": None,
+        "tpm_limit": 100_000,
+    }
+    assert ok(admin.patch(f"/accounts/{created['id']}", json={})) == updated
+
+
+def test_account_name_is_unique(admin: httpx.Client) -> None:
+    first, second = new_account(admin), new_account(admin)
+    err = error(admin.post("/accounts", json={"name": first["name"]}), 400, "invalid_request")
+    assert err["param"] == "name"
+    err = error(
+        admin.patch(f"/accounts/{second['id']}", json={"name": first["name"]}), 400, "invalid_request"
+    )
+    assert err["param"] == "name"
+
+
+def test_json_numbers_are_read_exactly(admin: httpx.Client) -> None:
+    # 0.1 has no exact binary float; read from its digits it stays 0.1, and it comes back a string.
+    raw = b'{"name": "exact-%d", "balance": 0.10}' % time.monotonic_ns()
+    account = ok(admin.post("/accounts", content=raw), 201)
+    assert account["balance"] == "0.10"
+    top_up = ok(admin.post(f"/accounts/{account['id']}/top-ups", content=b'{"amount": 1e-2}'), 201)
+    assert (top_up["amount"], top_up["balance_after"]) == ("0.01", "0.11")
+
+
+def test_allowed_models_apply_to_the_accounts_keys(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin, allowed_models=[OTHER_MODEL])
+    secret = new_key(admin, account["id"])["key"]
+    assert chat(agw, secret, OTHER_MODEL).status_code == 200
+    error(chat(agw, secret, MODEL), 403, "model_not_allowed")
+    # An empty list allows no model at all; null allows every one.
+    ok(admin.patch(f"/accounts/{account['id']}", json={"allowed_models": []}))
+    error(chat(agw, secret, OTHER_MODEL), 403, "model_not_allowed")
+    ok(admin.patch(f"/accounts/{account['id']}", json={"allowed_models": None}))
+    assert chat(agw, secret, MODEL).status_code == 200
+
+
+# ---------------------------------------------------------------- top-ups
+
+
+def test_top_up_adds_exactly_and_is_recorded(admin: httpx.Client) -> None:
+    account = new_account(admin, "10")
+    entry = ok(
+        admin.post(f"/accounts/{account['id']}/top-ups", json={"amount": "5.25", "note": "inv 7"}), 201
+    )
+    assert entry["id"].startswith("topup_") and entry["object"] == "top_up"
+    assert (entry["amount"], entry["balance_after"], entry["note"]) == ("5.25", "15.25", "inv 7")
+    assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "15.25"
+    assert ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"] == [entry]
+
+
+def test_fifty_concurrent_top_ups_add_exactly_fifty_cents(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin, "0")
+
+    async def top_ups() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=agw.url + "/admin/v1", headers={"authorization": f"Bearer {TOKEN}"}, timeout=30
+        ) as c:
+            path = f"/accounts/{account['id']}/top-ups"
+            return await asyncio.gather(*(c.post(path, json={"amount": "0.01"}) for _ in range(50)))
+
+    entries = [ok(r, 201) for r in asyncio.run(top_ups())]
+    assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "0.50"
+    # Serialised: each top-up saw the one before it, so the balances after them are 0.01 ... 0.50.
+    assert sorted(Decimal(e["balance_after"]) for e in entries) == [Decimal(i) / 100 for i in range(1, 51)]
+    assert len(ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"]) == 50
+
+
+def test_top_ups_and_charges_running_together_lose_nothing(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin, "1")
+    secret = new_key(admin, account["id"])["key"]
+
+    async def both() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=agw.url, timeout=30) as c:
+            admin_headers = {"authorization": f"Bearer {TOKEN}"}
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            charges = [
+                c.post(CHAT, json=body, headers={"authorization": f"Bearer {secret}"}) for _ in range(20)
+            ]
+            top_ups = [
+                c.post(
+                    f"/admin/v1/accounts/{account['id']}/top-ups",
+                    json={"amount": "1.00"},
+                    headers=admin_headers,
+                )
+                for _ in range(20)
+            ]
+            done = await asyncio.gather(*charges, *top_ups)
+            return list(done[:20]), list(done[20:])
+
+    charged, topped = asyncio.run(both())
+    assert all(r.status_code == 200 for r in charged) and all(r.status_code == 201 for r in topped)
+    spent = sum((Decimal(r.headers["x-service-cost"]) for r in charged), Decimal(0))
+    assert agw.wait_balance(account["id"], Decimal(21) - spent) == Decimal(21) - spent
+
+
+# ---------------------------------------------------------------- keys
+
+
+def test_key_lifecycle(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin)
+    created = new_key(
+        admin,
+        account["id"],
+        name="ci",
+        credit_limit="5.00",
+        limit_reset="monthly",
+        expires_at="2099-12-31T23:59:59Z",
+    )
+    secret = created.pop("key")
+    assert secret.startswith("sk-") and created["prefix"] == secret[: len(created["prefix"])]
+    assert created["id"].startswith("key_") and created["object"] == "api_key"
+    assert created["account_id"] == account["id"] and created["name"] == "ci"
+    assert (created["credit_limit"], created["limit_reset"]) == ("5.00", "monthly")
+    assert created["expires_at"] == "2099-12-31T23:59:59.000Z"
+    assert created["deleted_at"] is None
+    assert chat(agw, secret).status_code == 200
+
+    # The secret is shown once: never in a listing or a lookup.
+    assert ok(admin.get(f"/accounts/{account['id']}/keys"))["data"] == [created]
+    assert ok(admin.get(f"/keys/{created['id']}")) == created
+
+    updated = ok(
+        admin.patch(
+            f"/keys/{created['id']}",
+            json={"credit_limit": "7.5", "limit_reset": None, "expires_at": 4102444800000, "name": "ci-2"},
+        )
+    )
+    assert updated == {
+        **created,
+        "name": "ci-2",
+        "credit_limit": "7.5",
+        "limit_reset": None,
+        "expires_at": "2100-01-01T00:00:00.000Z",
+    }
+
+    rotated = ok(admin.post(f"/keys/{created['id']}/rotate"))
+    new_secret = rotated.pop("key")
+    assert new_secret != secret and rotated["prefix"] == new_secret[: len(rotated["prefix"])]
+    assert rotated == {**updated, "prefix": rotated["prefix"]}  # same id, same settings
+    error(chat(agw, secret), 401, "invalid_api_key")
+    assert chat(agw, new_secret).status_code == 200
+
+    deleted = ok(admin.delete(f"/keys/{created['id']}"))
+    assert deleted["deleted_at"] is not None
+    error(chat(agw, new_secret), 401, "invalid_api_key")
+    assert ok(admin.get(f"/keys/{created['id']}")) == deleted
+    error(admin.delete(f"/keys/{created['id']}"), 404, "not_found")
+    error(admin.post(f"/keys/{created['id']}/rotate"), 404, "not_found")
+    error(admin.patch(f"/keys/{created['id']}", json={"name": "x"}), 404, "not_found")
+
+
+def test_key_defaults_and_expiry_in_the_past(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin)
+    created = new_key(admin, account["id"])
+    assert created["name"] == "default"
+    assert (created["credit_limit"], created["limit_reset"], created["expires_at"]) == (None, None, None)
+    past = time.time_ns() // 1_000_000 - 1000
+    ok(admin.patch(f"/keys/{created['id']}", json={"expires_at": past}))
+    error(chat(agw, created["key"]), 401, "key_expired")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/accounts/acct_nope"),
+        ("PATCH", "/accounts/acct_nope"),
+        ("POST", "/accounts/acct_nope/top-ups"),
+        ("GET", "/accounts/acct_nope/top-ups"),
+        ("POST", "/accounts/acct_nope/keys"),
+        ("GET", "/accounts/acct_nope/keys"),
+        ("GET", "/keys/key_nope"),
+        ("PATCH", "/keys/key_nope"),
+        ("DELETE", "/keys/key_nope"),
+        ("POST", "/keys/key_nope/rotate"),
+    ],
+)
+def test_unknown_ids_are_404(admin: httpx.Client, method: str, path: str) -> None:
+    body = {"amount": "1"} if path.endswith("top-ups") and method == "POST" else {}
+    error(admin.request(method, path, json=body), 404, "not_found")
+
+
+# ---------------------------------------------------------------- authentication
+
+
+def test_api_keys_are_forbidden_even_valid_ones(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin)
+    key = new_key(admin, account["id"])
+    for secret in (key["key"], "sk-not-a-real-key"):
+        headers = {"authorization": f"Bearer {secret}"}
+        with httpx.Client(base_url=agw.url + "/admin/v1", headers=headers, timeout=30) as c:
+            error(c.get("/accounts"), 403, "forbidden")
+            error(c.post(f"/accounts/{account['id']}/keys", json={}), 403, "forbidden")
+            error(c.patch(f"/keys/{key['id']}", json={"credit_limit": "1"}), 403, "forbidden")
+            error(c.post(f"/keys/{key['id']}/rotate"), 403, "forbidden")
+            error(c.delete(f"/keys/{key['id']}"), 403, "forbidden")
+    r = httpx.get(agw.url + "/admin/v1/accounts", headers={"x-api-key": key["key"]})
+    error(r, 403, "forbidden")
+    assert chat(agw, key["key"]).status_code == 200  # untouched by all of that
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Bearer wrong-token"},
+        {"authorization": f"Bearer {TOKEN}x"},
+        {"authorization": "Basic x"},
+    ],
+)
+def test_missing_or_wrong_admin_token_is_401(agw: Gateway, headers: dict[str, str]) -> None:
+    err = error(httpx.get(agw.url + "/admin/v1/accounts", headers=headers), 401, "invalid_admin_token")
+    assert err["type"] == "authentication_error"
+    r = httpx.post(agw.url + "/admin/v1/accounts", headers=headers, json={"name": "x"})
+    error(r, 401, "invalid_admin_token")
+
+
+def test_management_api_is_disabled_without_a_token(gw: Gateway) -> None:
+    # The session gateway configures no [admin] token_env.
+    r = httpx.get(gw.url + "/admin/v1/accounts", headers={"authorization": f"Bearer {TOKEN}"})
+    error(r, 403, "forbidden")
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": 5}, "name"),
+        ({"name": "x", "balance": "abc"}, "balance"),
+        ({"name": "x", "balance": "-1"}, "balance"),
+        ({"name": "x", "balance": "1e3"}, "balance"),
+        ({"name": "x", "balance": "0.0000000000001"}, "balance"),
+        ({"name": "x", "balance": "1000000000000"}, "balance"),
+        ({"name": "x", "balance": True}, "balance"),
+        ({"name": "x", "rpm_limit": 0}, "rpm_limit"),
+        ({"name": "x", "rpm_limit": "60"}, "rpm_limit"),
+        ({"name": "x", "tpm_limit": 1.5}, "tpm_limit"),
+        ({"name": "x", "allowed_models": "openai/gpt-4o-mini"}, "allowed_models"),
+        ({"name": "x", "allowed_models": ["nobody/nothing"]}, "allowed_models"),
+        ({"name": "x", "balanse": "1"}, "balanse"),
+    ],
+)
+def test_bad_account_input_is_400(admin: httpx.Client, body: dict[str, object], param: str) -> None:
+    assert error(admin.post("/accounts", json=body), 400, "invalid_request")["param"] == param
+
+
+def test_balance_changes_only_through_top_ups(admin: httpx.Client) -> None:
+    account = new_account(admin)
+    err = error(admin.patch(f"/accounts/{account['id']}", json={"balance": "5"}), 400, "invalid_request")
+    assert err["param"] == "balance"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "amount"),
+        ({"amount": "0"}, "amount"),
+        ({"amount": "-1.00"}, "amount"),
+        ({"amount": "ten"}, "amount"),
+        ({"amount": None}, "amount"),
+        ({"amount": "1", "note": 5}, "note"),
+    ],
+)
+def test_bad_top_up_is_400(admin: httpx.Client, body: dict[str, object], param: str) -> None:
+    account = new_account(admin, "3")
+    path = f"/accounts/{account['id']}/top-ups"
+    assert error(admin.post(path, json=body), 400, "invalid_request")["param"] == param
+    assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"credit_limit": "-1"}, "credit_limit"),
+        ({"credit_limit": "five"}, "credit_limit"),
+        ({"limit_reset": "yearly"}, "limit_reset"),
+        ({"expires_at": "2026-12-31"}, "expires_at"),
+        ({"expires_at": "tomorrow"}, "expires_at"),
+        ({"expires_at": 1.5}, "expires_at"),
+        ({"expires_at": 10**20}, "expires_at"),
+        ({"name": None}, "name"),
+        ({"secret": "sk-mine"}, "secret"),
+    ],
+)
+def test_bad_key_input_is_400(admin: httpx.Client, body: dict[str, object], param: str) -> None:
+    account = new_account(admin)
+    err = error(admin.post(f"/accounts/{account['id']}/keys", json=body), 400, "invalid_request")
+    assert err["param"] == param
+    key = new_key(admin, account["id"])
+    err = error(admin.patch(f"/keys/{key['id']}", json=body), 400, "invalid_request")
+    assert err["param"] == param
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[]", b'{"name": NaN}', b'{"amount": Infinity}', b"[" * 100_000])
+def test_malformed_bodies_are_400(admin: httpx.Client, raw: bytes) -> None:
+    error(admin.post("/accounts", content=raw), 400, "invalid_request")
+
+
+# ---------------------------------------------------------------- the CLI: the same operations
+
+
+def run_cli(agw: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
+    config = agw.db_path.parent / "gateway.toml"
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "admin", args[0], "--config", str(config), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def cli(agw: Gateway, *args: str) -> str:
+    done = run_cli(agw, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_cli_readme_commands(agw: Gateway, admin: httpx.Client) -> None:
+    name = f"cli-{time.monotonic_ns()}"
+    account_id = cli(agw, "create-account", "--name", name, "--balance", "50").strip()
+    assert ok(admin.get(f"/accounts/{account_id}"))["balance"] == "50"
+    secret = cli(
+        agw, "create-key", "--account", name, "--credit-limit", "3", "--limit-reset", "daily"
+    ).strip()
+    assert chat(agw, secret).status_code == 200
+    (key,) = ok(admin.get(f"/accounts/{account_id}/keys"))["data"]
+    assert (key["credit_limit"], key["limit_reset"]) == ("3", "daily")
+    cli(agw, "delete-key", "--key-id", key["id"])
+    error(chat(agw, secret), 401, "invalid_api_key")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("top-up", "--account", "nobody-here", "--amount", "1"), "no account named"),
+        (("create-account", "--name", "x", "--balance", "-5"), "--balance"),
+        (("set-key-limit", "--key-id", "key_nope", "--credit-limit", "1"), "no live key"),
+        (("set-key-limit", "--key-id", "key_nope"), "nothing to change"),
+        (("rotate-key", "--key-id", "key_nope"), "no live key"),
+    ],
+)
+def test_cli_refusals(agw: Gateway, args: tuple[str, ...], message: str) -> None:
+    done = run_cli(agw, *args)
+    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_top_up_list_limit_and_rotate(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin, "1.00")
+    key = new_key(admin, account["id"])
+    assert (
+        cli(agw, "top-up", "--account", account["name"], "--amount", "0.01", "--note", "cli").strip()
+        == "1.01"
+    )
+    assert account["name"] in cli(agw, "list-accounts")
+    cli(agw, "set-key-limit", "--key-id", key["id"], "--credit-limit", "2.50", "--limit-reset", "weekly")
+    assert run_cli(agw, "top-up", "--account", account["name"], "--amount", "0").returncode == 1
+    listed = cli(agw, "list-keys", "--account", account["name"])
+    assert key["id"] in listed and "2.50" in listed and "weekly" in listed and key["key"] not in listed
+    assert ok(admin.get(f"/keys/{key['id']}"))["credit_limit"] == "2.50"
+    cli(
+        agw,
+        "set-key-limit",
+        "--key-id",
+        key["id"],
+        "--credit-limit",
+        "none",
+        "--expires-at",
+        "2030-01-01T00:00Z",
+    )
+    changed = ok(admin.get(f"/keys/{key['id']}"))
+    assert (changed["credit_limit"], changed["limit_reset"]) == (None, "weekly")
+    assert changed["expires_at"] == "2030-01-01T00:00:00.000Z"
+    new_secret = cli(agw, "rotate-key", "--key-id", key["id"]).strip()
+    assert new_secret.startswith("sk-")
+    error(chat(agw, key["key"]), 401, "invalid_api_key")
+    assert chat(agw, new_secret).status_code == 200
+    ledger = ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"]
+    assert [(t["amount"], t["note"]) for t in ledger] == [("0.01", "cli")]

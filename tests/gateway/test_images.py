@@ -1,0 +1,339 @@
+"""POST /v1/images/generations and /v1/images/edits with the official openai client: every image comes
+back as a URL the gateway serves itself, for a limited time, priced per image and per token."""
+
+from __future__ import annotations
+
+import io
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost
+from gateway.sim.images import png
+from harness import Gateway, KeyHandle, chat_model, gateway
+
+GPT_IMAGE = "openai/gpt-image-1"
+DALL_E = "openai/dall-e-3"
+PRICES = Prices(
+    input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal(10), image=Decimal("0.04")
+)
+PNG = png(4, 4, b"\x10\x80\xf0")
+FILES = "/v1/images/files/"
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def fetch(url: str) -> httpx.Response:
+    """An image URL as any program would fetch it: no API key."""
+    return httpx.get(url, timeout=10)
+
+
+def sim_records(sim: httpx.Client, path: str, marker: str) -> list[dict[str, Any]]:
+    return [e for e in sim.get("/_sim/requests").json() if e["path"] == path and marker in str(e)]
+
+
+def usage_record(gw: Gateway, key: KeyHandle, rid: str) -> dict[str, Any]:
+    with gw.client(key.key) as c:
+        deadline = time.monotonic() + 5
+        while (r := c.get(f"/v1/usage/{rid}")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert r.status_code == 200
+    record: dict[str, Any] = r.json()
+    return record
+
+
+def stored_tokens(db: Path) -> set[str]:
+    with sqlite3.connect(db) as conn:
+        return {row[0] for row in conn.execute("SELECT token FROM images")}
+
+
+def test_generate_two_images_as_gateway_urls_priced_per_token_and_image(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI, sim: httpx.Client
+) -> None:
+    prompt = "a lighthouse at dusk " + os.urandom(4).hex()
+    before = gw.balance(key.account_id)
+    raw = oai.images.with_raw_response.generate(model=GPT_IMAGE, prompt=prompt, n=2, size="1024x1024")
+    result = raw.parse()
+    body = raw.http_response.json()
+    assert result.data is not None and len(result.data) == 2
+    urls = [image.url for image in result.data]
+    assert all(u is not None and u.startswith(gw.url + FILES) for u in urls)
+    assert len(set(urls)) == 2 and all(image.b64_json is None for image in result.data)
+    for url in urls:
+        assert url is not None
+        r = fetch(url)
+        assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+        assert r.content.startswith(b"\x89PNG\r\n\x1a\n")
+    # The rest of the upstream's answer is kept.
+    assert result.size == "1024x1024" and result.output_format == "png"
+    assert result.usage is not None and result.usage.output_tokens == 2 * 1056
+
+    charged = Decimal(raw.headers["x-service-cost"])
+    usage = Usage(prompt_tokens=result.usage.input_tokens, completion_tokens=2 * 1056, images=2)
+    assert charged == cost(PRICES, usage) > 0
+    assert raw.headers["x-service-request-id"].startswith("req_")
+    assert gw.wait_balance(key.account_id, before - charged) == before - charged
+    record = usage_record(gw, key, body["id"])
+    assert record["model"] == GPT_IMAGE and Decimal(str(record["cost"])) == charged
+    assert record["usage"]["prompt_tokens"] == result.usage.input_tokens
+    assert record["usage"]["completion_tokens"] == 2 * 1056
+
+    (received,) = sim_records(sim, "/v1/images/generations", prompt)
+    assert received["body"] == {"model": "gpt-image-1", "prompt": prompt, "n": 2, "size": "1024x1024"}
+
+
+def test_upstream_links_are_downloaded_and_served_by_the_gateway(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI, sim_url: str
+) -> None:
+    prompt = "a red fox " + os.urandom(4).hex()
+    raw = oai.images.with_raw_response.generate(model=DALL_E, prompt=prompt, size="256x256")
+    result = raw.parse()
+    assert result.data is not None and len(result.data) == 1
+    image = result.data[0]
+    assert image.url is not None and image.url.startswith(gw.url + FILES)
+    assert sim_url not in image.url
+    assert image.revised_prompt == "A simulated picture of: " + prompt
+    served = fetch(image.url)
+    assert served.status_code == 200 and served.headers["content-type"] == "image/png"
+    # DALL-E reports no usage: the prompt's tokens as counted, and the image.
+    record = usage_record(gw, key, raw.http_response.json()["id"])
+    charged = Decimal(raw.headers["x-service-cost"])
+    tokens = record["usage"]["prompt_tokens"]
+    assert tokens > 0 and charged == cost(PRICES, Usage(prompt_tokens=tokens, images=1))
+
+
+def test_url_requested_from_a_base64_model(oai: openai.OpenAI) -> None:
+    result = oai.images.generate(model=GPT_IMAGE, prompt="a kite", response_format="url")
+    assert result.data is not None and result.data[0].url is not None
+    assert fetch(result.data[0].url).content.startswith(b"\x89PNG")
+
+
+def test_edit_with_image_and_mask(gw: Gateway, oai: openai.OpenAI, sim: httpx.Client) -> None:
+    prompt = "add a hat " + os.urandom(4).hex()
+    # Bytes without a type, as from an unnamed upload: the gateway labels the image by its content.
+    raw = oai.images.with_raw_response.edit(
+        model=GPT_IMAGE,
+        image=("photo.png", PNG, "application/octet-stream"),
+        mask=io.BytesIO(PNG),
+        prompt=prompt,
+        size="1024x1024",
+    )
+    result = raw.parse()
+    assert result.data is not None and len(result.data) == 1 and result.data[0].url is not None
+    assert fetch(result.data[0].url).content.startswith(b"\x89PNG")
+    assert Decimal(raw.headers["x-service-cost"]) > 0
+    (received,) = sim_records(sim, "/v1/images/edits", prompt)
+    assert received["body"] == {"model": "gpt-image-1", "prompt": prompt, "size": "1024x1024"}
+    files = {f["name"]: f for f in received["files"]}
+    assert files["image"]["content_type"] == "image/png" and files["image"]["size"] == len(PNG)
+    assert files["image"]["filename"] == "photo.png"
+    assert files["mask"]["content_type"] == "image/png"
+    assert result.usage is not None and result.usage.input_tokens_details.image_tokens == 323
+
+
+def test_edit_with_several_images(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    prompt = "a collage " + os.urandom(4).hex()
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(32)
+    result = oai.images.edit(model=GPT_IMAGE, image=[("a.png", PNG), ("b.jpg", jpeg)], prompt=prompt, n=2)
+    assert result.data is not None and len(result.data) == 2
+    (received,) = sim_records(sim, "/v1/images/edits", prompt)
+    assert [(f["name"], f["content_type"]) for f in received["files"]] == [
+        ("image[]", "image/png"),
+        ("image[]", "image/jpeg"),
+    ]
+
+
+def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    prompt = "a boat " + os.urandom(4).hex()
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/images/generations",
+            json={"model": GPT_IMAGE, "prompt": prompt, "quality": "low", "temperature": 1, "stream": True},
+        )
+    assert r.status_code == 200
+    (received,) = sim_records(sim, "/v1/images/generations", prompt)
+    assert received["body"] == {"model": "gpt-image-1", "prompt": prompt, "quality": "low"}
+    with gw.client(key.key) as c:
+        info = c.get("/model_group/info", params={"model_group": GPT_IMAGE}).json()
+    params = info["data"][0]["supported_openai_params"]
+    assert {"n", "size", "quality", "mask", "response_format"} <= set(params)
+    assert "stream" not in params
+
+
+@pytest.mark.parametrize(
+    ("files", "data", "param"),
+    [
+        ({"image": ("notes.png", b"just some text", "image/png")}, {"prompt": "p"}, "image"),
+        ({"image": ("empty.png", b"", "image/png")}, {"prompt": "p"}, "image"),
+        (
+            {"image": ("a.png", PNG, "image/png"), "mask": ("m.png", b"GIF89a...", "image/png")},
+            {"prompt": "p"},
+            "mask",
+        ),
+        ({"image": ("a.png", PNG, "image/png")}, {}, "prompt"),
+        ({"mask": ("m.png", PNG, "image/png")}, {"prompt": "p"}, "image"),
+        ({"image": ("a.png", PNG, "image/png")}, {"prompt": "p", "model": "openai/gpt-4o-mini"}, "model"),
+    ],
+)
+def test_bad_edits_are_invalid_request(
+    gw: Gateway, key: KeyHandle, files: dict[str, Any], data: dict[str, str], param: str
+) -> None:
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post("/v1/images/edits", files=files, data={"model": GPT_IMAGE, **data})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["code"], error["type"], error["param"]) == (
+        "invalid_request",
+        "invalid_request_error",
+        param,
+    )
+    assert "x-service-request-id" in r.headers
+    assert gw.balance(key.account_id) == before
+
+
+def test_bad_image_through_the_client(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.images.edit(model=GPT_IMAGE, image=("a.png", b"%PDF-1.7 not an image"), prompt="p")
+    assert caught.value.status_code == 400
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "invalid_request"
+
+
+def test_edit_over_the_request_limit_is_413(gw: Gateway, key: KeyHandle) -> None:
+    big = PNG + bytes(10 * 1024 * 1024)
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/images/edits", files={"image": ("a.png", big)}, data={"model": GPT_IMAGE, "prompt": "p"}
+        )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post("/v1/images/edits", json={"model": GPT_IMAGE, "prompt": "p", "image": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": GPT_IMAGE}, "prompt"),
+        ({"model": GPT_IMAGE, "prompt": "  "}, "prompt"),
+        ({"model": "openai/gpt-4o-mini", "prompt": "a cat"}, "model"),
+        ({"prompt": "a cat"}, "model"),
+    ],
+)
+def test_bad_generations_are_invalid_request(
+    gw: Gateway, key: KeyHandle, body: dict[str, Any], param: str
+) -> None:
+    with gw.client(key.key) as c:
+        r = c.post("/v1/images/generations", json=body)
+    assert r.status_code == 400
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("invalid_request", param)
+
+
+def test_image_model_on_another_endpoint_is_invalid_request(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/chat/completions", json={"model": GPT_IMAGE, "messages": [{"role": "user", "content": "hi"}]}
+        )
+    assert r.status_code == 400 and "/v1/images/generations" in r.json()["error"]["message"]
+
+
+def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: KeyHandle) -> None:
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post("/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "[sim fail=500]"})
+        refused = c.post("/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "x", "n": 11})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"
+    time.sleep(0.2)
+    assert gw.balance(key.account_id) == before
+
+
+def test_file_url_needs_no_key_and_unknown_is_404(gw: Gateway, oai: openai.OpenAI) -> None:
+    result = oai.images.generate(model=GPT_IMAGE, prompt="a tree")
+    assert result.data is not None and result.data[0].url is not None
+    token = result.data[0].url.rsplit("/", 1)[1]
+    assert len(token) >= 43  # 32 random bytes, url-safe base64
+    assert fetch(result.data[0].url).headers["x-content-type-options"] == "nosniff"
+    r = fetch(gw.url + FILES + "nope" + token[4:])
+    assert r.status_code == 404
+    assert r.json()["error"] == {
+        "message": r.json()["error"]["message"],
+        "type": "not_found_error",
+        "param": None,
+        "code": "not_found",
+    }
+
+
+def test_url_follows_the_host_header(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/images/generations",
+            json={"model": GPT_IMAGE, "prompt": "a cloud"},
+            headers={"host": "images.example.test:8443"},
+        )
+    assert r.json()["data"][0]["url"].startswith("http://images.example.test:8443/v1/images/files/")
+
+
+# ---------------------------------------------------------------- a gateway whose URLs live two seconds
+
+TTL = 2.0
+
+
+@pytest.fixture(scope="module")
+def short(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    models = chat_model(GPT_IMAGE, "gpt-image-1", sim_url, type_="image")
+    tmp: Path = tmp_path_factory.mktemp("images-short")
+    with gateway(
+        tmp, models, f"image_url_ttl_seconds = {TTL}", 'public_base_url = "https://img.example.test/"'
+    ) as g:
+        yield g
+
+
+def short_url(g: Gateway, url: str) -> str:
+    """The configured public base stands for this gateway (a proxy in front of it would map it)."""
+    assert url.startswith("https://img.example.test/v1/images/files/")
+    return url.replace("https://img.example.test", g.url)
+
+
+def test_url_served_then_404_after_ttl_and_row_purged_on_access(short: Gateway) -> None:
+    handle = short.new_key()
+    with openai.OpenAI(base_url=short.openai_base, api_key=handle.key, max_retries=0) as c:
+        result = c.images.generate(model=GPT_IMAGE, prompt="a comet")
+    assert result.data is not None and result.data[0].url is not None
+    url = short_url(short, result.data[0].url)
+    token = url.rsplit("/", 1)[1]
+    assert token in stored_tokens(short.db_path)  # committed before the URL was handed out
+    assert fetch(url).status_code == 200
+    time.sleep(TTL + 0.2)
+    r = fetch(url)
+    assert r.status_code == 404
+    assert (r.json()["error"]["code"], r.json()["error"]["type"]) == ("not_found", "not_found_error")
+    assert token not in stored_tokens(short.db_path)
+
+
+def test_expired_images_are_purged_without_access(short: Gateway) -> None:
+    handle = short.new_key()
+    with short.client(handle.key) as c:
+        r = c.post("/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "a moon", "n": 2})
+    tokens = {d["url"].rsplit("/", 1)[1] for d in r.json()["data"]}
+    assert tokens <= stored_tokens(short.db_path)
+    deadline = time.monotonic() + TTL + 5  # the purge runs every TTL seconds here
+    while tokens & stored_tokens(short.db_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not tokens & stored_tokens(short.db_path)

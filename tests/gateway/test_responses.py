@@ -1,0 +1,290 @@
+"""POST /v1/responses with the official openai client: plain, streamed, stateful across turns (and
+on the channel holding the state), hosted tools passed through."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from gateway.config import Prices
+from gateway.pricing import Usage, cost
+from gateway.store import ResponseState
+from gateway.store.sqlite import SqliteStore
+from harness import Gateway, KeyHandle, free_port, gateway, running
+
+MODEL = "openai/gpt-4.1-mini"
+PRICES = Prices(
+    input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal(10), reasoning=Decimal(10)
+)
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def received(sim: httpx.Client, marker: str) -> list[dict[str, object]]:
+    """Responses bodies the simulator received whose input mentions `marker`."""
+    return [
+        e["body"]
+        for e in sim.get("/_sim/requests").json()
+        if e["path"] == "/v1/responses" and marker in str(e["body"].get("input"))
+    ]
+
+
+def test_plain_response_billed_from_its_usage(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    before = gw.balance(key.account_id)
+    raw = oai.responses.with_raw_response.create(model=MODEL, input="Hello [sim tokens=7 reasoning=3]")
+    response = raw.parse()
+    assert response.id.startswith("resp_") and response.status == "completed"
+    assert len(response.output_text.split()) == 7
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens > 0
+    usage = Usage(
+        prompt_tokens=response.usage.input_tokens,
+        completion_tokens=response.usage.output_tokens,
+        reasoning_tokens=response.usage.output_tokens_details.reasoning_tokens,
+    )
+    charged = Decimal(raw.headers["x-service-cost"])
+    assert charged == cost(PRICES, usage) > 0
+    assert gw.wait_balance(key.account_id, before - charged) == before - charged
+    with gw.client(key.key) as c:
+        deadline = time.monotonic() + 5
+        while (r := c.get(f"/v1/usage/{response.id}")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == response.usage.output_tokens
+
+
+def test_stream_helper_final_response(oai: openai.OpenAI) -> None:
+    with oai.responses.stream(model=MODEL, input="Stream [sim tokens=9]") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert len(deltas) == 9 and "".join(deltas) == final.output_text
+    assert final.id.startswith("resp_") and final.status == "completed"
+    assert final.usage is not None and final.usage.output_tokens > 0
+
+
+def test_raw_stream_same_id_everywhere_and_ends_with_done(gw: Gateway, key: KeyHandle) -> None:
+    with (
+        gw.client(key.key) as c,
+        c.stream(
+            "POST", "/v1/responses", json={"model": MODEL, "input": "ids [sim tokens=4]", "stream": True}
+        ) as r,
+    ):
+        assert r.headers["content-type"].startswith("text/event-stream")
+        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    events = [orjson.loads(d) for d in data[:-1]]
+    rid = events[0]["response"]["id"]
+    assert rid.startswith("resp_")
+    assert all(e["id"] == rid for e in events)
+    assert all(e["response"]["id"] == rid for e in events if "response" in e)
+    assert events[-1]["type"] == "response.completed"
+
+
+def test_conversation_continues_with_previous_response_id(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    marker = "turn " + os.urandom(4).hex()
+    first = oai.responses.create(model=MODEL, input=f"{marker} one")
+    second = oai.responses.create(model=MODEL, input=f"{marker} two", previous_response_id=first.id)
+    assert second.previous_response_id == first.id  # the client sees gateway ids only
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens  # the first turn is in the context
+    upstream_first, upstream_second = received(sim, marker)
+    assert "previous_response_id" not in upstream_first
+    upstream_id = upstream_second["previous_response_id"]
+    assert isinstance(upstream_id, str) and upstream_id.startswith("resp_") and upstream_id != first.id
+
+
+def test_streamed_turn_can_be_continued(oai: openai.OpenAI) -> None:
+    with oai.responses.stream(model=MODEL, input="first, streamed") as stream:
+        first = stream.get_final_response()
+    second = oai.responses.create(model=MODEL, input="second", previous_response_id=first.id)
+    assert second.status == "completed" and second.previous_response_id == first.id
+
+
+def test_unknown_foreign_and_unstored_previous_ids_are_refused(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI
+) -> None:
+    unstored = oai.responses.create(model=MODEL, input="not kept", store=False)
+    kept = oai.responses.create(model=MODEL, input="kept")
+    other = gw.new_key()
+    with openai.OpenAI(base_url=gw.openai_base, api_key=other.key, max_retries=0) as stranger:
+        for client, previous in ((oai, "resp_nope"), (oai, unstored.id), (stranger, kept.id)):
+            with pytest.raises(openai.BadRequestError) as err:
+                client.responses.create(model=MODEL, input="next", previous_response_id=previous)
+            assert err.value.code == "invalid_request"
+            assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"
+
+
+def test_hosted_tool_passed_through_and_echoed(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    marker = "search " + os.urandom(4).hex()
+    response = oai.responses.create(model=MODEL, input=marker, tools=[{"type": "web_search"}])
+    assert [item.type for item in response.output] == ["web_search_call", "message"]
+    assert [tool.type for tool in response.tools] == ["web_search"]
+    (body,) = received(sim, marker)
+    assert body["tools"] == [{"type": "web_search"}]
+
+
+def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    marker = "params " + os.urandom(4).hex()
+    request = {
+        "model": MODEL,
+        "input": marker,
+        "temperature": 0.5,
+        "max_output_tokens": 50,
+        "top_k": 3,
+        "logit_bias": {"1": 2},
+        "background": True,
+    }
+    with gw.client(key.key) as c:
+        r = c.post("/v1/responses", json=request)
+    assert r.status_code == 200, r.text
+    (body,) = received(sim, marker)
+    assert body == {"model": "gpt-4.1-mini", "input": marker, "temperature": 0.5, "max_output_tokens": 50}
+
+
+def test_error_after_start_is_a_final_error_event(gw: Gateway, key: KeyHandle) -> None:
+    with (
+        gw.client(key.key) as c,
+        c.stream(
+            "POST",
+            "/v1/responses",
+            json={"model": MODEL, "input": "[sim tokens=8 error_after=3]", "stream": True},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-2] == "event: error"
+    assert orjson.loads(lines[-1][6:])["error"]["code"] == "provider_error"
+    assert sum(1 for line in lines if "response.output_text.delta" in line and line.startswith("data")) == 3
+
+
+def test_failure_before_start_is_plain_error(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        plain = c.post("/v1/responses", json={"model": MODEL, "input": "[sim fail=503]"})
+        streamed = c.post("/v1/responses", json={"model": MODEL, "input": "[sim fail=500]", "stream": True})
+    assert plain.status_code == 503 and plain.json()["error"]["code"] == "provider_error"
+    assert streamed.status_code == 502 and streamed.json()["error"]["code"] == "provider_error"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL}, "input"),
+        ({"model": MODEL, "input": 5}, "input"),
+        ({"model": MODEL, "input": ["text"]}, "input"),
+        ({"model": MODEL, "input": "x", "previous_response_id": 7}, "previous_response_id"),
+        ({"model": MODEL, "input": "x", "stream": "yes"}, "stream"),
+        ({"model": "openai/gpt-4o-mini", "input": "x"}, "model"),
+    ],
+)
+def test_bad_requests(gw: Gateway, key: KeyHandle, body: dict[str, object], param: str) -> None:
+    with gw.client(key.key) as c:
+        r = c.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_request" and r.json()["error"]["param"] == param
+
+
+# ---------------------------------------------------------------- the channel that holds the state
+
+
+@pytest.fixture(scope="module")
+def two_upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, str, str]]:
+    """A gateway in front of two simulators: `solo` on A, `pair` on B then A, `elsewhere` on B only."""
+    port_a, port_b = free_port(), free_port()
+    url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+
+    def model(name: str, *bases: str) -> str:
+        channels = "".join(
+            f'[[models.channels]]\nprovider = "openai"\nbase_url = "{b}/v1"\nmodel = "gpt-4.1"\n'
+            for b in bases
+        )
+        return f'[[models]]\nname = "{name}"\ntype = "responses"\n[models.prices]\ninput = "1"\n{channels}'
+
+    models = model("test/solo", url_a) + model("test/pair", url_b, url_a) + model("test/elsewhere", url_b)
+    tmp: Path = tmp_path_factory.mktemp("channels")
+    with (
+        running(["sim", "--port", str(port_a)], port_a),
+        running(["sim", "--port", str(port_b)], port_b),
+        gateway(tmp, models) as g,
+    ):
+        yield g, url_a, url_b
+
+
+def test_next_turn_goes_to_the_channel_holding_the_state(two_upstreams: tuple[Gateway, str, str]) -> None:
+    gw, url_a, url_b = two_upstreams
+    handle = gw.new_key()
+    with openai.OpenAI(base_url=gw.openai_base, api_key=handle.key, max_retries=0) as client:
+        first = client.responses.create(model="test/solo", input="on A")
+        # `pair` would go to B first; the state lives on A, so the turn goes to A.
+        second = client.responses.create(model="test/pair", input="follow up", previous_response_id=first.id)
+        assert second.previous_response_id == first.id
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="test/elsewhere", input="lost", previous_response_id=first.id)
+        assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"
+    with httpx.Client() as c:
+        on_a = [e["body"].get("input") for e in c.get(url_a + "/_sim/requests").json()]
+        on_b = [e["body"].get("input") for e in c.get(url_b + "/_sim/requests").json()]
+    assert on_a == ["on A", "follow up"]
+    assert on_b == []
+
+
+def test_expired_states_are_not_found_and_purged(tmp_path: Path) -> None:
+    async def go() -> tuple[bool, bool, int, bool]:
+        store = SqliteStore(tmp_path / "s.db")
+        await store.start()
+        try:
+            for rid, expires in (("resp_old", 1_000), ("resp_new", 3_000)):
+                await store.remember_response(
+                    ResponseState(rid, "acct", MODEL, "http://u", "up_" + rid, expires)
+                )
+            expired = await store.find_response("resp_old", "acct", 2_000) is None
+            foreign = await store.find_response("resp_new", "other", 2_000) is None
+            purged = await store.purge_responses(2_000)
+            kept = await store.find_response("resp_new", "acct", 2_000) is not None
+            return expired, foreign, purged, kept
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == (True, True, 1, True)
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_function_call_plain_and_streamed(oai: openai.OpenAI) -> None:
+    plain = oai.responses.create(
+        model=MODEL, input="Weather in Paris?", tools=[WEATHER], tool_choice="required"
+    )
+    (call,) = plain.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert list(orjson.loads(call.arguments)) == ["city"]
+    with oai.responses.stream(model=MODEL, input="Weather? [sim tool]", tools=[WEATHER]) as stream:
+        fragments = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    (streamed,) = final.output
+    assert streamed.type == "function_call" and len(fragments) > 1
+    assert "".join(fragments) == streamed.arguments
+    # The tool's result goes back in the next turn, on the same conversation.
+    answer = oai.responses.create(
+        model=MODEL,
+        previous_response_id=final.id,
+        input=[{"type": "function_call_output", "call_id": streamed.call_id, "output": '{"temp": 21}'}],
+    )
+    assert answer.output_text and answer.previous_response_id == final.id
