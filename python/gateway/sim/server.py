@@ -26,47 +26,10 @@ from . import directives, images, tools, transcription
 from .directives import DirectiveError, Directives
 from .responses import ResponsesSim
 from .tools import ToolCall
+from .wire import END_OF_CHUNKS, SSE_HEAD, chunk, full, head, openai_error
 from .words import WORDS
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    529: "Overloaded",
-}
 _MAX_HEAD = 64 * 1024
-
-
-def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines.extend(f"{k}: {v}" for k, v in headers)
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def _full(
-    status: int,
-    body: bytes,
-    content_type: str = "application/json",
-    extra: list[tuple[str, str]] | None = None,
-) -> bytes:
-    headers = [("content-type", content_type), ("content-length", str(len(body)))]
-    if extra:
-        headers.extend(extra)
-    return _head(status, headers) + body
-
-
-def _error(status: int, message: str, type_: str, code: str | None) -> bytes:
-    body = orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
-    extra = [("retry-after", "1")] if status == 429 else None
-    return _full(status, body, extra=extra)
 
 
 _AUDIO_TYPES = {"mp3": "audio/mpeg", "wav": "audio/wav", "pcm": "audio/pcm"}
@@ -97,7 +60,7 @@ def _audio(fmt: str, seconds: float) -> bytes:
 def _anthropic_error(status: int, message: str, kind: str) -> bytes:
     body = orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
     extra = [("retry-after", "1")] if status == 429 else None
-    return _full(status, body, extra=extra)
+    return full(status, body, extra=extra)
 
 
 def _last_text(messages: list[Any]) -> str | None:
@@ -120,7 +83,11 @@ def _json_object(body: bytes, send: Callable[[bytes], None]) -> dict[str, Any] |
     except orjson.JSONDecodeError:
         req = None
     if not isinstance(req, dict):
-        send(_error(400, "We could not parse the JSON body of your request.", "invalid_request_error", None))
+        send(
+            openai_error(
+                400, "We could not parse the JSON body of your request.", "invalid_request_error", None
+            )
+        )
         return None
     return req
 
@@ -158,12 +125,12 @@ class Simulator:
             send(self._control(method, path))
         elif path.endswith("/chat/completions"):
             if method != "POST":
-                send(_error(405, "Use POST.", "invalid_request_error", None))
+                send(openai_error(405, "Use POST.", "invalid_request_error", None))
                 return
             await self._chat(headers, body, send, abort)
         elif path.endswith("/audio/speech"):
             if method != "POST":
-                send(_error(405, "Use POST.", "invalid_request_error", None))
+                send(openai_error(405, "Use POST.", "invalid_request_error", None))
                 return
             await self._speech(headers, body, send)
         elif path.endswith("/audio/transcriptions") and method == "POST":
@@ -172,10 +139,10 @@ class Simulator:
             answer, record = images.create(method, path, headers, body)
             if record is not None:
                 self.requests.append(record)
-            send(_full(answer.status, answer.body, answer.content_type))
+            send(full(answer.status, answer.body, answer.content_type))
         elif path.endswith("/rerank"):
             if method != "POST":
-                send(_error(405, "Use POST.", "invalid_request_error", None))
+                send(openai_error(405, "Use POST.", "invalid_request_error", None))
                 return
             self._rerank(body, send)
         elif path.endswith("/v1/messages"):
@@ -187,12 +154,12 @@ class Simulator:
             await self.responses.handle(headers, body, self.requests.append, send, abort)
         elif path.endswith("/embeddings"):
             if method != "POST":
-                send(_error(405, "Use POST.", "invalid_request_error", None))
+                send(openai_error(405, "Use POST.", "invalid_request_error", None))
                 return
             self._embeddings(body, send)
         elif path.endswith("/models") and method == "GET":
             send(
-                _full(
+                full(
                     200,
                     orjson.dumps(
                         {
@@ -203,20 +170,20 @@ class Simulator:
                 )
             )
         else:
-            send(_error(404, f"Unknown path {path}", "invalid_request_error", "unknown_url"))
+            send(openai_error(404, f"Unknown path {path}", "invalid_request_error", "unknown_url"))
 
     def _control(self, method: str, path: str) -> bytes:
         if path == "/_sim/requests" and method == "GET":
-            return _full(200, orjson.dumps(list(self.requests)))
+            return full(200, orjson.dumps(list(self.requests)))
         if path == "/_sim/requests" and method == "DELETE":
             self.requests.clear()
-            return _full(200, b"{}")
+            return full(200, b"{}")
         if path == "/_sim/health":
-            return _full(200, b'{"ok":true}')
+            return full(200, b'{"ok":true}')
         if path.startswith(images.FILES_PATH) and method == "GET":
             answer = images.file(path)
-            return _full(answer.status, answer.body, answer.content_type)
-        return _error(404, f"Unknown path {path}", "invalid_request_error", "unknown_url")
+            return full(answer.status, answer.body, answer.content_type)
+        return openai_error(404, f"Unknown path {path}", "invalid_request_error", "unknown_url")
 
     def _embeddings(self, body: bytes, send: Callable[[bytes], None]) -> None:
         req = _json_object(body, send)
@@ -229,7 +196,7 @@ class Simulator:
             else raw
         )
         if not isinstance(items, list) or not items or not isinstance(req.get("model"), str):
-            send(_error(400, "'model' and 'input' are required.", "invalid_request_error", None))
+            send(openai_error(400, "'model' and 'input' are required.", "invalid_request_error", None))
             return
         self.requests.append({"path": "/v1/embeddings", "body": req})
         requested = req.get("dimensions")
@@ -246,9 +213,7 @@ class Simulator:
             )
             data.append({"object": "embedding", "index": index, "embedding": embedding})
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        send(
-            _full(200, orjson.dumps({"object": "list", "data": data, "model": req["model"], "usage": usage}))
-        )
+        send(full(200, orjson.dumps({"object": "list", "data": data, "model": req["model"], "usage": usage})))
 
     async def _speech(self, headers: dict[str, str], body: bytes, send: Callable[[bytes], None]) -> None:
         """Audio for a text: a WAV tone, raw PCM, or silent MP3 frames (the API's default format), 20 ms of
@@ -258,21 +223,21 @@ class Simulator:
             return
         text, voice = req.get("input"), req.get("voice")
         if not isinstance(text, str) or not text or not voice or not isinstance(req.get("model"), str):
-            send(_error(400, "model, input and voice are required", "invalid_request_error", None))
+            send(openai_error(400, "model, input and voice are required", "invalid_request_error", None))
             return
         self.requests.append({"path": "/v1/audio/speech", "body": req})
         try:
             _, d = directives.parse(req["model"], headers.get("x-sim"), text)
         except DirectiveError as exc:
-            send(_error(400, str(exc), "invalid_request_error", None))
+            send(openai_error(400, str(exc), "invalid_request_error", None))
             return
         if d.fail is not None:
-            send(_error(d.fail, f"Simulated failure {d.fail}.", "server_error", None))
+            send(openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error", None))
             return
         fmt = req.get("response_format", "mp3")
         if req.get("stream_format") == "sse" or fmt not in _AUDIO_TYPES:
             send(
-                _error(
+                openai_error(
                     400,
                     "The simulator renders mp3, wav and pcm audio, not SSE.",
                     "invalid_request_error",
@@ -281,13 +246,13 @@ class Simulator:
             )
             return
         audio = _audio(fmt, seconds=min(len(text) * 0.02, 30.0))
-        send(_head(200, [("content-type", _AUDIO_TYPES[fmt]), ("transfer-encoding", "chunked")]))
+        send(head(200, [("content-type", _AUDIO_TYPES[fmt]), ("transfer-encoding", "chunked")]))
         for start in range(0, len(audio), 8192):
             if d.pace:
                 await asyncio.sleep(d.pace)
             piece = audio[start : start + 8192]
-            send(b"%x\r\n%s\r\n" % (len(piece), piece))
-        send(b"0\r\n\r\n")
+            send(chunk(piece))
+        send(END_OF_CHUNKS)
 
     def _transcription(self, headers: dict[str, str], body: bytes, send: Callable[[bytes], None]) -> None:
         answer, record = transcription.transcribe(headers.get("content-type", ""), body)
@@ -297,12 +262,12 @@ class Simulator:
                 fields = record["body"]
                 _, d = directives.parse(fields["model"], headers.get("x-sim"), fields.get("prompt"))
             except DirectiveError as exc:
-                send(_error(400, str(exc), "invalid_request_error", None))
+                send(openai_error(400, str(exc), "invalid_request_error", None))
                 return
             if d.fail is not None:
-                send(_error(d.fail, f"Simulated failure {d.fail}.", "server_error", None))
+                send(openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error", None))
                 return
-        send(_full(answer.status, answer.body, answer.content_type))
+        send(full(answer.status, answer.body, answer.content_type))
 
     def _rerank(self, body: bytes, send: Callable[[bytes], None]) -> None:
         """Cohere's rerank answer; relevance is the share of query words a document contains."""
@@ -311,7 +276,7 @@ class Simulator:
             return
         query, documents = req.get("query"), req.get("documents")
         if not isinstance(query, str) or not isinstance(documents, list) or not documents:
-            send(_error(400, "query and documents are required", "invalid_request_error", None))
+            send(openai_error(400, "query and documents are required", "invalid_request_error", None))
             return
         self.requests.append({"path": "/v1/rerank", "body": req})
         texts = [
@@ -341,7 +306,7 @@ class Simulator:
             "tokens": {"input_tokens": tokens},
         }
         rid = "rerank-sim" + hashlib.blake2b(body, digest_size=8).hexdigest()
-        send(_full(200, orjson.dumps({"id": rid, "results": results, "meta": meta})))
+        send(full(200, orjson.dumps({"id": rid, "results": results, "meta": meta})))
 
     async def _messages(
         self, headers: dict[str, str], body: bytes, send: Callable[[bytes], None], abort: Callable[[], None]
@@ -407,7 +372,7 @@ class Simulator:
                 {"type": "text", "text": "".join(words)} if call is None else call.tool_use_block()
             )
             send(
-                _full(
+                full(
                     200,
                     orjson.dumps(
                         {
@@ -424,20 +389,11 @@ class Simulator:
                 )
             )
             return
-        send(
-            _head(
-                200,
-                [
-                    ("content-type", "text/event-stream; charset=utf-8"),
-                    ("cache-control", "no-cache"),
-                    ("transfer-encoding", "chunked"),
-                ],
-            )
-        )
+        send(head(200, SSE_HEAD))
 
         def event(name: str, data: dict[str, Any]) -> None:
             payload = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-            send(b"%x\r\n%s\r\n" % (len(payload), payload))
+            send(chunk(payload))
 
         event(
             "message_start",
@@ -495,7 +451,7 @@ class Simulator:
                             "error": {"type": "overloaded_error", "message": "Simulated failure mid-stream."},
                         },
                     )
-                    send(b"0\r\n\r\n")
+                    send(END_OF_CHUNKS)
                     return
                 event(
                     "content_block_delta",
@@ -516,7 +472,7 @@ class Simulator:
             },
         )
         event("message_stop", {"type": "message_stop"})
-        send(b"0\r\n\r\n")
+        send(END_OF_CHUNKS)
 
     async def _chat(
         self, headers: dict[str, str], body: bytes, send: Callable[[bytes], None], abort: Callable[[], None]
@@ -525,7 +481,7 @@ class Simulator:
         if req is None:
             return
         if not isinstance(req.get("model"), str) or not isinstance(req.get("messages"), list):
-            send(_error(400, "'model' and 'messages' are required.", "invalid_request_error", None))
+            send(openai_error(400, "'model' and 'messages' are required.", "invalid_request_error", None))
             return
         self.requests.append(
             {"path": "/v1/chat/completions", "body": req, "authorization": headers.get("authorization")}
@@ -533,13 +489,13 @@ class Simulator:
         try:
             model, d = directives.parse(req["model"], headers.get("x-sim"), _last_text(req["messages"]))
         except DirectiveError as exc:
-            send(_error(400, str(exc), "invalid_request_error", None))
+            send(openai_error(400, str(exc), "invalid_request_error", None))
             return
         if d.ttft:
             await asyncio.sleep(d.ttft)
         if d.fail is not None:
             send(
-                _error(
+                openai_error(
                     d.fail,
                     f"Simulated failure {d.fail}.",
                     "rate_limit_error" if d.fail == 429 else "server_error",
@@ -578,7 +534,7 @@ class Simulator:
             message["reasoning_content"] = "".join(reasoning)
         completion = count_tokens(text) + (count_tokens("".join(reasoning)) if reasoning else 0)
         send(
-            _full(
+            full(
                 200,
                 orjson.dumps(
                     {
@@ -614,16 +570,7 @@ class Simulator:
         send: Callable[[bytes], None],
         abort: Callable[[], None],
     ) -> None:
-        send(
-            _head(
-                200,
-                [
-                    ("content-type", "text/event-stream; charset=utf-8"),
-                    ("cache-control", "no-cache"),
-                    ("transfer-encoding", "chunked"),
-                ],
-            )
-        )
+        send(head(200, SSE_HEAD))
         base = {
             "id": cid,
             "object": "chat.completion.chunk",
@@ -636,14 +583,14 @@ class Simulator:
             base["usage"] = None
 
         def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-            chunk = {
+            body = {
                 **base,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
             }
-            return b"data: " + orjson.dumps(chunk) + b"\n\n"
+            return b"data: " + orjson.dumps(body) + b"\n\n"
 
         def frame(data: bytes) -> None:
-            send(b"%x\r\n%s\r\n" % (len(data), data))
+            send(chunk(data))
 
         frame(event({"role": "assistant", "content": "" if call is None else None, "refusal": None}))
         answer = [{"content": w} for w in words] if call is None else call.chat_deltas()
@@ -672,7 +619,7 @@ class Simulator:
                     )
                     + b"\n\n"
                 )
-                send(b"0\r\n\r\n")
+                send(END_OF_CHUNKS)
                 return
             frame(event(delta))
         frame(event({}, finish))
@@ -689,7 +636,7 @@ class Simulator:
                 + b"\n\n"
             )
         frame(b"data: [DONE]\n\n")
-        send(b"0\r\n\r\n")
+        send(END_OF_CHUNKS)
 
 
 def _usage(prompt: int, completion: int, reasoning: int) -> dict[str, Any]:
@@ -744,14 +691,14 @@ class _Connection(asyncio.Protocol):
             end = self.buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(self.buffer) > _MAX_HEAD:
-                    self._send(_error(431, "Request head too large.", "invalid_request_error", None))
+                    self._send(openai_error(431, "Request head too large.", "invalid_request_error", None))
                     self._abort()
                 return
             head = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
             try:
                 method, target, _ = head[0].split(" ", 2)
             except ValueError:
-                self._send(_error(400, "Malformed request line.", "invalid_request_error", None))
+                self._send(openai_error(400, "Malformed request line.", "invalid_request_error", None))
                 self._abort()
                 return
             headers = {}
@@ -760,7 +707,9 @@ class _Connection(asyncio.Protocol):
                 headers[name.strip().lower()] = value.strip()
             if "chunked" in headers.get("transfer-encoding", "").lower():
                 self._send(
-                    _error(501, "Chunked request bodies are not supported.", "invalid_request_error", None)
+                    openai_error(
+                        501, "Chunked request bodies are not supported.", "invalid_request_error", None
+                    )
                 )
                 self._abort()
                 return
