@@ -104,8 +104,15 @@ class Gateway:
     def openai_base(self) -> str:
         return self.url + "/v1"
 
-    def new_key(self, balance: str = "100", expires_at_ms: int | None = None) -> KeyHandle:
-        return asyncio.run(_new_key(self.db_path, Decimal(balance), expires_at_ms))
+    def new_key(
+        self,
+        balance: str = "100",
+        expires_at_ms: int | None = None,
+        credit_limit: str | None = None,
+        limit_reset: str | None = None,
+    ) -> KeyHandle:
+        limit = None if credit_limit is None else Decimal(credit_limit)
+        return asyncio.run(_new_key(self.db_path, Decimal(balance), expires_at_ms, limit, limit_reset))
 
     def balance(self, account_id: str) -> Decimal:
         with sqlite3.connect(self.db_path) as conn:
@@ -143,13 +150,27 @@ class KeyHandle:
     account_id: str
 
 
-async def _new_key(db_path: Path, balance: Decimal, expires_at_ms: int | None) -> KeyHandle:
+async def _new_key(
+    db_path: Path,
+    balance: Decimal,
+    expires_at_ms: int | None,
+    credit_limit: Decimal | None = None,
+    limit_reset: str | None = None,
+) -> KeyHandle:
     store = SqliteStore(db_path)
     await store.start()
     try:
         account = await store.create_account("acct-" + os.urandom(6).hex(), balance)
         key = generate_key()
-        record = await store.create_key(account.id, "test", hash_key(key), display_prefix(key), expires_at_ms)
+        record = await store.create_key(
+            account.id,
+            "test",
+            hash_key(key),
+            display_prefix(key),
+            expires_at_ms,
+            credit_limit=credit_limit,
+            limit_reset=limit_reset,
+        )
         return KeyHandle(key=key, key_id=record.id, account_id=account.id)
     finally:
         await store.close()

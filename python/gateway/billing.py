@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
+from . import budget, clock
 from .config import ModelConfig
 from .errors import GatewayError
 from .pricing import Usage, cost
@@ -21,10 +22,16 @@ class Call:
     started_ns: int
 
 
-def require_funds(ctx: KeyContext) -> None:
-    """Spec 7.5.1: at or below zero, every request is refused, free models included."""
+def require_funds(ctx: KeyContext, now_ms: int | None = None) -> None:
+    """Spec 7.5.1: at or below zero, every request is refused, free models included; and spec 5.4:
+    a key whose own credit limit is used up is refused even when the account has credits."""
     if ctx.account.balance <= 0:
         raise GatewayError("insufficient_credits", "The account has no credits left. Add credits and retry.")
+    if budget.is_exhausted(ctx.key, clock.now_ms() if now_ms is None else now_ms):
+        raise GatewayError(
+            "key_budget_exceeded",
+            "This key's credit limit is used up. Raise the limit, wait for its reset, or use another key.",
+        )
 
 
 def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage) -> UsageRecord:

@@ -221,12 +221,18 @@ def test_key_lifecycle(agw: Gateway, admin: httpx.Client) -> None:
     assert created["account_id"] == account["id"] and created["name"] == "ci"
     assert (created["credit_limit"], created["limit_reset"]) == ("5.00", "monthly")
     assert created["expires_at"] == "2099-12-31T23:59:59.000Z"
-    assert created["deleted_at"] is None
+    assert created["deleted_at"] is None and created["spent"] == "0"
     assert chat(agw, secret).status_code == 200
 
-    # The secret is shown once: never in a listing or a lookup.
+    # The secret is shown once: never in a listing or a lookup. What the request cost lands moments
+    # after it in what the key spent this month.
+    deadline = time.monotonic() + 5
+    while (listed := ok(admin.get(f"/keys/{created['id']}")))["spent"] == "0" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Decimal(listed["spent"]) > 0
+    created["spent"] = listed["spent"]
+    assert listed == created
     assert ok(admin.get(f"/accounts/{account['id']}/keys"))["data"] == [created]
-    assert ok(admin.get(f"/keys/{created['id']}")) == created
 
     updated = ok(
         admin.patch(
@@ -240,6 +246,7 @@ def test_key_lifecycle(agw: Gateway, admin: httpx.Client) -> None:
         "credit_limit": "7.5",
         "limit_reset": None,
         "expires_at": "2100-01-01T00:00:00.000Z",
+        "spent": "0",  # a different reset period starts a fresh count
     }
 
     rotated = ok(admin.post(f"/keys/{created['id']}/rotate"))

@@ -16,8 +16,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
+from .. import budget
 from ..auth import admin_token, authenticate_admin, display_prefix, generate_key, hash_key
-from ..clock import rfc3339
+from ..clock import now_ms, rfc3339
 from ..errors import GatewayError, invalid_request
 from ..state import GatewayState
 from ..store import Account, AccountChanges, ApiKey, KeyChanges, NameTaken, TopUp
@@ -251,6 +252,8 @@ def _key(k: ApiKey) -> dict[str, Any]:
         "prefix": k.prefix,
         "credit_limit": None if k.credit_limit is None else field.money_text(k.credit_limit),
         "limit_reset": k.limit_reset,
+        # What counts against credit_limit now (0 once a new period began).
+        "spent": field.money_text(budget.spent_now(k, now_ms())),
         "expires_at": None if k.expires_at_ms is None else rfc3339(k.expires_at_ms),
         "created_at": rfc3339(k.created_at_ms),
         "deleted_at": None if k.deleted_at_ms is None else rfc3339(k.deleted_at_ms),

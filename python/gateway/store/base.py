@@ -37,6 +37,9 @@ class ApiKey:
     # One of LIMIT_RESETS, or None: what the key spent counts against credit_limit for ever.
     limit_reset: str | None = None
     deleted_at_ms: int | None = None
+    # What the key spent in the period that starts at spent_period_ms (see gateway.budget).
+    spent: Decimal = Decimal(0)
+    spent_period_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

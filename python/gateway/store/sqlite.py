@@ -24,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..budget import period_start_ms
 from ..clock import now_ms
 from . import journal
 from .base import (
@@ -118,6 +119,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX top_ups_account ON top_ups(account_id);
     """,
+    # What each key spent in its current credit-limit period (gateway.budget).
+    """
+    ALTER TABLE api_keys ADD COLUMN spent TEXT NOT NULL DEFAULT '0';
+    ALTER TABLE api_keys ADD COLUMN spent_period_ms INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 _STOP = object()
@@ -134,6 +140,8 @@ _KEY_COLUMNS = (
     "credit_limit",
     "limit_reset",
     "deleted_at_ms",
+    "spent",
+    "spent_period_ms",
 )
 _TOP_UP_COLUMNS = ("id", "account_id", "amount", "note", "created_at_ms", "balance_after")
 _ACCOUNT = ", ".join(_ACCOUNT_COLUMNS)
@@ -592,7 +600,28 @@ def _settle(conn: sqlite3.Connection, r: UsageRecord) -> bool:
         conn.execute(
             "UPDATE accounts SET balance = ? WHERE id = ?", (str(Decimal(balance) - r.cost), r.account_id)
         )
+        _count_key_spend(conn, r)
     return inserted == 1
+
+
+def _count_key_spend(conn: sqlite3.Connection, r: UsageRecord) -> None:
+    """Add the cost to what the key spent in the credit-limit period the request ended in. A cost
+    from a period already over (a late journal replay) no longer counts against the limit. Only keys
+    with a limit keep the count: the rest cost the writer one index lookup, not a row update."""
+    row = conn.execute(
+        "SELECT limit_reset, spent, spent_period_ms FROM api_keys WHERE id = ? AND credit_limit IS NOT NULL",
+        (r.key_id,),
+    ).fetchone()
+    if row is None:
+        return
+    reset, spent, current = row
+    period = period_start_ms(reset, r.ended_at_ms)
+    if period < current:
+        return
+    total = (Decimal(spent) if period == current else Decimal(0)) + r.cost
+    conn.execute(
+        "UPDATE api_keys SET spent = ?, spent_period_ms = ? WHERE id = ?", (str(total), period, r.key_id)
+    )
 
 
 def _account(row: Sequence[Any]) -> Account:
@@ -618,6 +647,8 @@ def _key(row: Sequence[Any]) -> ApiKey:
         credit_limit=None if row[6] is None else Decimal(row[6]),
         limit_reset=row[7],
         deleted_at_ms=row[8],
+        spent=Decimal(row[9]),
+        spent_period_ms=row[10],
     )
 
 

@@ -1,0 +1,144 @@
+"""A key's own credit limit (spec 5.4): counted per UTC calendar period, refused with
+key_budget_exceeded once used up, even while the account has credits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import openai
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway import billing
+from gateway.auth import display_prefix, generate_key, hash_key
+from gateway.budget import FOREVER, period_start_ms
+from gateway.errors import GatewayError
+from gateway.store import KeyContext, UsageRecord
+from gateway.store.sqlite import SqliteStore
+from harness import Gateway
+
+MS = st.integers(min_value=0, max_value=4_102_444_800_000)  # 1970 to 2100
+
+
+def utc(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+@given(MS)
+def test_periods_start_at_utc_calendar_boundaries(at: int) -> None:
+    moment = datetime.fromtimestamp(at / 1000, tz=UTC)
+    day, week, month = (period_start_ms(r, at) for r in ("daily", "weekly", "monthly"))
+    for start in (day, week, month):
+        begin = datetime.fromtimestamp(start / 1000, tz=UTC)
+        assert start <= at and (begin.hour, begin.minute, begin.second, begin.microsecond) == (0, 0, 0, 0)
+    assert datetime.fromtimestamp(day / 1000, tz=UTC).date() == moment.date()
+    assert datetime.fromtimestamp(week / 1000, tz=UTC).weekday() == 0 and at - week < 7 * 86_400_000
+    first = datetime.fromtimestamp(month / 1000, tz=UTC)
+    assert first.day == 1 and (first.year, first.month) == (moment.year, moment.month)
+    assert period_start_ms(None, at) == FOREVER
+
+
+def test_boundaries_exactly() -> None:
+    # Sunday 2026-11-29 23:59:59.999 and the Monday that follows.
+    sunday, monday = utc("2026-11-29T23:59:59.999"), utc("2026-11-30T00:00:00")
+    assert period_start_ms("daily", sunday) == utc("2026-11-29T00:00:00")
+    assert period_start_ms("daily", monday) == monday
+    assert period_start_ms("weekly", sunday) == utc("2026-11-23T00:00:00")
+    assert period_start_ms("weekly", monday) == monday
+    assert period_start_ms("monthly", utc("2026-11-30T23:59:59")) == utc("2026-11-01T00:00:00")
+    assert period_start_ms("monthly", utc("2026-12-01T00:00:00")) == utc("2026-12-01T00:00:00")
+
+
+@pytest.mark.parametrize(
+    ("reset", "inside", "after_reset"),
+    [
+        ("daily", "2026-11-23T23:00:00", "2026-11-24T00:00:00"),
+        ("weekly", "2026-11-29T23:00:00", "2026-11-30T00:00:00"),
+        ("monthly", "2026-11-30T23:00:00", "2026-12-01T00:00:00"),
+        (None, "2027-06-01T00:00:00", None),
+    ],
+)
+def test_limit_used_up_then_reset(
+    tmp_path: Path, reset: str | None, inside: str, after_reset: str | None
+) -> None:
+    spent_at = utc("2026-11-23T10:00:00")
+
+    async def go() -> list[str]:
+        store = SqliteStore(tmp_path / "b.db")
+        await store.start()
+        try:
+            account = await store.create_account("a", Decimal(100))
+            secret = generate_key()
+            key = await store.create_key(
+                account.id,
+                "k",
+                hash_key(secret),
+                display_prefix(secret),
+                None,
+                credit_limit=Decimal("0.05"),
+                limit_reset=reset,
+            )
+            outcomes = []
+            for i, cost in enumerate(("0.02", "0.03")):
+                ctx = await store.find_key(hash_key(secret))
+                assert ctx is not None
+                outcomes.append(_check(ctx, spent_at))
+                record = UsageRecord(
+                    f"r{i}",
+                    "req",
+                    key.id,
+                    account.id,
+                    "m",
+                    "completed",
+                    1,
+                    1,
+                    Decimal(cost),
+                    spent_at,
+                    spent_at,
+                )
+                store.settle(record)
+                # An awaited write queued behind the settlement: the one writer applies them in order.
+                await store.purge_responses(0)
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None and ctx.key.spent == Decimal("0.05")
+            assert ctx.account.balance == Decimal("99.95")  # the account is far from empty
+            outcomes.append(_check(ctx, utc(inside)))
+            if after_reset is not None:
+                outcomes.append(_check(ctx, utc(after_reset)))
+            return outcomes
+        finally:
+            await store.close()
+
+    expected = ["ok", "ok", "key_budget_exceeded"] + (["ok"] if after_reset else [])
+    assert asyncio.run(go()) == expected
+
+
+def _check(ctx: KeyContext, now_ms: int) -> str:
+    try:
+        billing.require_funds(ctx, now_ms)
+    except GatewayError as err:
+        return err.code
+    return "ok"
+
+
+def test_through_the_gateway(gw: Gateway) -> None:
+    handle = gw.new_key(credit_limit="0.0000001", limit_reset="daily")
+    with openai.OpenAI(base_url=gw.openai_base, api_key=handle.key, max_retries=0) as client:
+        body = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "spend"}]}
+        client.chat.completions.create(**body)  # type: ignore[call-overload]
+        deadline = time.monotonic() + 5
+        while True:  # the settlement lands moments after the response
+            try:
+                client.chat.completions.create(**body)  # type: ignore[call-overload]
+            except openai.BadRequestError as err:
+                assert err.code == "key_budget_exceeded"
+                assert isinstance(err.body, dict) and err.body["type"] == "insufficient_credits"
+                break
+            assert time.monotonic() < deadline, "the key's limit was never enforced"
+            time.sleep(0.05)
+    assert gw.balance(handle.account_id) > 0
