@@ -281,6 +281,15 @@ pub(crate) fn push_event(out: &mut Vec<u8>, data: &[u8]) {
     push_data_lines(out, data);
 }
 
+/// The `event:` line of a named event (the message and responses shapes name theirs).
+pub(crate) fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+}
+
 pub(crate) fn push_data_lines(out: &mut Vec<u8>, data: &[u8]) {
     let mut rest = data;
     while let Some(i) = memchr::memchr(b'\n', rest) {

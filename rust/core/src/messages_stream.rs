@@ -8,7 +8,7 @@
 //! the stream, after which the gateway adds `data: [DONE]` (spec 6.1.3; the client ignores unnamed
 //! events). An upstream `error` event is kept back: its raw JSON lands in `error`.
 
-use crate::chat_stream::{push_data_lines, push_with_id, TokenUsage};
+use crate::chat_stream::{push_data_lines, push_name, push_with_id, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
 use crate::json::{Count, Text};
@@ -256,14 +256,6 @@ impl MessagesStreamRewriter {
             self.saw_output = true;
             self.output_text.push_str(t);
         }
-    }
-}
-
-fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
-    if let Some(name) = name {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(name.as_bytes());
-        out.push(b'\n');
     }
 }
 

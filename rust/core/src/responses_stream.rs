@@ -9,7 +9,7 @@
 //! `data: [DONE]` (spec 6.1.3; the client library stops there). An `error` event or
 //! `response.failed` is kept back: its raw JSON lands in `error`.
 
-use crate::chat_stream::{push_data_lines, push_with_id, TokenUsage};
+use crate::chat_stream::{push_data_lines, push_name, push_with_id, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
 use crate::json::{Count, Text};
@@ -253,14 +253,6 @@ impl ResponsesStreamRewriter {
             ok
         });
         push_with_id(out, if rewritten { &nested } else { data }, &self.encoded_id);
-    }
-}
-
-fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
-    if let Some(name) = name {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(name.as_bytes());
-        out.push(b'\n');
     }
 }
 
