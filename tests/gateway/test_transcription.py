@@ -177,3 +177,16 @@ def test_duration_rounds_up(oai: openai.OpenAI) -> None:
     # 0.3 s of audio still costs a whole second, as OpenAI bills.
     raw = oai.audio.transcriptions.with_raw_response.create(model=WHISPER, file=("a.wav", wav(0.3)))
     assert Decimal(raw.headers["x-service-cost"]) == cost(PRICES, Usage(seconds=math.ceil(0.3)))
+
+
+def test_filename_with_semicolon_reaches_the_model(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    marker = "semicolon " + os.urandom(4).hex()
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/audio/transcriptions",
+            data={"model": WHISPER, "prompt": marker},
+            files={"file": ("take;2.wav", wav(1.0), "audio/wav")},
+        )
+    assert r.status_code == 200, r.text
+    (received,) = [e for e in sim.get("/_sim/requests").json() if e["body"].get("prompt") == marker]
+    assert received["file"]["filename"] == "take;2.wav"

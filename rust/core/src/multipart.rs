@@ -4,14 +4,53 @@ use memchr::memmem;
 
 /// The boundary parameter of a multipart content type.
 pub fn boundary(content_type: &str) -> Option<String> {
-    content_type.split(';').skip(1).find_map(|param| {
-        let (name, value) = param.split_once('=')?;
-        if !name.trim().eq_ignore_ascii_case("boundary") {
+    let (_, params) = content_type.split_once(';')?;
+    header_params(params)
+        .find_map(|(name, value)| (name.eq_ignore_ascii_case("boundary") && !value.is_empty()).then_some(value))
+}
+
+/// The `name=value` parameters after a header's first `;` (RFC 7231 / 7578): names are
+/// case-insensitive (compare with eq_ignore_ascii_case); a value may be a quoted string, in which
+/// a `;` is part of the value and a backslash escapes the next character.
+fn header_params(params: &str) -> impl Iterator<Item = (&str, String)> {
+    let mut rest = params;
+    std::iter::from_fn(move || loop {
+        rest = rest.trim_start_matches(|c: char| c == ';' || c.is_ascii_whitespace());
+        if rest.is_empty() {
             return None;
         }
-        let v = value.trim();
-        let v = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(v);
-        (!v.is_empty()).then(|| v.to_owned())
+        let name_end = rest.find(['=', ';']).unwrap_or(rest.len());
+        let name = rest.get(..name_end)?.trim();
+        rest = rest.get(name_end..)?;
+        let Some(after_eq) = rest.strip_prefix('=') else {
+            continue; // a parameter without a value, as a bare `form-data`
+        };
+        let after_eq = after_eq.trim_start();
+        let mut value = String::new();
+        if let Some(quoted) = after_eq.strip_prefix('"') {
+            let mut chars = quoted.char_indices();
+            let mut end = quoted.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        if let Some((_, escaped)) = chars.next() {
+                            value.push(escaped);
+                        }
+                    }
+                    '"' => {
+                        end = i + 1;
+                        break;
+                    }
+                    _ => value.push(c),
+                }
+            }
+            rest = quoted.get(end..).unwrap_or_default();
+        } else {
+            let end = after_eq.find(';').unwrap_or(after_eq.len());
+            value.push_str(after_eq.get(..end)?.trim_end());
+            rest = after_eq.get(end..)?;
+        }
+        return Some((name, value));
     })
 }
 
@@ -45,15 +84,12 @@ pub fn parts<'a>(body: &'a [u8], boundary: &str) -> Option<Vec<Part<'a>>> {
         for line in head.split("\r\n") {
             let (name, value) = line.split_once(':')?;
             if name.trim().eq_ignore_ascii_case("content-disposition") {
-                for param in value.split(';').skip(1) {
-                    if let Some((k, v)) = param.split_once('=') {
-                        let v = v.trim();
-                        let v = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(v).to_owned();
-                        match k.trim() {
-                            "name" => part.name = v,
-                            "filename" => part.filename = Some(v),
-                            _ => {}
-                        }
+                let params = value.split_once(';').map_or("", |(_, params)| params);
+                for (k, v) in header_params(params) {
+                    if k.eq_ignore_ascii_case("name") {
+                        part.name = v;
+                    } else if k.eq_ignore_ascii_case("filename") {
+                        part.filename = Some(v);
                     }
                 }
             } else if name.trim().eq_ignore_ascii_case("content-type") {
@@ -85,6 +121,27 @@ mod tests {
         assert_eq!(parts[1].filename.as_deref(), Some("a b.wav"));
         assert_eq!(parts[1].content_type.as_deref(), Some("audio/wav"));
         assert_eq!(parts[1].content, b"RIFF\r\n--not-the-end");
+    }
+
+    #[test]
+    fn quoted_values_keep_semicolons_and_escapes() {
+        let body =
+            b"--b\r\nContent-Disposition: form-data; NAME=\"file\"; filename=\"a;b \\\"c\\\".wav\"\r\n\r\nx\r\n--b--";
+        let parts = parse(body, "multipart/form-data; Boundary=\"b\"").unwrap();
+        assert_eq!(parts[0].name, "file");
+        assert_eq!(parts[0].filename.as_deref(), Some("a;b \"c\".wav"));
+        assert_eq!(boundary("multipart/form-data; charset=utf-8; boundary=x;y").as_deref(), Some("x"));
+        assert_eq!(boundary("multipart/form-data; boundary=\"\""), None);
+        let params: Vec<_> = header_params(" form-data ; a ; b=\"unterminated").collect();
+        assert_eq!(params, [("b", "unterminated".to_owned())]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_header_never_panics(header in ".{0,80}") {
+            let _ = header_params(&header).count();
+            let _ = boundary(&header);
+        }
     }
 
     #[test]
