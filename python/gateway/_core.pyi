@@ -7,12 +7,18 @@ Errors raised by the extension all derive from `CoreError`.
 from typing import Final, Literal, Self, TypeAlias, final
 
 __version__: Final[str]
+MAX_EVENT_BYTES: Final[int]
+"""The largest SSE event or line a parser holds (16 MiB); past it the stream is treated as broken."""
+OVERSIZED_EVENT_ERROR: Final[bytes]
+"""The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
 __all__ = [
     "ChatStreamRewriter",
     "CoreError",
     "InvalidJsonError",
+    "MAX_EVENT_BYTES",
     "MessagesStreamRewriter",
     "MultipartPart",
+    "OVERSIZED_EVENT_ERROR",
     "ResponsesStreamRewriter",
     "RewrittenResponse",
     "SseEvent",
@@ -74,6 +80,10 @@ class SseParser:
     def feed(self, chunk: bytes) -> list[SseEvent]: ...
     def finish(self) -> list[SseEvent]:
         """End of input: dispatch a last event that lacked its blank line."""
+    @property
+    def overflowed(self) -> bool:
+        """An event or line grew past MAX_EVENT_BYTES: the parser holds nothing and yields nothing
+        more."""
 
 @final
 class ChatStreamRewriter:
@@ -85,7 +95,8 @@ class ChatStreamRewriter:
     arguments) so output can be counted when the upstream gives no usage, and notes `[DONE]`.
     When `forward_usage` is False, a chunk whose `choices` is empty and which carries a non-null usage
     (the include_usage chunk the gateway asked for on its own) is consumed, not forwarded.
-    An upstream chunk with a top-level "error" member is not forwarded: its raw JSON lands in `error`.
+    An upstream chunk with a top-level "error" member is not forwarded: its raw JSON lands in `error`;
+    an event past MAX_EVENT_BYTES ends the stream the same way, with OVERSIZED_EVENT_ERROR.
     Data that is not a JSON object is forwarded unchanged. Fields of an unexpected type are ignored
     rather than fatal, and a valid JSON object of an unexpected shape still gets the id.
     """

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .._core import SseEvent, SseParser
+from .._core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
 from ..pricing import Usage
 from .stop_reasons import finish_reason
 from .usage import chat_usage, usage_from_messages
@@ -54,7 +54,10 @@ class ChatStreamFromMessages:
         return usage_from_messages(self._usage_fields) if self._usage_fields else None
 
     def feed(self, chunk: bytes) -> bytes:
-        return self._translate(self._parser.feed(chunk))
+        out = self._translate(self._parser.feed(chunk))
+        if self._parser.overflowed and self.error is None:
+            self.error = OVERSIZED_EVENT_ERROR  # the stream is broken, as after an error event
+        return out
 
     def finish(self) -> bytes:
         return self._translate(self._parser.finish())

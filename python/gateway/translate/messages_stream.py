@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from .._core import SseEvent, SseParser
+from .._core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
 from ..pricing import Usage
 from .answers import reasoning_text
 from .stop_reasons import stop_reason
@@ -64,7 +64,10 @@ class MessagesStreamFromChat:
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
-        return self._translate(self._parser.feed(chunk))
+        out = self._translate(self._parser.feed(chunk))
+        if self._parser.overflowed and self.error is None:
+            self.error = OVERSIZED_EVENT_ERROR  # the stream is broken, as after an error event
+        return out
 
     def finish(self) -> bytes:
         out = self._translate(self._parser.finish())

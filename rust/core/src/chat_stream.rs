@@ -8,7 +8,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::json::{member_is_set, starts_object, write_json_string, write_with_member, Count, Text};
-use crate::sse::{EventRef, RewriteEvents, SseParser};
+use crate::sse::{EventRef, RewriteEvents, SseParser, OVERSIZED_EVENT_ERROR};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -328,6 +328,10 @@ impl RewriteEvents for ChatStreamRewriter {
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
         self.on_event(event, out);
     }
+
+    fn on_overflow(&mut self) {
+        self.error.get_or_insert_with(|| OVERSIZED_EVENT_ERROR.to_vec());
+    }
 }
 
 #[cfg(test)]
@@ -590,5 +594,17 @@ mod tests {
             prop_assert_eq!(got, expected);
             prop_assert_eq!(rw.output_text, whole.output_text);
         }
+    }
+
+    #[test]
+    fn an_oversized_event_ends_the_stream_as_an_error() {
+        let mut rw = ChatStreamRewriter::new("gw", true);
+        let piece = vec![b'x'; 1 << 20];
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"");
+        for _ in 0..16 {
+            assert!(rw.feed(&piece).is_empty());
+        }
+        assert_eq!(rw.error.as_deref(), Some(crate::sse::OVERSIZED_EVENT_ERROR));
+        assert!(!rw.done);
     }
 }

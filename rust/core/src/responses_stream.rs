@@ -13,7 +13,7 @@ use crate::chat_stream::{push_data_lines, push_name, push_with_id, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
 use crate::json::{Count, Text};
-use crate::sse::{EventRef, RewriteEvents, SseParser};
+use crate::sse::{EventRef, RewriteEvents, SseParser, OVERSIZED_EVENT_ERROR};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -263,6 +263,10 @@ impl RewriteEvents for ResponsesStreamRewriter {
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
         self.on_event(event, out);
+    }
+
+    fn on_overflow(&mut self) {
+        self.error.get_or_insert_with(|| OVERSIZED_EVENT_ERROR.to_vec());
     }
 }
 

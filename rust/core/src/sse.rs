@@ -3,7 +3,9 @@
 //! Feed it byte chunks split anywhere (inside a line, between CR and LF, inside a UTF-8 sequence);
 //! it returns whole events. Lines end with LF, CRLF or CR; lines starting with ':' are comments;
 //! a blank line dispatches the event being built; an event without any `data:` line is dropped;
-//! a UTF-8 byte order mark at the very start is skipped.
+//! a UTF-8 byte order mark at the very start is skipped. An event larger than MAX_EVENT_BYTES
+//! (a line without end, or data lines without a blank line) stops the parser: memory stays bounded
+//! whatever an upstream sends.
 
 use memchr::memchr2;
 
@@ -53,9 +55,16 @@ pub struct SseParser {
     id: String,
     has_id: bool,
     retry: Option<u64>,
+    /// An event grew past MAX_EVENT_BYTES: everything from there on is ignored.
+    overflowed: bool,
 }
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
+/// The largest event (or line) the parser holds; model chunks are a few kilobytes at most.
+pub const MAX_EVENT_BYTES: usize = 16 << 20;
+/// What a stream rewriter reports as the upstream's error when an event overflowed.
+pub const OVERSIZED_EVENT_ERROR: &[u8] =
+    br#"{"error":{"message":"The upstream sent an event larger than 16 MiB.","type":"server_error"}}"#;
 
 impl SseParser {
     pub fn new() -> Self {
@@ -74,6 +83,9 @@ impl SseParser {
 
     /// Parse `chunk`, calling `each` with every event it completes.
     pub fn feed_each(&mut self, chunk: &[u8], mut each: impl FnMut(EventRef<'_>)) {
+        if self.overflowed {
+            return;
+        }
         let mut rest = chunk;
         if self.skip_lf && !rest.is_empty() {
             self.skip_lf = false;
@@ -98,16 +110,41 @@ impl SseParser {
                 let mut whole = std::mem::take(&mut self.pending);
                 whole.extend_from_slice(line);
                 self.line(&whole, &mut each);
+                if self.overflowed {
+                    return;
+                }
                 whole.clear();
                 self.pending = whole; // keep the allocation
             }
+            if self.overflowed {
+                return;
+            }
             rest = next;
+        }
+        if self.pending.len() + rest.len() > MAX_EVENT_BYTES {
+            self.overflow();
+            return;
         }
         self.pending.extend_from_slice(rest);
     }
 
+    /// True once an event grew past MAX_EVENT_BYTES; the parser then yields nothing more.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    fn overflow(&mut self) {
+        self.overflowed = true;
+        // Give the memory back: nothing more will be parsed.
+        self.pending = Vec::new();
+        self.data = String::new();
+    }
+
     /// End of input (see [`finish`](Self::finish)), calling `each` with the events it completes.
     pub fn finish_each(&mut self, mut each: impl FnMut(EventRef<'_>)) {
+        if self.overflowed {
+            return;
+        }
         if !self.pending.is_empty() {
             let line = std::mem::take(&mut self.pending);
             self.line(&line, &mut each);
@@ -139,6 +176,10 @@ impl SseParser {
         };
         match name {
             b"data" => {
+                if self.data.len() + value.len() >= MAX_EVENT_BYTES {
+                    self.overflow();
+                    return;
+                }
                 if self.has_data {
                     self.data.push('\n');
                 }
@@ -184,6 +225,8 @@ impl SseParser {
 pub(crate) trait RewriteEvents {
     fn parser(&mut self) -> &mut SseParser;
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>);
+    /// The upstream sent an event too large to hold: the stream is over, as after an error event.
+    fn on_overflow(&mut self);
 
     /// Bytes for the client for every event this chunk completes.
     fn rewrite(&mut self, chunk: &[u8]) -> Vec<u8> {
@@ -191,7 +234,11 @@ pub(crate) trait RewriteEvents {
         // The parser is taken out for the call so that `handle` may borrow the rest of self.
         let mut parser = std::mem::take(self.parser());
         parser.feed_each(chunk, |e| self.handle(e, &mut out));
+        let overflowed = parser.overflowed();
         *self.parser() = parser;
+        if overflowed {
+            self.on_overflow();
+        }
         out
     }
 
@@ -351,5 +398,27 @@ mod tests {
             let singles: Vec<&[u8]> = bytes.chunks(1).collect();
             prop_assert_eq!(parse_all(&singles), parse_all(&[&bytes]));
         }
+    }
+
+    #[test]
+    fn an_endless_line_or_event_stops_the_parser() {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        let piece = vec![b'x'; 1 << 20];
+        p.feed(b"data: ", &mut out);
+        for _ in 0..16 {
+            p.feed(&piece, &mut out);
+        }
+        assert!(p.overflowed() && p.pending.capacity() == 0);
+        p.feed(b"\n\ndata: later\n\n", &mut out);
+        p.finish(&mut out);
+        assert!(out.is_empty());
+
+        let mut p = SseParser::new();
+        let line = [b"data: ", &piece[..], b"\n"].concat();
+        for _ in 0..16 {
+            p.feed(&line, &mut out);
+        }
+        assert!(p.overflowed() && out.is_empty());
     }
 }

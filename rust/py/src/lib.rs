@@ -82,6 +82,11 @@ impl SseParser {
         self.0.finish(&mut out);
         to_events(out)
     }
+
+    #[getter]
+    fn overflowed(&self) -> bool {
+        self.0.overflowed()
+    }
 }
 
 // ------------------------------------------------------------------ chat streams
@@ -409,6 +414,8 @@ fn fingerprint(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_EVENT_BYTES", sse::MAX_EVENT_BYTES)?;
+    m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
     m.add("CoreError", py.get_type::<CoreError>())?;
     m.add("UnknownEncodingError", py.get_type::<UnknownEncodingError>())?;
     m.add("InvalidJsonError", py.get_type::<InvalidJsonError>())?;
