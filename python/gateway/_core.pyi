@@ -12,13 +12,13 @@ MAX_EVENT_BYTES: Final[int]
 OVERSIZED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
 __all__ = [
+    "MAX_EVENT_BYTES",
+    "OVERSIZED_EVENT_ERROR",
     "ChatStreamRewriter",
     "CoreError",
     "InvalidJsonError",
-    "MAX_EVENT_BYTES",
     "MessagesStreamRewriter",
     "MultipartPart",
-    "OVERSIZED_EVENT_ERROR",
     "ResponsesStreamRewriter",
     "RewrittenResponse",
     "SseEvent",
