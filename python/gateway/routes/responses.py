@@ -103,8 +103,9 @@ def routes(state: GatewayState) -> list[Route]:
             )
         except (InvalidJsonError, orjson.JSONDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
-        await remember(answer.upstream_id)
+        # Charged first: the model has run, so its cost is kept even if keeping the state fails.
         charged = billing.settle(state.store, call, model, rid, "completed", usage)
+        await remember(answer.upstream_id)
         return Response(
             answer.body,
             media_type="application/json",
