@@ -194,46 +194,6 @@ impl ChatStreamRewriter {
         self.rewrite_end()
     }
 
-    fn on_event(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        if self.done || self.error.is_some() {
-            return; // the stream is over; anything after is not the client's
-        }
-        let data = event.data;
-        if data.trim_matches(is_json_ws) == "[DONE]" {
-            self.done = true;
-            out.extend_from_slice(b"data: [DONE]\n\n");
-            return;
-        }
-        if !starts_object(data.as_bytes()) {
-            push_event(out, data.as_bytes()); // not a JSON object: the client gets it as it came
-            return;
-        }
-        match serde_json::from_str::<ChunkView<'_>>(data) {
-            Ok(view) => {
-                if view.error.is_some() {
-                    self.error = Some(data.as_bytes().to_vec());
-                    return;
-                }
-                if self.read(view) {
-                    return; // the usage chunk the gateway asked for on its own account
-                }
-            }
-            // Valid JSON of a shape the views do not know: forwarded, but an error is still an error.
-            Err(_) if serde_json::from_str::<IgnoredAny>(data).is_ok() => {
-                if member_is_set(data.as_bytes(), "error") {
-                    self.error = Some(data.as_bytes().to_vec());
-                    return;
-                }
-            }
-            Err(_) => {
-                push_event(out, data.as_bytes());
-                return;
-            }
-        }
-        push_with_id(out, data.as_bytes(), &self.encoded_id);
-        self.chunks += 1;
-    }
-
     /// Takes what the chunk says; true when the chunk is to be withheld from the client.
     fn read(&mut self, view: ChunkView<'_>) -> bool {
         if self.model.is_none() {
@@ -281,6 +241,24 @@ pub(crate) fn push_event(out: &mut Vec<u8>, data: &[u8]) {
     push_data_lines(out, data);
 }
 
+/// An event of a named-event shape (messages, responses) read through the view `V`. Data that is
+/// not a JSON object, or not valid JSON, is forwarded as it came (an upstream `[DONE]` is dropped:
+/// the rewriter sends its own) and None is returned; valid JSON the view cannot read is Some(None).
+pub(crate) fn read_named_event<'a, V: Deserialize<'a>>(event: EventRef<'a>, out: &mut Vec<u8>) -> Option<Option<V>> {
+    let data = event.data;
+    let is_json = starts_object(data.as_bytes());
+    let view = if is_json { serde_json::from_str::<V>(data).ok() } else { None };
+    if !is_json || (view.is_none() && serde_json::from_str::<IgnoredAny>(data).is_err()) {
+        if data.trim() != "[DONE]" {
+            push_name(out, event.event);
+            out.extend_from_slice(b"data: ");
+            push_data_lines(out, data.as_bytes());
+        }
+        return None;
+    }
+    Some(view)
+}
+
 /// The `event:` line of a named event (the message and responses shapes name theirs).
 pub(crate) fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
     if let Some(name) = name {
@@ -326,7 +304,43 @@ impl RewriteEvents for ChatStreamRewriter {
     }
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        self.on_event(event, out);
+        if self.done || self.error.is_some() {
+            return; // the stream is over; anything after is not the client's
+        }
+        let data = event.data;
+        if data.trim_matches(is_json_ws) == "[DONE]" {
+            self.done = true;
+            out.extend_from_slice(b"data: [DONE]\n\n");
+            return;
+        }
+        if !starts_object(data.as_bytes()) {
+            push_event(out, data.as_bytes()); // not a JSON object: the client gets it as it came
+            return;
+        }
+        match serde_json::from_str::<ChunkView<'_>>(data) {
+            Ok(view) => {
+                if view.error.is_some() {
+                    self.error = Some(data.as_bytes().to_vec());
+                    return;
+                }
+                if self.read(view) {
+                    return; // the usage chunk the gateway asked for on its own account
+                }
+            }
+            // Valid JSON of a shape the views do not know: forwarded, but an error is still an error.
+            Err(_) if serde_json::from_str::<IgnoredAny>(data).is_ok() => {
+                if member_is_set(data.as_bytes(), "error") {
+                    self.error = Some(data.as_bytes().to_vec());
+                    return;
+                }
+            }
+            Err(_) => {
+                push_event(out, data.as_bytes());
+                return;
+            }
+        }
+        push_with_id(out, data.as_bytes(), &self.encoded_id);
+        self.chunks += 1;
     }
 
     fn on_overflow(&mut self) {

@@ -8,7 +8,7 @@
 //! the stream, after which the gateway adds `data: [DONE]` (spec 6.1.3; the client ignores unnamed
 //! events). An upstream `error` event is kept back: its raw JSON lands in `error`.
 
-use crate::chat_stream::{push_data_lines, push_name, push_with_id, TokenUsage};
+use crate::chat_stream::{push_name, push_with_id, read_named_event, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
 use crate::json::{Count, Text};
@@ -176,50 +176,6 @@ impl MessagesStreamRewriter {
         self.rewrite_end()
     }
 
-    fn on_event(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        if self.done || self.error.is_some() {
-            return;
-        }
-        let data = event.data;
-        let is_json = starts_object(data.as_bytes());
-        let view = if is_json { serde_json::from_str::<EventView<'_>>(data).ok() } else { None };
-        // Valid JSON of a shape the view does not know is still forwarded with the id.
-        if !is_json || (view.is_none() && serde_json::from_str::<IgnoredAny>(data).is_err()) {
-            if data.trim() != "[DONE]" {
-                push_name(out, event.event);
-                out.extend_from_slice(b"data: ");
-                push_data_lines(out, data.as_bytes());
-            }
-            return;
-        }
-        let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
-        let name = event.event.or(kind).unwrap_or("");
-        let is_error = match &view {
-            Some(v) => v.error.is_some(),
-            None => member_is_set(data.as_bytes(), "error"),
-        };
-        if name == "error" || is_error {
-            self.error = Some(data.as_bytes().to_vec());
-            return;
-        }
-        let is_start = name == "message_start";
-        let is_stop = name == "message_stop";
-        if let Some(v) = view {
-            self.read(v);
-        }
-        push_name(out, event.event);
-        if is_start {
-            push_message_start(out, data.as_bytes(), &self.encoded_id);
-        } else {
-            push_with_id(out, data.as_bytes(), &self.encoded_id);
-        }
-        self.chunks += 1;
-        if is_stop {
-            self.done = true;
-            out.extend_from_slice(b"data: [DONE]\n\n");
-        }
-    }
-
     fn read(&mut self, view: EventView<'_>) {
         if let Some(message) = view.message {
             if self.model.is_none() {
@@ -265,7 +221,40 @@ impl RewriteEvents for MessagesStreamRewriter {
     }
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        self.on_event(event, out);
+        if self.done || self.error.is_some() {
+            return;
+        }
+        let data = event.data;
+        // Valid JSON of a shape the view does not know (None) is still forwarded with the id.
+        let Some(view) = read_named_event::<EventView<'_>>(event, out) else {
+            return;
+        };
+        let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
+        let name = event.event.or(kind).unwrap_or("");
+        let is_error = match &view {
+            Some(v) => v.error.is_some(),
+            None => member_is_set(data.as_bytes(), "error"),
+        };
+        if name == "error" || is_error {
+            self.error = Some(data.as_bytes().to_vec());
+            return;
+        }
+        let is_start = name == "message_start";
+        let is_stop = name == "message_stop";
+        if let Some(v) = view {
+            self.read(v);
+        }
+        push_name(out, event.event);
+        if is_start {
+            push_message_start(out, data.as_bytes(), &self.encoded_id);
+        } else {
+            push_with_id(out, data.as_bytes(), &self.encoded_id);
+        }
+        self.chunks += 1;
+        if is_stop {
+            self.done = true;
+            out.extend_from_slice(b"data: [DONE]\n\n");
+        }
     }
 
     fn on_overflow(&mut self) {

@@ -9,12 +9,11 @@
 //! `data: [DONE]` (spec 6.1.3; the client library stops there). An `error` event or
 //! `response.failed` is kept back: its raw JSON lands in `error`.
 
-use crate::chat_stream::{push_data_lines, push_name, push_with_id, TokenUsage};
+use crate::chat_stream::{push_name, push_with_id, read_named_event, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
 use crate::json::{Count, Text};
 use crate::sse::{EventRef, RewriteEvents, SseParser, OVERSIZED_EVENT_ERROR};
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -166,48 +165,6 @@ impl ResponsesStreamRewriter {
         self.rewrite_end()
     }
 
-    fn on_event(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        if self.done || self.error.is_some() {
-            return;
-        }
-        let data = event.data;
-        let is_json = starts_object(data.as_bytes());
-        let view = if is_json { serde_json::from_str::<EventView<'_>>(data).ok() } else { None };
-        if !is_json || (view.is_none() && serde_json::from_str::<IgnoredAny>(data).is_err()) {
-            if data.trim() != "[DONE]" {
-                push_name(out, event.event);
-                out.extend_from_slice(b"data: ");
-                push_data_lines(out, data.as_bytes());
-            }
-            return;
-        }
-        let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
-        let name = kind.or(event.event).unwrap_or("");
-        if name == "error" || name == "response.failed" {
-            self.error = Some(data.as_bytes().to_vec());
-            return;
-        }
-        let ends = name == "response.completed" || name == "response.incomplete";
-        // Audio deltas are base64 bytes, not text; every other delta is model output.
-        let delta_is_output = name.ends_with(".delta") && !name.contains("audio");
-        let mut has_response = false;
-        if let Some(v) = view {
-            has_response = v.response.is_some();
-            self.read(v, delta_is_output);
-        }
-        push_name(out, event.event);
-        if has_response {
-            self.push_lifecycle(out, data.as_bytes());
-        } else {
-            push_with_id(out, data.as_bytes(), &self.encoded_id);
-        }
-        self.chunks += 1;
-        if ends {
-            self.done = true;
-            out.extend_from_slice(b"data: [DONE]\n\n");
-        }
-    }
-
     fn read(&mut self, view: EventView<'_>, delta_is_output: bool) {
         if let Some(response) = view.response {
             if self.upstream_id.is_none() {
@@ -262,7 +219,39 @@ impl RewriteEvents for ResponsesStreamRewriter {
     }
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        self.on_event(event, out);
+        if self.done || self.error.is_some() {
+            return;
+        }
+        let data = event.data;
+        // Valid JSON of a shape the view does not know (None) is still forwarded with the id.
+        let Some(view) = read_named_event::<EventView<'_>>(event, out) else {
+            return;
+        };
+        let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
+        let name = kind.or(event.event).unwrap_or("");
+        if name == "error" || name == "response.failed" {
+            self.error = Some(data.as_bytes().to_vec());
+            return;
+        }
+        let ends = name == "response.completed" || name == "response.incomplete";
+        // Audio deltas are base64 bytes, not text; every other delta is model output.
+        let delta_is_output = name.ends_with(".delta") && !name.contains("audio");
+        let mut has_response = false;
+        if let Some(v) = view {
+            has_response = v.response.is_some();
+            self.read(v, delta_is_output);
+        }
+        push_name(out, event.event);
+        if has_response {
+            self.push_lifecycle(out, data.as_bytes());
+        } else {
+            push_with_id(out, data.as_bytes(), &self.encoded_id);
+        }
+        self.chunks += 1;
+        if ends {
+            self.done = true;
+            out.extend_from_slice(b"data: [DONE]\n\n");
+        }
     }
 
     fn on_overflow(&mut self) {
