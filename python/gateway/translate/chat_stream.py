@@ -13,13 +13,14 @@ from typing import Any
 
 import orjson
 
-from .._core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+from .._core import SseEvent
 from ..pricing import Usage
 from .stop_reasons import finish_reason
+from .stream_base import TranslatedStream
 from .usage import chat_usage, usage_from_messages
 
 
-class ChatStreamFromMessages:
+class ChatStreamFromMessages(TranslatedStream):
     """A StreamRewriter (routes/streaming.py) for a chat client of a messages model.
 
     `counted_usage(output_text)` is the gateway's own count, shown in the usage chunk only when the
@@ -28,7 +29,7 @@ class ChatStreamFromMessages:
     def __init__(
         self, response_id: str, include_usage: bool, created: int, counted_usage: Callable[[str], Usage]
     ) -> None:
-        self._parser = SseParser()
+        super().__init__()
         self._id = response_id
         self._include_usage = include_usage
         self._created = created
@@ -40,35 +41,10 @@ class ChatStreamFromMessages:
         self._tool_arguments_sent: dict[int, bool] = {}
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: Any = None
-        self._output: list[str] = []
-        self.done = False
-        self.saw_output = False
-        self.error: bytes | None = None
-
-    @property
-    def output_text(self) -> str:
-        return "".join(self._output)
 
     @property
     def usage(self) -> Usage | None:
         return usage_from_messages(self._usage_fields) if self._usage_fields else None
-
-    def feed(self, chunk: bytes) -> bytes:
-        out = self._translate(self._parser.feed(chunk))
-        if self._parser.overflowed and self.error is None:
-            self.error = OVERSIZED_EVENT_ERROR  # the stream is broken, as after an error event
-        return out
-
-    def finish(self) -> bytes:
-        return self._translate(self._parser.finish())
-
-    def _translate(self, events: list[SseEvent]) -> bytes:
-        out: list[bytes] = []
-        for event in events:
-            if self.done or self.error is not None:
-                break
-            self._handle(event, out)
-        return b"".join(out)
 
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:
         try:

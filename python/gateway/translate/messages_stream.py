@@ -17,10 +17,11 @@ from typing import Any
 
 import orjson
 
-from .._core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+from .._core import SseEvent
 from ..pricing import Usage
 from .answers import reasoning_text
 from .stop_reasons import stop_reason
+from .stream_base import TranslatedStream
 from .usage import messages_usage, usage_from_chat
 
 # An open content block: its kind ("text", "thinking" or "tool_use") and, for a tool call, the call's
@@ -33,14 +34,14 @@ INTERLEAVED_TOOL_CALLS = orjson.dumps(
 )
 
 
-class MessagesStreamFromChat:
+class MessagesStreamFromChat(TranslatedStream):
     """A StreamRewriter (routes/streaming.py) for a messages client of a chat model.
 
     `counted_usage(output_text)` is the gateway's own count, shown in message_delta only when the
     upstream reported no usage."""
 
     def __init__(self, response_id: str, counted_usage: Callable[[str], Usage]) -> None:
-        self._parser = SseParser()
+        super().__init__()
         self._id = response_id
         self._counted_usage = counted_usage
         self._started = False
@@ -50,41 +51,19 @@ class MessagesStreamFromChat:
         self._tool_calls: set[int] = set()
         self._finish_reason: Any = None
         self._usage: Usage | None = None
-        self._output: list[str] = []
-        self.done = False
-        self.saw_output = False
-        self.error: bytes | None = None
-
-    @property
-    def output_text(self) -> str:
-        return "".join(self._output)
 
     @property
     def usage(self) -> Usage | None:
         return self._usage
 
-    def feed(self, chunk: bytes) -> bytes:
-        out = self._translate(self._parser.feed(chunk))
-        if self._parser.overflowed and self.error is None:
-            self.error = OVERSIZED_EVENT_ERROR  # the stream is broken, as after an error event
-        return out
-
     def finish(self) -> bytes:
-        out = self._translate(self._parser.finish())
+        out = super().finish()
         if not self.done and self.error is None and self._finish_reason is not None:
             # An upstream that ends after its finish chunk without `data: [DONE]` is complete too.
             end: list[bytes] = []
             self._end(end)
             out += b"".join(end)
         return out
-
-    def _translate(self, events: list[SseEvent]) -> bytes:
-        out: list[bytes] = []
-        for event in events:
-            if self.done or self.error is not None:
-                break
-            self._handle(event, out)
-        return b"".join(out)
 
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:
         if event.data.strip() == "[DONE]":

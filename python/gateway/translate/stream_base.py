@@ -1,0 +1,40 @@
+"""What both stream translators share: parsing the upstream's SSE bytes (in the Rust core), the
+StreamRewriter state (routes/streaming.py) and the loop that hands each event to the shape's own
+`_handle`, stopping at the end of the stream or the first upstream error."""
+
+from __future__ import annotations
+
+from .._core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+
+
+class TranslatedStream:
+    def __init__(self) -> None:
+        self._parser = SseParser()
+        self._output: list[str] = []
+        self.done = False
+        self.saw_output = False
+        self.error: bytes | None = None
+
+    @property
+    def output_text(self) -> str:
+        return "".join(self._output)
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = self._translate(self._parser.feed(chunk))
+        if self._parser.overflowed and self.error is None:
+            self.error = OVERSIZED_EVENT_ERROR  # the stream is broken, as after an error event
+        return out
+
+    def finish(self) -> bytes:
+        return self._translate(self._parser.finish())
+
+    def _translate(self, events: list[SseEvent]) -> bytes:
+        out: list[bytes] = []
+        for event in events:
+            if self.done or self.error is not None:
+                break
+            self._handle(event, out)
+        return b"".join(out)
+
+    def _handle(self, event: SseEvent, out: list[bytes]) -> None:
+        raise NotImplementedError
