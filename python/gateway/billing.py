@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
-from . import budget, clock
+from . import budget
 from .config import ModelConfig
 from .errors import GatewayError
 from .pricing import Usage, cost
@@ -27,7 +27,7 @@ def require_funds(ctx: KeyContext, now_ms: int | None = None) -> None:
     a key whose own credit limit is used up is refused even when the account has credits."""
     if ctx.account.balance <= 0:
         raise GatewayError("insufficient_credits", "The account has no credits left. Add credits and retry.")
-    if budget.is_exhausted(ctx.key, clock.now_ms() if now_ms is None else now_ms):
+    if budget.is_exhausted(ctx.key, now_ms):
         raise GatewayError(
             "key_budget_exceeded",
             "This key's credit limit is used up. Raise the limit, wait for its reset, or use another key.",
