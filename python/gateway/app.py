@@ -17,7 +17,8 @@ from starlette.responses import Response
 from ._core import count_tokens
 from .config import Settings, settings_from_env
 from .errors import GatewayError, error_response
-from .housekeeping import purge_expired
+from .funds import Funds
+from .housekeeping import purge_expired, tend_leases
 from .providers.http import UpstreamClient
 from .registry import ModelRegistry
 from .routes import (
@@ -40,11 +41,13 @@ log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Starlette:
+    store = open_store(str(settings.store_path))
     state = GatewayState(
         settings=settings,
         registry=ModelRegistry(settings.models),
-        store=open_store(str(settings.store_path)),
+        store=store,
         upstream=UpstreamClient(settings),
+        funds=Funds(store, settings.workers),
     )
 
     @asynccontextmanager
@@ -56,13 +59,14 @@ def create_app(settings: Settings) -> Starlette:
         # scans, which otherwise show up as pauses in the latency tail.
         gc.collect()
         gc.freeze()
-        purging = asyncio.create_task(purge_expired(state))
+        tasks = [asyncio.create_task(purge_expired(state)), asyncio.create_task(tend_leases(state))]
         try:
             yield
         finally:
-            purging.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await purging
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await state.upstream.close()
             await state.store.close()
 

@@ -1,16 +1,22 @@
-"""Where a request's cost is decided and settled: one place for every endpoint."""
+"""Where a request's cost is decided and settled: one place for every endpoint.
+
+Every model request holds its estimated cost before it runs (gateway.funds) and, when it ends,
+either settles to its actual cost (a usage record and a charge) or, when it is not billed, releases
+the hold; model_endpoint releases whatever a handler left open, so no hold leaks.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
-from . import budget
 from .config import ModelConfig
-from .errors import GatewayError
+from .funds import Hold
 from .pricing import Usage, cost
-from .store import KeyContext, Store, UsageRecord
+from .state import GatewayState
+from .store import KeyContext, UsageRecord
 
 
 @dataclass(slots=True)
@@ -20,18 +26,43 @@ class Call:
     ctx: KeyContext
     request_id: str
     started_ns: int
+    hold: Hold | None = None
 
 
-def require_funds(ctx: KeyContext, now_ms: int | None = None) -> None:
-    """Spec 7.5.1: at or below zero, every request is refused, free models included; and spec 5.4:
-    a key whose own credit limit is used up is refused even when the account has credits."""
-    if ctx.account.balance <= 0:
-        raise GatewayError("insufficient_credits", "The account has no credits left. Add credits and retry.")
-    if budget.is_exhausted(ctx.key, now_ms):
-        raise GatewayError(
-            "key_budget_exceeded",
-            "This key's credit limit is used up. Raise the limit, wait for its reset, or use another key.",
-        )
+def estimate_usage(
+    model: ModelConfig, prompt_tokens: int, payload: dict[str, Any] | None = None, *limits: str
+) -> Usage:
+    """The most a text request may consume: its whole prompt and as much output as it may produce
+    (the first of the request's `limits` parameters it sets, never more than the model's
+    max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearer
+    of the output and reasoning prices."""
+    output = model.max_output_tokens
+    for name in limits:
+        value = _positive_int(None if payload is None else payload.get(name))
+        if value is not None:
+            output = min(value, output)
+            break
+    output *= _positive_int(None if payload is None else payload.get("n")) or 1
+    reasoning = output if model.prices.reasoning > model.prices.output else 0
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=output, reasoning_tokens=reasoning)
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def hold(
+    state: GatewayState, call: Call, model: ModelConfig, estimate: Usage, now_ms: int | None = None
+) -> None:
+    """Set the estimated cost aside on the account and the key's limit, or refuse the request with
+    insufficient_credits / key_budget_exceeded before it runs (spec 5.4, 7.5.1, 8)."""
+    call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
+
+
+def release(state: GatewayState, call: Call) -> None:
+    """The request ended without a charge (refused, failed upstream, nothing streamed)."""
+    if call.hold is not None:
+        state.funds.release(call.hold, Decimal(0))
 
 
 def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage) -> UsageRecord:
@@ -51,10 +82,12 @@ def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage
 
 
 def settle(
-    store: Store, call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage
+    state: GatewayState, call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage
 ) -> Decimal:
-    """Record the usage and charge its cost, exactly once; survives a killed process from the moment
-    this returns (see store/journal.py). Returns the charged cost."""
+    """Record the usage and charge its cost, exactly once, and close the hold; survives a killed
+    process from the moment this returns (see store/journal.py). Returns the charged cost."""
     record = _record(call, model, response_id, status, usage)
-    store.settle(record)
+    state.store.settle(record)
+    if call.hold is not None:
+        state.funds.release(call.hold, record.cost)
     return record.cost

@@ -12,8 +12,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from . import clock
-
 if TYPE_CHECKING:  # the store itself uses period_start_ms
     from .store import ApiKey
 
@@ -39,11 +37,3 @@ def spent_now(key: ApiKey, now_ms: int) -> Decimal:
     if key.spent_period_ms == period_start_ms(key.limit_reset, now_ms):
         return key.spent
     return Decimal(0)
-
-
-def is_exhausted(key: ApiKey, now_ms: int | None = None) -> bool:
-    """True when the key's limit is used up at `now_ms` (now when None; the clock is only read for
-    keys that have a limit)."""
-    if key.credit_limit is None:
-        return False
-    return spent_now(key, clock.now_ms() if now_ms is None else now_ms) >= key.credit_limit

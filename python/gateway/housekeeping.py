@@ -1,6 +1,7 @@
 """Background upkeep of one gateway process: deleting what has expired (served images, response
-states). Runs as a task of the app's lifespan; each worker runs one, and a delete that finds nothing
-costs one index lookup."""
+states), giving idle leases back and reclaiming what dead processes left (gateway.funds). Runs as
+tasks of the app's lifespan; each worker runs them, and a pass that finds nothing costs an index
+lookup or a directory listing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from .state import GatewayState
 
 # Expired rows are deleted at least this often (more often when image URLs live shorter).
 PURGE_INTERVAL_SECONDS = 60.0
+# Idle leases go back this often; dead processes' journals and leases are reclaimed every
+# RECLAIM_EVERY passes.
+LEASE_INTERVAL_SECONDS = 1.0
+RECLAIM_EVERY = 10
 log = logging.getLogger("gateway.housekeeping")
 
 
@@ -26,3 +31,16 @@ async def purge_expired(state: GatewayState) -> None:
                 await purge(now)
             except Exception:  # retried at the next tick; the task must not die
                 log.exception("purging expired %s failed", what)
+
+
+async def tend_leases(state: GatewayState) -> None:
+    passes = 0
+    while True:
+        await asyncio.sleep(LEASE_INTERVAL_SECONDS)
+        passes += 1
+        try:
+            await state.funds.return_idle()
+            if passes % RECLAIM_EVERY == 0:
+                await state.store.reclaim_orphans()
+        except Exception:  # retried at the next tick; the task must not die
+            log.exception("tending leases failed")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import Settings
+from .funds import Funds
 from .providers.http import UpstreamClient
 from .registry import ModelRegistry
 from .store import Store
@@ -16,3 +17,4 @@ class GatewayState:
     registry: ModelRegistry
     store: Store
     upstream: UpstreamClient
+    funds: Funds

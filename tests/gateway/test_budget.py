@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -14,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import billing
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.budget import FOREVER, period_start_ms
 from gateway.errors import GatewayError
+from gateway.funds import Funds, Hold
 from gateway.store import KeyContext, UsageRecord
 from gateway.store.sqlite import SqliteStore
 from harness import Gateway
@@ -66,15 +67,18 @@ def test_boundaries_exactly() -> None:
 def test_limit_used_up_then_reset(
     tmp_path: Path, reset: str | None, inside: str, after_reset: str | None
 ) -> None:
+    """Holds against a key limit of 0.05 with an injected clock: 0.02 and 0.03 fit and are spent;
+    then nothing fits until the period resets, while the account is far from empty."""
     spent_at = utc("2026-11-23T10:00:00")
 
     async def go() -> list[str]:
         store = SqliteStore(tmp_path / "b.db")
         await store.start()
+        funds = Funds(store, workers=1)
         try:
             account = await store.create_account("a", Decimal(100))
             secret = generate_key()
-            key = await store.create_key(
+            await store.create_key(
                 account.id,
                 "k",
                 hash_key(secret),
@@ -83,33 +87,25 @@ def test_limit_used_up_then_reset(
                 credit_limit=Decimal("0.05"),
                 limit_reset=reset,
             )
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None
             outcomes = []
             for i, cost in enumerate(("0.02", "0.03")):
-                ctx = await store.find_key(hash_key(secret))
-                assert ctx is not None
-                outcomes.append(_check(ctx, spent_at))
-                record = UsageRecord(
-                    f"r{i}",
-                    "req",
-                    key.id,
-                    account.id,
-                    "m",
-                    "completed",
-                    1,
-                    1,
-                    Decimal(cost),
-                    spent_at,
-                    spent_at,
-                )
-                store.settle(record)
+                outcome, held = await _hold(funds, ctx, Decimal(cost), spent_at)
+                outcomes.append(outcome)
+                assert held is not None
+                store.settle(_record(f"r{i}", ctx, Decimal(cost), spent_at))
+                funds.release(held, Decimal(cost))
                 # An awaited write queued behind the settlement: the one writer applies them in order.
                 await store.purge_responses(0)
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None and ctx.key.spent == Decimal("0.05")
-            assert ctx.account.balance == Decimal("99.95")  # the account is far from empty
-            outcomes.append(_check(ctx, utc(inside)))
-            if after_reset is not None:
-                outcomes.append(_check(ctx, utc(after_reset)))
+            key = await store.get_key(ctx.key.id)
+            assert key is not None and key.spent == Decimal("0.05")
+            assert await store.get_account(account.id) == replace(ctx.account, balance=Decimal("99.95"))
+            for moment in (inside, after_reset) if after_reset else (inside,):
+                outcome, held = await _hold(funds, ctx, Decimal("0.01"), utc(moment))
+                outcomes.append(outcome)
+                if held is not None:
+                    funds.release(held, Decimal(0))
             return outcomes
         finally:
             await store.close()
@@ -118,27 +114,26 @@ def test_limit_used_up_then_reset(
     assert asyncio.run(go()) == expected
 
 
-def _check(ctx: KeyContext, now_ms: int) -> str:
+async def _hold(funds: Funds, ctx: KeyContext, amount: Decimal, now_ms: int) -> tuple[str, Hold | None]:
     try:
-        billing.require_funds(ctx, now_ms)
+        return "ok", await funds.hold(ctx, amount, now_ms)
     except GatewayError as err:
-        return err.code
-    return "ok"
+        return err.code, None
+
+
+def _record(rid: str, ctx: KeyContext, cost: Decimal, at_ms: int) -> UsageRecord:
+    return UsageRecord(rid, "req", ctx.key.id, ctx.account.id, "m", "completed", 1, 1, cost, at_ms, at_ms)
 
 
 def test_through_the_gateway(gw: Gateway) -> None:
+    """A key whose limit cannot cover a request's estimate is refused before the request runs, with
+    the account's balance untouched."""
     handle = gw.new_key(credit_limit="0.0000001", limit_reset="daily")
     with openai.OpenAI(base_url=gw.openai_base, api_key=handle.key, max_retries=0) as client:
         body = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "spend"}]}
-        client.chat.completions.create(**body)  # type: ignore[call-overload]
-        deadline = time.monotonic() + 5
-        while True:  # the settlement lands moments after the response
-            try:
-                client.chat.completions.create(**body)  # type: ignore[call-overload]
-            except openai.BadRequestError as err:
-                assert err.code == "key_budget_exceeded"
-                assert isinstance(err.body, dict) and err.body["type"] == "insufficient_credits"
-                break
-            assert time.monotonic() < deadline, "the key's limit was never enforced"
-            time.sleep(0.05)
-    assert gw.balance(handle.account_id) > 0
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**body)  # type: ignore[call-overload]
+    assert caught.value.code == "key_budget_exceeded"
+    assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "insufficient_credits"
+    time.sleep(0.1)
+    assert gw.balance(handle.account_id) == 100

@@ -178,6 +178,8 @@ def test_kill_9_under_load_loses_no_charge(sim_url: str, tmp_path: Path) -> None
             killer.close()
     assert len(answered) > 50
 
+    with sqlite3.connect(db) as conn:
+        dead_leases = conn.execute("SELECT owner FROM leases").fetchall()
     with running(["serve", "--config", str(config)], port):
 
         async def verify() -> tuple[int, Decimal]:
@@ -198,8 +200,13 @@ def test_kill_9_under_load_loses_no_charge(sim_url: str, tmp_path: Path) -> None
     with sqlite3.connect(db) as conn:
         (count,) = conn.execute("SELECT COUNT(*) FROM usage_records").fetchone()
         total = sum(Decimal(c) for (c,) in conn.execute("SELECT cost FROM usage_records"))
+        # The killed process's leases went back when the restart replayed its journal, and the
+        # restarted one returned its own when it stopped: no hold is left open.
+        leases = conn.execute("SELECT owner, amount FROM leases").fetchall()
     assert balance == Decimal(100) - total
     assert count >= len(answered)
+    assert leases == []
+    assert dead_leases, "the killed process held leases while it ran"
 
 
 def _tree(pid: int) -> list[int]:

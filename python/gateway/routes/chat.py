@@ -44,7 +44,13 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(raw)
         model = state.registry.resolve(payload.get("model"), call.ctx, "chat")
         _validate(payload)
-        billing.require_funds(call.ctx)
+        prompt_tokens = count_chat_tokens(raw, model.tokenizer)
+        await billing.hold(
+            state,
+            call,
+            model,
+            billing.estimate_usage(model, prompt_tokens, payload, "max_completion_tokens", "max_tokens"),
+        )
         if model.type == "messages":
             return await _from_messages_model(state, request, call, model, raw, payload)
 

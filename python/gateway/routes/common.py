@@ -3,18 +3,42 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from .. import billing
 from ..auth import authenticate
 from ..billing import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import request_id
 from ..state import GatewayState
+
+
+class HeldStream(StreamingResponse):
+    """A streamed answer that closes its request's hold however it ends: its body settles what was
+    streamed, and whatever the body left open (a client gone before the body began) is released."""
+
+    def __init__(
+        self, content: AsyncGenerator[bytes, None], on_end: Callable[[], None], **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._content = content
+        self._on_end = on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # A body cut off mid-way (client disconnect) runs its own clean-up (settlement) now,
+            # not whenever the collector finds it.
+            await self._content.aclose()
+            self._on_end()
+
 
 ModelHandler = Callable[[Request, Call], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -29,10 +53,17 @@ def model_endpoint(state: GatewayState, handler: ModelHandler) -> Endpoint:
         ctx = await authenticate(request, state.store)
         call = Call(ctx=ctx, request_id=request_id(), started_ns=time.time_ns())
         try:
-            return await handler(request, call)
+            response = await handler(request, call)
         except GatewayError as err:
+            billing.release(state, call)
             err.headers[REQUEST_ID_HEADER] = call.request_id
             raise
+        except BaseException:
+            billing.release(state, call)
+            raise
+        if not isinstance(response, HeldStream):  # a stream closes its hold when it ends
+            billing.release(state, call)
+        return response
 
     return endpoint
 

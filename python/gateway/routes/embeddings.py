@@ -26,7 +26,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "embedding")
         inputs = _inputs(payload.get("input"))
-        billing.require_funds(call.ctx)
+        await billing.hold(state, call, model, _counted_usage(model, inputs))
         upstream = orjson.dumps(state.registry.upstream_body(model, payload))
         # OpenAI's embeddings answer has no id; the gateway adds one (spec 2.4), for the usage lookup.
         rid = response_id("embd-")

@@ -47,7 +47,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "image")
         prompt = _prompt(payload.get("prompt"))
-        billing.require_funds(call.ctx)
+        await billing.hold(state, call, model, _estimate(model, prompt, payload.get("n")))
         upstream_body = orjson.dumps(state.registry.upstream_body(model, payload))
         return await _create(state, request, call, model, prompt, upstream_body)
 
@@ -62,7 +62,7 @@ def routes(state: GatewayState) -> list[Route]:
         prompt = _prompt(fields.get("prompt"))
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
-        billing.require_funds(call.ctx)
+        await billing.hold(state, call, model, _estimate(model, prompt, _int(fields.get("n"))))
         keep = state.registry.forwarded_params(model) | EDIT_FIELDS
         form = [_form_part(p, model) for p in parts if p.name in keep]
         upstream_body, form_type = encode_form(form)
@@ -128,7 +128,7 @@ async def _create(
     ]
     body = orjson.dumps({**answer, "id": rid, "data": data})
     usage = _usage(answer, len(images), model, prompt)
-    charged = billing.settle(state.store, call, model, rid, "completed", usage)
+    charged = billing.settle(state, call, model, rid, "completed", usage)
     headers = {REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
     return Response(body, media_type="application/json", headers=headers)
 
@@ -193,6 +193,21 @@ async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
             raise GatewayError("provider_error", "The model's image is larger than the gateway keeps.")
         parts.append(chunk)
     return b"".join(parts)
+
+
+def _estimate(model: ModelConfig, prompt: str, n: Any) -> Usage:
+    """The most an image request may cost: `n` images (1 by default), the prompt's tokens and the
+    model's longest output in tokens (GPT image models bill their output as tokens)."""
+    images = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return Usage(
+        prompt_tokens=count_tokens(prompt, model.tokenizer),
+        completion_tokens=model.max_output_tokens,
+        images=images,
+    )
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
 
 
 def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str) -> Usage:

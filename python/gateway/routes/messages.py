@@ -40,7 +40,12 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
         _validate(payload)
-        billing.require_funds(call.ctx)
+        await billing.hold(
+            state,
+            call,
+            model,
+            billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_tokens"),
+        )
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
         upstream = orjson.dumps(state.registry.upstream_body(model, payload))

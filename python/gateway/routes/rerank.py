@@ -29,7 +29,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "rerank")
         texts = _validate(payload)
-        billing.require_funds(call.ctx)
+        await billing.hold(state, call, model, _counted(model, payload, texts))
         upstream = orjson.dumps(state.registry.upstream_body(model, payload))
         rid = response_id("rerank-")
         return await forward_plain(

@@ -45,7 +45,13 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "responses")
         _validate(payload)
-        billing.require_funds(call.ctx)
+        # Earlier turns held upstream (previous_response_id) cannot be counted here.
+        await billing.hold(
+            state,
+            call,
+            model,
+            billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_output_tokens"),
+        )
 
         upstream = state.registry.upstream_body(model, payload)
         previous = payload.get("previous_response_id")
@@ -104,7 +110,7 @@ def routes(state: GatewayState) -> list[Route]:
         except (InvalidJsonError, orjson.JSONDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
         # Charged first: the model has run, so its cost is kept even if keeping the state fails.
-        charged = billing.settle(state.store, call, model, rid, "completed", usage)
+        charged = billing.settle(state, call, model, rid, "completed", usage)
         await remember(answer.upstream_id)
         return Response(
             answer.body,

@@ -31,7 +31,9 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "speech")
         text = _validate(payload)
-        billing.require_funds(call.ctx)
+        # The cost depends on the input alone: known before the model runs.
+        usage = Usage(prompt_tokens=count_tokens(text, model.tokenizer), characters=len(text))
+        await billing.hold(state, call, model, usage)
         channel = model.channels[0]
         provider = PROVIDERS[channel.provider]
         upstream = await send(
@@ -42,10 +44,9 @@ def routes(state: GatewayState) -> list[Route]:
             stream=True,
             read_timeout=state.settings.stream_idle_timeout_seconds,
         )
-        # The cost depends on the input alone: settled once the model has accepted the request.
+        # Settled once the model has accepted the request.
         rid = response_id("speech-")
-        usage = Usage(prompt_tokens=count_tokens(text, model.tokenizer), characters=len(text))
-        charged = billing.settle(state.store, call, model, rid, "completed", usage)
+        charged = billing.settle(state, call, model, rid, "completed", usage)
 
         async def audio() -> AsyncIterator[bytes]:
             try:

@@ -4,11 +4,11 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from .. import billing
 from .._core import count_tokens
@@ -20,7 +20,7 @@ from ..providers import PROVIDERS
 from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..state import GatewayState
-from .common import REQUEST_ID_HEADER
+from .common import REQUEST_ID_HEADER, HeldStream
 from .upstream import ReportedUsage, reported_usage
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -103,7 +103,7 @@ async def forward_stream(
             response.release()
             raise
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncGenerator[bytes, None]:
         failure: bytes | None = None
         try:
             yield first
@@ -136,7 +136,9 @@ async def forward_stream(
             yield error_event + b"data: " + failure + b"\n\n"
 
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+    return HeldStream(
+        body(), lambda: billing.release(state, call), media_type="text/event-stream", headers=headers
+    )
 
 
 def _settle(
@@ -161,4 +163,4 @@ def _settle(
         )
     else:
         usage = Usage()
-    billing.settle(state.store, call, model, rid, "completed" if complete else "incomplete", usage)
+    billing.settle(state, call, model, rid, "completed" if complete else "incomplete", usage)

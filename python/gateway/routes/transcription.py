@@ -41,7 +41,7 @@ def routes(state: GatewayState) -> list[Route]:
         upload = next((p for p in parts if p.name == "file"), None)
         if upload is None or not upload.data or not upload.filename:
             raise invalid_request("`file` is required: the audio file to transcribe.", "file")
-        billing.require_funds(call.ctx)
+        await billing.hold(state, call, model, _estimate(model, upload.data))
 
         keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["transcription"]
         form, form_type = encode_form(
@@ -63,7 +63,7 @@ def routes(state: GatewayState) -> list[Route]:
         except (InvalidJsonError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
         usage = reported or _counted(model, upload.data, text)
-        charged = billing.settle(state.store, call, model, rid, "completed", usage)
+        charged = billing.settle(state, call, model, rid, "completed", usage)
         headers = {
             REQUEST_ID_HEADER: call.request_id,
             RESPONSE_ID_HEADER: rid,
@@ -94,6 +94,19 @@ def _read_answer(body: bytes) -> tuple[str, Usage | None]:
     elif isinstance(data, dict) and isinstance(data.get("duration"), int | float):
         reported = Usage(seconds=math.ceil(data["duration"]))
     return (text if isinstance(text, str) else ""), reported
+
+
+# The lowest bitrate a compressed upload plausibly has (8 kbit/s): its size then bounds its length.
+MIN_AUDIO_BYTES_PER_SECOND = 1000
+
+
+def _estimate(model: ModelConfig, audio: bytes) -> Usage:
+    """The most a transcription may cost: the WAV's duration (other formats: as long as their size
+    allows at the lowest plausible bitrate) and the model's longest output."""
+    seconds = wav_seconds(audio)
+    if seconds is None:
+        seconds = len(audio) / MIN_AUDIO_BYTES_PER_SECOND
+    return Usage(seconds=math.ceil(seconds), completion_tokens=model.max_output_tokens)
 
 
 def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:

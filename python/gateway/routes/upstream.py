@@ -119,7 +119,7 @@ async def forward_plain(
             body = to_client(body, usage)
     except (InvalidJsonError, orjson.JSONDecodeError) as exc:
         raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
-    charged = billing.settle(state.store, call, model, rid, "completed", usage)
+    charged = billing.settle(state, call, model, rid, "completed", usage)
     return Response(
         body,
         media_type="application/json",

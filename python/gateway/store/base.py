@@ -72,6 +72,10 @@ class KeyChanges(TypedDict, total=False):
     expires_at_ms: int | None
 
 
+# What a lease sets money aside from: an account's balance, or a key's own credit limit.
+POT_KINDS: Final = ("account", "key")
+
+
 class NameTaken(Exception):
     """Another account has this name already."""
 
@@ -181,11 +185,34 @@ class Store(Protocol):
         """Flush pending writes and close."""
 
     async def find_key(self, key_hash: bytes) -> KeyContext | None:
-        """The live (not deleted) key with this hash, with its account."""
+        """The live (not deleted) key with this hash, with its account. May come from a cache that
+        every change to a key or an account invalidates, across processes: the account's balance and
+        the key's spending in it are as of some earlier moment, never to be used for money decisions
+        (gateway.funds decides those)."""
+
+    @property
+    def lease_owner(self) -> str:
+        """This process's name on its leases (and its settlement journal)."""
+
+    async def lease(self, kind: str, pot_id: str, need: Decimal, share: int, now_ms: int) -> Decimal:
+        """Set money of a pot aside for this process's holds (gateway.funds), atomically with every
+        other process's leases: the pot is an account's balance (`kind` "account") or a key's own
+        credit limit in the period that contains `now_ms` ("key"). What is free is the pot minus
+        every live lease on it. Grants nothing when less than `need` is free; otherwise `need` plus
+        a 1/`share` part of the rest (so that `share` processes can each hold a part). Returns the
+        amount granted; this process's lease on the pot grows by it."""
+
+    async def return_lease(self, kind: str, pot_id: str, amount: Decimal) -> None:
+        """Give back part of this process's lease on a pot."""
+
+    async def reclaim_orphans(self) -> int:
+        """Apply the settlements that dead processes journaled and return their leases; returns
+        how many settlements were new. Safe to call at any time from any process."""
 
     def settle(self, record: UsageRecord) -> None:
-        """Store the usage record and charge its cost, atomically and exactly once. Returns at once;
-        from then on the charge survives a killed process. The record is readable moments later."""
+        """Store the usage record and charge its cost, atomically and exactly once, taking the cost
+        off this process's leases on the account and the key as well. Returns at once; from then on
+        the charge survives a killed process. The record is readable moments later."""
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         """The record, only if it belongs to this key."""

@@ -6,9 +6,10 @@ out. No fsync: a killed process cannot lose what the kernel already holds (a pow
 the same promise as SQLite's synchronous=NORMAL). The store applies settlements in batches off the
 request path and truncates the journal whenever everything written has been applied.
 
-Every live process holds an exclusive flock on its own journal. At start-up a process replays every
-journal whose lock it can take (its owner is dead) and deletes it; replay is idempotent because a
-settlement is keyed by its usage id.
+Every live process holds an exclusive flock on its own journal. At start-up, and then now and
+again, a process replays every journal whose lock it can take (its owner is dead) and deletes it;
+replay is idempotent because a settlement is keyed by its usage id. The journal's name is also the
+process's name on its leases (gateway.funds): a dead owner's leases are returned with its replay.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import fcntl
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -25,6 +27,7 @@ import orjson
 from .base import UsageRecord
 
 PREFIX = "settlements-"
+SUFFIX = ".jsonl"
 
 
 def encode(r: UsageRecord) -> bytes:
@@ -38,7 +41,8 @@ def decode(line: bytes) -> UsageRecord:
 class Journal:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{PREFIX}{os.getpid()}-{os.urandom(4).hex()}.jsonl"
+        self.path = directory / f"{PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
+        self.owner = owner_of(self.path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._lock = threading.Lock()
@@ -67,13 +71,34 @@ class Journal:
             self.path.unlink(missing_ok=True)
 
 
+def owner_of(path: Path) -> str:
+    return path.name.removesuffix(SUFFIX)
+
+
+def _journals(directory: Path) -> list[Path]:
+    return sorted(directory.glob(PREFIX + "*" + SUFFIX)) if directory.is_dir() else []
+
+
+def owners(directory: Path) -> set[str]:
+    """Every process that has a journal here, alive or dead and not yet replayed."""
+    return {owner_of(path) for path in _journals(directory)}
+
+
+@dataclass(slots=True)
+class Orphan:
+    """The journal of a dead process: its name and the settlements it holds."""
+
+    owner: str
+    records: list[UsageRecord]
+
+
 @contextlib.contextmanager
-def orphans(directory: Path) -> Iterator[list[UsageRecord]]:
-    """Settlements in the journals of dead processes. Deleted after the block, if it succeeds."""
+def orphans(directory: Path) -> Iterator[list[Orphan]]:
+    """The journals of dead processes. Deleted after the block, if it succeeds."""
     held: list[tuple[int, Path]] = []
-    records: list[UsageRecord] = []
+    found: list[Orphan] = []
     try:
-        for path in sorted(directory.glob(PREFIX + "*.jsonl")) if directory.is_dir() else []:
+        for path in _journals(directory):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -84,11 +109,13 @@ def orphans(directory: Path) -> Iterator[list[UsageRecord]]:
                 os.close(fd)
                 continue
             held.append((fd, path))
+            orphan = Orphan(owner_of(path), [])
             with open(fd, "rb", closefd=False) as f:
                 for line in f:
                     if line.endswith(b"\n"):  # a line cut short by a crash was never acknowledged
-                        records.append(decode(line))
-        yield records
+                        orphan.records.append(decode(line))
+            found.append(orphan)
+        yield found
         for _, path in held:
             path.unlink(missing_ok=True)
     finally:

@@ -7,6 +7,8 @@ others. Several worker processes share the file; BEGIN IMMEDIATE and busy_timeou
 Settlements do not wait for their commit: they are journaled first (see journal.py), so a response
 never waits on the database, and a killed process loses no charge.
 Money is stored as decimal text and added in Python's Decimal inside the write transaction.
+Key lookups are cached per process behind a generation counter that every change to a key or an
+account bumps, in a file every process sharing the database sees (see KeyCache).
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..budget import period_start_ms
+from ..budget import period_start_ms, spent_now
 from ..clock import now_ms
 from . import journal
 from .base import (
@@ -40,6 +42,7 @@ from .base import (
     TopUp,
     UsageRecord,
 )
+from .key_cache import KeyCache
 
 T = TypeVar("T")
 WriteOp = Callable[[sqlite3.Connection], Any]
@@ -124,6 +127,18 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE api_keys ADD COLUMN spent TEXT NOT NULL DEFAULT '0';
     ALTER TABLE api_keys ADD COLUMN spent_period_ms INTEGER NOT NULL DEFAULT 0;
     """,
+    # Money each live process has set aside for its holds (gateway.funds): one row per process and
+    # pot, the pot being an account's balance or a key's credit limit. Owner: the process's journal.
+    """
+    CREATE TABLE leases (
+        kind TEXT NOT NULL,
+        pot_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        amount TEXT NOT NULL,
+        PRIMARY KEY (kind, pot_id, owner)
+    );
+    CREATE INDEX leases_owner ON leases(owner);
+    """,
 )
 
 _STOP = object()
@@ -156,6 +171,8 @@ log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
 # much later; charges are safe in the journal from the start).
 SETTLEMENT_LINGER_SECONDS = 0.01
+# Leases are granted in whole nano-dollars beyond what the hold needs.
+_LEASE_QUANTUM = Decimal("0.000000001")
 
 
 def _new_id(prefix: str) -> str:
@@ -170,6 +187,7 @@ class SqliteStore:
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._journal: journal.Journal | None = None
+        self._keys = KeyCache(self.path.parent / (self.path.name + ".generation"))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -178,8 +196,9 @@ class SqliteStore:
         self._loop = asyncio.get_running_loop()
         writer_conn = self._connect(check_same_thread=False)
         self._migrate(writer_conn)
-        self._replay_orphans(writer_conn)
+        _reclaim(writer_conn, self.journal_dir)
         self._journal = journal.Journal(self.journal_dir)
+        self._keys.open()
         self._reader = self._connect(check_same_thread=True)
         self._writer = threading.Thread(
             target=self._write_loop, args=(writer_conn,), name="gateway-sqlite-writer", daemon=True
@@ -190,23 +209,28 @@ class SqliteStore:
     def journal_dir(self) -> Path:
         return self.path.parent / (self.path.name + ".journal")
 
-    def _replay_orphans(self, conn: sqlite3.Connection) -> None:
-        """Apply what dead processes journaled but did not get into the store."""
-        with journal.orphans(self.journal_dir) as records:
-            if records:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    applied = sum(_settle(conn, r) for r in records)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                log.warning(
-                    "replayed %d journaled settlements (%d new) of stopped processes", len(records), applied
-                )
+    @property
+    def lease_owner(self) -> str:
+        if self._journal is None:
+            raise RuntimeError("store is not started")
+        return self._journal.owner
+
+    async def reclaim_orphans(self) -> int:
+        # Its own connection and transaction: a dead journal is deleted only after its commit.
+        def reclaim() -> int:
+            conn = self._connect(check_same_thread=True)
+            try:
+                return _reclaim(conn, self.journal_dir)
+            finally:
+                conn.close()
+
+        return await asyncio.to_thread(reclaim)
 
     async def close(self) -> None:
         if self._writer is not None:
+            if self._journal is not None:  # this process's leases go back with it
+                owner = self._journal.owner
+                await self._write(lambda conn: conn.execute("DELETE FROM leases WHERE owner = ?", (owner,)))
             self._queue.put(_STOP)
             await asyncio.to_thread(self._writer.join)
             self._writer = None
@@ -216,6 +240,7 @@ class SqliteStore:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        self._keys.close()
 
     def _connect(self, *, check_same_thread: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -318,11 +343,18 @@ class SqliteStore:
         return self._reader
 
     async def find_key(self, key_hash: bytes) -> KeyContext | None:
+        # The generation is read before the row: a change committed in between is seen next time.
+        generation = self._keys.generation()
+        ctx = self._keys.get(key_hash, generation)
+        if ctx is not None:
+            return ctx
         row = self._read().execute(_FIND_KEY, (key_hash,)).fetchone()
         if row is None:
             return None
         split = len(_KEY_COLUMNS)
-        return KeyContext(key=_key(row[:split]), account=_account(row[split:]))
+        ctx = KeyContext(key=_key(row[:split]), account=_account(row[split:]))
+        self._keys.put(key_hash, ctx, generation)
+        return ctx
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         row = (
@@ -389,7 +421,29 @@ class SqliteStore:
         if self._journal is None:
             raise RuntimeError("store is not started")
         self._journal.append(record)  # durable against a killed process from here on
-        self._queue.put((lambda conn: _settle(conn, record), None, True))
+        owner = self._journal.owner
+        self._queue.put((lambda conn: _settle(conn, record, owner), None, True))
+
+    async def lease(self, kind: str, pot_id: str, need: Decimal, share: int, now_ms: int) -> Decimal:
+        owner = self.lease_owner
+
+        def op(conn: sqlite3.Connection) -> Decimal:
+            free = _free(conn, kind, pot_id, now_ms)
+            if free is None:  # the key has no limit (any more): only the account's balance counts
+                return need
+            if free < need:
+                return Decimal(0)
+            rest = free - need
+            grant = need + (rest if share == 1 else (rest / share).quantize(_LEASE_QUANTUM, ROUND_DOWN))
+            _add_to_lease(conn, kind, pot_id, owner, grant)
+            return grant
+
+        granted: Decimal = await self._write(op)
+        return granted
+
+    async def return_lease(self, kind: str, pot_id: str, amount: Decimal) -> None:
+        owner = self.lease_owner
+        await self._write(lambda conn: _add_to_lease(conn, kind, pot_id, owner, -amount))
 
     async def put_images(self, images: Sequence[StoredImage]) -> None:
         def op(conn: sqlite3.Connection) -> None:
@@ -486,6 +540,7 @@ class SqliteStore:
             return None if row is None else _account(row)
 
         result: Account | None = await self._write(op)
+        self._keys.changed()
         return result
 
     async def top_up(self, account_id: str, amount: Decimal, note: str | None) -> TopUp | None:
@@ -572,6 +627,7 @@ class SqliteStore:
             return _live_key(conn, key_id)
 
         result: ApiKey | None = await self._write(op)
+        self._keys.changed()
         return result
 
     async def rotate_key(self, key_id: str, key_hash: bytes, prefix: str) -> ApiKey | None:
@@ -583,6 +639,7 @@ class SqliteStore:
             return _live_key(conn, key_id)
 
         result: ApiKey | None = await self._write(op)
+        self._keys.changed()
         return result
 
     async def delete_key(self, key_id: str) -> bool:
@@ -594,11 +651,13 @@ class SqliteStore:
             return cur.rowcount == 1
 
         result: bool = await self._write(op)
+        self._keys.changed()
         return result
 
 
-def _settle(conn: sqlite3.Connection, r: UsageRecord) -> bool:
-    """Record and charge once: a settlement applied again (journal replay) changes nothing."""
+def _settle(conn: sqlite3.Connection, r: UsageRecord, owner: str | None) -> bool:
+    """Record and charge once: a settlement applied again (journal replay) changes nothing. The
+    charge comes off the `owner` process's leases too: the money it had set aside is spent."""
     inserted = conn.execute(
         f"INSERT OR IGNORE INTO usage_records ({_COLUMNS}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})",
         r.as_row(),
@@ -609,7 +668,85 @@ def _settle(conn: sqlite3.Connection, r: UsageRecord) -> bool:
             "UPDATE accounts SET balance = ? WHERE id = ?", (str(Decimal(balance) - r.cost), r.account_id)
         )
         _count_key_spend(conn, r)
+        if owner is not None:
+            _add_to_lease(conn, "account", r.account_id, owner, -r.cost)
+            _add_to_lease(conn, "key", r.key_id, owner, -r.cost)
     return inserted == 1
+
+
+def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
+    """Apply what dead processes journaled but did not get into the store, and return their leases
+    (and any lease whose owner has no journal left). Returns how many settlements were new."""
+    with journal.orphans(journal_dir) as found:
+        leased = {owner for (owner,) in conn.execute("SELECT DISTINCT owner FROM leases")}
+        if not found and leased <= journal.owners(journal_dir):
+            return 0
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            applied = sum(_settle(conn, r, None) for orphan in found for r in orphan.records)
+            # Listed inside the transaction: a process that leases after this listing created its
+            # journal before, as every lease waits for this transaction's lock.
+            alive = journal.owners(journal_dir) - {orphan.owner for orphan in found}
+            gone = [
+                (owner,)
+                for (owner,) in conn.execute("SELECT DISTINCT owner FROM leases")
+                if owner not in alive
+            ]
+            conn.executemany("DELETE FROM leases WHERE owner = ?", gone)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        records = sum(len(orphan.records) for orphan in found)
+        if records or gone:
+            log.warning(
+                "replayed %d journaled settlements (%d new) and returned the leases of %d stopped processes",
+                records,
+                applied,
+                len(gone),
+            )
+        return applied
+
+
+def _free(conn: sqlite3.Connection, kind: str, pot_id: str, now_ms: int) -> Decimal | None:
+    """What a pot holds that no process has leased: the account's balance, or what is left of the
+    key's credit limit in the current period (None: the key has no limit)."""
+    if kind == "account":
+        row = conn.execute("SELECT balance FROM accounts WHERE id = ?", (pot_id,)).fetchone()
+        total = Decimal(0) if row is None else Decimal(row[0])
+    elif kind == "key":
+        row = conn.execute(f"SELECT {_KEY} FROM api_keys WHERE id = ?", (pot_id,)).fetchone()
+        if row is None:
+            return Decimal(0)
+        key = _key(row)
+        if key.credit_limit is None:
+            return None
+        total = key.credit_limit - spent_now(key, now_ms)
+    else:
+        raise ValueError(f"unknown pot kind {kind!r}")
+    leased = conn.execute("SELECT amount FROM leases WHERE kind = ? AND pot_id = ?", (kind, pot_id))
+    return total - sum((Decimal(amount) for (amount,) in leased), Decimal(0))
+
+
+def _add_to_lease(conn: sqlite3.Connection, kind: str, pot_id: str, owner: str, delta: Decimal) -> None:
+    """Grow (or, with a negative delta, shrink) a process's lease; a lease never goes below zero,
+    and an empty one is deleted."""
+    where = (kind, pot_id, owner)
+    row = conn.execute(
+        "SELECT amount FROM leases WHERE kind = ? AND pot_id = ? AND owner = ?", where
+    ).fetchone()
+    amount = max(Decimal(0), (Decimal(row[0]) if row else Decimal(0)) + delta)
+    if amount.is_zero():
+        if row is not None:
+            conn.execute("DELETE FROM leases WHERE kind = ? AND pot_id = ? AND owner = ?", where)
+    elif row is None:
+        conn.execute(
+            "INSERT INTO leases (kind, pot_id, owner, amount) VALUES (?, ?, ?, ?)", (*where, str(amount))
+        )
+    else:
+        conn.execute(
+            "UPDATE leases SET amount = ? WHERE kind = ? AND pot_id = ? AND owner = ?", (str(amount), *where)
+        )
 
 
 def _nobody_waits(item: Any) -> bool:

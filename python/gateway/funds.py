@@ -1,0 +1,159 @@
+"""Holds: the money a running request may still cost, set aside before it runs (spec 8: a request
+that would take credits below zero is refused before it runs).
+
+A request holds its estimated cost on its account's balance and, when its key has a credit limit,
+on that limit too; both or neither. The hold is settled to the actual cost when the request ends,
+or released unused when it fails.
+
+Holds live in this process's memory, so the hot path touches no database. They are placed against
+leases: money of a pot (an account's balance or a key's limit) that the store has set aside for this
+process, atomically with every other process's leases, so that the leases of all processes never
+exceed what the pot holds (gateway.store: lease). A hold that its lease cannot cover asks the store
+for more; the store grants what the hold needs plus a 1/workers part of what is left free, so a
+single process leases the whole pot at once and a request only waits on the database when a lease
+runs short. A charge takes its cost off the lease (in memory at once, in the store with the
+settlement's commit); idle leases go back after a while; a dead process's leases go back when its
+journal is replayed (store/journal.py), so no hold outlives its process.
+
+Exactness: within one process, requests are admitted exactly while the money lasts. Across worker
+processes nothing is ever overspent, but a request may be refused while another process still
+holds an unused part of the pot, for at most LEASE_IDLE_SECONDS after that process went idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from . import clock
+from .errors import GatewayError
+from .store import KeyContext, Store
+
+ZERO = Decimal(0)
+# What a free request (estimated at zero) needs to find unheld: spec 7.5.1 refuses free models too
+# when nothing is left.
+SMALLEST = Decimal("0.000000001")
+# A lease untouched this long, with nothing held on it, goes back to its pot.
+LEASE_IDLE_SECONDS = 2.0
+
+
+def insufficient_credits() -> GatewayError:
+    return GatewayError(
+        "insufficient_credits", "The account's credits do not cover this request. Add credits and retry."
+    )
+
+
+def key_budget_exceeded() -> GatewayError:
+    return GatewayError(
+        "key_budget_exceeded",
+        "This key's credit limit does not cover this request. Raise the limit, wait for its reset,"
+        " or use another key.",
+    )
+
+
+@dataclass(slots=True)
+class Pot:
+    """This process's lease on one pot and what its running requests hold of it."""
+
+    kind: str
+    pot_id: str
+    lease: Decimal = ZERO
+    held: Decimal = ZERO
+    used_at: float = 0.0
+    refilling: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def covers(self, amount: Decimal) -> bool:
+        free = self.lease - self.held
+        return free >= amount and (amount > 0 or free > 0)
+
+    def shortfall(self, amount: Decimal) -> Decimal:
+        return max(amount - (self.lease - self.held), SMALLEST)
+
+
+@dataclass(slots=True)
+class Hold:
+    """Money set aside for one request; settled or released exactly once."""
+
+    amount: Decimal
+    pots: tuple[Pot, ...]
+    open: bool = True
+
+
+class Funds:
+    def __init__(self, store: Store, workers: int) -> None:
+        self._store = store
+        self._share = workers
+        self._pots: dict[tuple[str, str], Pot] = {}
+
+    async def hold(self, ctx: KeyContext, amount: Decimal, now_ms: int | None = None) -> Hold:
+        """Set `amount` aside on the account and, if the key has a credit limit, on the key; or
+        refuse with insufficient_credits / key_budget_exceeded when either cannot cover it."""
+        # Refills await the store, and meanwhile other requests may take what a refill brought and
+        # idle pots may be given back: look again after each round; every round either holds,
+        # refuses or leased more.
+        while True:
+            pots = [self._pot("account", ctx.account.id)]
+            if ctx.key.credit_limit is not None:
+                pots.append(self._pot("key", ctx.key.id))
+            short = [pot for pot in pots if not pot.covers(amount)]
+            if not short:
+                now = time.monotonic()
+                for pot in pots:
+                    pot.held += amount
+                    pot.used_at = now
+                return Hold(amount, tuple(pots))
+            for pot in short:
+                await self._refill(pot, amount, now_ms)
+
+    async def _refill(self, pot: Pot, amount: Decimal, now_ms: int | None) -> None:
+        async with pot.refilling:
+            if pot.covers(amount):  # another request's refill brought enough
+                return
+            granted = await self._store.lease(
+                pot.kind,
+                pot.pot_id,
+                pot.shortfall(amount),
+                self._share,
+                clock.now_ms() if now_ms is None else now_ms,
+            )
+            if granted.is_zero():
+                raise insufficient_credits() if pot.kind == "account" else key_budget_exceeded()
+            pot.lease += granted
+            pot.used_at = time.monotonic()
+
+    def release(self, hold: Hold, charged: Decimal) -> None:
+        """The request has ended and cost `charged` (zero when it is not billed): give the hold back
+        and take the charge off the leases, as the settlement does in the store."""
+        if not hold.open:
+            return
+        hold.open = False
+        now = time.monotonic()
+        for pot in hold.pots:
+            pot.held -= hold.amount
+            pot.lease = max(ZERO, pot.lease - charged)
+            pot.used_at = now
+
+    async def return_idle(self, idle_seconds: float = LEASE_IDLE_SECONDS) -> int:
+        """Give back every lease with nothing held on it and unused for `idle_seconds`; returns how
+        many went back. Called now and again by housekeeping, and at shutdown with 0."""
+        cutoff = time.monotonic() - idle_seconds
+        idle = [
+            pot
+            for pot in self._pots.values()
+            if pot.held.is_zero() and pot.used_at <= cutoff and not pot.refilling.locked()
+        ]
+        for pot in idle:
+            # Forgotten first: a request from now on starts a new pot and leases afresh.
+            del self._pots[(pot.kind, pot.pot_id)]
+        for pot in idle:
+            if pot.lease > 0:
+                await self._store.return_lease(pot.kind, pot.pot_id, pot.lease)
+        return len(idle)
+
+    def _pot(self, kind: str, pot_id: str) -> Pot:
+        pot = self._pots.get((kind, pot_id))
+        if pot is None:
+            pot = self._pots[(kind, pot_id)] = Pot(kind, pot_id, used_at=time.monotonic())
+        return pot
