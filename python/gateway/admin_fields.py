@@ -136,3 +136,16 @@ def model_names(value: object, param: str, known: Collection[str]) -> frozenset[
 
 def money_text(value: Decimal) -> str:
     return f"{value:f}"  # plain digits, never exponent notation ("0.0000012", not "1.2E-6")
+
+
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+
+
+def page_size(value: str | None, param: str) -> int:
+    """A list's `limit` query parameter: 1 to MAX_PAGE, DEFAULT_PAGE when absent."""
+    if value is None:
+        return DEFAULT_PAGE
+    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
+        raise invalid_request(f"`{param}` must be a whole number from 1 to {MAX_PAGE}.", param)
+    return int(value)

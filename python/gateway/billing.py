@@ -27,6 +27,11 @@ class Call:
     request_id: str
     started_ns: int
     hold: Hold | None = None
+    # Filled in as the request goes, for its request log entry.
+    model: str | None = None
+    charged: Decimal | None = None
+    usage_id: str | None = None
+    error_code: str | None = None  # why a stream that had started ended early
 
 
 def estimate_usage(
@@ -56,6 +61,7 @@ async def hold(
 ) -> None:
     """Set the estimated cost aside on the account and the key's limit, or refuse the request with
     insufficient_credits / key_budget_exceeded before it runs (spec 5.4, 7.5.1, 8)."""
+    call.model = model.name
     call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
 
 
@@ -88,6 +94,7 @@ def settle(
     process from the moment this returns (see store/journal.py). Returns the charged cost."""
     record = _record(call, model, response_id, status, usage)
     state.store.settle(record)
+    call.model, call.charged, call.usage_id = model.name, record.cost, record.id
     if call.hold is not None:
         state.funds.release(call.hold, record.cost)
     return record.cost

@@ -83,6 +83,9 @@ class Settings:
     upstream_max_connections: int = 1000
     # The environment variable holding the management API's admin token; None: that API is disabled.
     admin_token_env: str | None = None
+    # Request logs (spec 8): bodies are kept up to this many bytes each, for this many days.
+    log_max_body_bytes: int = 1024 * 1024
+    log_body_retention_days: float = 365.0
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
@@ -110,6 +113,7 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     limits = _table(raw, "limits")
     upstream = _table(raw, "upstream")
     admin = _table(raw, "admin")
+    logs = _table(raw, "logs")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("[[models]]: at least one model is required")
@@ -141,6 +145,10 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
             "upstream.max_connections",
         ),
         admin_token_env=_env_name(admin, "token_env", "admin.token_env"),
+        log_max_body_bytes=_non_negative(
+            _get(logs, "max_body_bytes", int, "logs.max_body_bytes", 1024 * 1024), "logs.max_body_bytes"
+        ),
+        log_body_retention_days=_seconds(logs, "body_retention_days", 365.0, "days"),
     )
 
 
@@ -263,14 +271,20 @@ def _get(raw: Mapping[str, Any], key: str, kind: type[T], where: str, default: T
     return value
 
 
+def _non_negative(value: int, where: str) -> int:
+    if value < 0:
+        raise ConfigError(f"{where}: must not be negative")
+    return value
+
+
 def _positive(value: int, where: str) -> int:
     if value <= 0:
         raise ConfigError(f"{where}: must be positive")
     return value
 
 
-def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
+def _seconds(raw: Mapping[str, Any], key: str, default: float, unit: str = "seconds") -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{key}: must be a positive number of seconds")
+        raise ConfigError(f"{key}: must be a positive number of {unit}")
     return float(value)

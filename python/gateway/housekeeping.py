@@ -1,12 +1,13 @@
 """Background upkeep of one gateway process: deleting what has expired (served images, response
-states), giving idle leases back and reclaiming what dead processes left (gateway.funds). Runs as
-tasks of the app's lifespan; each worker runs them, and a pass that finds nothing costs an index
-lookup or a directory listing."""
+states, request log bodies), giving idle leases back and reclaiming what dead processes left
+(gateway.funds). Runs as tasks of the app's lifespan; each worker runs them, and a pass that finds
+nothing costs an index lookup or a directory listing."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from .clock import now_ms
 from .state import GatewayState
@@ -22,7 +23,12 @@ log = logging.getLogger("gateway.housekeeping")
 
 async def purge_expired(state: GatewayState) -> None:
     interval = min(PURGE_INTERVAL_SECONDS, state.settings.image_url_ttl_seconds)
-    purges = {"images": state.store.purge_images, "response states": state.store.purge_responses}
+    retention_ms = int(state.settings.log_body_retention_days * 86_400_000)
+    purges: dict[str, Callable[[int], Awaitable[int]]] = {
+        "images": state.store.purge_images,
+        "response states": state.store.purge_responses,
+        "request log bodies": lambda now: state.store.purge_log_bodies(now - retention_ms),
+    }
     while True:
         await asyncio.sleep(interval)
         now = now_ms()

@@ -1,4 +1,4 @@
-"""The management API under /admin/v1: accounts, top-ups and keys (docs/admin.md).
+"""The management API under /admin/v1: accounts, top-ups, keys and request logs (docs/admin.md).
 
 Used by a console and by scripts with the admin token, never with an API key (spec 5.6). Money is a
 decimal string in both directions; a JSON number is read from its digits, never through a float.
@@ -6,6 +6,7 @@ decimal string in both directions; a JSON number is read from its digits, never 
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from decimal import Decimal
@@ -21,7 +22,7 @@ from ..auth import admin_token, authenticate_admin, display_prefix, generate_key
 from ..clock import now_ms, rfc3339
 from ..errors import GatewayError, invalid_request
 from ..state import GatewayState
-from ..store import Account, AccountChanges, ApiKey, KeyChanges, NameTaken, TopUp
+from ..store import Account, AccountChanges, ApiKey, KeyChanges, NameTaken, RequestLog, TopUp
 from .common import json_response, read_body
 
 Reader = Callable[[Any, str], Any]
@@ -166,7 +167,33 @@ def routes(state: GatewayState) -> list[Route]:
             raise _no_live_key(key_id)
         return 200, _key(key)
 
+    # ---------------------------------------------------------------- request logs
+
+    async def list_logs(request: Request) -> tuple[int, Any]:
+        query = request.query_params
+        limit = field.page_size(query.get("limit"), "limit")
+        entries = await store.list_request_logs(
+            account_id=query.get("account_id"),
+            key_id=query.get("key_id"),
+            before=query.get("before"),
+            limit=limit + 1,  # one more tells whether another page follows
+        )
+        page = [_log_entry(e) for e in entries[:limit]]
+        return 200, {**_list(page), "has_more": len(entries) > limit}
+
+    async def get_log(request: Request) -> tuple[int, Any]:
+        entry = await store.get_request_log(request.path_params["log_id"])
+        if entry is None:
+            raise GatewayError("not_found", f"No request log {request.path_params['log_id']!r}.")
+        return 200, {
+            **_log_entry(entry),
+            "request_body": _body(entry.request_body, entry.request_bytes),
+            "response_body": _body(entry.response_body, entry.response_bytes),
+        }
+
     return [
+        Route(f"{PREFIX}/logs", endpoint(list_logs), methods=["GET"]),
+        Route(f"{PREFIX}/logs/{{log_id}}", endpoint(get_log), methods=["GET"]),
         Route(f"{PREFIX}/accounts", endpoint(create_account), methods=["POST"]),
         Route(f"{PREFIX}/accounts", endpoint(list_accounts), methods=["GET"]),
         Route(f"{PREFIX}/accounts/{{account_id}}", endpoint(get_account), methods=["GET"]),
@@ -270,6 +297,38 @@ def _top_up(t: TopUp) -> dict[str, Any]:
         "balance_after": field.money_text(t.balance_after),
         "created_at": rfc3339(t.created_at_ms),
     }
+
+
+def _log_entry(e: RequestLog) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "object": "request_log",
+        "key_id": e.key_id,
+        "account_id": e.account_id,
+        "method": e.method,
+        "path": e.path,
+        "model": e.model,
+        "status": e.status,
+        "error_code": e.error_code,
+        "started_at": rfc3339(e.started_at_ms),
+        "duration_ms": e.duration_ms,
+        "cost": None if e.cost is None else field.money_text(e.cost),
+        "usage_id": e.usage_id,
+        "request_bytes": e.request_bytes,
+        "response_bytes": e.response_bytes,
+    }
+
+
+def _body(data: bytes | None, size: int) -> dict[str, Any] | None:
+    """A kept body (None once purged): as text when it is UTF-8 (JSON, SSE), else base64 (audio,
+    images, multipart); `truncated` when only the first [logs] max_body_bytes were kept."""
+    if data is None:
+        return None
+    try:
+        encoding, text = "utf-8", data.decode()
+    except UnicodeDecodeError:  # binary, or text cut inside a character
+        encoding, text = "base64", base64.b64encode(data).decode()
+    return {"encoding": encoding, "data": text, "truncated": size > len(data)}
 
 
 def _list(data: list[dict[str, Any]]) -> dict[str, Any]:

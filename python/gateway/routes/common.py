@@ -11,33 +11,51 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .. import billing
+from .. import billing, request_log
 from ..auth import authenticate
 from ..billing import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import request_id
+from ..request_log import BodyCapture
 from ..state import GatewayState
 
 
 class HeldStream(StreamingResponse):
-    """A streamed answer that closes its request's hold however it ends: its body settles what was
-    streamed, and whatever the body left open (a client gone before the body began) is released."""
+    """A streamed answer whose end is known however it comes: its body's own clean-up (a
+    settlement) runs then, even for a client gone mid-way, and so do the `on_end` hooks (releasing
+    a hold the body left open, as when the client left before the body began; the request log)."""
 
     def __init__(
-        self, content: AsyncGenerator[bytes, None], on_end: Callable[[], None], **kwargs: Any
+        self,
+        content: AsyncGenerator[bytes, None],
+        on_end: Callable[[], None] | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(content, **kwargs)
         self._content = content
-        self._on_end = on_end
+        self._tee = self._copy(content)
+        super().__init__(self._tee, **kwargs)
+        self._on_end = [on_end] if on_end is not None else []
+        self.capture: BodyCapture | None = None
+
+    def when_done(self, hook: Callable[[], None]) -> None:
+        self._on_end.append(hook)
+
+    async def _copy(self, content: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+        async for chunk in content:
+            if self.capture is not None:
+                self.capture.add(chunk)
+            yield chunk
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            # A body cut off mid-way (client disconnect) runs its own clean-up (settlement) now,
-            # not whenever the collector finds it.
+            # Closed now, not whenever the collector finds them: a body cut off mid-way runs its
+            # clean-up at once.
+            await self._tee.aclose()
             await self._content.aclose()
-            self._on_end()
+            for hook in self._on_end:
+                hook()
 
 
 ModelHandler = Callable[[Request, Call], Awaitable[Response]]
@@ -50,22 +68,76 @@ def model_endpoint(state: GatewayState, handler: ModelHandler) -> Endpoint:
     every answer from here on carries, errors included."""
 
     async def endpoint(request: Request) -> Response:
-        ctx = await authenticate(request, state.store)
-        call = Call(ctx=ctx, request_id=request_id(), started_ns=time.time_ns())
+        started_ns = time.time_ns()
+        try:
+            ctx = await authenticate(request, state.store)
+        except GatewayError as err:
+            request_log.record(
+                state,
+                request,
+                started_ns=started_ns,
+                status=err.status,
+                response_body=err.body(),
+                error_code=err.code,
+                keep_request=False,
+            )
+            raise
+        call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
         try:
             response = await handler(request, call)
         except GatewayError as err:
             billing.release(state, call)
             err.headers[REQUEST_ID_HEADER] = call.request_id
+            _log(state, request, call, err.status, err.body(), error_code=err.code)
             raise
-        except BaseException:
+        except Exception:
             billing.release(state, call)
+            # What the app's handler for unexpected errors answers.
+            _log(state, request, call, 500, None, error_code="api_error")
             raise
-        if not isinstance(response, HeldStream):  # a stream closes its hold when it ends
+        except BaseException:  # cancelled: the client left before the answer
             billing.release(state, call)
+            _log(state, request, call, request_log.CLIENT_CLOSED, None)
+            raise
+        if isinstance(response, HeldStream):  # a stream closes its hold and logs when it ends
+            capture = response.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
+            response.when_done(
+                lambda: _log(
+                    state, request, call, response.status_code, capture.body(), capture.size, call.error_code
+                )
+            )
+        else:
+            billing.release(state, call)
+            _log(state, request, call, response.status_code, bytes(response.body))
         return response
 
     return endpoint
+
+
+def _log(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    status: int,
+    body: bytes | None,
+    size: int | None = None,
+    error_code: str | None = None,
+) -> None:
+    request_log.record(
+        state,
+        request,
+        started_ns=call.started_ns,
+        status=status,
+        response_body=body,
+        response_bytes=size,
+        log_id=call.request_id,
+        key_id=call.ctx.key.id,
+        account_id=call.ctx.account.id,
+        model=call.model,
+        error_code=error_code,
+        cost=call.charged,
+        usage_id=call.usage_id,
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -80,7 +152,9 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise _too_large(limit)
         parts.append(chunk)
-    return b"".join(parts)
+    body = b"".join(parts)
+    request_log.keep_request_body(request, body)
+    return body
 
 
 def _too_large(limit: int) -> GatewayError:

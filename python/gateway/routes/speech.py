@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
@@ -19,7 +19,7 @@ from ..pricing import Usage, format_cost
 from ..providers import PROVIDERS
 from ..providers.base import send
 from ..state import GatewayState
-from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body
 
 MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
 # Audio has no body to carry the id that /v1/usage/{id} takes, so it travels in this header.
@@ -48,7 +48,7 @@ def routes(state: GatewayState) -> list[Route]:
         rid = response_id("speech-")
         charged = billing.settle(state, call, model, rid, "completed", usage)
 
-        async def audio() -> AsyncIterator[bytes]:
+        async def audio() -> AsyncGenerator[bytes, None]:
             try:
                 async for chunk in upstream.content.iter_any():
                     yield chunk
@@ -61,7 +61,7 @@ def routes(state: GatewayState) -> list[Route]:
             "x-service-cost": format_cost(charged),
         }
         media_type = upstream.headers.get("content-type", "application/octet-stream")
-        return StreamingResponse(audio(), media_type=media_type, headers=headers)
+        return HeldStream(audio(), media_type=media_type, headers=headers)
 
     return [Route("/v1/audio/speech", model_endpoint(state, speech), methods=["POST"])]
 

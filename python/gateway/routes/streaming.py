@@ -104,7 +104,8 @@ async def forward_stream(
             raise
 
     async def body() -> AsyncGenerator[bytes, None]:
-        failure: bytes | None = None
+        # The error that ends the stream, as (code, message), once the model fails mid-way.
+        failure: tuple[str, str] | None = None
         try:
             yield first
             if rewriter.error is None and not rewriter.done:
@@ -119,21 +120,22 @@ async def forward_stream(
                     if tail:
                         yield tail
             if rewriter.error is not None:
-                failure = error_body("provider_error", "The model failed during the stream.")
+                failure = ("provider_error", "The model failed during the stream.")
             elif not rewriter.done:
-                failure = error_body("provider_error", "The model's stream ended before it was complete.")
+                failure = ("provider_error", "The model's stream ended before it was complete.")
         except UPSTREAM_FAILURES as exc:
             if is_timeout(exc):
-                failure = error_body("timeout", "The model sent nothing within the stream idle window.")
+                failure = ("timeout", "The model sent nothing within the stream idle window.")
             else:
-                failure = error_body("provider_error", "The model's stream broke.")
+                failure = ("provider_error", "The model's stream broke.")
         finally:
             response.release()  # closes the connection when the body was not read to its end
             _settle(
                 state, call, model, rid, rewriter, count_prompt, complete=failure is None and rewriter.done
             )
         if failure is not None:
-            yield error_event + b"data: " + failure + b"\n\n"
+            call.error_code = failure[0]
+            yield error_event + b"data: " + error_body(*failure) + b"\n\n"
 
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
     return HeldStream(

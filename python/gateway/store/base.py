@@ -152,6 +152,31 @@ USAGE_COLUMNS = (
 
 
 @dataclass(frozen=True, slots=True)
+class RequestLog:
+    """One model request as the console's Logs show it (spec 1.4.3, 7.3, 7.5.3), failures included.
+    `id` is the request id (x-service-request-id); a request refused for its key has none of its
+    own (spec 7.3.1) and no key, account or bodies here. Bodies are kept up to a size limit
+    (`*_bytes` give the whole sizes) and purged after the retention period; the rest stays."""
+
+    id: str
+    key_id: str | None
+    account_id: str | None
+    method: str
+    path: str
+    model: str | None
+    status: int
+    error_code: str | None
+    started_at_ms: int
+    duration_ms: int
+    cost: Decimal | None  # what was charged; None when nothing was
+    usage_id: str | None  # the usage record's id (the response body's id) when one was written
+    request_body: bytes | None
+    request_bytes: int
+    response_body: bytes | None
+    response_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoredImage:
     """An image the gateway serves at its own URL until it expires (spec 2.4). The token, in the URL,
     is the only thing needed to fetch it; key_id is the key whose request made it."""
@@ -216,6 +241,20 @@ class Store(Protocol):
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         """The record, only if it belongs to this key."""
+
+    def log_request(self, entry: RequestLog) -> None:
+        """Keep the entry. Returns at once; written with the next group commit."""
+
+    async def list_request_logs(
+        self, *, account_id: str | None, key_id: str | None, before: str | None, limit: int
+    ) -> list[RequestLog]:
+        """Newest first, without bodies; `before` is the id of the last entry of the previous page."""
+
+    async def get_request_log(self, log_id: str) -> RequestLog | None:
+        """One entry, with its bodies unless they were purged."""
+
+    async def purge_log_bodies(self, before_ms: int) -> int:
+        """Drop the bodies of every entry started before `before_ms`; returns how many."""
 
     async def put_images(self, images: Sequence[StoredImage]) -> None:
         """Keep the images, all or none; committed when this returns, so their URLs may be handed out."""

@@ -37,6 +37,7 @@ from .base import (
     KeyChanges,
     KeyContext,
     NameTaken,
+    RequestLog,
     ResponseState,
     StoredImage,
     TopUp,
@@ -139,6 +140,31 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX leases_owner ON leases(owner);
     """,
+    # Every model request, failures included (RequestLog); `seq` orders them for paging.
+    """
+    CREATE TABLE request_logs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        key_id TEXT,
+        account_id TEXT,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        model TEXT,
+        status INTEGER NOT NULL,
+        error_code TEXT,
+        started_at_ms INTEGER NOT NULL,
+        duration_ms INTEGER NOT NULL,
+        cost TEXT,
+        usage_id TEXT,
+        request_body BLOB,
+        request_bytes INTEGER NOT NULL,
+        response_body BLOB,
+        response_bytes INTEGER NOT NULL
+    );
+    CREATE INDEX request_logs_account ON request_logs(account_id, seq);
+    CREATE INDEX request_logs_key ON request_logs(key_id, seq);
+    CREATE INDEX request_logs_started ON request_logs(started_at_ms);
+    """,
 )
 
 _STOP = object()
@@ -167,6 +193,27 @@ _FIND_KEY = (
     " FROM api_keys k JOIN accounts a ON a.id = k.account_id"
     " WHERE k.key_hash = ? AND k.deleted_at_ms IS NULL"
 )
+_LOG_COLUMNS = (
+    "id",
+    "key_id",
+    "account_id",
+    "method",
+    "path",
+    "model",
+    "status",
+    "error_code",
+    "started_at_ms",
+    "duration_ms",
+    "cost",
+    "usage_id",
+    "request_body",
+    "request_bytes",
+    "response_body",
+    "response_bytes",
+)
+_LOG = ", ".join(_LOG_COLUMNS)
+_LOG_HEAD = ", ".join(_LOG_COLUMNS[:12])  # every column up to the bodies
+_INSERT_LOG = f"INSERT OR IGNORE INTO request_logs ({_LOG}) VALUES ({', '.join('?' * len(_LOG_COLUMNS))})"
 log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
 # much later; charges are safe in the journal from the start).
@@ -314,6 +361,8 @@ class SqliteStore:
         retry = []
         for item, (_, ok, value) in zip(batch, outcomes, strict=True):
             if not item[2]:
+                if not ok and item[1] is None:  # a background write (request log): nobody to tell
+                    log.error("a background write failed: %s", value, exc_info=value)
                 continue
             if ok:
                 applied += 1
@@ -363,6 +412,27 @@ class SqliteStore:
             .fetchone()
         )
         return None if row is None else UsageRecord.from_row(row)
+
+    async def list_request_logs(
+        self, *, account_id: str | None, key_id: str | None, before: str | None, limit: int
+    ) -> list[RequestLog]:
+        where, args = [], []
+        for column, value in (("account_id", account_id), ("key_id", key_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if before is not None:
+            where.append("seq < (SELECT seq FROM request_logs WHERE id = ?)")
+            args.append(before)
+        sql = f"SELECT {_LOG_HEAD}, NULL, request_bytes, NULL, response_bytes FROM request_logs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._read().execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return [_request_log(row) for row in rows]
+
+    async def get_request_log(self, log_id: str) -> RequestLog | None:
+        row = self._read().execute(f"SELECT {_LOG} FROM request_logs WHERE id = ?", (log_id,)).fetchone()
+        return None if row is None else _request_log(row)
 
     async def get_image(self, token: str) -> StoredImage | None:
         row = (
@@ -423,6 +493,39 @@ class SqliteStore:
         self._journal.append(record)  # durable against a killed process from here on
         owner = self._journal.owner
         self._queue.put((lambda conn: _settle(conn, record, owner), None, True))
+
+    def log_request(self, entry: RequestLog) -> None:
+        row = (
+            entry.id,
+            entry.key_id,
+            entry.account_id,
+            entry.method,
+            entry.path,
+            entry.model,
+            entry.status,
+            entry.error_code,
+            entry.started_at_ms,
+            entry.duration_ms,
+            None if entry.cost is None else str(entry.cost),
+            entry.usage_id,
+            entry.request_body,
+            entry.request_bytes,
+            entry.response_body,
+            entry.response_bytes,
+        )
+        # Like a settlement, nobody waits for it: it joins the next group commit.
+        self._queue.put((lambda conn: conn.execute(_INSERT_LOG, row), None, False))
+
+    async def purge_log_bodies(self, before_ms: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "UPDATE request_logs SET request_body = NULL, response_body = NULL"
+                " WHERE started_at_ms < ? AND (request_body IS NOT NULL OR response_body IS NOT NULL)",
+                (before_ms,),
+            ).rowcount
+
+        purged: int = await self._write(op)
+        return purged
 
     async def lease(self, kind: str, pot_id: str, need: Decimal, share: int, now_ms: int) -> Decimal:
         owner = self.lease_owner
@@ -799,6 +902,27 @@ def _key(row: Sequence[Any]) -> ApiKey:
         deleted_at_ms=row[8],
         spent=Decimal(row[9]),
         spent_period_ms=row[10],
+    )
+
+
+def _request_log(row: Sequence[Any]) -> RequestLog:
+    return RequestLog(
+        id=row[0],
+        key_id=row[1],
+        account_id=row[2],
+        method=row[3],
+        path=row[4],
+        model=row[5],
+        status=row[6],
+        error_code=row[7],
+        started_at_ms=row[8],
+        duration_ms=row[9],
+        cost=None if row[10] is None else Decimal(row[10]),
+        usage_id=row[11],
+        request_body=row[12],
+        request_bytes=row[13],
+        response_body=row[14],
+        response_bytes=row[15],
     )
 
 

@@ -1,0 +1,94 @@
+"""Request logs: one entry for every model request, failures included (spec 1.4.3, 7.3.2, 7.5.3),
+with its status, latency, cost, model, key and both bodies (each kept up to
+`[logs] max_body_bytes`; bodies are purged after `[logs] body_retention_days`, the rest is kept).
+
+Entries are written like settlements, with the next group commit and nobody waiting, so logging
+costs the request path one queue put. Unlike a charge, an entry is not journaled: a killed process
+can lose the entries of its last few milliseconds, never a charge or a usage record.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+from starlette.requests import Request
+
+from .ids import request_id
+from .state import GatewayState
+from .store import RequestLog
+
+# Where read_body leaves the request's bytes for the log entry.
+BODY_SCOPE_KEY = "gateway.request_body"
+# An answer that never went out: the client left before the gateway answered (as nginx logs it).
+CLIENT_CLOSED = 499
+
+
+def keep_request_body(request: Request, body: bytes) -> None:
+    request.scope[BODY_SCOPE_KEY] = body
+
+
+class BodyCapture:
+    """The first `limit` bytes of a streamed answer, and how many bytes went out in all."""
+
+    __slots__ = ("_kept", "_limit", "_parts", "size")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self._kept = 0
+        self.size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._kept < self._limit:
+            part = chunk[: self._limit - self._kept]
+            self._parts.append(part)
+            self._kept += len(part)
+
+    def body(self) -> bytes:
+        return b"".join(self._parts)
+
+
+def record(
+    state: GatewayState,
+    request: Request,
+    *,
+    started_ns: int,
+    status: int,
+    response_body: bytes | None,
+    response_bytes: int | None = None,
+    log_id: str | None = None,
+    key_id: str | None = None,
+    account_id: str | None = None,
+    model: str | None = None,
+    error_code: str | None = None,
+    cost: Decimal | None = None,
+    usage_id: str | None = None,
+    keep_request: bool = True,
+) -> None:
+    """Log one request. A request refused for its key has no request id (spec 7.3.1): its entry
+    gets an id of its own and keeps no bodies, since nobody it could belong to may read them."""
+    limit = state.settings.log_max_body_bytes
+    raw: bytes | None = request.scope.get(BODY_SCOPE_KEY)
+    request_bytes = len(raw) if raw is not None else 0
+    state.store.log_request(
+        RequestLog(
+            id=log_id or request_id(),
+            key_id=key_id,
+            account_id=account_id,
+            method=request.method,
+            path=request.url.path,
+            model=model,
+            status=status,
+            error_code=error_code,
+            started_at_ms=started_ns // 1_000_000,
+            duration_ms=(time.time_ns() - started_ns) // 1_000_000,
+            cost=cost,
+            usage_id=usage_id,
+            request_body=raw[:limit] if raw is not None and keep_request else None,
+            request_bytes=request_bytes,
+            response_body=None if response_body is None else response_body[:limit],
+            response_bytes=len(response_body or b"") if response_bytes is None else response_bytes,
+        )
+    )
