@@ -251,10 +251,10 @@ async def _list_accounts(store: Store, args: argparse.Namespace) -> None:
 async def _top_up(store: Store, args: argparse.Namespace) -> None:
     account = await _account(store, args.account)
     amount = field.money(args.amount, "--amount", positive=True)
-    entry = await store.top_up(account.id, amount, field.note(args.note, "--note"))
-    if entry is None:
+    done = await store.top_up(account.id, amount, field.note(args.note, "--note"))
+    if done is None:
         raise AdminError(f"no account named {args.account!r}")
-    print(field.money_text(entry.balance_after))
+    print(field.money_text(done[0].balance_after))
 
 
 async def _create_key(store: Store, args: argparse.Namespace) -> None:

@@ -157,6 +157,40 @@ def test_top_up_adds_exactly_and_is_recorded(admin: httpx.Client) -> None:
     assert ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"] == [entry]
 
 
+def test_a_top_up_sent_again_with_its_idempotency_key_adds_nothing(agw: Gateway, admin: httpx.Client) -> None:
+    """A retried top-up (same Idempotency-Key), even twenty at once, is added once and answered with
+    the first one; the same key with another amount is 409; another account has its own keys."""
+    account, other = new_account(admin, "1"), new_account(admin, "1")
+    path = f"/accounts/{account['id']}/top-ups"
+    headers = {"authorization": f"Bearer {TOKEN}", "idempotency-key": "invoice-77"}
+
+    async def retries() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=agw.url + "/admin/v1", headers=headers, timeout=30) as c:
+            return list(await asyncio.gather(*(c.post(path, json={"amount": "2.50"}) for _ in range(20))))
+
+    answers = asyncio.run(retries())
+    entries = [ok(r, 201) for r in answers]
+    assert all(e == entries[0] for e in entries) and entries[0]["balance_after"] == "3.50"
+    assert sum(r.headers.get("idempotency-replayed") == "true" for r in answers) == 19
+    assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "3.50"
+    assert len(ok(admin.get(path))["data"]) == 1
+    error(
+        admin.post(path, json={"amount": "3"}, headers={"idempotency-key": "invoice-77"}),
+        409,
+        "idempotency_key_reused",
+    )
+    other_path = f"/accounts/{other['id']}/top-ups"
+    assert (
+        ok(admin.post(other_path, json={"amount": "2.50"}, headers={"idempotency-key": "invoice-77"}), 201)[
+            "balance_after"
+        ]
+        == "3.50"
+    )
+    error(
+        admin.post(path, json={"amount": "1"}, headers={"idempotency-key": "x" * 256}), 400, "invalid_request"
+    )
+
+
 def test_fifty_concurrent_top_ups_add_exactly_fifty_cents(agw: Gateway, admin: httpx.Client) -> None:
     account = new_account(admin, "0")
 

@@ -22,12 +22,23 @@ from ..auth import admin_token, authenticate_admin, display_prefix, generate_key
 from ..clock import now_ms, rfc3339
 from ..errors import GatewayError, invalid_request
 from ..state import GatewayState
-from ..store import Account, AccountChanges, ApiKey, KeyChanges, NameTaken, RequestLog, TopUp
+from ..store import (
+    Account,
+    AccountChanges,
+    ApiKey,
+    IdempotencyKeyReused,
+    KeyChanges,
+    NameTaken,
+    RequestLog,
+    TopUp,
+)
 from .common import json_response, read_body
 
 Reader = Callable[[Any, str], Any]
-Handler = Callable[[Request], Awaitable[tuple[int, Any]]]
+# (status, payload) or (status, payload, headers)
+Handler = Callable[[Request], Awaitable[tuple[Any, ...]]]
 PREFIX = "/admin/v1"
+MAX_IDEMPOTENCY_KEY = 255  # as for the model endpoints (spec 8)
 
 _KEY_FIELDS: Mapping[str, Reader] = {
     "name": field.name,
@@ -56,8 +67,8 @@ def routes(state: GatewayState) -> list[Route]:
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             authenticate_admin(request, token)  # before anything else, even a 404 for an id
-            status, payload = await handler(request)
-            return json_response(payload, status)
+            status, payload, *headers = await handler(request)
+            return json_response(payload, status, headers[0] if headers else None)
 
         return run
 
@@ -104,12 +115,27 @@ def routes(state: GatewayState) -> list[Route]:
 
     # ---------------------------------------------------------------- top-ups
 
-    async def top_up(request: Request) -> tuple[int, Any]:
+    async def top_up(request: Request) -> tuple[Any, ...]:
         fields = _fields(await body(request), _TOP_UP_FIELDS, required=("amount",))
         account_id = request.path_params["account_id"]
-        entry = await store.top_up(account_id, fields["amount"], fields.get("note"))
-        if entry is None:
+        key = request.headers.get("idempotency-key")
+        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise invalid_request(
+                f"The Idempotency-Key header must have 1 to {MAX_IDEMPOTENCY_KEY} characters.",
+                "Idempotency-Key",
+            )
+        try:
+            done = await store.top_up(account_id, fields["amount"], fields.get("note"), key)
+        except IdempotencyKeyReused as exc:
+            raise GatewayError(
+                "idempotency_key_reused",
+                "This Idempotency-Key was used for a top-up with another amount or note.",
+            ) from exc
+        if done is None:
             raise _no_account(account_id)
+        entry, replayed = done
+        if replayed:  # answered as the first time, adding nothing (spec 8's header, as Stripe does)
+            return 201, _top_up(entry), {"Idempotency-Replayed": "true"}
         return 201, _top_up(entry)
 
     async def list_top_ups(request: Request) -> tuple[int, Any]:

@@ -80,6 +80,10 @@ class NameTaken(Exception):
     """Another account has this name already."""
 
 
+class IdempotencyKeyReused(Exception):
+    """A top-up with this idempotency key exists already, with another amount or note."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyContext:
     """Who is calling: the key and its account, as found at authentication."""
@@ -298,9 +302,14 @@ class Store(Protocol):
         """The account after the change, or None if there is no such account; NameTaken if the new
         name is another account's."""
 
-    async def top_up(self, account_id: str, amount: Decimal, note: str | None) -> TopUp | None:
+    async def top_up(
+        self, account_id: str, amount: Decimal, note: str | None, idempotency_key: str | None = None
+    ) -> tuple[TopUp, bool] | None:
         """Add `amount` to the balance and to the ledger in one transaction, serialised with every
-        settlement, so no concurrent charge or top-up is lost. None if there is no such account."""
+        settlement, so no concurrent charge or top-up is lost. With an idempotency key the account
+        already used, nothing is added: the earlier top-up comes back (IdempotencyKeyReused if its
+        amount or note differ). Returns the top-up and whether it was that earlier one; None if
+        there is no such account."""
 
     async def list_top_ups(self, account_id: str) -> list[TopUp]:
         """The account's ledger, oldest first."""

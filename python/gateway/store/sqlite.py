@@ -34,6 +34,7 @@ from .base import (
     Account,
     AccountChanges,
     ApiKey,
+    IdempotencyKeyReused,
     KeyChanges,
     KeyContext,
     NameTaken,
@@ -164,6 +165,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX request_logs_account ON request_logs(account_id, seq);
     CREATE INDEX request_logs_key ON request_logs(key_id, seq);
     CREATE INDEX request_logs_started ON request_logs(started_at_ms);
+    """,
+    # A top-up sent again with the same Idempotency-Key adds nothing (docs/admin.md).
+    """
+    ALTER TABLE top_ups ADD COLUMN idempotency_key TEXT;
+    CREATE UNIQUE INDEX top_ups_idempotency ON top_ups(account_id, idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
     """,
 )
 
@@ -646,13 +653,25 @@ class SqliteStore:
         self._keys.changed()
         return result
 
-    async def top_up(self, account_id: str, amount: Decimal, note: str | None) -> TopUp | None:
+    async def top_up(
+        self, account_id: str, amount: Decimal, note: str | None, idempotency_key: str | None = None
+    ) -> tuple[TopUp, bool] | None:
         # Read, add and write in the writer's transaction, as _settle does: every change to a balance
         # is serialised there (BEGIN IMMEDIATE across processes), so none is lost.
-        def op(conn: sqlite3.Connection) -> TopUp | None:
+        def op(conn: sqlite3.Connection) -> tuple[TopUp, bool] | None:
             row = conn.execute("SELECT balance FROM accounts WHERE id = ?", (account_id,)).fetchone()
             if row is None:
                 return None
+            if idempotency_key is not None:
+                earlier = conn.execute(
+                    f"SELECT {_TOP_UP} FROM top_ups WHERE account_id = ? AND idempotency_key = ?",
+                    (account_id, idempotency_key),
+                ).fetchone()
+                if earlier is not None:
+                    entry = _top_up(earlier)
+                    if (entry.amount, entry.note) != (amount, note):
+                        raise IdempotencyKeyReused(idempotency_key)
+                    return entry, True
             entry = TopUp(
                 id=_new_id("topup_"),
                 account_id=account_id,
@@ -665,12 +684,20 @@ class SqliteStore:
                 "UPDATE accounts SET balance = ? WHERE id = ?", (str(entry.balance_after), account_id)
             )
             conn.execute(
-                f"INSERT INTO top_ups ({_TOP_UP}) VALUES (?, ?, ?, ?, ?, ?)",
-                (entry.id, account_id, str(amount), note, entry.created_at_ms, str(entry.balance_after)),
+                f"INSERT INTO top_ups ({_TOP_UP}, idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    entry.id,
+                    account_id,
+                    str(amount),
+                    note,
+                    entry.created_at_ms,
+                    str(entry.balance_after),
+                    idempotency_key,
+                ),
             )
-            return entry
+            return entry, False
 
-        result: TopUp | None = await self._write(op)
+        result: tuple[TopUp, bool] | None = await self._write(op)
         return result
 
     async def create_key(
