@@ -110,9 +110,13 @@ class Gateway:
         expires_at_ms: int | None = None,
         credit_limit: str | None = None,
         limit_reset: str | None = None,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
     ) -> KeyHandle:
         limit = None if credit_limit is None else Decimal(credit_limit)
-        return asyncio.run(_new_key(self.db_path, Decimal(balance), expires_at_ms, limit, limit_reset))
+        return asyncio.run(
+            _new_key(self.db_path, Decimal(balance), expires_at_ms, limit, limit_reset, rpm_limit, tpm_limit)
+        )
 
     def balance(self, account_id: str) -> Decimal:
         with sqlite3.connect(self.db_path) as conn:
@@ -156,11 +160,15 @@ async def _new_key(
     expires_at_ms: int | None,
     credit_limit: Decimal | None = None,
     limit_reset: str | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
 ) -> KeyHandle:
     store = SqliteStore(db_path)
     await store.start()
     try:
-        account = await store.create_account("acct-" + os.urandom(6).hex(), balance)
+        account = await store.create_account(
+            "acct-" + os.urandom(6).hex(), balance, rpm_limit=rpm_limit, tpm_limit=tpm_limit
+        )
         key = generate_key()
         record = await store.create_key(
             account.id,

@@ -1,9 +1,10 @@
 """Typed face of the Rust extension `gateway._core` (crate `rust/py`, logic in `rust/core`).
 
-Every function here is pure or owns its own small state; nothing here does I/O.
-Errors raised by the extension all derive from `CoreError`.
+Every function here is pure or owns its own small state; only SharedBuckets does I/O (its file).
+Errors raised by the extension all derive from `CoreError`, except OSError from that file.
 """
 
+import os
 from typing import Final, Literal, Self, TypeAlias, final
 
 __version__: Final[str]
@@ -21,6 +22,7 @@ __all__ = [
     "MultipartPart",
     "ResponsesStreamRewriter",
     "RewrittenResponse",
+    "SharedBuckets",
     "SseEvent",
     "SseParser",
     "StreamUsage",
@@ -306,6 +308,27 @@ class TokenBucket:
         """Raises CoreError when `level` is above capacity * refill_period_ns or below the deepest
         debt a bucket can hold (-2**125); as in `TokenBucket(...)`, when refill_tokens or
         refill_period_ns is 0 or capacity * refill_period_ns is 2**125 or more."""
+
+@final
+class SharedBuckets:
+    """Token buckets shared by every process that opens the same file: a table of `slots` slots
+    (an existing file keeps its own size), each operation under the file's exclusive lock, which
+    the kernel releases when a process dies. A bucket is named by `key` and behaves as
+    `TokenBucket(capacity, refill_tokens, refill_period_ns, ...)`, starting full; a level above a
+    lowered capacity is cut to it. Raises OSError when the file cannot be used, CoreError when it
+    is not a table, has fewer than 32 slots, or a limit is invalid (as for TokenBucket)."""
+
+    def __new__(cls, path: str | os.PathLike[str], slots: int) -> Self: ...
+    def try_take(
+        self, key: str, capacity: int, refill_tokens: int, refill_period_ns: int, n: int, now_ns: int
+    ) -> TakeResult: ...
+    def adjust(
+        self, key: str, capacity: int, refill_tokens: int, refill_period_ns: int, delta: int, now_ns: int
+    ) -> int:
+        """Correct a reservation (as TokenBucket.adjust); returns the whole tokens left."""
+    def available(
+        self, key: str, capacity: int, refill_tokens: int, refill_period_ns: int, now_ns: int
+    ) -> int: ...
 
 # ---------------------------------------------------------------- idempotency
 

@@ -8,6 +8,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -20,6 +21,7 @@ from .errors import GatewayError, error_response
 from .funds import Funds
 from .housekeeping import purge_expired, tend_leases
 from .providers.http import UpstreamClient
+from .ratelimits import RateLimiter
 from .registry import ModelRegistry
 from .routes import (
     admin,
@@ -48,6 +50,7 @@ def create_app(settings: Settings) -> Starlette:
         store=store,
         upstream=UpstreamClient(settings),
         funds=Funds(store, settings.workers),
+        limiter=RateLimiter(_beside(settings.store_path, ".ratelimits")),
     )
 
     @asynccontextmanager
@@ -93,6 +96,12 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.gateway = state
     return app
+
+
+def _beside(path: Path, suffix: str) -> Path:
+    """A file next to the database, shared like it by every worker process."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.parent / (path.name + suffix)
 
 
 def warm_tokenizers(settings: Settings) -> None:

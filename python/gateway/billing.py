@@ -15,6 +15,7 @@ from typing import Any
 from .config import ModelConfig
 from .funds import Hold
 from .pricing import Usage, cost
+from .ratelimits import RateState
 from .state import GatewayState
 from .store import KeyContext, UsageRecord
 
@@ -27,6 +28,7 @@ class Call:
     request_id: str
     started_ns: int
     hold: Hold | None = None
+    rate: RateState | None = None  # what it took from its key's rate limits
     # Filled in as the request goes, for its request log entry.
     model: str | None = None
     charged: Decimal | None = None
@@ -62,11 +64,13 @@ async def hold(
     """Set the estimated cost aside on the account and the key's limit, or refuse the request with
     insufficient_credits / key_budget_exceeded before it runs (spec 5.4, 7.5.1, 8)."""
     call.model = model.name
+    state.limiter.reserve(call.rate, estimate.total_tokens)
     call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
 
 
 def release(state: GatewayState, call: Call) -> None:
     """The request ended without a charge (refused, failed upstream, nothing streamed)."""
+    state.limiter.correct(call.rate, 0)
     if call.hold is not None:
         state.funds.release(call.hold, Decimal(0))
 
@@ -95,6 +99,7 @@ def settle(
     record = _record(call, model, response_id, status, usage)
     state.store.settle(record)
     call.model, call.charged, call.usage_id = model.name, record.cost, record.id
+    state.limiter.correct(call.rate, usage.total_tokens)
     if call.hold is not None:
         state.funds.release(call.hold, record.cost)
     return record.cost

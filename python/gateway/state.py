@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from .config import Settings
 from .funds import Funds
 from .providers.http import UpstreamClient
+from .ratelimits import RateLimiter
 from .registry import ModelRegistry
 from .store import Store
 
@@ -18,3 +19,4 @@ class GatewayState:
     store: Store
     upstream: UpstreamClient
     funds: Funds
+    limiter: RateLimiter

@@ -84,10 +84,13 @@ def model_endpoint(state: GatewayState, handler: ModelHandler) -> Endpoint:
             raise
         call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
         try:
+            call.rate = state.limiter.admit(ctx)
             response = await handler(request, call)
         except GatewayError as err:
             billing.release(state, call)
             err.headers[REQUEST_ID_HEADER] = call.request_id
+            if call.rate is not None:
+                err.headers = {**call.rate.headers(), **err.headers}
             _log(state, request, call, err.status, err.body(), error_code=err.code)
             raise
         except Exception:
@@ -99,6 +102,8 @@ def model_endpoint(state: GatewayState, handler: ModelHandler) -> Endpoint:
             billing.release(state, call)
             _log(state, request, call, request_log.CLIENT_CLOSED, None)
             raise
+        if call.rate is not None:
+            response.headers.update(call.rate.headers())
         if isinstance(response, HeldStream):  # a stream closes its hold and logs when it ends
             capture = response.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
             response.when_done(

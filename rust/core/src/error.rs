@@ -8,6 +8,8 @@ pub enum CoreError {
     InvalidJson(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    #[error("{0}")]
+    Io(String),
 }
 
 pub type Result<T> = std::result::Result<T, CoreError>;

@@ -9,6 +9,7 @@ pub mod messages_stream;
 pub mod multipart;
 pub mod ratelimit;
 pub mod responses_stream;
+pub mod shared_buckets;
 pub mod sse;
 pub mod tokens;
 

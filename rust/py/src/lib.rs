@@ -6,11 +6,12 @@ use gateway_core::messages_stream;
 use gateway_core::multipart;
 use gateway_core::ratelimit;
 use gateway_core::responses_stream;
+use gateway_core::shared_buckets::{self, Limit};
 use gateway_core::sse;
 use gateway_core::tokens::{self, Encoding};
 use gateway_core::{idempotency, CoreError as Core};
 use pyo3::create_exception;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -29,6 +30,7 @@ fn to_py(err: Core) -> PyErr {
         Core::UnknownEncoding(_) => UnknownEncodingError::new_err(message),
         Core::InvalidJson(_) => InvalidJsonError::new_err(message),
         Core::InvalidArgument(_) => CoreError::new_err(message),
+        Core::Io(_) => PyOSError::new_err(message),
     }
 }
 
@@ -393,6 +395,66 @@ fn parse_multipart(py: Python<'_>, body: &[u8], content_type: &str) -> Option<Ve
     }
 }
 
+/// Token buckets shared by every process that opens the same file (see shared_buckets.rs).
+#[pyclass(module = "gateway._core", frozen)]
+struct SharedBuckets(shared_buckets::SharedBuckets);
+
+fn limit(capacity: u64, refill_tokens: u64, refill_period_ns: u64) -> Limit {
+    Limit { capacity, refill_tokens, period_ns: refill_period_ns }
+}
+
+#[pymethods]
+impl SharedBuckets {
+    #[new]
+    fn new(path: std::path::PathBuf, slots: u64) -> PyResult<Self> {
+        shared_buckets::SharedBuckets::open(&path, slots).map(Self).map_err(to_py)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn try_take(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        capacity: u64,
+        refill_tokens: u64,
+        refill_period_ns: u64,
+        n: u64,
+        now_ns: u64,
+    ) -> PyResult<TakeResult> {
+        let (hash, l) = (shared_buckets::key_hash(key.as_bytes()), limit(capacity, refill_tokens, refill_period_ns));
+        // The file lock may wait on another process: never with the GIL held.
+        py.detach(|| self.0.try_take(hash, l, n, now_ns)).map(TakeResult).map_err(to_py)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn adjust(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        capacity: u64,
+        refill_tokens: u64,
+        refill_period_ns: u64,
+        delta: i64,
+        now_ns: u64,
+    ) -> PyResult<u64> {
+        let (hash, l) = (shared_buckets::key_hash(key.as_bytes()), limit(capacity, refill_tokens, refill_period_ns));
+        py.detach(|| self.0.adjust(hash, l, delta, now_ns)).map_err(to_py)
+    }
+
+    fn available(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        capacity: u64,
+        refill_tokens: u64,
+        refill_period_ns: u64,
+        now_ns: u64,
+    ) -> PyResult<u64> {
+        let (hash, l) = (shared_buckets::key_hash(key.as_bytes()), limit(capacity, refill_tokens, refill_period_ns));
+        py.detach(|| self.0.available(hash, l, now_ns)).map_err(to_py)
+    }
+}
+
 // ------------------------------------------------------------------ idempotency
 
 #[pyfunction]
@@ -429,6 +491,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rewrite_response, m)?)?;
     m.add_class::<TakeResult>()?;
     m.add_class::<TokenBucket>()?;
+    m.add_class::<SharedBuckets>()?;
     m.add_function(wrap_pyfunction!(parse_chat_usage, m)?)?;
     m.add_function(wrap_pyfunction!(parse_messages_usage, m)?)?;
     m.add_function(wrap_pyfunction!(set_json_id, m)?)?;
