@@ -134,7 +134,7 @@ def test_two_workers_never_overspend_and_idle_leases_come_back(sim_url: str, tmp
         cost = one_cost(gw2)
         handle = gw2.new_key(balance=str(K * cost))
         first = outcomes(burst(gw2.url, handle.key, CONCURRENT))
-        assert first["ok"] <= K and first["ok"] + first["insufficient_credits"] == CONCURRENT
+        assert first["ok"] <= K and first["ok"] + first["insufficient_credits"] == CONCURRENT, first
         time.sleep(3.5)  # idle leases are returned after about 2 s
         # One by one, the requests land on either worker; a refusal while the other worker still
         # leases the rest lasts until that lease goes idle and comes back.
@@ -145,11 +145,11 @@ def test_two_workers_never_overspend_and_idle_leases_come_back(sim_url: str, tmp
                 if r.status_code == 200:
                     more, waited = more + 1, False
                     continue
-                assert r.json()["error"]["code"] == "insufficient_credits"
+                assert r.json()["error"]["code"] == "insufficient_credits", r.text
                 if waited:
                     break
                 time.sleep(3.5)
                 waited = True
-        assert first["ok"] + more == K
+        assert first["ok"] + more == K, (first, more)
         assert gw2.wait_balance(handle.account_id, Decimal(0)) == 0
         assert usage_total(gw2.db_path, handle.account_id) == (K, K * cost)

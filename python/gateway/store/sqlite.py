@@ -22,6 +22,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -175,6 +176,23 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 _STOP = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """An operation someone awaits: committed at once, its outcome set on `future`."""
+
+    run: WriteOp
+    future: asyncio.Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _LogRow:
+    """A request log entry's column values, written with the next group commit."""
+
+    values: tuple[Any, ...]
+
+
 _COLUMNS = ", ".join(USAGE_COLUMNS)
 # Row layouts read by _account, _key and _top_up.
 _ACCOUNT_COLUMNS = ("id", "name", "balance", "allowed_models", "rpm_limit", "tpm_limit", "created_at_ms")
@@ -225,6 +243,8 @@ log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
 # much later; charges are safe in the journal from the start).
 SETTLEMENT_LINGER_SECONDS = 0.01
+# The writer thread's nice value (see _lower_priority): 10 gives it about a tenth of a busy core.
+WRITER_NICENESS = 10
 # Leases are granted in whole nano-dollars beyond what the hold needs.
 _LEASE_QUANTUM = Decimal("0.000000001")
 
@@ -325,6 +345,7 @@ class SqliteStore:
     # ------------------------------------------------------------------ writer thread
 
     def _write_loop(self, conn: sqlite3.Connection) -> None:
+        _lower_priority(WRITER_NICENESS)
         stop = False
         while not stop:
             batch = [self._queue.get()]
@@ -345,51 +366,57 @@ class SqliteStore:
                 self._commit_batch(conn, batch)
         conn.close()
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[tuple[WriteOp, Any, bool]]) -> None:
-        outcomes: list[tuple[Any, bool, Any]] = []
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        """One transaction for the whole batch: the settlements together (a handful of statements
+        for any number of them, since every statement is a GIL hand-off with the event loop on the
+        same core), the request log entries in one statement, then each awaited operation in its
+        own savepoint (one failing fails alone). What was queued in the background is thus in place
+        for every awaited operation of its batch."""
+        records = [item for item in batch if isinstance(item, UsageRecord)]
+        ops = [item for item in batch if isinstance(item, _Op)]
+        logs = [item for item in batch if isinstance(item, _LogRow)]
+        outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        settled: Exception | None = None
+        logged: Exception | None = None
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, future, _ in batch:
-                conn.execute("SAVEPOINT item")
-                try:
-                    result = op(conn)
-                except Exception as exc:  # one bad item fails alone; the batch goes on
-                    conn.execute("ROLLBACK TO item")
-                    outcomes.append((future, False, exc))
-                else:
-                    outcomes.append((future, True, result))
-                conn.execute("RELEASE item")
+            if records:
+                settled = _in_savepoint(conn, lambda: _settle_many(conn, records, self._owner))
+            if logs:
+                logged = _in_savepoint(
+                    conn, lambda: conn.executemany(_INSERT_LOG, [row.values for row in logs])
+                )
+            for op in ops:
+                outcomes.append((op.future, *_attempt(conn, op.run)))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            outcomes = [(future, False, exc) for _, future, _ in batch]
-        applied = 0
-        retry = []
-        for item, (_, ok, value) in zip(batch, outcomes, strict=True):
-            if not item[2]:
-                if not ok and item[1] is None:  # a background write (request log): nobody to tell
-                    log.error("a background write failed: %s", value, exc_info=value)
-                continue
-            if ok:
-                applied += 1
-            else:
-                # A journaled settlement is never dropped: it stays in the journal and is tried again.
-                log.error("applying a settlement failed, will retry: %s", value, exc_info=value)
-                retry.append(item)
-        if applied and self._journal is not None:
-            self._journal.applied(applied)
-        if retry:
+            outcomes = [(op.future, False, exc) for op in ops]
+            settled = logged = exc
+        if logged is not None:  # nobody to tell: the entries are lost, the requests are not
+            log.error("writing %d request log entries failed: %s", len(logs), logged, exc_info=logged)
+        if records and settled is None and self._journal is not None:
+            self._journal.applied(len(records))
+        elif records:
+            # A journaled settlement is never dropped: it stays in the journal and is tried again.
+            log.error(
+                "applying %d settlements failed, will retry: %s", len(records), settled, exc_info=settled
+            )
             time.sleep(0.1)
-            for item in retry:
-                self._queue.put(item)
-        if self._loop is not None and any(f is not None for f, _, _ in outcomes):
+            for record in records:
+                self._queue.put(record)
+        if self._loop is not None and outcomes:
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
 
     async def _write(self, op: WriteOp) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put((op, future, False))
+        self._queue.put(_Op(op, future))
         return await future
+
+    @property
+    def _owner(self) -> str | None:
+        return None if self._journal is None else self._journal.owner
 
     # ------------------------------------------------------------------ reads
 
@@ -498,8 +525,7 @@ class SqliteStore:
         if self._journal is None:
             raise RuntimeError("store is not started")
         self._journal.append(record)  # durable against a killed process from here on
-        owner = self._journal.owner
-        self._queue.put((lambda conn: _settle(conn, record, owner), None, True))
+        self._queue.put(record)
 
     def log_request(self, entry: RequestLog) -> None:
         row = (
@@ -521,7 +547,7 @@ class SqliteStore:
             entry.response_bytes,
         )
         # Like a settlement, nobody waits for it: it joins the next group commit.
-        self._queue.put((lambda conn: conn.execute(_INSERT_LOG, row), None, False))
+        self._queue.put(_LogRow(row))
 
     async def purge_log_bodies(self, before_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -785,23 +811,65 @@ class SqliteStore:
         return result
 
 
-def _settle(conn: sqlite3.Connection, r: UsageRecord, owner: str | None) -> bool:
-    """Record and charge once: a settlement applied again (journal replay) changes nothing. The
-    charge comes off the `owner` process's leases too: the money it had set aside is spent."""
-    inserted = conn.execute(
-        f"INSERT OR IGNORE INTO usage_records ({_COLUMNS}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})",
-        r.as_row(),
-    ).rowcount
-    if inserted and not r.cost.is_zero():
-        (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = ?", (r.account_id,)).fetchone()
-        conn.execute(
-            "UPDATE accounts SET balance = ? WHERE id = ?", (str(Decimal(balance) - r.cost), r.account_id)
+def _settle_many(conn: sqlite3.Connection, records: Sequence[UsageRecord], owner: str | None) -> int:
+    """Record and charge each settlement once: one applied again (journal replay, a retried batch)
+    changes nothing. Charges are summed per account, key and lease, so a batch costs a handful of
+    statements. The charges come off the `owner` process's leases too: the money it had set aside
+    is spent. Returns how many settlements were new."""
+    if not records:
+        return 0
+    known: set[str] = set()
+    for chunk in _chunks(list(dict.fromkeys(r.id for r in records))):
+        marks = ", ".join("?" * len(chunk))
+        known.update(
+            row[0] for row in conn.execute(f"SELECT id FROM usage_records WHERE id IN ({marks})", chunk)
         )
-        _count_key_spend(conn, r)
+    fresh: dict[str, UsageRecord] = {}
+    for r in records:
+        if r.id not in known and r.id not in fresh:
+            fresh[r.id] = r
+    conn.executemany(
+        f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})",
+        [r.as_row() for r in fresh.values()],
+    )
+    charged = [r for r in fresh.values() if not r.cost.is_zero()]
+    per_account: dict[str, Decimal] = {}
+    per_key: dict[str, Decimal] = {}
+    for r in charged:
+        per_account[r.account_id] = per_account.get(r.account_id, Decimal(0)) + r.cost
+        per_key[r.key_id] = per_key.get(r.key_id, Decimal(0)) + r.cost
+    for account_id, total in per_account.items():
+        (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = ?", (account_id,)).fetchone()
+        conn.execute(
+            "UPDATE accounts SET balance = ? WHERE id = ?", (str(Decimal(balance) - total), account_id)
+        )
         if owner is not None:
-            _add_to_lease(conn, "account", r.account_id, owner, -r.cost)
-            _add_to_lease(conn, "key", r.key_id, owner, -r.cost)
-    return inserted == 1
+            _add_to_lease(conn, "account", account_id, owner, -total)
+    limited = _keys_with_limits(conn, list(per_key))
+    for r in charged:
+        if r.key_id in limited:
+            _count_key_spend(conn, r)
+    if owner is not None:
+        for key_id in limited:
+            _add_to_lease(conn, "key", key_id, owner, -per_key[key_id])
+    return len(fresh)
+
+
+def _keys_with_limits(conn: sqlite3.Connection, key_ids: list[str]) -> set[str]:
+    limited: set[str] = set()
+    for chunk in _chunks(key_ids):
+        marks = ", ".join("?" * len(chunk))
+        rows = conn.execute(
+            f"SELECT id FROM api_keys WHERE id IN ({marks}) AND credit_limit IS NOT NULL", chunk
+        )
+        limited.update(row[0] for row in rows)
+    return limited
+
+
+def _chunks(values: list[str], size: int = 500) -> Iterator[list[str]]:
+    """Lists short enough for one statement's parameters."""
+    for i in range(0, len(values), size):
+        yield values[i : i + size]
 
 
 def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
@@ -813,7 +881,7 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
             return 0
         conn.execute("BEGIN IMMEDIATE")
         try:
-            applied = sum(_settle(conn, r, None) for orphan in found for r in orphan.records)
+            applied = _settle_many(conn, [r for orphan in found for r in orphan.records], None)
             # Listed inside the transaction: a process that leases after this listing created its
             # journal before, as every lease waits for this transaction's lock.
             alive = journal.owners(journal_dir) - {orphan.owner for orphan in found}
@@ -879,9 +947,35 @@ def _add_to_lease(conn: sqlite3.Connection, kind: str, pot_id: str, owner: str, 
         )
 
 
+def _lower_priority(niceness: int) -> None:
+    """Make the calling thread yield the CPU to the event loop's: on Linux a thread has its own
+    nice value. The writer's commits then fill the loop's idle moments instead of delaying its
+    requests on a shared core, and still get their share under full load."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+
+
 def _nobody_waits(item: Any) -> bool:
-    """True for a journaled settlement (no future): its commit may wait for others."""
-    return item is not _STOP and item[1] is None
+    """True for a journaled settlement or a log entry (no future): its commit may wait for others."""
+    return isinstance(item, UsageRecord | _LogRow)
+
+
+def _in_savepoint(conn: sqlite3.Connection, work: Callable[[], Any]) -> Exception | None:
+    """Run `work` so that its failure undoes it alone; returns the failure."""
+    ok, value = _attempt(conn, lambda _: work())
+    return None if ok else value
+
+
+def _attempt(conn: sqlite3.Connection, op: WriteOp) -> tuple[bool, Any]:
+    conn.execute("SAVEPOINT item")
+    try:
+        result = op(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO item")
+        conn.execute("RELEASE item")
+        return False, exc
+    conn.execute("RELEASE item")
+    return True, result
 
 
 def _count_key_spend(conn: sqlite3.Connection, r: UsageRecord) -> None:
