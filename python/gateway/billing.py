@@ -34,6 +34,8 @@ class Call:
     charged: Decimal | None = None
     usage_id: str | None = None
     error_code: str | None = None  # why a stream that had started ended early
+    # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
+    idempotency: tuple[str, str] | None = None
 
 
 def estimate_usage(

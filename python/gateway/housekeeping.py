@@ -28,6 +28,7 @@ async def purge_expired(state: GatewayState) -> None:
         "images": state.store.purge_images,
         "response states": state.store.purge_responses,
         "request log bodies": lambda now: state.store.purge_log_bodies(now - retention_ms),
+        "idempotency entries": state.store.purge_idempotency,
     }
     while True:
         await asyncio.sleep(interval)

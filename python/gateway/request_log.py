@@ -20,6 +20,9 @@ from .store import RequestLog
 
 # Where read_body leaves the request's bytes for the log entry.
 BODY_SCOPE_KEY = "gateway.request_body"
+# What a streamed text answer is kept as: {"object": STREAM_SUMMARY, "id", "output_text", "usage",
+# "error"}, written by routes/streaming.py; the events themselves would be tens of KB a request.
+STREAM_SUMMARY = "stream.summary"
 # An answer that never went out: the client left before the gateway answered (as nginx logs it).
 CLIENT_CLOSED = 499
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
-from .. import budget
+from .. import budget, request_log
 from ..auth import admin_token, authenticate_admin, display_prefix, generate_key, hash_key
 from ..clock import now_ms, rfc3339
 from ..errors import GatewayError, invalid_request
@@ -39,6 +39,7 @@ Reader = Callable[[Any, str], Any]
 Handler = Callable[[Request], Awaitable[tuple[Any, ...]]]
 PREFIX = "/admin/v1"
 MAX_IDEMPOTENCY_KEY = 255  # as for the model endpoints (spec 8)
+STREAM_SUMMARY_PREFIX = b'{"object":"' + request_log.STREAM_SUMMARY.encode() + b'"'
 
 _KEY_FIELDS: Mapping[str, Reader] = {
     "name": field.name,
@@ -354,7 +355,9 @@ def _body(data: bytes | None, size: int) -> dict[str, Any] | None:
         encoding, text = "utf-8", data.decode()
     except UnicodeDecodeError:  # binary, or text cut inside a character
         encoding, text = "base64", base64.b64encode(data).decode()
-    return {"encoding": encoding, "data": text, "truncated": size > len(data)}
+    # A streamed text answer is kept as its summary, whole, not as a prefix of the events.
+    summary = data.startswith(STREAM_SUMMARY_PREFIX)
+    return {"encoding": encoding, "data": text, "truncated": not summary and size > len(data)}
 
 
 def _list(data: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .. import billing, request_log
+from .. import billing, idempotency, request_log
 from ..auth import authenticate
 from ..billing import Call
 from ..errors import GatewayError, invalid_request
@@ -29,22 +29,43 @@ class HeldStream(StreamingResponse):
         self,
         content: AsyncGenerator[bytes, None],
         on_end: Callable[[], None] | None = None,
+        summary: Callable[[], bytes] | None = None,
         **kwargs: Any,
     ) -> None:
         self._content = content
         self._tee = self._copy(content)
         super().__init__(self._tee, **kwargs)
         self._on_end = [on_end] if on_end is not None else []
+        # What the request log keeps of it: `summary()` when given (a text stream: what it said,
+        # not every event), else the bytes `capture` keeps.
+        self.summary = summary
         self.capture: BodyCapture | None = None
+        self.sent = 0
 
     def when_done(self, hook: Callable[[], None]) -> None:
         self._on_end.append(hook)
 
     async def _copy(self, content: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
         async for chunk in content:
+            self.sent += len(chunk)
             if self.capture is not None:
                 self.capture.add(chunk)
             yield chunk
+
+    async def collect(self) -> bytes:
+        """The whole body, read here rather than sent as it comes (an answer to be kept before it
+        goes out); the body's clean-up and the hooks run as when it is sent."""
+        parts: list[bytes] = []
+        try:
+            async for chunk in self._tee:
+                parts.append(chunk)
+        finally:
+            await self._tee.aclose()
+            await self._content.aclose()
+            hooks, self._on_end = self._on_end, []
+            for hook in hooks:
+                hook()
+        return b"".join(parts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -63,9 +84,12 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 REQUEST_ID_HEADER = "x-service-request-id"
 
 
-def model_endpoint(state: GatewayState, handler: ModelHandler) -> Endpoint:
+def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bool = False) -> Endpoint:
     """Authenticate (401s carry no request id, spec 7.3), then give the call its request id, which
-    every answer from here on carries, errors included."""
+    every answer from here on carries, errors included. `idempotent` endpoints honour the
+    Idempotency-Key header (gateway.idempotency)."""
+    if idempotent:
+        handler = _idempotent(state, handler)
 
     async def endpoint(request: Request) -> Response:
         started_ns = time.time_ns()
@@ -105,18 +129,52 @@ def model_endpoint(state: GatewayState, handler: ModelHandler) -> Endpoint:
         if call.rate is not None:
             response.headers.update(call.rate.headers())
         if isinstance(response, HeldStream):  # a stream closes its hold and logs when it ends
-            capture = response.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
-            response.when_done(
-                lambda: _log(
-                    state, request, call, response.status_code, capture.body(), capture.size, call.error_code
-                )
-            )
+            stream = response
+            if stream.summary is None:
+                stream.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
+
+            def log_stream() -> None:
+                kept = stream.summary() if stream.summary is not None else None
+                if kept is None and stream.capture is not None:
+                    kept = stream.capture.body()
+                _log(state, request, call, stream.status_code, kept, stream.sent, call.error_code)
+
+            stream.when_done(log_stream)
         else:
             billing.release(state, call)
             _log(state, request, call, response.status_code, bytes(response.body))
         return response
 
     return endpoint
+
+
+def _idempotent(state: GatewayState, handler: ModelHandler) -> ModelHandler:
+    async def run(request: Request, call: Call) -> Response:
+        key = idempotency.requested_key(request)
+        if key is None:
+            return await handler(request, call)
+        body = await read_body(request, state.settings.max_request_bytes)
+        replay = await idempotency.claim(state, request, call, key, body)
+        if replay is not None:
+            replay.headers[REQUEST_ID_HEADER] = call.request_id
+            return replay
+        try:
+            response = await handler(request, call)
+            if isinstance(response, HeldStream):  # kept whole before it is answered
+                headers = dict(response.headers)
+                response = Response(await response.collect(), response.status_code, headers)
+        except GatewayError as err:
+            await idempotency.keep_error(state, call, err)
+            raise
+        except BaseException:
+            await idempotency.forget(state, call)
+            raise
+        await idempotency.keep(
+            state, call, response.status_code, dict(response.headers), bytes(response.body)
+        )
+        return response
+
+    return run
 
 
 def _log(
@@ -146,7 +204,11 @@ def _log(
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole)."""
+    """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole).
+    Read once: a second call returns the same bytes."""
+    kept: bytes | None = request.scope.get(request_log.BODY_SCOPE_KEY)
+    if kept is not None:
+        return kept
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)

@@ -69,8 +69,10 @@ def routes(state: GatewayState) -> list[Route]:
         return await _create(state, request, call, model, prompt, upstream_body, form_type, "image_edit")
 
     return [
-        Route("/v1/images/generations", model_endpoint(state, generations), methods=["POST"]),
-        Route("/v1/images/edits", model_endpoint(state, edits), methods=["POST"]),
+        Route(
+            "/v1/images/generations", model_endpoint(state, generations, idempotent=True), methods=["POST"]
+        ),
+        Route("/v1/images/edits", model_endpoint(state, edits, idempotent=True), methods=["POST"]),
         *image_files.routes(state),
     ]
 

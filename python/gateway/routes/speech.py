@@ -63,7 +63,7 @@ def routes(state: GatewayState) -> list[Route]:
         media_type = upstream.headers.get("content-type", "application/octet-stream")
         return HeldStream(audio(), media_type=media_type, headers=headers)
 
-    return [Route("/v1/audio/speech", model_endpoint(state, speech), methods=["POST"])]
+    return [Route("/v1/audio/speech", model_endpoint(state, speech, idempotent=True), methods=["POST"])]
 
 
 def _validate(payload: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -19,6 +20,7 @@ from ..pricing import Usage
 from ..providers import PROVIDERS
 from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
+from ..request_log import STREAM_SUMMARY
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream
 from .upstream import ReportedUsage, reported_usage
@@ -138,8 +140,28 @@ async def forward_stream(
             yield error_event + b"data: " + error_body(*failure) + b"\n\n"
 
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
+
+    def summary() -> bytes:
+        """What the request log keeps of the stream: what the model said and what it used."""
+        usage = rewriter.usage
+        return orjson.dumps(
+            {
+                "object": STREAM_SUMMARY,
+                "id": rid,
+                "output_text": rewriter.output_text,
+                "usage": None
+                if usage is None
+                else {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+                "error": call.error_code,
+            }
+        )
+
     return HeldStream(
-        body(), lambda: billing.release(state, call), media_type="text/event-stream", headers=headers
+        body(),
+        lambda: billing.release(state, call),
+        summary,
+        media_type="text/event-stream",
+        headers=headers,
     )
 
 

@@ -181,6 +181,25 @@ class RequestLog:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """An answer kept for an idempotent request (spec 8), replayed byte for byte."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyClaim:
+    """What to do with a request that carries an Idempotency-Key: `run` it (this request now holds
+    the key), `replay` the stored `answer`, refuse it as `in_progress` (the first still runs) or as
+    `reused` (the key was used with another body)."""
+
+    outcome: str
+    answer: StoredAnswer | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredImage:
     """An image the gateway serves at its own URL until it expires (spec 2.4). The token, in the URL,
     is the only thing needed to fetch it; key_id is the key whose request made it."""
@@ -277,6 +296,28 @@ class Store(Protocol):
 
     async def purge_responses(self, now_ms: int) -> int:
         """Delete every response state expired at `now_ms`; returns how many were deleted."""
+
+    async def claim_idempotency(
+        self, key_id: str, idempotency_key: str, fingerprint: str, now_ms: int, lease_ms: int, ttl_ms: int
+    ) -> IdempotencyClaim:
+        """Atomically, across processes: a key unknown, expired, or held by a request whose lease
+        ran out (its process died) is taken for this request (`run`) for `lease_ms`; else the
+        outcome for the request holding it or the answer kept for it."""
+
+    async def finish_idempotency(
+        self,
+        key_id: str,
+        idempotency_key: str,
+        fingerprint: str,
+        answer: StoredAnswer | None,
+        now_ms: int,
+        ttl_ms: int,
+    ) -> None:
+        """Keep the answer of the request that ran under the key, for `ttl_ms`; None forgets the key
+        (an answer that is not kept: the next request with it runs again)."""
+
+    async def purge_idempotency(self, now_ms: int) -> int:
+        """Delete every idempotency entry expired at `now_ms`; returns how many were deleted."""
 
     async def create_account(
         self,

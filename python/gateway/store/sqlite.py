@@ -22,10 +22,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN, Decimal
 from pathlib import Path
 from typing import Any, TypeVar
+
+import orjson
 
 from ..budget import period_start_ms, spent_now
 from ..clock import now_ms
@@ -35,12 +37,14 @@ from .base import (
     Account,
     AccountChanges,
     ApiKey,
+    IdempotencyClaim,
     IdempotencyKeyReused,
     KeyChanges,
     KeyContext,
     NameTaken,
     RequestLog,
     ResponseState,
+    StoredAnswer,
     StoredImage,
     TopUp,
     UsageRecord,
@@ -173,6 +177,23 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX top_ups_idempotency ON top_ups(account_id, idempotency_key)
         WHERE idempotency_key IS NOT NULL;
     """,
+    # Idempotency-Key on the model endpoints that honour it (spec 8): per API key, the request
+    # that holds the key (`running`, until its lease ends) or the answer kept for it (`done`).
+    """
+    CREATE TABLE idempotency (
+        key_id TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        state TEXT NOT NULL,
+        lease_until_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        status INTEGER,
+        headers TEXT,
+        body BLOB,
+        PRIMARY KEY (key_id, idempotency_key)
+    );
+    CREATE INDEX idempotency_expiry ON idempotency(expires_at_ms);
+    """,
 )
 
 _STOP = object()
@@ -191,6 +212,7 @@ class _LogRow:
     """A request log entry's column values, written with the next group commit."""
 
     values: tuple[Any, ...]
+    body_bytes: int  # counted in the backlog until written
 
 
 _COLUMNS = ", ".join(USAGE_COLUMNS)
@@ -243,8 +265,8 @@ log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
 # much later; charges are safe in the journal from the start).
 SETTLEMENT_LINGER_SECONDS = 0.01
-# The writer thread's nice value (see _lower_priority): 10 gives it about a tenth of a busy core.
-WRITER_NICENESS = 10
+# Request log bodies waiting for the writer beyond this are not kept (their entries are).
+MAX_LOG_BACKLOG_BYTES = 32 * 1024 * 1024
 # Leases are granted in whole nano-dollars beyond what the hold needs.
 _LEASE_QUANTUM = Decimal("0.000000001")
 
@@ -262,6 +284,10 @@ class SqliteStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._journal: journal.Journal | None = None
         self._keys = KeyCache(self.path.parent / (self.path.name + ".generation"))
+        # Bytes of request log bodies queued and not yet written (see log_request).
+        self._log_backlog = 0
+        self._backlog_lock = threading.Lock()
+        self._bodies_dropped = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -345,7 +371,6 @@ class SqliteStore:
     # ------------------------------------------------------------------ writer thread
 
     def _write_loop(self, conn: sqlite3.Connection) -> None:
-        _lower_priority(WRITER_NICENESS)
         stop = False
         while not stop:
             batch = [self._queue.get()]
@@ -394,6 +419,9 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
             outcomes = [(op.future, False, exc) for op in ops]
             settled = logged = exc
+        if logs:
+            with self._backlog_lock:
+                self._log_backlog -= sum(row.body_bytes for row in logs)
         if logged is not None:  # nobody to tell: the entries are lost, the requests are not
             log.error("writing %d request log entries failed: %s", len(logs), logged, exc_info=logged)
         if records and settled is None and self._journal is not None:
@@ -528,6 +556,19 @@ class SqliteStore:
         self._queue.put(record)
 
     def log_request(self, entry: RequestLog) -> None:
+        bodies = len(entry.request_body or b"") + len(entry.response_body or b"")
+        if self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
+            # The writer is behind (the machine is saturated): keep the entry, not its bodies,
+            # rather than let memory grow without bound.
+            entry = replace(entry, request_body=None, response_body=None)
+            bodies = 0
+            self._bodies_dropped += 1
+            if self._bodies_dropped in (1, 1000) or self._bodies_dropped % 100_000 == 0:
+                log.warning(
+                    "request log writes are behind: %d entries kept without bodies", self._bodies_dropped
+                )
+        with self._backlog_lock:
+            self._log_backlog += bodies
         row = (
             entry.id,
             entry.key_id,
@@ -547,7 +588,7 @@ class SqliteStore:
             entry.response_bytes,
         )
         # Like a settlement, nobody waits for it: it joins the next group commit.
-        self._queue.put(_LogRow(row))
+        self._queue.put(_LogRow(row, bodies))
 
     async def purge_log_bodies(self, before_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -618,6 +659,66 @@ class SqliteStore:
     async def purge_responses(self, now_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
             return conn.execute("DELETE FROM response_states WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+
+        deleted: int = await self._write(op)
+        return deleted
+
+    async def claim_idempotency(
+        self, key_id: str, idempotency_key: str, fingerprint: str, now_ms: int, lease_ms: int, ttl_ms: int
+    ) -> IdempotencyClaim:
+        def op(conn: sqlite3.Connection) -> IdempotencyClaim:
+            row = conn.execute(
+                "SELECT fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body"
+                " FROM idempotency WHERE key_id = ? AND idempotency_key = ?",
+                (key_id, idempotency_key),
+            ).fetchone()
+            if row is not None:
+                kept, state, lease_until, expires_at, status, headers, body = row
+                live = lease_until > now_ms if state == "running" else expires_at > now_ms
+                if live and kept != fingerprint:
+                    return IdempotencyClaim("reused")
+                if live and state == "running":
+                    return IdempotencyClaim("in_progress")
+                if live:
+                    pairs = tuple((str(k), str(v)) for k, v in orjson.loads(headers))
+                    return IdempotencyClaim("replay", StoredAnswer(status, pairs, body))
+            conn.execute(
+                "INSERT OR REPLACE INTO idempotency (key_id, idempotency_key, fingerprint, state,"
+                " lease_until_ms, expires_at_ms) VALUES (?, ?, ?, 'running', ?, ?)",
+                (key_id, idempotency_key, fingerprint, now_ms + lease_ms, now_ms + ttl_ms),
+            )
+            return IdempotencyClaim("run")
+
+        claim: IdempotencyClaim = await self._write(op)
+        return claim
+
+    async def finish_idempotency(
+        self,
+        key_id: str,
+        idempotency_key: str,
+        fingerprint: str,
+        answer: StoredAnswer | None,
+        now_ms: int,
+        ttl_ms: int,
+    ) -> None:
+        mine = "key_id = ? AND idempotency_key = ? AND fingerprint = ? AND state = 'running'"
+        where = (key_id, idempotency_key, fingerprint)
+
+        def op(conn: sqlite3.Connection) -> None:
+            if answer is None:
+                conn.execute(f"DELETE FROM idempotency WHERE {mine}", where)
+                return
+            conn.execute(
+                "UPDATE idempotency SET state = 'done', status = ?, headers = ?, body = ?, expires_at_ms = ?"
+                f" WHERE {mine}",
+                (answer.status, orjson.dumps(answer.headers), answer.body, now_ms + ttl_ms, *where),
+            )
+
+        await self._write(op)
+
+    async def purge_idempotency(self, now_ms: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM idempotency WHERE expires_at_ms <= ?", (now_ms,)).rowcount
 
         deleted: int = await self._write(op)
         return deleted
@@ -945,14 +1046,6 @@ def _add_to_lease(conn: sqlite3.Connection, kind: str, pot_id: str, owner: str, 
         conn.execute(
             "UPDATE leases SET amount = ? WHERE kind = ? AND pot_id = ? AND owner = ?", (str(amount), *where)
         )
-
-
-def _lower_priority(niceness: int) -> None:
-    """Make the calling thread yield the CPU to the event loop's: on Linux a thread has its own
-    nice value. The writer's commits then fill the loop's idle moments instead of delaying its
-    requests on a shared core, and still get their share under full load."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
 
 
 def _nobody_waits(item: Any) -> bool:

@@ -1,0 +1,104 @@
+"""Idempotency-Key on the endpoints that honour it (spec 8): image generations and edits, speech
+(and video jobs once they exist); ignored everywhere else.
+
+Keys are scoped to the API key. The first request with a key runs and its answer is kept 24 hours;
+the same key with the same body (the Rust core's fingerprint: JSON canonicalised, multipart reduced
+to its parts) gets that answer again byte for byte with `Idempotency-Replayed: true`, and nothing
+runs or is charged; with another body it is 409 idempotency_key_reused; while the first still runs,
+409 idempotency_key_in_progress with Retry-After. The running mark is a lease in the store (the
+synchronous window plus a minute), so a crashed gateway never leaves a key stuck.
+
+Kept: every answer of a request that ran, errors included (spec 7.5.4), except 5xx (the retry runs
+again), answers over 8 MB (the request ran; nothing to replay), and refusals that change with time
+rather than with the request: 429 rate_limited and the credit refusals, which a client is told to
+retry once it has waited or added credits (docs/behaviour.md).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ._core import fingerprint
+from .billing import Call
+from .clock import now_ms
+from .errors import GatewayError, invalid_request
+from .state import GatewayState
+from .store import StoredAnswer
+
+HEADER = "idempotency-key"
+REPLAYED_HEADER = "idempotency-replayed"
+MAX_KEY_CHARS = 255
+MAX_STORED_BYTES = 8 * 1024 * 1024
+TTL_MS = 24 * 3600 * 1000
+# How long a request holds its key before another may take it over (its process having died).
+LEASE_MARGIN_MS = 60_000
+# Codes refused for the moment, not for the request: never kept.
+TRANSIENT_CODES = frozenset({"rate_limited", "insufficient_credits", "key_budget_exceeded"})
+# Headers that belong to one request, not to its answer: never replayed.
+PER_REQUEST_HEADERS = frozenset({"x-service-request-id", "x-service-cost", "content-length"})
+
+
+def requested_key(request: Request) -> str | None:
+    key = request.headers.get(HEADER)
+    if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
+        raise invalid_request(
+            f"The Idempotency-Key header must have 1 to {MAX_KEY_CHARS} characters.", "Idempotency-Key"
+        )
+    return key
+
+
+async def claim(state: GatewayState, request: Request, call: Call, key: str, body: bytes) -> Response | None:
+    """Take the key for this request (None: run it), or the answer to give instead."""
+    digest = fingerprint(request.method, request.url.path, body, request.headers.get("content-type"))
+    call.idempotency = (key, digest)
+    lease_ms = int(state.settings.sync_timeout_seconds * 1000) + LEASE_MARGIN_MS
+    outcome = await state.store.claim_idempotency(call.ctx.key.id, key, digest, now_ms(), lease_ms, TTL_MS)
+    if outcome.outcome == "run":
+        return None
+    call.idempotency = None  # this request does not hold the key
+    if outcome.outcome == "reused":
+        raise GatewayError(
+            "idempotency_key_reused", "This Idempotency-Key was already used with a different request body."
+        )
+    if outcome.outcome == "in_progress":
+        raise GatewayError(
+            "idempotency_key_in_progress",
+            "A request with this Idempotency-Key is still running. Retry after it has finished.",
+            headers={"retry-after": "1"},
+        )
+    answer = outcome.answer
+    assert answer is not None
+    headers = {**dict(answer.headers), REPLAYED_HEADER: "true", "x-service-cost": "0"}
+    return Response(answer.body, status_code=answer.status, headers=headers)
+
+
+async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, str], body: bytes) -> None:
+    """The request that held the key has answered: keep the answer, or forget the key."""
+    if call.idempotency is None:
+        return
+    key, digest = call.idempotency
+    call.idempotency = None
+    kept = status < 500 and len(body) <= MAX_STORED_BYTES
+    answer = (
+        StoredAnswer(
+            status,
+            tuple((k, v) for k, v in headers.items() if k.lower() not in PER_REQUEST_HEADERS),
+            body,
+        )
+        if kept
+        else None
+    )
+    await state.store.finish_idempotency(call.ctx.key.id, key, digest, answer, now_ms(), TTL_MS)
+
+
+async def keep_error(state: GatewayState, call: Call, err: GatewayError) -> None:
+    if err.code in TRANSIENT_CODES:
+        await forget(state, call)
+    else:
+        headers = {**err.headers, "content-type": "application/json"}
+        await keep(state, call, err.status, headers, err.body())
+
+
+async def forget(state: GatewayState, call: Call) -> None:
+    await keep(state, call, 500, {}, b"")

@@ -1,0 +1,221 @@
+"""Idempotency-Key (spec 8): honoured on images and speech, scoped to the API key; one run and one
+charge however many identical requests arrive; replays byte for byte; 409s; 5xx and oversized
+answers not kept; a crashed request's lease runs out; ignored on other endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway import idempotency
+from gateway.billing import Call
+from gateway.store import Account, ApiKey, KeyContext
+from gateway.store.sqlite import SqliteStore
+from harness import Gateway, KeyHandle
+
+IMAGES = "/v1/images/generations"
+SPEECH = "/v1/audio/speech"
+GPT_IMAGE = "openai/gpt-image-1"
+
+
+def sim_calls(sim: httpx.Client, path: str, marker: str) -> int:
+    return sum(1 for e in sim.get("/_sim/requests").json() if e["path"] == path and marker in str(e))
+
+
+def records(db: Path, account_id: str) -> int:
+    with sqlite3.connect(db) as conn:
+        (count,) = conn.execute(
+            "SELECT COUNT(*) FROM usage_records WHERE account_id = ?", (account_id,)
+        ).fetchone()
+    return int(count)
+
+
+def post(gw: Gateway, key: str, path: str, body: dict[str, Any], idem: str | None) -> httpx.Response:
+    headers = {} if idem is None else {"idempotency-key": idem}
+    with gw.client(key) as c:
+        return c.post(path, json=body, headers=headers)
+
+
+def test_fifty_identical_requests_run_once_and_charge_once(
+    gw: Gateway, key: KeyHandle, sim: httpx.Client
+) -> None:
+    prompt = "a lighthouse " + os.urandom(4).hex()
+    body = {"model": GPT_IMAGE, "prompt": prompt}
+
+    async def fifty() -> list[httpx.Response]:
+        headers = {"authorization": f"Bearer {key.key}", "idempotency-key": "once-" + prompt}
+        async with httpx.AsyncClient(base_url=gw.url, headers=headers, timeout=30) as c:
+            return list(await asyncio.gather(*(c.post(IMAGES, json=body) for _ in range(50))))
+
+    answers = asyncio.run(fifty())
+    kinds = Counter(
+        "first"
+        if r.status_code == 200 and "idempotency-replayed" not in r.headers
+        else "replay"
+        if r.status_code == 200
+        else r.json()["error"]["code"]
+        for r in answers
+    )
+    assert (
+        kinds["first"] == 1 and kinds["first"] + kinds["replay"] + kinds["idempotency_key_in_progress"] == 50
+    )
+    for r in answers:
+        if r.status_code == 409:
+            assert r.headers["retry-after"] == "1"
+    first = next(r for r in answers if r.status_code == 200 and "idempotency-replayed" not in r.headers)
+    assert all(r.content == first.content for r in answers if r.status_code == 200)  # byte for byte
+    assert sim_calls(sim, IMAGES, prompt) == 1
+    time.sleep(0.3)
+    assert records(gw.db_path, key.account_id) == 1
+    cost = Decimal(first.headers["x-service-cost"])
+    assert gw.balance(key.account_id) == 100 - cost
+
+
+def test_replay_is_free_and_marked_then_other_body_is_409(
+    gw: Gateway, key: KeyHandle, sim: httpx.Client
+) -> None:
+    prompt = "a kite " + os.urandom(4).hex()
+    body = {"model": GPT_IMAGE, "prompt": prompt, "n": 2}
+    first = post(gw, key.key, IMAGES, body, "k1")
+    assert first.status_code == 200 and "idempotency-replayed" not in first.headers
+    time.sleep(0.2)
+    balance = gw.balance(key.account_id)
+    # The same JSON with its keys in another order is the same request.
+    again = post(gw, key.key, IMAGES, {"n": 2, "prompt": prompt, "model": GPT_IMAGE}, "k1")
+    assert again.status_code == 200 and again.headers["idempotency-replayed"] == "true"
+    assert again.content == first.content and again.headers["content-type"] == first.headers["content-type"]
+    assert again.headers["x-service-cost"] == "0"
+    assert again.headers["x-service-request-id"] != first.headers["x-service-request-id"]
+    time.sleep(0.2)
+    assert gw.balance(key.account_id) == balance and sim_calls(sim, IMAGES, prompt) == 1
+    other = post(gw, key.key, IMAGES, {**body, "n": 1}, "k1")
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.json()["error"]["type"] == "idempotency_error"
+
+
+def test_keys_are_scoped_to_the_api_key(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    prompt = "a fox " + os.urandom(4).hex()
+    body = {"model": GPT_IMAGE, "prompt": prompt}
+    other = gw.new_key()
+    assert "idempotency-replayed" not in post(gw, key.key, IMAGES, body, "shared").headers
+    assert "idempotency-replayed" not in post(gw, other.key, IMAGES, body, "shared").headers
+    assert sim_calls(sim, IMAGES, prompt) == 2
+
+
+def test_a_5xx_is_not_kept_and_a_4xx_is(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    failing = {"model": GPT_IMAGE, "prompt": "broken [sim fail=500] " + os.urandom(4).hex()}
+    assert post(gw, key.key, IMAGES, failing, "f").status_code >= 500
+    assert post(gw, key.key, IMAGES, failing, "f").status_code >= 500
+    assert sim_calls(sim, IMAGES, str(failing["prompt"])) == 2  # the retry ran again
+    refused = {"model": GPT_IMAGE, "prompt": "refused [sim fail=400] " + os.urandom(4).hex()}
+    first = post(gw, key.key, IMAGES, refused, "r")
+    again = post(gw, key.key, IMAGES, refused, "r")
+    assert first.status_code == again.status_code == 400
+    assert again.content == first.content and again.headers["idempotency-replayed"] == "true"
+    assert sim_calls(sim, IMAGES, str(refused["prompt"])) == 1
+
+
+def test_credit_refusals_are_not_kept(gw: Gateway) -> None:
+    """Refused for the moment (no credits), then allowed once credits are added: the same key runs."""
+    poor = gw.new_key(balance="0")
+    body = {"model": GPT_IMAGE, "prompt": "a coin " + os.urandom(4).hex()}
+    assert post(gw, poor.key, IMAGES, body, "c").json()["error"]["code"] == "insufficient_credits"
+    with sqlite3.connect(gw.db_path) as conn:
+        conn.execute("UPDATE accounts SET balance = '100' WHERE id = ?", (poor.account_id,))
+    assert post(gw, poor.key, IMAGES, body, "c").status_code == 200
+
+
+def test_speech_is_replayed_with_its_audio(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    text = "Hello there " + os.urandom(4).hex()
+    body = {"model": "openai/tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
+    first = post(gw, key.key, SPEECH, body, "s1")
+    again = post(gw, key.key, SPEECH, body, "s1")
+    assert first.status_code == again.status_code == 200
+    assert again.content == first.content and len(first.content) > 44
+    assert again.headers["content-type"] == first.headers["content-type"] == "audio/wav"
+    assert again.headers["idempotency-replayed"] == "true"
+    assert again.headers["x-service-response-id"] == first.headers["x-service-response-id"]
+    assert sim_calls(sim, SPEECH, text) == 1
+
+
+def test_the_openai_client_sends_and_gets_replays(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    prompt = "a comet " + os.urandom(4).hex()
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as client:
+        a = client.images.generate(model=GPT_IMAGE, prompt=prompt, extra_headers={"Idempotency-Key": "oc"})
+        b = client.images.generate(model=GPT_IMAGE, prompt=prompt, extra_headers={"Idempotency-Key": "oc"})
+    assert a.data is not None and b.data is not None and a.data[0].url == b.data[0].url
+    assert sim_calls(sim, IMAGES, prompt) == 1
+
+
+def test_ignored_elsewhere_and_bad_keys_refused(gw: Gateway, key: KeyHandle) -> None:
+    chat = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "twice"}]}
+    a, b = (
+        post(gw, key.key, "/v1/chat/completions", chat, "same"),
+        post(gw, key.key, "/v1/chat/completions", chat, "same"),
+    )
+    assert a.json()["id"] != b.json()["id"] and "idempotency-replayed" not in b.headers
+    body = {"model": GPT_IMAGE, "prompt": "p"}
+    for bad in ("", "x" * 256):
+        r = post(gw, key.key, IMAGES, body, bad)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert post(gw, key.key, IMAGES, body, "x" * 255).status_code == 200
+
+
+def _call(key_id: str) -> Call:
+    ctx = KeyContext(ApiKey(key_id, "acct", "k", "sk-", 0), Account("acct", "a", Decimal(1)))
+    return Call(ctx=ctx, request_id="req_1", started_ns=0)
+
+
+class _State:
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+
+
+@pytest.mark.parametrize(
+    ("size", "kept"), [(idempotency.MAX_STORED_BYTES, True), (idempotency.MAX_STORED_BYTES + 1, False)]
+)
+def test_answers_over_8_mb_are_not_kept(tmp_path: Path, size: int, kept: bool) -> None:
+    async def go() -> str:
+        store = SqliteStore(tmp_path / "i.db")
+        await store.start()
+        try:
+            call = _call("key_a")
+            assert (
+                await store.claim_idempotency("key_a", "big", "fp", 1_000, 60_000, 86_400_000)
+            ).outcome == "run"
+            call.idempotency = ("big", "fp")
+            await idempotency.keep(_State(store), call, 200, {"content-type": "audio/wav"}, bytes(size))  # type: ignore[arg-type]
+            return (await store.claim_idempotency("key_a", "big", "fp", 2_000, 60_000, 86_400_000)).outcome
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == ("replay" if kept else "run")
+
+
+def test_a_crashed_request_lease_runs_out_and_entries_expire(tmp_path: Path) -> None:
+    async def go() -> list[str]:
+        store = SqliteStore(tmp_path / "l.db")
+        await store.start()
+        try:
+            claim = store.claim_idempotency
+            outcomes = [(await claim("k", "x", "fp", 0, 1_000, 86_400_000)).outcome]  # then its process dies
+            outcomes.append((await claim("k", "x", "fp", 999, 1_000, 86_400_000)).outcome)  # still leased
+            outcomes.append((await claim("k", "x", "other", 999, 1_000, 86_400_000)).outcome)
+            outcomes.append((await claim("k", "x", "fp", 1_000, 1_000, 86_400_000)).outcome)  # lease over
+            assert await store.purge_idempotency(86_400_999) == 0
+            assert await store.purge_idempotency(86_401_000) == 1
+            return outcomes
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == ["run", "in_progress", "reused", "run"]

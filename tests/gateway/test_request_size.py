@@ -1,0 +1,68 @@
+"""The 10 MB request limit (spec 8): enforced while the body is read, so a larger body is refused
+with 413 request_too_large before it is buffered whole and never reaches a model."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import httpx
+
+from harness import Gateway, KeyHandle
+
+LIMIT = 10 * 1024 * 1024
+CHAT = "/v1/chat/completions"
+
+
+def raw_post(gw: Gateway, key: str, head_extra: str, body: bytes) -> bytes:
+    """Send the headers and `body` (possibly much less than announced) and read the answer."""
+    url = urlparse(gw.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+        s.sendall(
+            (
+                f"POST {CHAT} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\n{head_extra}\r\n"
+            ).encode()
+            + body
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def test_a_declared_10_mb_plus_1_is_refused_before_the_body_arrives(gw: Gateway, key: KeyHandle) -> None:
+    # Only 100 bytes of the announced body are ever sent: the answer cannot have waited for it.
+    answer = raw_post(gw, key.key, f"Content-Length: {LIMIT + 1}\r\n", b"{" + b" " * 99)
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert b'"code":"request_too_large"' in answer and b'"type":"invalid_request_error"' in answer
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(gw: Gateway, key: KeyHandle) -> None:
+    def body() -> Iterator[bytes]:
+        yield b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "'
+        for _ in range(LIMIT // 65536 + 1):
+            yield b"a" * 65536
+
+    with gw.client(key.key) as c:
+        try:
+            r = c.post(CHAT, content=body(), headers={"content-type": "application/json"})
+        except httpx.HTTPError:  # the gateway may close while the client still sends: also a refusal
+            return
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_exactly_10_mb_is_read_and_then_judged_on_its_content(gw: Gateway, key: KeyHandle) -> None:
+    prefix = b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "'
+    suffix = b'"}], "broken": '  # invalid JSON: judged (400), not refused for its size
+    body = prefix + b"a" * (LIMIT - len(prefix) - len(suffix)) + suffix
+    assert len(body) == LIMIT
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, content=body, headers={"content-type": "application/json"})
+        over = c.post(CHAT, content=body + b" ", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert over.status_code == 413 and over.json()["error"]["code"] == "request_too_large"
