@@ -30,7 +30,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Prices:
     """Exact US dollars: per one million tokens of each kind, per search unit (rerank), per one
-    million characters of input (speech), per second of audio (transcription) and per image."""
+    million characters of input (speech), per second and per minute of audio (transcription; both
+    may be set, billed on the seconds), and per image: by size and quality where `images` names
+    them ("1024x1024/hd", or a size alone), else `image`."""
 
     input: Decimal = Decimal(0)
     cached_input: Decimal = Decimal(0)
@@ -39,7 +41,17 @@ class Prices:
     search: Decimal = Decimal(0)
     character: Decimal = Decimal(0)
     second: Decimal = Decimal(0)
+    minute: Decimal = Decimal(0)
     image: Decimal = Decimal(0)
+    images: tuple[tuple[str, Decimal], ...] = ()
+
+    def image_price(self, size: str | None, quality: str | None) -> Decimal:
+        """One image's price: the most specific of "size/quality", "size", then `image`."""
+        table = dict(self.images)
+        for variant in (f"{size}/{quality}", f"{size}"):
+            if variant in table:
+                return table[variant]
+        return self.image
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +218,18 @@ def _channel(raw: Any, where: str, model_name: str) -> ChannelConfig:
 
 
 def _prices(raw: Mapping[str, Any], where: str) -> Prices:
-    known = {"input", "cached_input", "output", "reasoning", "search", "character", "second", "image"}
+    known = {
+        "input",
+        "cached_input",
+        "output",
+        "reasoning",
+        "search",
+        "character",
+        "second",
+        "minute",
+        "image",
+        "images",
+    }
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{where}: unknown price fields {sorted(unknown)}")
@@ -220,8 +243,21 @@ def _prices(raw: Mapping[str, Any], where: str) -> Prices:
         search=_money(raw.get("search", 0), f"{where}.search"),
         character=_money(raw.get("character", 0), f"{where}.character"),
         second=_money(raw.get("second", 0), f"{where}.second"),
+        minute=_money(raw.get("minute", 0), f"{where}.minute"),
         image=_money(raw.get("image", 0), f"{where}.image"),
+        images=_image_prices(raw.get("images", {}), f"{where}.images"),
     )
+
+
+def _image_prices(raw: Any, where: str) -> tuple[tuple[str, Decimal], ...]:
+    """`images = { "1024x1024" = "0.04", "1024x1792/hd" = "0.12" }`: per image, by size or size/quality."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a table of image variants to prices")
+    for variant in raw:
+        size, _, quality = variant.partition("/")
+        if not size or (("/" in variant) and not quality):
+            raise ConfigError(f"{where}: {variant!r} must be a size or size/quality, e.g. 1024x1024/hd")
+    return tuple((variant, _money(price, f"{where}.{variant}")) for variant, price in sorted(raw.items()))
 
 
 def _base_url(server: Mapping[str, Any]) -> str | None:

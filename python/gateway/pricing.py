@@ -12,6 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from .config import Prices
 
 _MILLION = Decimal(1_000_000)
+_SECONDS_PER_MINUTE = Decimal(60)
 ZERO = Decimal(0)
 
 
@@ -28,6 +29,8 @@ class Usage:
     characters: int = 0  # speech input
     seconds: int = 0  # audio transcribed, whole seconds rounded up
     images: int = 0  # images generated or edited
+    image_size: str | None = None  # as the request asked (prices may differ by size and quality)
+    image_quality: str | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -48,7 +51,8 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
         / _MILLION
         + usage.searches * prices.search
         + usage.seconds * prices.second
-        + usage.images * prices.image
+        + usage.seconds * prices.minute / _SECONDS_PER_MINUTE
+        + usage.images * prices.image_price(usage.image_size, usage.image_quality)
     )
     return round_significant(raw)
 

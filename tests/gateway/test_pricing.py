@@ -49,3 +49,29 @@ def test_cost_is_monotonic_in_tokens(prompt: int, completion: int) -> None:
     base = cost(PRICES, Usage(prompt, completion))
     assert cost(PRICES, Usage(prompt + 1, completion)) >= base
     assert cost(PRICES, Usage(prompt, completion + 1)) >= base
+
+
+def test_transcription_per_second_and_per_minute() -> None:
+    per_minute = Prices(minute=Decimal("0.006"))
+    assert cost(per_minute, Usage(seconds=90)) == Decimal("0.009")
+    # $0.01 a minute is no whole number of micro-dollars a second: exact until the final rounding.
+    assert cost(Prices(minute=Decimal("0.01")), Usage(seconds=7)) == Decimal("0.001167")
+    assert cost(Prices(second=Decimal("0.0001")), Usage(seconds=7)) == Decimal("0.0007")
+
+
+def test_images_priced_by_size_and_quality() -> None:
+    prices = Prices(
+        image=Decimal("0.04"),
+        images=(
+            ("1024x1024/hd", Decimal("0.08")),
+            ("1024x1792", Decimal("0.08")),
+            ("1024x1792/hd", Decimal("0.12")),
+        ),
+    )
+    assert prices.image_price("1024x1024", "hd") == Decimal("0.08")
+    assert prices.image_price("1024x1024", "standard") == Decimal("0.04")  # no entry: the default
+    assert prices.image_price("1024x1792", "standard") == Decimal("0.08")  # the size's entry
+    assert prices.image_price("1024x1792", "hd") == Decimal("0.12")
+    assert prices.image_price(None, None) == Decimal("0.04")
+    usage = Usage(images=2, image_size="1024x1792", image_quality="hd")
+    assert cost(prices, usage) == Decimal("0.24")

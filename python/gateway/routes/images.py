@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -47,9 +48,10 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "image")
         prompt = _prompt(payload.get("prompt"))
-        await billing.hold(state, call, model, _estimate(model, prompt, payload.get("n")))
+        order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
+        await billing.hold(state, call, model, _estimate(model, prompt, order))
         upstream_body = orjson.dumps(state.registry.upstream_body(model, payload))
-        return await _create(state, request, call, model, prompt, upstream_body)
+        return await _create(state, request, call, model, prompt, order, upstream_body)
 
     async def edits(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
@@ -62,11 +64,14 @@ def routes(state: GatewayState) -> list[Route]:
         prompt = _prompt(fields.get("prompt"))
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
-        await billing.hold(state, call, model, _estimate(model, prompt, _int(fields.get("n"))))
+        order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
+        await billing.hold(state, call, model, _estimate(model, prompt, order))
         keep = state.registry.forwarded_params(model) | EDIT_FIELDS
         form = [_form_part(p, model) for p in parts if p.name in keep]
         upstream_body, form_type = encode_form(form)
-        return await _create(state, request, call, model, prompt, upstream_body, form_type, "image_edit")
+        return await _create(
+            state, request, call, model, prompt, order, upstream_body, form_type, "image_edit"
+        )
 
     return [
         Route(
@@ -107,6 +112,7 @@ async def _create(
     call: Call,
     model: ModelConfig,
     prompt: str,
+    order: ImageOrder,
     upstream_body: bytes,
     content_type: str | None = None,
     operation: str | None = None,
@@ -129,7 +135,7 @@ async def _create(
         for url, item in zip(urls, items, strict=True)
     ]
     body = orjson.dumps({**answer, "id": rid, "data": data})
-    usage = _usage(answer, len(images), model, prompt)
+    usage = _usage(answer, len(images), model, prompt, order)
     charged = billing.settle(state, call, model, rid, "completed", usage)
     headers = {REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
     return Response(body, media_type="application/json", headers=headers)
@@ -197,14 +203,41 @@ async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
     return b"".join(parts)
 
 
-def _estimate(model: ModelConfig, prompt: str, n: Any) -> Usage:
-    """The most an image request may cost: `n` images (1 by default), the prompt's tokens and the
-    model's longest output in tokens (GPT image models bill their output as tokens)."""
-    images = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+@dataclass(frozen=True, slots=True)
+class ImageOrder:
+    """What an image request asks for: how many images, of which size and quality (None: the
+    model's default or "auto", decided by the model)."""
+
+    n: int
+    size: str | None
+    quality: str | None
+
+
+def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
+    def named(value: Any) -> str | None:
+        return value if isinstance(value, str) and value and value != "auto" else None
+
+    count = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return ImageOrder(count, named(size), named(quality))
+
+
+def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
+    """The most an image request may cost: its images at their price (at the dearest variant the
+    model has when size or quality is left to the model), the prompt's tokens and the model's
+    longest output in tokens (GPT image models bill their output as tokens)."""
+    size, quality = order.size, order.quality
+    if size is None or quality is None:
+        prices = model.prices
+        dearest = max(prices.images, key=lambda item: item[1], default=None)
+        if dearest is not None and dearest[1] > prices.image_price(size, quality):
+            size, _, rest = dearest[0].partition("/")
+            quality = rest or quality
     return Usage(
         prompt_tokens=count_tokens(prompt, model.tokenizer),
         completion_tokens=model.max_output_tokens,
-        images=images,
+        images=order.n,
+        image_size=size,
+        image_quality=quality,
     )
 
 
@@ -212,9 +245,12 @@ def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.strip().isdigit() else None
 
 
-def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str) -> Usage:
+def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
     """The upstream's token usage when it reports one (GPT image models: input_tokens and
-    output_tokens), else the prompt's tokens as the gateway counts them; plus the images."""
+    output_tokens), else the prompt's tokens as the gateway counts them; plus the images, at the
+    size and quality the answer says they have (GPT image models name them), else as ordered."""
+    size = answer.get("size") if isinstance(answer.get("size"), str) else order.size
+    quality = answer.get("quality") if isinstance(answer.get("quality"), str) else order.quality
     reported = answer.get("usage")
     if isinstance(reported, dict) and _count(reported.get("input_tokens")) is not None:
         details = reported.get("input_tokens_details")
@@ -224,8 +260,15 @@ def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str)
             completion_tokens=_count(reported.get("output_tokens")) or 0,
             cached_tokens=cached or 0,
             images=images,
+            image_size=size,
+            image_quality=quality,
         )
-    return Usage(prompt_tokens=count_tokens(prompt, model.tokenizer), images=images)
+    return Usage(
+        prompt_tokens=count_tokens(prompt, model.tokenizer),
+        images=images,
+        image_size=size,
+        image_quality=quality,
+    )
 
 
 def _count(value: Any) -> int | None:
