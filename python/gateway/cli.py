@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -77,23 +78,41 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
+    # This process becomes Granian's supervisor (same pid, so signals reach it), holding nothing of
+    # this command's imports: only the workers load the app.
+    command = _granian(config, settings, args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(command[0], command)
 
+
+def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[str]:
+    """Granian's command line for the gateway. A worker that dies is started again; the new one
+    replays the dead one's journal and returns its leases (gateway.funds)."""
     admin_token(settings)  # a bad admin token stops here with a plain message, not in every worker
     # Worker processes load the settings themselves from this path.
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
-    Granian(
+    return [
+        sys.executable,
+        "-m",
+        "granian",
+        "--interface",
+        "asgi",
+        "--factory",
+        "--host",
+        args.host or settings.host,
+        "--port",
+        str(args.port or settings.port),
+        "--workers",
+        str(args.workers or settings.workers),
+        "--loop",
+        "uvloop",
+        "--no-access-log",
+        "--backlog",
+        "4096",
+        "--respawn-failed-workers",
         "gateway.app:app_from_env",
-        factory=True,
-        address=args.host or settings.host,
-        port=args.port or settings.port,
-        workers=args.workers or settings.workers,
-        interface=Interfaces.ASGI,
-        loop=Loops.uvloop,
-        log_access=False,
-        backlog=4096,
-    ).serve()
+    ]
 
 
 # ---------------------------------------------------------------- demo
@@ -113,12 +132,33 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         print(f"http://{host}:{port}")
         print("Demo API key:")
         print(key, flush=True)
-        _serve(config, settings, args)
+        # A child, not this process: the simulator is stopped when the gateway stops. Ctrl-C
+        # reaches both (one process group); the gateway then shuts down cleanly.
+        gateway = subprocess.Popen(_granian(config, settings, args))
+        try:
+            gateway.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached the gateway too, unless only this process was interrupted.
+            with contextlib.suppress(ProcessLookupError):
+                gateway.send_signal(signal.SIGINT)
+            _stopped(gateway, seconds=30)
     finally:
         sim.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             sim.wait(5)
     return 0
+
+
+def _stopped(proc: subprocess.Popen[bytes], seconds: float) -> None:
+    """Wait for a stopping process, through further Ctrl-Cs; killed if it takes too long."""
+    deadline = time.monotonic() + seconds
+    while proc.poll() is None:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        except KeyboardInterrupt:
+            continue
 
 
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], seconds: float = 15.0) -> None:

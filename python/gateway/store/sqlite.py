@@ -266,7 +266,7 @@ log = logging.getLogger("gateway.store")
 # much later; charges are safe in the journal from the start).
 SETTLEMENT_LINGER_SECONDS = 0.01
 # Request log bodies waiting for the writer beyond this are not kept (their entries are).
-MAX_LOG_BACKLOG_BYTES = 32 * 1024 * 1024
+MAX_LOG_BACKLOG_BYTES = 4 * 1024 * 1024
 # Leases are granted in whole nano-dollars beyond what the hold needs.
 _LEASE_QUANTUM = Decimal("0.000000001")
 
