@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -87,32 +88,16 @@ def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[str]:
-    """Granian's command line for the gateway. A worker that dies is started again; the new one
-    replays the dead one's journal and returns its leases (gateway.funds)."""
+    """The command line of Granian's supervisor for the gateway (gateway.supervisor)."""
     admin_token(settings)  # a bad admin token stops here with a plain message, not in every worker
     # Worker processes load the settings themselves from this path.
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
-    return [
-        sys.executable,
-        "-m",
-        "granian",
-        "--interface",
-        "asgi",
-        "--factory",
-        "--host",
-        args.host or settings.host,
-        "--port",
-        str(args.port or settings.port),
-        "--workers",
-        str(args.workers or settings.workers),
-        "--loop",
-        "uvloop",
-        "--no-access-log",
-        "--backlog",
-        "4096",
-        "--respawn-failed-workers",
-        "gateway.app:app_from_env",
-    ]
+    options = {
+        "host": args.host or settings.host,
+        "port": args.port or settings.port,
+        "workers": args.workers or settings.workers,
+    }
+    return [sys.executable, "-m", "gateway.supervisor", json.dumps(options)]
 
 
 # ---------------------------------------------------------------- demo
