@@ -1120,24 +1120,10 @@ def _key(row: Sequence[Any]) -> ApiKey:
 
 
 def _request_log(row: Sequence[Any]) -> RequestLog:
-    return RequestLog(
-        id=row[0],
-        key_id=row[1],
-        account_id=row[2],
-        method=row[3],
-        path=row[4],
-        model=row[5],
-        status=row[6],
-        error_code=row[7],
-        started_at_ms=row[8],
-        duration_ms=row[9],
-        cost=None if row[10] is None else Decimal(row[10]),
-        usage_id=row[11],
-        request_body=row[12],
-        request_bytes=row[13],
-        response_body=row[14],
-        response_bytes=row[15],
-    )
+    # The columns are RequestLog's fields in order (_LOG_COLUMNS); only the cost needs converting.
+    values = list(row)
+    values[10] = None if values[10] is None else Decimal(values[10])
+    return RequestLog(*values)
 
 
 def _top_up(row: Sequence[Any]) -> TopUp:

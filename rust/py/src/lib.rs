@@ -399,8 +399,9 @@ fn parse_multipart(py: Python<'_>, body: &[u8], content_type: &str) -> Option<Ve
 #[pyclass(module = "gateway._core", frozen)]
 struct SharedBuckets(shared_buckets::SharedBuckets);
 
-fn limit(capacity: u64, refill_tokens: u64, refill_period_ns: u64) -> Limit {
-    Limit { capacity, refill_tokens, period_ns: refill_period_ns }
+/// The bucket a call names: its key's place in the table and its limit.
+fn bucket(key: &str, capacity: u64, refill_tokens: u64, refill_period_ns: u64) -> (u64, Limit) {
+    (shared_buckets::key_hash(key.as_bytes()), Limit { capacity, refill_tokens, period_ns: refill_period_ns })
 }
 
 #[pymethods]
@@ -421,7 +422,7 @@ impl SharedBuckets {
         n: u64,
         now_ns: u64,
     ) -> PyResult<TakeResult> {
-        let (hash, l) = (shared_buckets::key_hash(key.as_bytes()), limit(capacity, refill_tokens, refill_period_ns));
+        let (hash, l) = bucket(key, capacity, refill_tokens, refill_period_ns);
         // The file lock may wait on another process: never with the GIL held.
         py.detach(|| self.0.try_take(hash, l, n, now_ns)).map(TakeResult).map_err(to_py)
     }
@@ -437,7 +438,7 @@ impl SharedBuckets {
         delta: i64,
         now_ns: u64,
     ) -> PyResult<u64> {
-        let (hash, l) = (shared_buckets::key_hash(key.as_bytes()), limit(capacity, refill_tokens, refill_period_ns));
+        let (hash, l) = bucket(key, capacity, refill_tokens, refill_period_ns);
         py.detach(|| self.0.adjust(hash, l, delta, now_ns)).map_err(to_py)
     }
 
@@ -450,7 +451,7 @@ impl SharedBuckets {
         refill_period_ns: u64,
         now_ns: u64,
     ) -> PyResult<u64> {
-        let (hash, l) = (shared_buckets::key_hash(key.as_bytes()), limit(capacity, refill_tokens, refill_period_ns));
+        let (hash, l) = bucket(key, capacity, refill_tokens, refill_period_ns);
         py.detach(|| self.0.available(hash, l, now_ns)).map_err(to_py)
     }
 }
