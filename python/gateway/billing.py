@@ -72,9 +72,9 @@ async def hold(
 
 def release(state: GatewayState, call: Call) -> None:
     """The request ended without a charge (refused, failed upstream, nothing streamed)."""
-    state.limiter.correct(call.rate, 0)
     if call.hold is not None:
         state.funds.release(call.hold, Decimal(0))
+    state.limiter.correct(call.rate, 0)
 
 
 def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage) -> UsageRecord:
@@ -101,7 +101,7 @@ def settle(
     record = _record(call, model, response_id, status, usage)
     state.store.settle(record)
     call.model, call.charged, call.usage_id = model.name, record.cost, record.id
-    state.limiter.correct(call.rate, usage.total_tokens)
     if call.hold is not None:
         state.funds.release(call.hold, record.cost)
+    state.limiter.correct(call.rate, usage.total_tokens)
     return record.cost

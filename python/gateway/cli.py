@@ -20,7 +20,7 @@ from typing import TextIO, TypeVar
 from . import admin_fields as field
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
-from .config import CONFIG_ENV, ConfigError, Settings, load_settings
+from .config import CONFIG_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
 from .errors import GatewayError
 from .store import LIMIT_RESETS, Account, KeyChanges, NameTaken, Store, open_store
 
@@ -97,6 +97,8 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
         "port": args.port or settings.port,
         "workers": args.workers or settings.workers,
     }
+    # Each worker sizes its share of a balance's leases by the number of workers (gateway.funds).
+    os.environ[WORKERS_ENV] = str(options["workers"])
     return [sys.executable, "-m", "gateway.supervisor", json.dumps(options)]
 
 

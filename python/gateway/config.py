@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -21,6 +22,8 @@ TOKENIZERS: Final = frozenset({"o200k_base", "cl100k_base"})
 PROVIDER_KINDS: Final = frozenset({"openai", "anthropic", "cohere"})
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-:@+]+$")
 CONFIG_ENV: Final = "GATEWAY_CONFIG"
+# `gateway serve --workers N` tells the workers N through this (the file may say otherwise).
+WORKERS_ENV: Final = "GATEWAY_WORKERS"
 
 
 class ConfigError(ValueError):
@@ -116,7 +119,11 @@ def settings_from_env() -> Settings:
     path = os.environ.get(CONFIG_ENV)
     if not path:
         raise ConfigError(f"{CONFIG_ENV} is not set: pass --config to `gateway serve`")
-    return load_settings(path)
+    settings = load_settings(path)
+    workers = os.environ.get(WORKERS_ENV)
+    if workers and workers.isdigit() and int(workers) > 0:
+        settings = dataclasses.replace(settings, workers=int(workers))
+    return settings
 
 
 def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:

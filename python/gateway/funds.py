@@ -16,8 +16,11 @@ settlement's commit); idle leases go back after a while; a dead process's leases
 journal is replayed (store/journal.py), so no hold outlives its process.
 
 Exactness: within one process, requests are admitted exactly while the money lasts. Across worker
-processes nothing is ever overspent, but a request may be refused while another process still
-holds an unused part of the pot, for at most LEASE_IDLE_SECONDS after that process went idle.
+processes nothing is overspent, but a request may be refused while another process still holds an
+unused part of the pot, for at most LEASE_IDLE_SECONDS after that process went idle. Both hold as
+long as a request costs no more than its estimate; one that costs more (an upstream counting more
+prompt tokens than the gateway, a Responses turn continuing an earlier one) is still charged in
+full, and the balance can go below zero by that excess (then every request is refused).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class Funds:
         self._store = store
         self._share = workers
         self._pots: dict[tuple[str, str], Pot] = {}
+        self._returning: set[asyncio.Future[None]] = set()  # grants of cancelled refills going back
 
     async def hold(self, ctx: KeyContext, amount: Decimal, now_ms: int | None = None) -> Hold:
         """Set `amount` aside on the account and, if the key has a credit limit, on the key; or
@@ -104,24 +108,44 @@ class Funds:
                     pot.held += amount
                     pot.used_at = now
                 return Hold(amount, tuple(pots))
-            for pot in short:
-                await self._refill(pot, amount, now_ms)
+            await self._refill(short[0], amount, now_ms)
 
     async def _refill(self, pot: Pot, amount: Decimal, now_ms: int | None) -> None:
         async with pot.refilling:
+            if self._pots.get((pot.kind, pot.pot_id)) is not pot:
+                return  # given back while this request waited: the next round takes the new pot
             if pot.covers(amount):  # another request's refill brought enough
                 return
-            granted = await self._store.lease(
-                pot.kind,
-                pot.pot_id,
-                pot.shortfall(amount),
-                self._share,
-                clock.now_ms() if now_ms is None else now_ms,
+            # The store commits the grant whatever happens to this request; a request cancelled
+            # meanwhile (its client gone) must not lose it: it then goes back to the store.
+            leasing = asyncio.ensure_future(
+                self._store.lease(
+                    pot.kind,
+                    pot.pot_id,
+                    pot.shortfall(amount),
+                    self._share,
+                    clock.now_ms() if now_ms is None else now_ms,
+                )
             )
+            try:
+                granted = await asyncio.shield(leasing)
+            except asyncio.CancelledError:
+                leasing.add_done_callback(lambda done: self._give_back(pot, done))
+                raise
             if granted.is_zero():
                 raise insufficient_credits() if pot.kind == "account" else key_budget_exceeded()
             pot.lease += granted
             pot.used_at = time.monotonic()
+
+    def _give_back(self, pot: Pot, leasing: asyncio.Future[Decimal]) -> None:
+        if leasing.cancelled() or leasing.exception() is not None or leasing.result().is_zero():
+            return
+        self._returning.add(
+            asyncio.ensure_future(self._store.return_lease(pot.kind, pot.pot_id, leasing.result()))
+        )
+        for task in list(self._returning):
+            if task.done():
+                self._returning.discard(task)
 
     def release(self, hold: Hold, charged: Decimal) -> None:
         """The request has ended and cost `charged` (zero when it is not billed): give the hold back
@@ -137,7 +161,8 @@ class Funds:
 
     async def return_idle(self, idle_seconds: float = LEASE_IDLE_SECONDS) -> int:
         """Give back every lease with nothing held on it and unused for `idle_seconds`; returns how
-        many went back. Called now and again by housekeeping, and at shutdown with 0."""
+        many went back. Called now and again by housekeeping (at shutdown the store returns them
+        all)."""
         cutoff = time.monotonic() - idle_seconds
         idle = [
             pot

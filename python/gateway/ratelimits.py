@@ -14,6 +14,7 @@ asked for. Every answer to a key with limits carries the x-ratelimit-* headers.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from .errors import GatewayError
 from .store import KeyContext
 
 MINUTE_NS = 60_000_000_000
+log = logging.getLogger("gateway.ratelimits")
 # Slots in the shared table: two per key in use (a few MB of sparse file at most).
 SLOTS = 65_536
 
@@ -102,9 +104,12 @@ class RateLimiter:
         state.corrected = True
         delta = state.reserved_tokens - used_tokens
         if delta:
-            state.remaining_tokens = self._buckets.adjust(
-                _tokens(state), state.tpm, state.tpm, MINUTE_NS, delta, self._now_ns()
-            )
+            try:
+                state.remaining_tokens = self._buckets.adjust(
+                    _tokens(state), state.tpm, state.tpm, MINUTE_NS, delta, self._now_ns()
+                )
+            except OSError:  # the request is done and charged: a lost correction must not fail it
+                log.exception("correcting the tokens of key %s failed", state.key_id)
 
 
 def _requests(state: RateState) -> str:

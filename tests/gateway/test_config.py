@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_settings, parse_settings
+from gateway.config import (
+    CONFIG_ENV,
+    WORKERS_ENV,
+    ConfigError,
+    load_settings,
+    parse_settings,
+    settings_from_env,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANNEL = {"provider": "openai", "base_url": "http://127.0.0.1:1/v1"}
@@ -65,3 +72,12 @@ def test_prices_are_exact_decimals() -> None:
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path / "missing.toml")
+
+
+def test_serve_workers_reach_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gateway serve --workers N` overrides the file for the workers, which size leases by it."""
+    monkeypatch.setenv(CONFIG_ENV, str(ROOT / "config" / "demo.toml"))
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert settings_from_env().workers == 3
+    monkeypatch.delenv(WORKERS_ENV)
+    assert settings_from_env().workers == load_settings(ROOT / "config" / "demo.toml").workers

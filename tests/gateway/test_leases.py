@@ -4,12 +4,14 @@ than a pot holds; a charge comes off the lease it was held on; a dead process's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
 from gateway.auth import display_prefix, generate_key, hash_key
+from gateway.funds import Funds
 from gateway.store import UsageRecord
 from gateway.store.sqlite import SqliteStore
 
@@ -88,3 +90,60 @@ def test_a_key_limit_is_a_pot_of_its_own(tmp_path: Path) -> None:
             await store.close()
 
     asyncio.run(go())
+
+
+def test_a_refill_cancelled_midway_gives_its_grant_back(tmp_path: Path) -> None:
+    """A request whose client leaves while its refill is in the store's queue: the grant, committed
+    anyway, goes back, so the balance is not locked away until the process ends."""
+    db = tmp_path / "c.db"
+
+    async def go() -> tuple[dict[str, Decimal], Decimal]:
+        store = SqliteStore(db)
+        await store.start()
+        funds = Funds(store, workers=1)
+        try:
+            account = await store.create_account("acct", Decimal(10))
+            secret = generate_key()
+            await store.create_key(account.id, "k", hash_key(secret), display_prefix(secret), None)
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None
+            waiting = asyncio.create_task(funds.hold(ctx, Decimal(1)))
+            await asyncio.sleep(0)  # the refill is queued in the writer
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            for _ in range(100):  # the grant lands, then goes back
+                await asyncio.sleep(0.01)
+                if not leases(db):
+                    break
+            after = leases(db)
+            held = await funds.hold(ctx, Decimal(10))  # the whole balance is there to lease again
+            return after, held.amount
+        finally:
+            await store.close()
+
+    after, amount = asyncio.run(go())
+    assert after == {} and amount == 10
+
+
+def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(tmp_path: Path) -> None:
+    async def go() -> tuple[bool, bool]:
+        store = SqliteStore(tmp_path / "g.db")
+        await store.start()
+        try:
+            account = await store.create_account("acct", Decimal(10))
+            secret = generate_key()
+            key = await store.create_key(account.id, "k", hash_key(secret), display_prefix(secret), None)
+            assert await store.find_key(hash_key(secret)) is not None  # cached now
+            deleting = asyncio.create_task(store.delete_key(key.id))
+            await asyncio.sleep(0)
+            deleting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await deleting
+            await store.purge_responses(0)  # a write queued behind the delete: it has committed
+            await asyncio.sleep(0.01)
+            return deleting.cancelled(), await store.find_key(hash_key(secret)) is None
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == (True, True)

@@ -15,9 +15,10 @@ from .._core import count_tokens
 from ..billing import Call
 from ..errors import invalid_request
 from ..ids import response_id
-from ..pricing import Usage, format_cost
+from ..pricing import Usage, cost, format_cost
 from ..providers import PROVIDERS
 from ..providers.base import send
+from ..providers.http import UPSTREAM_FAILURES
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body
 
@@ -44,24 +45,33 @@ def routes(state: GatewayState) -> list[Route]:
             stream=True,
             read_timeout=state.settings.stream_idle_timeout_seconds,
         )
-        # Settled once the model has accepted the request.
         rid = response_id("speech-")
-        charged = billing.settle(state, call, model, rid, "completed", usage)
 
         async def audio() -> AsyncGenerator[bytes, None]:
+            # Settled when the audio has been sent, or the client left (the model ran): the
+            # cost depends on the input alone. An upstream that breaks off is not charged; the
+            # hold is released (HeldStream's on_end) and the answer ends cut short.
+            broke = False
             try:
                 async for chunk in upstream.content.iter_any():
                     yield chunk
+            except UPSTREAM_FAILURES:
+                broke = True
+                raise
             finally:
                 upstream.release()
+                if not broke:
+                    billing.settle(state, call, model, rid, "completed", usage)
 
         headers = {
             REQUEST_ID_HEADER: call.request_id,
             RESPONSE_ID_HEADER: rid,
-            "x-service-cost": format_cost(charged),
+            "x-service-cost": format_cost(cost(model.prices, usage)),
         }
         media_type = upstream.headers.get("content-type", "application/octet-stream")
-        return HeldStream(audio(), media_type=media_type, headers=headers)
+        return HeldStream(
+            audio(), lambda: billing.release(state, call), media_type=media_type, headers=headers
+        )
 
     return [Route("/v1/audio/speech", model_endpoint(state, speech, idempotent=True), methods=["POST"])]
 

@@ -156,9 +156,14 @@ async def forward_stream(
             }
         )
 
+    def ended() -> None:
+        # Also when the body never began (the client left first): the connection goes back now.
+        response.release()
+        billing.release(state, call)
+
     return HeldStream(
         body(),
-        lambda: billing.release(state, call),
+        ended,
         summary,
         media_type="text/event-stream",
         headers=headers,

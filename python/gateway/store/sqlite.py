@@ -437,10 +437,19 @@ class SqliteStore:
         if self._loop is not None and outcomes:
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
 
-    async def _write(self, op: WriteOp) -> Any:
+    async def _write(self, op: WriteOp, *, changes_keys: bool = False) -> Any:
+        """Run `op` in the writer's next transaction and return its result once committed. With
+        `changes_keys`, every process's key cache is invalidated after the commit, even when the
+        caller is cancelled meanwhile (the change commits regardless)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if changes_keys:
+            future.add_done_callback(self._keys_changed)
         self._queue.put(_Op(op, future))
-        return await future
+        return await (asyncio.shield(future) if changes_keys else future)
+
+    def _keys_changed(self, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self._keys.changed()
 
     @property
     def _owner(self) -> str | None:
@@ -776,8 +785,7 @@ class SqliteStore:
             row = conn.execute(f"SELECT {_ACCOUNT} FROM accounts WHERE id = ?", (account_id,)).fetchone()
             return None if row is None else _account(row)
 
-        result: Account | None = await self._write(op)
-        self._keys.changed()
+        result: Account | None = await self._write(op, changes_keys=True)
         return result
 
     async def top_up(
@@ -883,8 +891,7 @@ class SqliteStore:
                 )
             return _live_key(conn, key_id)
 
-        result: ApiKey | None = await self._write(op)
-        self._keys.changed()
+        result: ApiKey | None = await self._write(op, changes_keys=True)
         return result
 
     async def rotate_key(self, key_id: str, key_hash: bytes, prefix: str) -> ApiKey | None:
@@ -895,8 +902,7 @@ class SqliteStore:
             )
             return _live_key(conn, key_id)
 
-        result: ApiKey | None = await self._write(op)
-        self._keys.changed()
+        result: ApiKey | None = await self._write(op, changes_keys=True)
         return result
 
     async def delete_key(self, key_id: str) -> bool:
@@ -907,8 +913,7 @@ class SqliteStore:
             )
             return cur.rowcount == 1
 
-        result: bool = await self._write(op)
-        self._keys.changed()
+        result: bool = await self._write(op, changes_keys=True)
         return result
 
 
