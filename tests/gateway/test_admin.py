@@ -530,3 +530,25 @@ def test_cli_top_up_list_limit_and_rotate(agw: Gateway, admin: httpx.Client) -> 
     assert chat(agw, new_secret).status_code == 200
     ledger = ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"]
     assert [(t["amount"], t["note"]) for t in ledger] == [("0.01", "cli")]
+
+
+def test_lists_come_a_page_at_a_time(admin: httpx.Client) -> None:
+    account = new_account(admin)
+    keys = [new_key(admin, account["id"], name=f"k{i}")["id"] for i in range(5)]
+    path = f"/accounts/{account['id']}/keys"
+    first = ok(admin.get(path, params={"limit": "2"}))
+    assert [k["id"] for k in first["data"]] == keys[:2] and first["has_more"] is True
+    rest = ok(admin.get(path, params={"limit": "10", "after": keys[1]}))
+    assert [k["id"] for k in rest["data"]] == keys[2:] and rest["has_more"] is False
+    newest = ok(admin.get("/accounts", params={"after": account["id"]}))
+    assert all(a["id"] != account["id"] for a in newest["data"])
+    everyone = []
+    after: str | None = None
+    while True:  # every account, page by page, each once
+        page = ok(admin.get("/accounts", params={"limit": "7", **({"after": after} if after else {})}))
+        everyone += [a["id"] for a in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["data"][-1]["id"]
+    assert len(everyone) == len(set(everyone)) and account["id"] in everyone
+    error(admin.get("/accounts", params={"limit": "1001"}), 400, "invalid_request")

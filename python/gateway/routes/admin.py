@@ -96,7 +96,10 @@ def routes(state: GatewayState) -> list[Route]:
         return 201, _account(account)
 
     async def list_accounts(request: Request) -> tuple[int, Any]:
-        return 200, _list([_account(a) for a in await store.list_accounts()])
+        after, limit = _paging(request)
+        return 200, _page(
+            [_account(a) for a in await store.list_accounts(after=after, limit=limit + 1)], limit
+        )
 
     async def get_account(request: Request) -> tuple[int, Any]:
         return 200, _account(await account_of(request))
@@ -141,7 +144,9 @@ def routes(state: GatewayState) -> list[Route]:
 
     async def list_top_ups(request: Request) -> tuple[int, Any]:
         account = await account_of(request)
-        return 200, _list([_top_up(t) for t in await store.list_top_ups(account.id)])
+        after, limit = _paging(request)
+        entries = await store.list_top_ups(account.id, after=after, limit=limit + 1)
+        return 200, _page([_top_up(t) for t in entries], limit)
 
     # ---------------------------------------------------------------- keys
 
@@ -162,7 +167,9 @@ def routes(state: GatewayState) -> list[Route]:
 
     async def list_keys(request: Request) -> tuple[int, Any]:
         account = await account_of(request)
-        return 200, _list([_key(k) for k in await store.list_keys(account.id)])
+        after, limit = _paging(request)
+        keys = await store.list_keys(account.id, after=after, limit=limit + 1)
+        return 200, _page([_key(k) for k in keys], limit)
 
     async def get_key(request: Request) -> tuple[int, Any]:
         key = await store.get_key(request.path_params["key_id"])
@@ -358,6 +365,16 @@ def _body(data: bytes | None, size: int) -> dict[str, Any] | None:
     # A streamed text answer is kept as its summary, whole, not as a prefix of the events.
     summary = data.startswith(STREAM_SUMMARY_PREFIX)
     return {"encoding": encoding, "data": text, "truncated": not summary and size > len(data)}
+
+
+def _paging(request: Request) -> tuple[str | None, int]:
+    """`after` (the id of the last entry of the previous page) and `limit` of a list request."""
+    return request.query_params.get("after"), field.page_size(request.query_params.get("limit"), "limit")
+
+
+def _page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """A page of a list asked for with limit + 1 entries: the extra one only tells that more follow."""
+    return {**_list(data[:limit]), "has_more": len(data) > limit}
 
 
 def _list(data: list[dict[str, Any]]) -> dict[str, Any]:

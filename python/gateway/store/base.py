@@ -336,8 +336,8 @@ class Store(Protocol):
     async def get_account(self, account_id: str) -> Account | None:
         """The account with this id."""
 
-    async def list_accounts(self) -> list[Account]:
-        """Every account, oldest first."""
+    async def list_accounts(self, *, after: str | None = None, limit: int | None = None) -> list[Account]:
+        """Accounts, oldest first: from the one after the account with id `after`, at most `limit`."""
 
     async def update_account(self, account_id: str, changes: AccountChanges) -> Account | None:
         """The account after the change, or None if there is no such account; NameTaken if the new
@@ -352,8 +352,10 @@ class Store(Protocol):
         amount or note differ). Returns the top-up and whether it was that earlier one; None if
         there is no such account."""
 
-    async def list_top_ups(self, account_id: str) -> list[TopUp]:
-        """The account's ledger, oldest first."""
+    async def list_top_ups(
+        self, account_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[TopUp]:
+        """The account's ledger, oldest first (paged as list_accounts)."""
 
     async def create_key(
         self,
@@ -371,8 +373,10 @@ class Store(Protocol):
     async def get_key(self, key_id: str) -> ApiKey | None:
         """The key with this id, deleted or not."""
 
-    async def list_keys(self, account_id: str) -> list[ApiKey]:
-        """Every key of the account, deleted ones included, oldest first."""
+    async def list_keys(
+        self, account_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[ApiKey]:
+        """The account's keys, deleted ones included, oldest first (paged as list_accounts)."""
 
     async def update_key(self, key_id: str, changes: KeyChanges) -> ApiKey | None:
         """The live key after the change, or None if there is no live key with this id."""

@@ -536,25 +536,38 @@ class SqliteStore:
         row = self._read().execute(f"SELECT {_ACCOUNT} FROM accounts WHERE id = ?", (account_id,)).fetchone()
         return None if row is None else _account(row)
 
-    async def list_accounts(self) -> list[Account]:
-        rows = self._read().execute(f"SELECT {_ACCOUNT} FROM accounts ORDER BY created_at_ms, rowid")
-        return [_account(row) for row in rows]
+    async def list_accounts(self, *, after: str | None = None, limit: int | None = None) -> list[Account]:
+        return [_account(row) for row in self._page("accounts", _ACCOUNT, None, after, limit)]
 
-    async def list_top_ups(self, account_id: str) -> list[TopUp]:
-        rows = self._read().execute(
-            f"SELECT {_TOP_UP} FROM top_ups WHERE account_id = ? ORDER BY rowid", (account_id,)
-        )
-        return [_top_up(row) for row in rows]
+    async def list_top_ups(
+        self, account_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[TopUp]:
+        return [_top_up(row) for row in self._page("top_ups", _TOP_UP, account_id, after, limit)]
+
+    def _page(
+        self, table: str, columns: str, account_id: str | None, after: str | None, limit: int | None
+    ) -> Any:
+        """Rows in the order they were made, optionally of one account, from the one after the row
+        with id `after`. `table` and `columns` are this module's constants, never a client's."""
+        where, args = [], []
+        if account_id is not None:
+            where.append("account_id = ?")
+            args.append(account_id)
+        if after is not None:
+            where.append(f"rowid > (SELECT rowid FROM {table} WHERE id = ?)")
+            args.append(after)
+        sql = f"SELECT {columns} FROM {table}" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY rowid" + (" LIMIT ?" if limit is not None else "")
+        return self._read().execute(sql, (*args, *(() if limit is None else (limit,))))
 
     async def get_key(self, key_id: str) -> ApiKey | None:
         row = self._read().execute(f"SELECT {_KEY} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
         return None if row is None else _key(row)
 
-    async def list_keys(self, account_id: str) -> list[ApiKey]:
-        rows = self._read().execute(
-            f"SELECT {_KEY} FROM api_keys WHERE account_id = ? ORDER BY created_at_ms, rowid", (account_id,)
-        )
-        return [_key(row) for row in rows]
+    async def list_keys(
+        self, account_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[ApiKey]:
+        return [_key(row) for row in self._page("api_keys", _KEY, account_id, after, limit)]
 
     # ------------------------------------------------------------------ writes
 
