@@ -22,7 +22,9 @@ Durations: "150ms", "2s" or plain seconds ("0.5").
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
@@ -86,3 +88,20 @@ def parse(model: str, header: str | None, last_message: str | None) -> tuple[str
         for match in _MARKER.finditer(last_message):
             _apply(d, match.group(1).split())
     return base, d
+
+
+async def before_piece(d: Directives, sent: int, drop: Callable[[], None], fail: Callable[[], None]) -> bool:
+    """What every simulated stream does before its piece number `sent` (0-based): wait `pace`, then
+    stall, drop the connection or send an error as the directives say. False: the stream is over."""
+    if d.pace:
+        await asyncio.sleep(d.pace)
+    if d.stall_after is not None and sent >= d.stall_after:
+        await asyncio.sleep(3600)
+        return False
+    if d.drop_after is not None and sent >= d.drop_after:
+        drop()
+        return False
+    if d.error_after is not None and sent >= d.error_after:
+        fail()
+        return False
+    return True

@@ -159,20 +159,14 @@ async def _stream(
 
     sent = 0
 
+    def fail() -> None:
+        event("error", code="server_error", message="Simulated failure mid-stream.", param=None)
+        send(END_OF_CHUNKS)
+
     async def pace() -> bool:
         """Before each streamed piece: the directives that slow or break the stream. False: stop."""
         nonlocal sent
-        if d.pace:
-            await asyncio.sleep(d.pace)
-        if d.stall_after is not None and sent >= d.stall_after:
-            await asyncio.sleep(3600)
-            return False
-        if d.drop_after is not None and sent >= d.drop_after:
-            abort()
-            return False
-        if d.error_after is not None and sent >= d.error_after:
-            event("error", code="server_error", message="Simulated failure mid-stream.", param=None)
-            send(END_OF_CHUNKS)
+        if not await directives.before_piece(d, sent, abort, fail):
             return False
         sent += 1
         return True

@@ -426,6 +426,12 @@ class Simulator:
             if thinking
             else []
         ) + [answer]
+
+        def fail() -> None:
+            error = {"type": "overloaded_error", "message": "Simulated failure mid-stream."}
+            event("error", {"type": "error", "error": error})
+            send(END_OF_CHUNKS)
+
         sent = 0
         for index, (start, delta_type, field, pieces) in enumerate(blocks):
             event(
@@ -435,23 +441,7 @@ class Simulator:
             if index == 0:
                 event("ping", {"type": "ping"})
             for piece in pieces:
-                if d.pace:
-                    await asyncio.sleep(d.pace)
-                if d.stall_after is not None and sent >= d.stall_after:
-                    await asyncio.sleep(3600)
-                    return
-                if d.drop_after is not None and sent >= d.drop_after:
-                    abort()
-                    return
-                if d.error_after is not None and sent >= d.error_after:
-                    event(
-                        "error",
-                        {
-                            "type": "error",
-                            "error": {"type": "overloaded_error", "message": "Simulated failure mid-stream."},
-                        },
-                    )
-                    send(END_OF_CHUNKS)
+                if not await directives.before_piece(d, sent, abort, fail):
                     return
                 event(
                     "content_block_delta",
@@ -595,31 +585,19 @@ class Simulator:
         frame(event({"role": "assistant", "content": "" if call is None else None, "refusal": None}))
         answer = [{"content": w} for w in words] if call is None else call.chat_deltas()
         deltas = [{"reasoning_content": w} for w in reasoning] + answer
+
+        def fail() -> None:
+            error = {
+                "message": "Simulated failure mid-stream.",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+            frame(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+            send(END_OF_CHUNKS)
+
         for i, delta in enumerate(deltas):
-            if d.pace:
-                await asyncio.sleep(d.pace)
-            if d.stall_after is not None and i >= d.stall_after:
-                await asyncio.sleep(3600)
-                return
-            if d.drop_after is not None and i >= d.drop_after:
-                abort()
-                return
-            if d.error_after is not None and i >= d.error_after:
-                frame(
-                    b"data: "
-                    + orjson.dumps(
-                        {
-                            "error": {
-                                "message": "Simulated failure mid-stream.",
-                                "type": "server_error",
-                                "param": None,
-                                "code": None,
-                            }
-                        }
-                    )
-                    + b"\n\n"
-                )
-                send(END_OF_CHUNKS)
+            if not await directives.before_piece(d, i, abort, fail):
                 return
             frame(event(delta))
         frame(event({}, finish))
