@@ -47,16 +47,17 @@ def estimate_usage(
     of the output and reasoning prices."""
     output = model.max_output_tokens
     for name in limits:
-        value = _positive_int(None if payload is None else payload.get(name))
+        value = positive_int(None if payload is None else payload.get(name))
         if value is not None:
             output = min(value, output)
             break
-    output *= _positive_int(None if payload is None else payload.get("n")) or 1
+    output *= positive_int(None if payload is None else payload.get("n")) or 1
     reasoning = output if model.prices.reasoning > model.prices.output else 0
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=output, reasoning_tokens=reasoning)
 
 
-def _positive_int(value: Any) -> int | None:
+def positive_int(value: Any) -> int | None:
+    """A request field that must be a positive integer (JSON true is not one), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 

@@ -74,22 +74,13 @@ async def claim(state: GatewayState, request: Request, call: Call, key: str, bod
 
 
 async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, str], body: bytes) -> None:
-    """The request that held the key has answered: keep the answer, or forget the key."""
-    if call.idempotency is None:
+    """The request that held the key has answered: keep the answer, or forget the key when the
+    answer is not kept (5xx, over 8 MB)."""
+    if status >= 500 or len(body) > MAX_STORED_BYTES:
+        await forget(state, call)
         return
-    key, digest = call.idempotency
-    call.idempotency = None
-    kept = status < 500 and len(body) <= MAX_STORED_BYTES
-    answer = (
-        StoredAnswer(
-            status,
-            tuple((k, v) for k, v in headers.items() if k.lower() not in PER_REQUEST_HEADERS),
-            body,
-        )
-        if kept
-        else None
-    )
-    await state.store.finish_idempotency(call.ctx.key.id, key, digest, answer, now_ms(), TTL_MS)
+    kept = tuple((k, v) for k, v in headers.items() if k.lower() not in PER_REQUEST_HEADERS)
+    await _finish(state, call, StoredAnswer(status, kept, body))
 
 
 async def keep_error(state: GatewayState, call: Call, err: GatewayError) -> None:
@@ -101,4 +92,13 @@ async def keep_error(state: GatewayState, call: Call, err: GatewayError) -> None
 
 
 async def forget(state: GatewayState, call: Call) -> None:
-    await keep(state, call, 500, {}, b"")
+    """Let the key go: the next request with it runs."""
+    await _finish(state, call, None)
+
+
+async def _finish(state: GatewayState, call: Call, answer: StoredAnswer | None) -> None:
+    if call.idempotency is None:  # this request does not hold a key, or has finished with it
+        return
+    key, digest = call.idempotency
+    call.idempotency = None
+    await state.store.finish_idempotency(call.ctx.key.id, key, digest, answer, now_ms(), TTL_MS)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
-from .. import budget, request_log
+from .. import budget, idempotency, request_log
 from ..auth import admin_token, authenticate_admin, display_prefix, generate_key, hash_key
 from ..clock import now_ms, rfc3339
 from ..errors import GatewayError, invalid_request
@@ -38,7 +38,6 @@ Reader = Callable[[Any, str], Any]
 # (status, payload) or (status, payload, headers)
 Handler = Callable[[Request], Awaitable[tuple[Any, ...]]]
 PREFIX = "/admin/v1"
-MAX_IDEMPOTENCY_KEY = 255  # as for the model endpoints (spec 8)
 STREAM_SUMMARY_PREFIX = b'{"object":"' + request_log.STREAM_SUMMARY.encode() + b'"'
 
 _KEY_FIELDS: Mapping[str, Reader] = {
@@ -122,12 +121,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def top_up(request: Request) -> tuple[Any, ...]:
         fields = _fields(await body(request), _TOP_UP_FIELDS, required=("amount",))
         account_id = request.path_params["account_id"]
-        key = request.headers.get("idempotency-key")
-        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-            raise invalid_request(
-                f"The Idempotency-Key header must have 1 to {MAX_IDEMPOTENCY_KEY} characters.",
-                "Idempotency-Key",
-            )
+        key = idempotency.requested_key(request)
         try:
             done = await store.top_up(account_id, fields["amount"], fields.get("note"), key)
         except IdempotencyKeyReused as exc:

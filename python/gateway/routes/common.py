@@ -60,23 +60,23 @@ class HeldStream(StreamingResponse):
             async for chunk in self._tee:
                 parts.append(chunk)
         finally:
-            await self._tee.aclose()
-            await self._content.aclose()
-            hooks, self._on_end = self._on_end, []
-            for hook in hooks:
-                hook()
+            await self._end()
         return b"".join(parts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            # Closed now, not whenever the collector finds them: a body cut off mid-way runs its
-            # clean-up at once.
-            await self._tee.aclose()
-            await self._content.aclose()
-            for hook in self._on_end:
-                hook()
+            await self._end()
+
+    async def _end(self) -> None:
+        # Closed now, not whenever the collector finds them: a body cut off mid-way runs its
+        # clean-up at once. The hooks run once, however the body was read.
+        await self._tee.aclose()
+        await self._content.aclose()
+        hooks, self._on_end = self._on_end, []
+        for hook in hooks:
+            hook()
 
 
 ModelHandler = Callable[[Request, Call], Awaitable[Response]]

@@ -217,7 +217,7 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
     def named(value: Any) -> str | None:
         return value if isinstance(value, str) and value and value != "auto" else None
 
-    count = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    count = billing.positive_int(n) or 1
     return ImageOrder(count, named(size), named(quality))
 
 
