@@ -69,6 +69,14 @@ def running(
                 proc.wait()
 
 
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (a gateway's supervisor and its workers), to kill -9."""
+    out = subprocess.run(
+        ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return [pid, *[d for c in (int(p) for p in out) for d in process_tree(c)]]
+
+
 def chat_model(
     name: str, upstream: str, sim_url: str, extra: str = "", type_: str = "chat", provider: str = "openai"
 ) -> str:
@@ -191,13 +199,14 @@ def gateway(
     limits_toml: str = "",
     server_toml: str = "",
     env: dict[str, str] | None = None,
+    routing_toml: str = "retry_backoff_seconds = 0.01",
 ) -> Iterator[Gateway]:
     port = free_port()
     db = tmp / "gateway.db"
     config = tmp / "gateway.toml"
     config.write_text(
         f'[server]\nport = {port}\n{server_toml}\n[store]\npath = "{db}"\n'
-        f"[limits]\n{limits_toml}\n{models_toml}"
+        f"[routing]\n{routing_toml}\n[limits]\n{limits_toml}\n{models_toml}"
     )
     with running(["serve", "--config", str(config)], port, env) as proc:
         yield Gateway(url=f"http://127.0.0.1:{port}", db_path=db, proc=proc)
@@ -205,4 +214,5 @@ def gateway(
 
 def sim_requests(sim: httpx.Client, marker: str) -> list[dict[str, object]]:
     """Bodies the simulator received whose messages mention `marker`."""
-    return [e["body"] for e in sim.get("/_sim/requests").json() if marker in str(e["body"].get("messages"))]
+    entries = sim.get("/_sim/requests").json()
+    return [e["body"] for e in entries if "body" in e and marker in str(e["body"].get("messages"))]

@@ -35,9 +35,12 @@ from .routes import (
     speech,
     transcription,
     usage,
+    videos,
 )
+from .routing import Router
 from .state import GatewayState
 from .store import open_store
+from .videos import drive_jobs
 
 log = logging.getLogger("gateway")
 
@@ -51,6 +54,7 @@ def create_app(settings: Settings) -> Starlette:
         upstream=UpstreamClient(settings),
         funds=Funds(store, settings.workers),
         limiter=RateLimiter(_beside(settings.store_path, ".ratelimits")),
+        router=Router(settings.models, settings.routing, settings.workers),
     )
 
     @asynccontextmanager
@@ -62,7 +66,11 @@ def create_app(settings: Settings) -> Starlette:
         # scans, which otherwise show up as pauses in the latency tail.
         gc.collect()
         gc.freeze()
-        tasks = [asyncio.create_task(purge_expired(state)), asyncio.create_task(tend_leases(state))]
+        tasks = [
+            asyncio.create_task(purge_expired(state)),
+            asyncio.create_task(tend_leases(state)),
+            asyncio.create_task(drive_jobs(state)),
+        ]
         try:
             yield
         finally:
@@ -78,6 +86,7 @@ def create_app(settings: Settings) -> Starlette:
             *chat.routes(state),
             *messages.routes(state),
             *responses.routes(state),
+            *videos.routes(state),
             *embeddings.routes(state),
             *rerank.routes(state),
             *speech.routes(state),

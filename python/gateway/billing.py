@@ -8,7 +8,7 @@ the hold; model_endpoint releases whatever a handler left open, so no hold leaks
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .funds import Hold
 from .pricing import Usage, cost
 from .ratelimits import RateState
+from .routing import Attempt
 from .state import GatewayState
 from .store import KeyContext, UsageRecord
 
@@ -36,6 +37,7 @@ class Call:
     error_code: str | None = None  # why a stream that had started ended early
     # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
     idempotency: tuple[str, str] | None = None
+    attempts: list[Attempt] = field(default_factory=list)  # the channels tried (gateway.routing)
 
 
 def estimate_usage(

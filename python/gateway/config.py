@@ -59,10 +59,18 @@ class Prices:
 
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:
+    """One deployment of a model (gateway.routing). Requests go to the best `priority` (lowest
+    number) among healthy channels, by `weight` within it; `max_concurrency` caps its requests in
+    flight across the gateway's workers."""
+
     provider: str
     base_url: str
     upstream_model: str
     api_key_env: str | None = None
+    name: str = ""
+    weight: int = 1
+    priority: int = 0
+    max_concurrency: int | None = None
 
     def api_key(self) -> str | None:
         """Read at call time from the environment; never stored in settings, never logged."""
@@ -79,6 +87,26 @@ class ModelConfig:
     max_output_tokens: int = 16384
     # None: the provider kind's default list decides what is forwarded (spec 1.3).
     supported_params: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSettings:
+    """Retries, backoff and the circuit breaker (gateway.routing)."""
+
+    retries: int = 2
+    retry_backoff_seconds: float = 0.25
+    retry_backoff_max_seconds: float = 4.0
+    failures_to_cool_down: int = 3
+    cooldown_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class VideoSettings:
+    """Asynchronous video jobs (gateway.videos)."""
+
+    poll_seconds: float = 10.0  # how often each unfinished job's upstream is asked for its state
+    file_ttl_seconds: float = 86400.0  # spec 8: a finished file is served this long
+    max_job_seconds: float = 6 * 3600.0  # a job unfinished this long is failed and its hold released
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +129,8 @@ class Settings:
     # Request logs (spec 8): bodies are kept up to this many bytes each, for this many days.
     log_max_body_bytes: int = 1024 * 1024
     log_body_retention_days: float = 365.0
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
+    videos: VideoSettings = field(default_factory=VideoSettings)
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
@@ -133,6 +163,8 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     upstream = _table(raw, "upstream")
     admin = _table(raw, "admin")
     logs = _table(raw, "logs")
+    routing = _table(raw, "routing")
+    videos = _table(raw, "videos")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("[[models]]: at least one model is required")
@@ -168,6 +200,21 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
             _get(logs, "max_body_bytes", int, "logs.max_body_bytes", 1024 * 1024), "logs.max_body_bytes"
         ),
         log_body_retention_days=_seconds(logs, "body_retention_days", 365.0, "days"),
+        routing=RoutingSettings(
+            retries=_non_negative(_get(routing, "retries", int, "routing.retries", 2), "routing.retries"),
+            retry_backoff_seconds=_seconds(routing, "retry_backoff_seconds", 0.25),
+            retry_backoff_max_seconds=_seconds(routing, "retry_backoff_max_seconds", 4.0),
+            failures_to_cool_down=_positive(
+                _get(routing, "failures_to_cool_down", int, "routing.failures_to_cool_down", 3),
+                "routing.failures_to_cool_down",
+            ),
+            cooldown_seconds=_seconds(routing, "cooldown_seconds", 30.0),
+        ),
+        videos=VideoSettings(
+            poll_seconds=_seconds(videos, "poll_seconds", 10.0),
+            file_ttl_seconds=_seconds(videos, "file_ttl_seconds", 86400.0),
+            max_job_seconds=_seconds(videos, "max_job_seconds", 6 * 3600.0),
+        ),
     )
 
 
@@ -186,7 +233,13 @@ def _model(raw: Any, where: str) -> ModelConfig:
     channels_raw = raw.get("channels")
     if not isinstance(channels_raw, list) or not channels_raw:
         raise ConfigError(f"{where}.channels: at least one channel is required")
-    channels = tuple(_channel(c, f"{where}.channels[{i}]", name) for i, c in enumerate(channels_raw))
+    channels = tuple(_channel(c, f"{where}.channels[{i}]", name, i) for i, c in enumerate(channels_raw))
+    if len({c.provider for c in channels}) > 1:
+        # A request is built once for the model's shape; only the upstream model name varies.
+        raise ConfigError(f"{where}.channels: every channel of a model must have the same provider")
+    channel_names = [c.name for c in channels]
+    if len(set(channel_names)) < len(channel_names):
+        raise ConfigError(f"{where}.channels: channel names must differ within a model: {channel_names}")
     params = raw.get("supported_params")
     if params is not None and (not isinstance(params, list) or not all(isinstance(p, str) for p in params)):
         raise ConfigError(f"{where}.supported_params: must be a list of strings")
@@ -204,7 +257,7 @@ def _model(raw: Any, where: str) -> ModelConfig:
     )
 
 
-def _channel(raw: Any, where: str, model_name: str) -> ChannelConfig:
+def _channel(raw: Any, where: str, model_name: str, index: int) -> ChannelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
     provider = _get(raw, "provider", str, f"{where}.provider")
@@ -216,11 +269,20 @@ def _channel(raw: Any, where: str, model_name: str) -> ChannelConfig:
     api_key_env = raw.get("api_key_env")
     if api_key_env is not None and not isinstance(api_key_env, str):
         raise ConfigError(f"{where}.api_key_env: must be the name of an environment variable")
+    cap = raw.get("max_concurrency")
+    if cap is not None:
+        cap = _positive(
+            _get(raw, "max_concurrency", int, f"{where}.max_concurrency"), f"{where}.max_concurrency"
+        )
     return ChannelConfig(
         provider=provider,
         base_url=base_url,
         upstream_model=_get(raw, "model", str, f"{where}.model", model_name.split("/", 1)[1]),
         api_key_env=api_key_env,
+        name=_get(raw, "name", str, f"{where}.name", f"{provider}-{index}"),
+        weight=_positive(_get(raw, "weight", int, f"{where}.weight", 1), f"{where}.weight"),
+        priority=_get(raw, "priority", int, f"{where}.priority", 0),
+        max_concurrency=cap,
     )
 
 

@@ -7,7 +7,7 @@ of its code. Clients branch on `code`; `message` is for people and may change.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Literal
 
 import orjson
 from starlette.responses import Response
@@ -53,6 +53,7 @@ class GatewayError(Exception):
         param: str | None = None,
         status: int | None = None,
         headers: Mapping[str, str] | None = None,
+        retry: Literal["any", "other"] | None = None,
     ) -> None:
         super().__init__(message)
         default_status, self.type = ERROR_TABLE[code]
@@ -61,6 +62,9 @@ class GatewayError(Exception):
         self.param = param
         self.status = status if status is not None else default_status
         self.headers = dict(headers) if headers else {}
+        # An upstream's failure that the router (gateway.routing) retries before the client hears
+        # of it: on "any" channel, the same one included, or on "other" channels only.
+        self.retry = retry
 
     def body(self) -> bytes:
         return error_body(self.code, self.message, self.param)

@@ -29,6 +29,7 @@ async def purge_expired(state: GatewayState) -> None:
         "response states": state.store.purge_responses,
         "request log bodies": lambda now: state.store.purge_log_bodies(now - retention_ms),
         "idempotency entries": state.store.purge_idempotency,
+        "video files": state.store.purge_video_files,
     }
     while True:
         await asyncio.sleep(interval)

@@ -8,6 +8,7 @@ from typing import Any, Final
 from .config import ModelConfig
 from .errors import GatewayError, invalid_request
 from .providers import PROVIDERS
+from .routing import ChannelBody, json_body
 from .store import KeyContext
 
 # Which endpoint serves each model type (spec 4 note 4), for the error that points the caller there.
@@ -35,6 +36,7 @@ REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "responses": frozenset({"model", "input", "previous_response_id"}),
     "speech": frozenset({"model", "input", "voice"}),
     "transcription": frozenset({"model", "file"}),
+    "video": frozenset({"model", "prompt", "seconds"}),
 }
 
 
@@ -95,3 +97,7 @@ class ModelRegistry:
         body = {k: v for k, v in payload.items() if k in keep}
         body["model"] = model.channels[0].upstream_model
         return body
+
+    def channel_body(self, model: ModelConfig, payload: dict[str, Any]) -> ChannelBody:
+        """upstream_body, encoded for whichever channel the request goes to."""
+        return json_body(self.upstream_body(model, payload))

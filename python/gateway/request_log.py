@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 from decimal import Decimal
 
+import orjson
 from starlette.requests import Request
 
 from .ids import request_id
+from .routing import Attempt
 from .state import GatewayState
 from .store import RequestLog
 
@@ -68,6 +70,7 @@ def record(
     error_code: str | None = None,
     cost: Decimal | None = None,
     usage_id: str | None = None,
+    attempts: list[Attempt] | None = None,
     keep_request: bool = True,
 ) -> None:
     """Log one request. A request refused for its key has no request id (spec 7.3.1): its entry
@@ -89,6 +92,7 @@ def record(
             duration_ms=(time.time_ns() - started_ns) // 1_000_000,
             cost=cost,
             usage_id=usage_id,
+            attempts=orjson.dumps(attempts).decode() if attempts else None,
             request_body=raw[:limit] if raw is not None and keep_request else None,
             request_bytes=request_bytes,
             response_body=None if response_body is None else response_body[:limit],

@@ -9,6 +9,7 @@ from .funds import Funds
 from .providers.http import UpstreamClient
 from .ratelimits import RateLimiter
 from .registry import ModelRegistry
+from .routing import Router
 from .store import Store
 
 
@@ -20,3 +21,4 @@ class GatewayState:
     upstream: UpstreamClient
     funds: Funds
     limiter: RateLimiter
+    router: Router

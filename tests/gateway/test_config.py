@@ -24,6 +24,8 @@ def test_demo_config_loads() -> None:
     assert {m.name for m in settings.models} >= {"openai/gpt-4o-mini"}
     assert settings.store_path.is_absolute()
     assert settings.max_request_bytes == 10 * 1024 * 1024
+    assert any(m.type == "video" for m in settings.models)  # a newcomer sees a whole video job
+    assert any(len(m.channels) > 1 for m in settings.models)
 
 
 def model(**overrides: object) -> dict[str, object]:
@@ -54,6 +56,17 @@ def model(**overrides: object) -> dict[str, object]:
         ({"models": [model(), model()]}, "duplicate"),
         ({"models": [model()], "server": {"port": "80"}}, "server.port"),
         ({"models": [model()], "limits": {"sync_timeout_seconds": 0}}, "sync_timeout_seconds"),
+        ({"models": [model(channels=[{**CHANNEL, "weight": 0}])]}, "models[0].channels[0].weight"),
+        ({"models": [model(channels=[{**CHANNEL, "max_concurrency": 0}])]}, "channels[0].max_concurrency"),
+        ({"models": [model(channels=[{**CHANNEL, "priority": "high"}])]}, "models[0].channels[0].priority"),
+        (
+            {"models": [model(channels=[CHANNEL, {**CHANNEL, "provider": "anthropic"}])]},
+            "every channel of a model must have the same provider",
+        ),
+        ({"models": [model(channels=[{**CHANNEL, "name": "a"}] * 2)]}, "channel names must differ"),
+        ({"models": [model()], "routing": {"retries": -1}}, "routing.retries"),
+        ({"models": [model()], "routing": {"failures_to_cool_down": 0}}, "routing.failures_to_cool_down"),
+        ({"models": [model()], "videos": {"poll_seconds": 0}}, "poll_seconds"),
     ],
 )
 def test_config_errors_name_the_place(raw: dict[str, object], where: str) -> None:

@@ -20,7 +20,7 @@ from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.store import UsageRecord
 from gateway.store.journal import Journal, orphans
 from gateway.store.sqlite import SqliteStore
-from harness import chat_model, free_port, running
+from harness import chat_model, free_port, process_tree, running
 
 
 def record(account_id: str, i: int, cost: str = "0.001") -> UsageRecord:
@@ -172,7 +172,7 @@ def test_kill_9_under_load_loses_no_charge(sim_url: str, tmp_path: Path) -> None
     with running(["serve", "--config", str(config)], port) as proc:
         killer = asyncio.new_event_loop()
         try:
-            killer.call_later(1.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in _tree(proc.pid)])
+            killer.call_later(1.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in process_tree(proc.pid)])
             killer.run_until_complete(load(time.monotonic() + 3))
         finally:
             killer.close()
@@ -207,14 +207,6 @@ def test_kill_9_under_load_loses_no_charge(sim_url: str, tmp_path: Path) -> None
     assert count >= len(answered)
     assert leases == []
     assert dead_leases, "the killed process held leases while it ran"
-
-
-def _tree(pid: int) -> list[int]:
-    out = subprocess.run(
-        ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
-    ).stdout.split()
-    children = [int(p) for p in out]
-    return [pid, *[d for c in children for d in _tree(c)]]
 
 
 def _key_id(db: Path) -> str:

@@ -191,7 +191,7 @@ def test_bodies_are_purged_after_retention_the_rest_stays(tmp_path: Path) -> Non
                 store.log_request(
                     RequestLog(
                         f"req_{i}", "key_a", "acct_a", "POST", CHAT, MODEL, 200, None, started, 5,
-                        Decimal("0.001"), f"chatcmpl-{i}", b"{}", 2, b"{}", 2,
+                        Decimal("0.001"), f"chatcmpl-{i}", None, b"{}", 2, b"{}", 2,
                     )
                 )  # fmt: skip
             purged = await store.purge_log_bodies(1_500)

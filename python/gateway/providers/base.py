@@ -30,9 +30,14 @@ async def send(
     except UPSTREAM_FAILURES as exc:
         if is_timeout(exc):
             raise GatewayError(
-                "timeout", "The model did not answer within the time window.", status=408 if stream else 504
+                "timeout",
+                "The model did not answer within the time window.",
+                status=408 if stream else 504,
+                retry="any",
             ) from exc
-        raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
+        raise GatewayError(
+            "provider_error", "The model's provider could not be reached.", retry="any"
+        ) from exc
     if response.status >= 400:
         try:
             payload = await response.read()
@@ -52,6 +57,7 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
             "provider_overloaded",
             "The model's provider is at capacity. Retry with backoff or choose another model.",
             headers={"retry-after": seconds},
+            retry="other",  # the upstream asked for a pause: another channel, not this one again
         )
     if status in (400, 413, 422):
         return GatewayError("invalid_request", "The model rejected the request: " + _message(payload))
@@ -60,9 +66,13 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
             "provider_error",
             f"The model's provider failed (HTTP {status}).",
             status=503 if status == 503 else 502,
+            retry="any",
         )
     # 401/403/404 and the rest: the gateway's own upstream set-up is at fault, not the caller.
-    return GatewayError("provider_error", f"The model's provider refused the gateway (HTTP {status}).")
+    # Another channel may be set up right: the request moves there, but is not retried here.
+    return GatewayError(
+        "provider_error", f"The model's provider refused the gateway (HTTP {status}).", retry="other"
+    )
 
 
 def _message(payload: bytes) -> str:

@@ -61,11 +61,16 @@ class UpstreamClient:
             url, data=body, headers=headers, timeout=self._timeout(read_timeout)
         )
 
-    async def get(self, url: str, read_timeout: float) -> aiohttp.ClientResponse:
-        """GET a file an upstream answer links to (an image URL), without any credentials; otherwise
-        as post. Asks for identity encoding: the session does not decompress, and the bytes are kept."""
+    async def get(
+        self, url: str, read_timeout: float, headers: Mapping[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """GET a file an upstream answer links to (an image URL), without credentials unless
+        `headers` carry them (a video job's state and file); otherwise as post. Asks for identity
+        encoding: the session does not decompress, and the bytes are kept."""
         return await self._started().get(
-            url, headers={"accept-encoding": "identity"}, timeout=self._timeout(read_timeout)
+            url,
+            headers={**(headers or {}), "accept-encoding": "identity"},
+            timeout=self._timeout(read_timeout),
         )
 
     def _started(self) -> aiohttp.ClientSession:

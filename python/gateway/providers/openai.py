@@ -109,6 +109,8 @@ RESPONSES_PARAMS: Final = frozenset(
         "user",
     }
 )
+# Video jobs (Sora): "model", "prompt" and "seconds" are the request itself.
+VIDEO_PARAMS: Final = frozenset({"input_reference", "size"})
 # Model type -> the parameters an OpenAI-compatible upstream accepts on that type's endpoint.
 PARAMS: Final = {
     "chat": CHAT_PARAMS,
@@ -117,6 +119,7 @@ PARAMS: Final = {
     "responses": RESPONSES_PARAMS,
     "speech": SPEECH_PARAMS,
     "transcription": TRANSCRIPTION_PARAMS,
+    "video": VIDEO_PARAMS,
 }
 # Model type (or one of its operations, as image_edit) -> the upstream path, relative to the base URL.
 PATHS: Final = {
@@ -127,6 +130,7 @@ PATHS: Final = {
     "responses": "/responses",
     "speech": "/audio/speech",
     "transcription": "/audio/transcriptions",
+    "video": "/videos",
 }
 
 

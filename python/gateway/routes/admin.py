@@ -219,7 +219,20 @@ def routes(state: GatewayState) -> list[Route]:
             "response_body": _body(entry.response_body, entry.response_bytes),
         }
 
+    # ---------------------------------------------------------------- channels
+
+    async def list_channels(request: Request) -> tuple[int, Any]:
+        """Each model's channels and their health as the worker answering sees it (gateway.routing:
+        health is learnt per worker process)."""
+        health = state.router.health()
+        models = [
+            {"object": "model_channels", "model": name, "channels": channels}
+            for name, channels in health.items()
+        ]
+        return 200, _list(models)
+
     return [
+        Route(f"{PREFIX}/channels", endpoint(list_channels), methods=["GET"]),
         Route(f"{PREFIX}/logs", endpoint(list_logs), methods=["GET"]),
         Route(f"{PREFIX}/logs/{{log_id}}", endpoint(get_log), methods=["GET"]),
         Route(f"{PREFIX}/accounts", endpoint(create_account), methods=["POST"]),
@@ -342,6 +355,7 @@ def _log_entry(e: RequestLog) -> dict[str, Any]:
         "duration_ms": e.duration_ms,
         "cost": None if e.cost is None else field.money_text(e.cost),
         "usage_id": e.usage_id,
+        "attempts": json.loads(e.attempts) if e.attempts else [],
         "request_bytes": e.request_bytes,
         "response_bytes": e.response_bytes,
     }

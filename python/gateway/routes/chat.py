@@ -23,6 +23,7 @@ from ..config import ModelConfig
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
+from ..routing import json_body
 from ..state import GatewayState
 from ..translate import (
     ChatStreamFromMessages,
@@ -62,7 +63,7 @@ def routes(state: GatewayState) -> list[Route]:
                 request,
                 call,
                 model,
-                orjson.dumps(upstream),
+                json_body(upstream),
                 rid,
                 usage_reader(parse_chat_usage),
                 lambda body: _counted_usage(model, raw, chat_output_text(body)),
@@ -82,9 +83,9 @@ def routes(state: GatewayState) -> list[Route]:
             request,
             call,
             model,
-            orjson.dumps(upstream),
+            json_body(upstream),
             rid,
-            ChatStreamRewriter(rid, client_wants_usage),
+            lambda: ChatStreamRewriter(rid, client_wants_usage),
             lambda: count_chat_tokens(raw, model.tokenizer),
         )
 
@@ -103,7 +104,7 @@ async def _from_messages_model(
     answer or stream comes back as chat completions (gateway.translate), billed from the upstream's
     own usage."""
     translated = messages_request_from_chat(payload, model.max_output_tokens)
-    upstream = orjson.dumps(state.registry.upstream_body(model, translated))
+    upstream = state.registry.channel_body(model, translated)
     rid = response_id("chatcmpl-")
     created = int(time.time())
     if payload.get("stream") is not True:
@@ -120,9 +121,12 @@ async def _from_messages_model(
                 chat_completion_from_message(orjson.loads(body), usage, created)
             ),
         )
-    translator = ChatStreamFromMessages(
-        rid, _wants_usage(payload), created, lambda text: _counted_usage(model, raw, text)
-    )
+
+    def translator() -> ChatStreamFromMessages:
+        return ChatStreamFromMessages(
+            rid, _wants_usage(payload), created, lambda text: _counted_usage(model, raw, text)
+        )
+
     return await forward_stream(
         state,
         request,

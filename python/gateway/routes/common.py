@@ -200,6 +200,7 @@ def _log(
         error_code=error_code,
         cost=call.charged,
         usage_id=call.usage_id,
+        attempts=call.attempts,
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -27,7 +26,7 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "embedding")
         inputs = _inputs(payload.get("input"))
         await billing.hold(state, call, model, _counted_usage(model, inputs))
-        upstream = orjson.dumps(state.registry.upstream_body(model, payload))
+        upstream = state.registry.channel_body(model, payload)
         # OpenAI's embeddings answer has no id; the gateway adds one (spec 2.4), for the usage lookup.
         rid = response_id("embd-")
         return await forward_plain(

@@ -28,10 +28,11 @@ from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..providers.http import UPSTREAM_FAILURES
 from ..registry import REQUIRED_FIELDS
+from ..routing import ChannelBody
 from ..state import GatewayState
 from . import image_files
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
-from .multipart import FormPart, encode_form
+from .multipart import FormPart, channel_form
 from .upstream import call_upstream
 
 IMAGE_FIELDS = ("image", "image[]")  # one image, or several as the openai client sends a list
@@ -50,7 +51,7 @@ def routes(state: GatewayState) -> list[Route]:
         prompt = _prompt(payload.get("prompt"))
         order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
         await billing.hold(state, call, model, _estimate(model, prompt, order))
-        upstream_body = orjson.dumps(state.registry.upstream_body(model, payload))
+        upstream_body = state.registry.channel_body(model, payload)
         return await _create(state, request, call, model, prompt, order, upstream_body)
 
     async def edits(request: Request, call: Call) -> Response:
@@ -67,8 +68,7 @@ def routes(state: GatewayState) -> list[Route]:
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
         await billing.hold(state, call, model, _estimate(model, prompt, order))
         keep = state.registry.forwarded_params(model) | EDIT_FIELDS
-        form = [_form_part(p, model) for p in parts if p.name in keep]
-        upstream_body, form_type = encode_form(form)
+        upstream_body, form_type = channel_form(_form_part(p) for p in parts if p.name in keep)
         return await _create(
             state, request, call, model, prompt, order, upstream_body, form_type, "image_edit"
         )
@@ -88,12 +88,10 @@ def _prompt(value: Any) -> str:
     return value
 
 
-def _form_part(part: MultipartPart, model: ModelConfig) -> FormPart:
-    """A part as the upstream receives it: the upstream's model name; an upload checked to be an
-    image, labelled with its real type (clients often send application/octet-stream, which OpenAI
-    refuses)."""
-    if part.name == "model":
-        return FormPart("model", model.channels[0].upstream_model.encode())
+def _form_part(part: MultipartPart) -> FormPart:
+    """A part as the upstream receives it (channel_form names the upstream's model): an upload
+    checked to be an image, labelled with its real type (clients often send
+    application/octet-stream, which OpenAI refuses)."""
     if part.name not in UPLOADS:
         return FormPart(part.name, part.data, part.filename, part.content_type)
     kind = image_files.media_type(part.data)
@@ -113,7 +111,7 @@ async def _create(
     model: ModelConfig,
     prompt: str,
     order: ImageOrder,
-    upstream_body: bytes,
+    upstream_body: ChannelBody,
     content_type: str | None = None,
     operation: str | None = None,
 ) -> Response:
@@ -121,8 +119,10 @@ async def _create(
     try:
         # Spec 8: start to last byte, downloads included.
         async with asyncio.timeout(state.settings.sync_timeout_seconds):
-            content, _ = await call_upstream(state, request, model, upstream_body, content_type, operation)
-            answer, items = _read_answer(content)
+            answered = await call_upstream(
+                state, request, call, model, upstream_body, content_type, operation
+            )
+            answer, items = _read_answer(answered.content)
             images = [await _image_bytes(state, answer, item) for item in items]
     except TimeoutError as exc:
         raise GatewayError(

@@ -48,7 +48,7 @@ def routes(state: GatewayState) -> list[Route]:
         )
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
-        upstream = orjson.dumps(state.registry.upstream_body(model, payload))
+        upstream = state.registry.channel_body(model, payload)
         rid = response_id("msg_")
         if payload.get("stream") is True:
             return await forward_stream(
@@ -58,7 +58,7 @@ def routes(state: GatewayState) -> list[Route]:
                 model,
                 upstream,
                 rid,
-                MessagesStreamRewriter(rid),
+                lambda: MessagesStreamRewriter(rid),
                 lambda: _prompt_tokens(model, payload),
                 error_event=b"event: error\n",
             )
@@ -88,7 +88,7 @@ async def _from_chat_model(
     forwarded = state.registry.forwarded_params(model)
     limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
     translated = chat_request_from_messages(payload, limit)
-    upstream = orjson.dumps(state.registry.upstream_body(model, translated))
+    upstream = state.registry.channel_body(model, translated)
     rid = response_id("msg_")
 
     def counted_usage(output_text: str) -> Usage:
@@ -102,7 +102,7 @@ async def _from_chat_model(
             model,
             upstream,
             rid,
-            MessagesStreamFromChat(rid, counted_usage),
+            lambda: MessagesStreamFromChat(rid, counted_usage),
             lambda: _prompt_tokens(model, payload),
             error_event=b"event: error\n",
         )

@@ -6,6 +6,9 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..config import ChannelConfig
+from ..routing import ChannelBody
+
 
 @dataclass(frozen=True, slots=True)
 class FormPart:
@@ -15,9 +18,25 @@ class FormPart:
     content_type: str | None = None
 
 
-def encode_form(parts: Iterable[FormPart]) -> tuple[bytes, str]:
-    """The body and its Content-Type header (with a fresh random boundary)."""
+def channel_form(parts: Iterable[FormPart]) -> tuple[ChannelBody, str]:
+    """The form as whichever channel the request goes to receives it (gateway.routing): its
+    `model` part names that channel's upstream model. Returns the body for a channel and the
+    Content-Type, the same for every channel (one fresh random boundary)."""
+    kept = list(parts)
     boundary = "gateway" + os.urandom(12).hex()
+    encoded: dict[str, bytes] = {}
+
+    def for_channel(channel: ChannelConfig) -> bytes:
+        name = channel.upstream_model
+        if name not in encoded:
+            named = (FormPart("model", name.encode()) if p.name == "model" else p for p in kept)
+            encoded[name] = _encode(named, boundary)
+        return encoded[name]
+
+    return for_channel, f"multipart/form-data; boundary={boundary}"
+
+
+def _encode(parts: Iterable[FormPart], boundary: str) -> bytes:
     out = bytearray()
     for part in parts:
         out += f'--{boundary}\r\nContent-Disposition: form-data; name="{_quote(part.name)}"'.encode()
@@ -28,7 +47,7 @@ def encode_form(parts: Iterable[FormPart]) -> tuple[bytes, str]:
             out += f"Content-Type: {part.content_type}\r\n".encode()
         out += b"\r\n" + part.data + b"\r\n"
     out += f"--{boundary}--\r\n".encode()
-    return bytes(out), f"multipart/form-data; boundary={boundary}"
+    return bytes(out)
 
 
 def _quote(value: str) -> str:

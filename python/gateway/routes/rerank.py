@@ -30,7 +30,7 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "rerank")
         texts = _validate(payload)
         await billing.hold(state, call, model, _counted(model, payload, texts))
-        upstream = orjson.dumps(state.registry.upstream_body(model, payload))
+        upstream = state.registry.channel_body(model, payload)
         rid = response_id("rerank-")
         return await forward_plain(
             state,

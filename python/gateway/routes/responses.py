@@ -30,6 +30,7 @@ from ..config import ChannelConfig, ModelConfig
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
+from ..routing import json_body
 from ..state import GatewayState
 from ..store import ResponseState
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
@@ -55,20 +56,19 @@ def routes(state: GatewayState) -> list[Route]:
 
         upstream = state.registry.upstream_body(model, payload)
         previous = payload.get("previous_response_id")
-        channel = model.channels[0]
+        only: ChannelConfig | None = None
         if previous is not None:
             held = await state.store.find_response(previous, call.ctx.account.id, now_ms())
             if held is None:
                 raise invalid_request(
                     f"Previous response with id {previous!r} not found.", "previous_response_id"
                 )
-            channel = _channel_holding(model, held)
+            only = _channel_holding(model, held)
             upstream["previous_response_id"] = held.upstream_id
-        upstream["model"] = channel.upstream_model
         rid = response_id("resp_")
         stored_upstream = upstream.get("store") is not False
 
-        async def remember(upstream_id: str | None) -> None:
+        async def remember(upstream_id: str | None, channel: ChannelConfig) -> None:
             if stored_upstream and upstream_id:
                 await state.store.remember_response(
                     ResponseState(
@@ -82,22 +82,22 @@ def routes(state: GatewayState) -> list[Route]:
                 )
 
         if payload.get("stream") is True:
-            rewriter = ResponsesStreamRewriter(rid, previous)
             return await forward_stream(
                 state,
                 request,
                 call,
                 model,
-                orjson.dumps(upstream),
+                json_body(upstream),
                 rid,
-                rewriter,
+                lambda: ResponsesStreamRewriter(rid, previous),
                 lambda: _prompt_tokens(model, payload),
                 error_event=b"event: error\n",
-                channel=channel,
-                on_start=lambda: remember(rewriter.upstream_id),
+                only=only,
+                on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
             )
 
-        content, _ = await call_upstream(state, request, model, orjson.dumps(upstream), channel=channel)
+        answered = await call_upstream(state, request, call, model, json_body(upstream), only=only)
+        content = answered.content
         try:
             answer = rewrite_response(content, rid, previous)
             usage = (
@@ -111,7 +111,7 @@ def routes(state: GatewayState) -> list[Route]:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
         # Charged first: the model has run, so its cost is kept even if keeping the state fails.
         charged = billing.settle(state, call, model, rid, "completed", usage)
-        await remember(answer.upstream_id)
+        await remember(answer.upstream_id, answered.channel)
         return Response(
             answer.body,
             media_type="application/json",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import orjson
+from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -13,6 +13,7 @@ from starlette.routing import Route
 from .. import billing
 from .._core import count_tokens
 from ..billing import Call
+from ..config import ChannelConfig
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
@@ -35,16 +36,22 @@ def routes(state: GatewayState) -> list[Route]:
         # The cost depends on the input alone: known before the model runs.
         usage = Usage(prompt_tokens=count_tokens(text, model.tokenizer), characters=len(text))
         await billing.hold(state, call, model, usage)
-        channel = model.channels[0]
-        provider = PROVIDERS[channel.provider]
-        upstream = await send(
-            state.upstream,
-            provider.url(channel, model.type),
-            orjson.dumps(state.registry.upstream_body(model, payload)),
-            provider.headers(channel, request.headers),
-            stream=True,
-            read_timeout=state.settings.stream_idle_timeout_seconds,
-        )
+        body = state.registry.channel_body(model, payload)
+
+        async def attempt(channel: ChannelConfig) -> ClientResponse:
+            provider = PROVIDERS[channel.provider]
+            return await send(
+                state.upstream,
+                provider.url(channel, model.type),
+                body(channel),
+                provider.headers(channel, request.headers),
+                stream=True,
+                read_timeout=state.settings.stream_idle_timeout_seconds,
+            )
+
+        # Retried and failed over until the upstream answers (gateway.routing); the channel is
+        # kept until the audio has been sent.
+        upstream, slot = await state.router.run(model, attempt, call.attempts)
         rid = response_id("speech-")
 
         async def audio() -> AsyncGenerator[bytes, None]:
@@ -69,9 +76,13 @@ def routes(state: GatewayState) -> list[Route]:
             "x-service-cost": format_cost(cost(model.prices, usage)),
         }
         media_type = upstream.headers.get("content-type", "application/octet-stream")
-        return HeldStream(
-            audio(), lambda: billing.release(state, call), media_type=media_type, headers=headers
-        )
+
+        def ended() -> None:
+            upstream.release()
+            slot.release()
+            billing.release(state, call)
+
+        return HeldStream(audio(), ended, media_type=media_type, headers=headers)
 
     return [Route("/v1/audio/speech", model_endpoint(state, speech, idempotent=True), methods=["POST"])]
 

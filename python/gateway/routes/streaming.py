@@ -5,9 +5,10 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import orjson
+from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -21,6 +22,7 @@ from ..providers import PROVIDERS
 from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..request_log import STREAM_SUMMARY
+from ..routing import ChannelBody
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream
 from .upstream import ReportedUsage, reported_usage
@@ -46,63 +48,79 @@ class StreamRewriter(Protocol):
     def error(self) -> bytes | None: ...
 
 
+R = TypeVar("R", bound=StreamRewriter)
+
+
 async def forward_stream(
     state: GatewayState,
     request: Request,
     call: Call,
     model: ModelConfig,
-    upstream_body: bytes,
+    upstream_body: ChannelBody,
     rid: str,
-    rewriter: StreamRewriter,
+    new_rewriter: Callable[[], R],
     count_prompt: Callable[[], int],
     error_event: bytes = b"",
-    channel: ChannelConfig | None = None,
-    on_start: Callable[[], Awaitable[None]] | None = None,
+    only: ChannelConfig | None = None,
+    on_start: Callable[[R, ChannelConfig], Awaitable[None]] | None = None,
 ) -> Response:
-    """`count_prompt()` is the gateway's own prompt count, used only when the upstream reports no usage.
-    `error_event` prefixes the final error chunk (the message and responses shapes name it
-    `event: error`). `channel` is the model's first unless the request must go to a particular one.
-    `on_start()` runs once the stream has started, before the client sees its first byte."""
-    channel = channel or model.channels[0]
-    provider = PROVIDERS[channel.provider]
-    response = await send(
-        state.upstream,
-        provider.url(channel, model.type),
-        upstream_body,
-        provider.headers(channel, request.headers),
-        stream=True,
-        read_timeout=state.settings.stream_idle_timeout_seconds,
-    )
-    upstream = response.content.iter_any()
+    """`new_rewriter()` makes the shape's rewriter, afresh for each attempt. `count_prompt()` is the
+    gateway's own prompt count, used only when the upstream reports no usage. `error_event`
+    prefixes the final error chunk (the message and responses shapes name it `event: error`).
+    `only` pins the request to the channel that holds its state. `on_start(rewriter, channel)` runs
+    once the stream has started, before the client sees its first byte.
 
-    # Hold the client's bytes back until the first token: an error before it is an ordinary JSON
-    # error with its own status (spec 6.1.7), and nothing is billed (6.1.9).
-    first = b""
-    try:
-        while not (rewriter.saw_output or rewriter.done or rewriter.error is not None):
-            try:
-                chunk = await anext(upstream)
-            except StopAsyncIteration:
-                first += rewriter.finish()
-                break
-            first += rewriter.feed(chunk)
-    except BaseException as exc:
-        response.release()
-        if is_timeout(exc):
-            raise GatewayError(
-                "timeout", "The model sent nothing within the stream idle window.", status=408
-            ) from exc
-        if isinstance(exc, UPSTREAM_FAILURES):
-            raise GatewayError("provider_error", "The model's stream broke before it started.") from exc
-        raise
-    if not rewriter.saw_output and not rewriter.done:
-        response.release()
-        raise GatewayError("provider_error", "The model's stream failed before it started.")
+    Until the first token the stream is an attempt like any other (gateway.routing): retried, moved
+    to another channel; from the first byte the client sees, never."""
+
+    async def attempt(channel: ChannelConfig) -> tuple[ClientResponse, R, bytes]:
+        provider = PROVIDERS[channel.provider]
+        response = await send(
+            state.upstream,
+            provider.url(channel, model.type),
+            upstream_body(channel),
+            provider.headers(channel, request.headers),
+            stream=True,
+            read_timeout=state.settings.stream_idle_timeout_seconds,
+        )
+        rewriter = new_rewriter()
+        # Hold the client's bytes back until the first token: an error before it is an ordinary
+        # JSON error with its own status (spec 6.1.7), and nothing is billed (6.1.9).
+        first = b""
+        try:
+            while not (rewriter.saw_output or rewriter.done or rewriter.error is not None):
+                chunk = await response.content.readany()
+                if not chunk:
+                    first += rewriter.finish()
+                    break
+                first += rewriter.feed(chunk)
+        except BaseException as exc:
+            response.release()
+            if is_timeout(exc):
+                raise GatewayError(
+                    "timeout",
+                    "The model sent nothing within the stream idle window.",
+                    status=408,
+                    retry="any",
+                ) from exc
+            if isinstance(exc, UPSTREAM_FAILURES):
+                raise GatewayError(
+                    "provider_error", "The model's stream broke before it started.", retry="any"
+                ) from exc
+            raise
+        if not rewriter.saw_output and not rewriter.done:
+            response.release()
+            raise GatewayError("provider_error", "The model's stream failed before it started.", retry="any")
+        return response, rewriter, first
+
+    (response, rewriter, first), slot = await state.router.run(model, attempt, call.attempts, only)
+    upstream = response.content.iter_any()
     if on_start is not None:
         try:
-            await on_start()
+            await on_start(rewriter, slot.channel)
         except BaseException:
             response.release()
+            slot.release()
             raise
 
     async def body() -> AsyncGenerator[bytes, None]:
@@ -159,6 +177,7 @@ async def forward_stream(
     def ended() -> None:
         # Also when the body never began (the client left first): the connection goes back now.
         response.release()
+        slot.release()
         billing.release(state, call)
 
     return HeldStream(

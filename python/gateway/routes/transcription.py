@@ -24,7 +24,7 @@ from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, model_endpoint, read_body
-from .multipart import FormPart, encode_form
+from .multipart import FormPart, channel_form
 from .speech import RESPONSE_ID_HEADER
 from .upstream import call_upstream
 
@@ -44,17 +44,10 @@ def routes(state: GatewayState) -> list[Route]:
         await billing.hold(state, call, model, _estimate(model, upload.data))
 
         keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["transcription"]
-        form, form_type = encode_form(
-            FormPart(
-                p.name,
-                model.channels[0].upstream_model.encode() if p.name == "model" else p.data,
-                p.filename,
-                p.content_type,
-            )
-            for p in parts
-            if p.name in keep
+        form, form_type = channel_form(
+            FormPart(p.name, p.data, p.filename, p.content_type) for p in parts if p.name in keep
         )
-        content, answer_type = await call_upstream(state, request, model, form, form_type)
+        content, answer_type, _ = await call_upstream(state, request, call, model, form, form_type)
         rid = response_id("transcr-")
         is_json = answer_type.startswith("application/json")
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import orjson
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from ..pricing import Usage, format_cost
 from ..providers import PROVIDERS
 from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES
+from ..routing import ChannelBody
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER
 
@@ -57,44 +58,57 @@ def usage_reader(parse: Callable[[bytes], StreamUsage | None]) -> Callable[[byte
     return read
 
 
+class UpstreamAnswer(NamedTuple):
+    content: bytes
+    content_type: str
+    channel: ChannelConfig  # the channel that answered
+
+
 async def call_upstream(
     state: GatewayState,
     request: Request,
+    call: Call,
     model: ModelConfig,
-    upstream_body: bytes,
+    body: ChannelBody,
     content_type: str | None = None,
     operation: str | None = None,
-    channel: ChannelConfig | None = None,
-) -> tuple[bytes, str]:
-    """Send to the model's channel and read the whole answer within the synchronous window (spec 8):
-    the answer's bytes and content type, or the spec's error. `operation` names the upstream endpoint
-    when a model type has several (image_edit); by default it is the type's own. `channel` is the
-    model's first unless the request must go to a particular one (the one holding its state)."""
-    channel = channel or model.channels[0]
-    provider = PROVIDERS[channel.provider]
-    headers = provider.headers(channel, request.headers)
-    if content_type is not None:
-        headers["content-type"] = content_type
+    only: ChannelConfig | None = None,
+) -> UpstreamAnswer:
+    """Send to one of the model's channels (gateway.routing: retried and failed over there) and
+    read the whole answer, all within the synchronous window (spec 8), or raise the spec's error.
+    `operation` names the upstream endpoint when a model type has several (image_edit); by default
+    it is the type's own. `only` pins the request to the channel that holds its state."""
+
+    async def attempt(channel: ChannelConfig) -> UpstreamAnswer:
+        provider = PROVIDERS[channel.provider]
+        headers = provider.headers(channel, request.headers)
+        if content_type is not None:
+            headers["content-type"] = content_type
+        response = await send(
+            state.upstream,
+            provider.url(channel, operation or model.type),
+            body(channel),
+            headers,
+            stream=False,
+            read_timeout=state.settings.sync_timeout_seconds,
+        )
+        try:
+            content = await response.read()
+        except UPSTREAM_FAILURES as exc:
+            raise GatewayError("provider_error", "The model's answer broke off.", retry="any") from exc
+        finally:
+            response.release()
+        return UpstreamAnswer(content, response.headers.get("content-type", "application/json"), channel)
+
     try:
         async with asyncio.timeout(state.settings.sync_timeout_seconds):
-            response = await send(
-                state.upstream,
-                provider.url(channel, operation or model.type),
-                upstream_body,
-                headers,
-                stream=False,
-                read_timeout=state.settings.sync_timeout_seconds,
-            )
-            try:
-                return await response.read(), response.headers.get("content-type", "application/json")
-            finally:
-                response.release()
+            answer, slot = await state.router.run(model, attempt, call.attempts, only)
     except TimeoutError as exc:
         raise GatewayError(
             "timeout", "The request ran past the synchronous time window.", status=504
         ) from exc
-    except UPSTREAM_FAILURES as exc:
-        raise GatewayError("provider_error", "The model's answer broke off.") from exc
+    slot.release()
+    return answer
 
 
 async def forward_plain(
@@ -102,7 +116,7 @@ async def forward_plain(
     request: Request,
     call: Call,
     model: ModelConfig,
-    upstream_body: bytes,
+    upstream_body: ChannelBody,
     rid: str,
     parse_usage: Callable[[bytes], Usage | None],
     count_usage: Callable[[bytes], Usage],
@@ -111,7 +125,7 @@ async def forward_plain(
     """`parse_usage(answer)` reads the upstream's usage in its shape; `count_usage(answer)` is the
     gateway's own count, used only when the upstream reports none. `to_client(answer, usage)` turns
     an answer of the other text shape into the endpoint's (gateway.translate)."""
-    content, _ = await call_upstream(state, request, model, upstream_body)
+    content = (await call_upstream(state, request, call, model, upstream_body)).content
     try:
         body = set_json_id(content, rid)
         usage = parse_usage(body) or count_usage(body)

@@ -15,8 +15,10 @@ configured model through the gateway, which forwards neither headers nor anythin
   stall_after=N   after N content chunks, send nothing more and keep the connection open
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
-  tool            call the first tool the request offers (the only directive without a value; a
-                  tool_choice that forces a call does the same without it, see sim/tools.py)
+  tool            call the first tool the request offers (without a value; a tool_choice that forces
+                  a call does the same without it, see sim/tools.py)
+  render=D        a video job takes D from creation to its end (default 2s; see sim/videos.py)
+  render_fail     the video job ends `failed` instead of `completed` (without a value)
 Durations: "150ms", "2s" or plain seconds ("0.5").
 """
 
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 _MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
+_FLAGS = ("tool", "render_fail")  # the directives without a value
 
 
 @dataclass(slots=True)
@@ -41,6 +44,8 @@ class Directives:
     drop_after: int | None = None
     error_after: int | None = None
     tool: bool = False
+    render: float = 2.0
+    render_fail: bool = False
 
 
 class DirectiveError(ValueError):
@@ -61,13 +66,13 @@ def _apply(d: Directives, pairs: list[str]) -> None:
         if not pair:
             continue
         name, sep, value = pair.partition("=")
-        if pair == "tool":
-            d.tool = True
+        if pair in _FLAGS:
+            setattr(d, pair, True)
             continue
         if not sep:
             raise DirectiveError(f"directive {pair!r} has no value")
         try:
-            if name in ("ttft", "pace"):
+            if name in ("ttft", "pace", "render"):
                 setattr(d, name, _duration(value))
             elif name in ("tokens", "reasoning", "fail", "stall_after", "drop_after", "error_after"):
                 setattr(d, name, int(value))

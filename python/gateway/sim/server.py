@@ -22,7 +22,7 @@ from typing import Any, cast
 import orjson
 
 from .._core import count_chat_tokens, count_tokens
-from . import directives, images, tools, transcription
+from . import directives, images, tools, transcription, videos
 from .directives import DirectiveError, Directives
 from .responses import ResponsesSim
 from .tools import ToolCall
@@ -109,6 +109,7 @@ class Simulator:
     def __init__(self, history: int = 1000) -> None:
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self.responses = ResponsesSim()
+        self.videos = videos.VideoJobs()
 
     # Each handler writes its answer through `send`; streaming handlers are coroutines.
     async def handle(
@@ -120,7 +121,7 @@ class Simulator:
         send: Callable[[bytes], None],
         abort: Callable[[], None],
     ) -> None:
-        path = path.split("?", 1)[0]
+        path, _, query = path.partition("?")
         if path.startswith("/_sim/"):
             send(self._control(method, path))
         elif path.endswith("/chat/completions"):
@@ -140,6 +141,12 @@ class Simulator:
             if record is not None:
                 self.requests.append(record)
             send(full(answer.status, answer.body, answer.content_type))
+        elif videos.ROUTE.match(path):
+            answer, record = await self.videos.handle(method, path, query, headers, body)
+            if record is not None:
+                self.requests.append(record)
+            extra = [("retry-after", "1")] if answer.status == 429 else None
+            send(full(answer.status, answer.body, answer.content_type, extra))
         elif path.endswith("/rerank"):
             if method != "POST":
                 send(openai_error(405, "Use POST.", "invalid_request_error", None))

@@ -17,6 +17,7 @@ from .base import (
     StoredImage,
     TopUp,
     UsageRecord,
+    VideoJob,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "StoredImage",
     "TopUp",
     "UsageRecord",
+    "VideoJob",
     "open_store",
 ]
 

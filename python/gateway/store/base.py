@@ -174,6 +174,9 @@ class RequestLog:
     duration_ms: int
     cost: Decimal | None  # what was charged; None when nothing was
     usage_id: str | None  # the usage record's id (the response body's id) when one was written
+    # The channels it was tried on, as a JSON array of {channel, started_at_ms, duration_ms,
+    # error, status}; None when it reached no model.
+    attempts: str | None
     request_body: bytes | None
     request_bytes: int
     response_body: bytes | None
@@ -209,6 +212,37 @@ class StoredImage:
     content_type: str
     expires_at_ms: int
     key_id: str
+
+
+# The owner of the lease that holds a video job's estimated cost until the job ends (see
+# SqliteStore.create_video_job): not a process, so never reclaimed with dead processes' leases.
+JOB_LEASE_PREFIX = "job:"
+VIDEO_FINAL = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class VideoJob:
+    """An asynchronous video job (spec 2.2, 3.1): the gateway's record of the upstream's job, with
+    the money it holds until it ends. Times are Unix milliseconds."""
+
+    id: str
+    key_id: str
+    account_id: str
+    request_id: str  # the creating request's x-service-request-id
+    model: str
+    channel: str  # the name of the channel that runs it
+    upstream_id: str
+    status: str  # queued | in_progress | completed | failed
+    progress: int
+    prompt: str
+    seconds: str
+    size: str | None
+    hold: Decimal  # the estimate held on the account (and key limit) while it runs
+    created_at_ms: int
+    completed_at_ms: int | None = None
+    expires_at_ms: int | None = None  # when the finished file stops being served
+    error: str | None = None  # JSON {"code", "message"} once failed
+    cost: Decimal | None = None  # charged once completed
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +330,49 @@ class Store(Protocol):
 
     async def purge_responses(self, now_ms: int) -> int:
         """Delete every response state expired at `now_ms`; returns how many were deleted."""
+
+    async def create_video_job(self, job: VideoJob, pots: Sequence[tuple[str, str]]) -> None:
+        """Record a new job and move its hold, `job.hold` on each (kind, pot_id) pot, from this
+        process's lease to the job's own, in one transaction: the money stays set aside whatever
+        happens to this process, until finish_video_job."""
+
+    async def claim_video_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[VideoJob]:
+        """Up to `limit` unfinished jobs due for a poll, leased to this process for `lease_ms` so
+        that no other process polls them meanwhile."""
+
+    async def note_video_progress(
+        self, job_id: str, status: str, progress: int, next_poll_at_ms: int
+    ) -> None:
+        """An unfinished job's latest state; its lease ends and its next poll is due then."""
+
+    async def finish_video_job(
+        self,
+        job_id: str,
+        *,
+        error: str | None,
+        record: UsageRecord | None,
+        content: bytes | None,
+        content_type: str | None,
+        now_ms: int,
+        ttl_ms: int,
+    ) -> bool:
+        """End a job exactly once: completed (a usage record charged, the file kept for `ttl_ms`)
+        or failed (`error`, nothing charged); either way its hold goes back. False when it had
+        already ended."""
+
+    async def get_video_job(self, job_id: str, key_id: str) -> VideoJob | None:
+        """The job, if this key made it."""
+
+    async def list_video_jobs(
+        self, key_id: str, *, after: str | None, limit: int, newest_first: bool
+    ) -> list[VideoJob]:
+        """This key's jobs by creation, from just after the job `after`."""
+
+    async def get_video_content(self, job_id: str, key_id: str, now_ms: int) -> tuple[bytes, str] | None:
+        """A completed job's file and content type, until it expires."""
+
+    async def purge_video_files(self, now_ms: int) -> int:
+        """Delete the files expired at `now_ms` (the jobs stay); returns how many."""
 
     async def claim_idempotency(
         self, key_id: str, idempotency_key: str, fingerprint: str, now_ms: int, lease_ms: int, ttl_ms: int

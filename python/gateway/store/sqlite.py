@@ -33,6 +33,7 @@ from ..budget import period_start_ms, spent_now
 from ..clock import now_ms
 from . import journal
 from .base import (
+    JOB_LEASE_PREFIX,
     USAGE_COLUMNS,
     Account,
     AccountChanges,
@@ -48,6 +49,7 @@ from .base import (
     StoredImage,
     TopUp,
     UsageRecord,
+    VideoJob,
 )
 from .key_cache import KeyCache
 
@@ -194,6 +196,44 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX idempotency_expiry ON idempotency(expires_at_ms);
     """,
+    # The channels a request was tried on (gateway.routing), as a JSON array.
+    """
+    ALTER TABLE request_logs ADD COLUMN attempts TEXT;
+    """,
+    # Asynchronous video jobs (VideoJob) and, once completed, their files until they expire. The
+    # poll lease keeps two processes from polling one job at once.
+    """
+    CREATE TABLE video_jobs (
+        id TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        account_id TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        upstream_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        progress INTEGER NOT NULL,
+        prompt TEXT NOT NULL,
+        seconds TEXT NOT NULL,
+        size TEXT,
+        hold TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        completed_at_ms INTEGER,
+        expires_at_ms INTEGER,
+        error TEXT,
+        cost TEXT,
+        next_poll_at_ms INTEGER NOT NULL,
+        lease_until_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX video_jobs_key ON video_jobs(key_id, created_at_ms);
+    CREATE INDEX video_jobs_due ON video_jobs(next_poll_at_ms) WHERE status IN ('queued', 'in_progress');
+    CREATE TABLE video_files (
+        job_id TEXT PRIMARY KEY,
+        content_type TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    """,
 )
 
 _STOP = object()
@@ -253,13 +293,35 @@ _LOG_COLUMNS = (
     "duration_ms",
     "cost",
     "usage_id",
+    "attempts",
     "request_body",
     "request_bytes",
     "response_body",
     "response_bytes",
 )
 _LOG = ", ".join(_LOG_COLUMNS)
-_LOG_HEAD = ", ".join(_LOG_COLUMNS[:12])  # every column up to the bodies
+_VIDEO_COLUMNS = (
+    "id",
+    "key_id",
+    "account_id",
+    "request_id",
+    "model",
+    "channel",
+    "upstream_id",
+    "status",
+    "progress",
+    "prompt",
+    "seconds",
+    "size",
+    "hold",
+    "created_at_ms",
+    "completed_at_ms",
+    "expires_at_ms",
+    "error",
+    "cost",
+)
+_VIDEO = ", ".join(_VIDEO_COLUMNS)
+_LOG_HEAD = ", ".join(_LOG_COLUMNS[:13])  # every column up to the bodies
 _INSERT_LOG = f"INSERT OR IGNORE INTO request_logs ({_LOG}) VALUES ({', '.join('?' * len(_LOG_COLUMNS))})"
 log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
@@ -604,6 +666,7 @@ class SqliteStore:
             entry.duration_ms,
             None if entry.cost is None else str(entry.cost),
             entry.usage_id,
+            entry.attempts,
             entry.request_body,
             entry.request_bytes,
             entry.response_body,
@@ -684,6 +747,136 @@ class SqliteStore:
 
         deleted: int = await self._write(op)
         return deleted
+
+    async def create_video_job(self, job: VideoJob, pots: Sequence[tuple[str, str]]) -> None:
+        owner = self.lease_owner
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT INTO video_jobs ({_VIDEO}, next_poll_at_ms)"
+                f" VALUES ({', '.join('?' * len(_VIDEO_COLUMNS))}, ?)",
+                (*_video_row(job), job.created_at_ms),
+            )
+            for kind, pot_id in pots:
+                _add_to_lease(conn, kind, pot_id, owner, -job.hold)
+                _add_to_lease(conn, kind, pot_id, JOB_LEASE_PREFIX + job.id, job.hold)
+
+        await self._write(op)
+
+    async def claim_video_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[VideoJob]:
+        def op(conn: sqlite3.Connection) -> list[VideoJob]:
+            rows = conn.execute(
+                f"SELECT {_VIDEO} FROM video_jobs WHERE status IN ('queued', 'in_progress')"
+                " AND next_poll_at_ms <= ? AND lease_until_ms <= ? ORDER BY next_poll_at_ms LIMIT ?",
+                (now_ms, now_ms, limit),
+            ).fetchall()
+            conn.executemany(
+                "UPDATE video_jobs SET lease_until_ms = ? WHERE id = ?",
+                [(now_ms + lease_ms, row[0]) for row in rows],
+            )
+            return [_video_job(row) for row in rows]
+
+        claimed: list[VideoJob] = await self._write(op)
+        return claimed
+
+    async def note_video_progress(
+        self, job_id: str, status: str, progress: int, next_poll_at_ms: int
+    ) -> None:
+        await self._write(
+            lambda conn: conn.execute(
+                "UPDATE video_jobs SET status = ?, progress = ?, next_poll_at_ms = ?, lease_until_ms = 0"
+                " WHERE id = ? AND status IN ('queued', 'in_progress')",
+                (status, progress, next_poll_at_ms, job_id),
+            )
+        )
+
+    async def finish_video_job(
+        self,
+        job_id: str,
+        *,
+        error: str | None,
+        record: UsageRecord | None,
+        content: bytes | None,
+        content_type: str | None,
+        now_ms: int,
+        ttl_ms: int,
+    ) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            ended = conn.execute(
+                "UPDATE video_jobs SET status = ?, progress = ?, completed_at_ms = ?, expires_at_ms = ?,"
+                " error = ?, cost = ?, lease_until_ms = 0"
+                " WHERE id = ? AND status IN ('queued', 'in_progress')",
+                (
+                    "failed" if record is None else "completed",
+                    0 if record is None else 100,
+                    now_ms,
+                    None if record is None else now_ms + ttl_ms,
+                    error,
+                    None if record is None else str(record.cost),
+                    job_id,
+                ),
+            ).rowcount
+            if not ended:
+                return False
+            if record is not None:
+                _settle_many(conn, [record], None)
+            if content is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO video_files (job_id, content_type, expires_at_ms, data)"
+                    " VALUES (?, ?, ?, ?)",
+                    (job_id, content_type or "video/mp4", now_ms + ttl_ms, content),
+                )
+            conn.execute("DELETE FROM leases WHERE owner = ?", (JOB_LEASE_PREFIX + job_id,))
+            return True
+
+        done: bool = await self._write(op)
+        return done
+
+    async def get_video_job(self, job_id: str, key_id: str) -> VideoJob | None:
+        row = (
+            self._read()
+            .execute(f"SELECT {_VIDEO} FROM video_jobs WHERE id = ? AND key_id = ?", (job_id, key_id))
+            .fetchone()
+        )
+        return None if row is None else _video_job(row)
+
+    async def list_video_jobs(
+        self, key_id: str, *, after: str | None, limit: int, newest_first: bool
+    ) -> list[VideoJob]:
+        order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
+        where, args = "key_id = ?", [key_id]
+        if after is not None:
+            # Creation time, then id for jobs created in the same millisecond.
+            where += (
+                f" AND (created_at_ms, id) {beyond}"
+                " (SELECT created_at_ms, id FROM video_jobs WHERE id = ? AND key_id = ?)"
+            )
+            args += [after, key_id]
+        rows = self._read().execute(
+            f"SELECT {_VIDEO} FROM video_jobs WHERE {where}"
+            f" ORDER BY created_at_ms {order}, id {order} LIMIT ?",
+            (*args, limit),
+        )
+        return [_video_job(row) for row in rows]
+
+    async def get_video_content(self, job_id: str, key_id: str, now_ms: int) -> tuple[bytes, str] | None:
+        row = (
+            self._read()
+            .execute(
+                "SELECT f.data, f.content_type FROM video_files f JOIN video_jobs j ON j.id = f.job_id"
+                " WHERE f.job_id = ? AND j.key_id = ? AND f.expires_at_ms > ?",
+                (job_id, key_id, now_ms),
+            )
+            .fetchone()
+        )
+        return None if row is None else (row[0], row[1])
+
+    async def purge_video_files(self, now_ms: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM video_files WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+
+        purged: int = await self._write(op)
+        return purged
 
     async def claim_idempotency(
         self, key_id: str, idempotency_key: str, fingerprint: str, now_ms: int, lease_ms: int, ttl_ms: int
@@ -995,7 +1188,7 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
     """Apply what dead processes journaled but did not get into the store, and return their leases
     (and any lease whose owner has no journal left). Returns how many settlements were new."""
     with journal.orphans(journal_dir) as found:
-        leased = {owner for (owner,) in conn.execute("SELECT DISTINCT owner FROM leases")}
+        leased = _process_owners(conn)
         if not found and leased <= journal.owners(journal_dir):
             return 0
         conn.execute("BEGIN IMMEDIATE")
@@ -1004,11 +1197,7 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
             # Listed inside the transaction: a process that leases after this listing created its
             # journal before, as every lease waits for this transaction's lock.
             alive = journal.owners(journal_dir) - {orphan.owner for orphan in found}
-            gone = [
-                (owner,)
-                for (owner,) in conn.execute("SELECT DISTINCT owner FROM leases")
-                if owner not in alive
-            ]
+            gone = [(owner,) for owner in _process_owners(conn) if owner not in alive]
             conn.executemany("DELETE FROM leases WHERE owner = ?", gone)
             conn.execute("COMMIT")
         except BaseException:
@@ -1023,6 +1212,12 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
                 len(gone),
             )
         return applied
+
+
+def _process_owners(conn: sqlite3.Connection) -> set[str]:
+    """The processes holding leases (video jobs hold theirs until they end, whatever the process)."""
+    owners = conn.execute("SELECT DISTINCT owner FROM leases")
+    return {owner for (owner,) in owners if not owner.startswith(JOB_LEASE_PREFIX)}
 
 
 def _free(conn: sqlite3.Connection, kind: str, pot_id: str, now_ms: int) -> Decimal | None:
@@ -1142,6 +1337,21 @@ def _request_log(row: Sequence[Any]) -> RequestLog:
     values = list(row)
     values[10] = None if values[10] is None else Decimal(values[10])
     return RequestLog(*values)
+
+
+def _video_row(job: VideoJob) -> tuple[Any, ...]:
+    values = [getattr(job, column) for column in _VIDEO_COLUMNS]
+    values[12] = str(job.hold)
+    values[17] = None if job.cost is None else str(job.cost)
+    return tuple(values)
+
+
+def _video_job(row: Sequence[Any]) -> VideoJob:
+    # The columns are VideoJob's fields in order (_VIDEO_COLUMNS); money is decimal text.
+    values = list(row)
+    values[12] = Decimal(values[12])
+    values[17] = None if values[17] is None else Decimal(values[17])
+    return VideoJob(*values)
 
 
 def _top_up(row: Sequence[Any]) -> TopUp:

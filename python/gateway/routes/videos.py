@@ -1,0 +1,194 @@
+"""/v1/videos (Shape A, OpenAI's Videos API): create a job, follow it, list them, download the file
+(spec 2.2, 3.1). The jobs themselves are driven by gateway.videos.
+
+Creation takes JSON, as the spec shows, or multipart/form-data, which the official openai client
+sends (with an optional `input_reference` image passed on to the model). A job belongs to the key
+that created it: another key's job is 404.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any, Final
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import billing, videos
+from .._core import MultipartPart, parse_multipart
+from ..auth import authenticate
+from ..billing import Call
+from ..clock import now_ms
+from ..errors import GatewayError, invalid_request
+from ..ids import response_id
+from ..registry import REQUIRED_FIELDS
+from ..routing import ChannelBody
+from ..state import GatewayState
+from ..store import VideoJob
+from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body
+from .multipart import FormPart, channel_form
+from .upstream import call_upstream
+
+MAX_SECONDS: Final = 60  # the longest clip a request may ask for
+_SIZE: Final = re.compile(r"^[1-9][0-9]{1,4}x[1-9][0-9]{1,4}$")
+# The openai client's poll() waits this long between looks when the answer says so.
+POLL_AFTER_HEADER: Final = "openai-poll-after-ms"
+
+
+def routes(state: GatewayState) -> list[Route]:
+    async def create(request: Request, call: Call) -> Response:
+        raw = await read_body(request, state.settings.max_request_bytes)
+        fields, parts = _fields(request, raw)
+        model = state.registry.resolve(fields.get("model"), call.ctx, "video")
+        prompt = fields.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise invalid_request("`prompt` is required: a description of the video.", "prompt")
+        seconds = _seconds(fields.get("seconds"))
+        size = fields.get("size")
+        if size is not None and (not isinstance(size, str) or not _SIZE.match(size)):
+            raise invalid_request("`size` must be width x height, e.g. 1280x720.", "size")
+        await billing.hold(state, call, model, videos.estimate(seconds))
+        # JSON in, JSON out; a form in, a form out (its files passed on as they came).
+        body: ChannelBody
+        content_type: str | None = None
+        if parts is None:
+            body = state.registry.channel_body(model, fields)
+        else:
+            keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["video"]
+            body, content_type = channel_form(
+                FormPart(p.name, p.data, p.filename, p.content_type) for p in parts if p.name in keep
+            )
+        answered = await call_upstream(state, request, call, model, body, content_type)
+        upstream_id = _upstream_id(answered.content)
+        job = VideoJob(
+            id=response_id("video_"),
+            key_id=call.ctx.key.id,
+            account_id=call.ctx.account.id,
+            request_id=call.request_id,
+            model=model.name,
+            channel=answered.channel.name,
+            upstream_id=upstream_id,
+            status="queued",
+            progress=0,
+            prompt=prompt,
+            seconds=seconds,
+            size=size,
+            hold=call.hold.amount if call.hold is not None else Decimal(0),
+            created_at_ms=now_ms(),
+        )
+        # The hold now belongs to the job, in the store: it is settled or released when the job
+        # ends, by whichever process sees that happen.
+        hold = call.hold
+        pots = [] if hold is None else [(pot.kind, pot.pot_id) for pot in hold.pots]
+        await state.store.create_video_job(job, pots)
+        if hold is not None:
+            state.funds.release(hold, hold.amount)
+        return json_response(videos.job_object(job, None), headers={REQUEST_ID_HEADER: call.request_id})
+
+    async def retrieve(request: Request) -> Response:
+        job = await _job(state, request)
+        headers = {POLL_AFTER_HEADER: str(int(state.settings.videos.poll_seconds * 1000))}
+        return json_response(videos.job_object(job, _content_url(state, request, job)), headers=headers)
+
+    async def list_jobs(request: Request) -> Response:
+        ctx = await authenticate(request, state.store)
+        query = request.query_params
+        limit = _limit(query.get("limit"))
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise invalid_request("`order` must be asc or desc.", "order")
+        jobs = await state.store.list_video_jobs(
+            ctx.key.id, after=query.get("after"), limit=limit + 1, newest_first=order == "desc"
+        )
+        page = [videos.job_object(job, _content_url(state, request, job)) for job in jobs[:limit]]
+        return json_response(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(jobs) > limit,
+            }
+        )
+
+    async def content(request: Request) -> Response:
+        job = await _job(state, request)
+        variant = request.query_params.get("variant", "video")
+        if variant != "video":
+            raise invalid_request("Only the `video` variant is kept by this gateway.", "variant")
+        if job.status != "completed":
+            raise GatewayError(
+                "not_found", f"The video {job.id!r} is {job.status}: its file exists once it is completed."
+            )
+        found = await state.store.get_video_content(job.id, job.key_id, now_ms())
+        if found is None:
+            raise GatewayError("not_found", f"The file of video {job.id!r} has expired.")
+        data, media_type = found
+        return Response(data, media_type=media_type)
+
+    return [
+        Route("/v1/videos", model_endpoint(state, create, idempotent=True), methods=["POST"]),
+        Route("/v1/videos", list_jobs, methods=["GET"]),
+        Route("/v1/videos/{video_id}", retrieve, methods=["GET"]),
+        Route("/v1/videos/{video_id}/content", content, methods=["GET"]),
+    ]
+
+
+def _fields(request: Request, raw: bytes) -> tuple[dict[str, Any], list[MultipartPart] | None]:
+    """The request's fields, and its parts when it is a form."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        return parse_object(raw), None
+    parts = parse_multipart(raw, content_type)
+    if parts is None:
+        raise invalid_request("The request must be a well-formed multipart/form-data body.")
+    return {p.name: p.data.decode(errors="replace") for p in parts if p.filename is None}, parts
+
+
+def _seconds(value: Any) -> str:
+    if value is None:
+        return videos.DEFAULT_SECONDS
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not text.isdigit() or not 1 <= int(text) <= MAX_SECONDS:
+        raise invalid_request(
+            f"`seconds` must be a whole number of seconds from 1 to {MAX_SECONDS}.", "seconds"
+        )
+    return str(int(text))
+
+
+def _upstream_id(content: bytes) -> str:
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
+    upstream_id = answer.get("id") if isinstance(answer, dict) else None
+    if not isinstance(upstream_id, str) or not upstream_id or "/" in upstream_id:
+        raise GatewayError("provider_error", "The model's provider sent no job id.")
+    return upstream_id
+
+
+async def _job(state: GatewayState, request: Request) -> VideoJob:
+    ctx = await authenticate(request, state.store)
+    video_id = request.path_params["video_id"]
+    job = await state.store.get_video_job(video_id, ctx.key.id)
+    if job is None:
+        raise GatewayError("not_found", f"No video {video_id!r}.")
+    return job
+
+
+def _content_url(state: GatewayState, request: Request, job: VideoJob) -> str | None:
+    if job.status != "completed":
+        return None
+    base = state.settings.public_base_url or str(request.base_url).rstrip("/")
+    return f"{base}/v1/videos/{job.id}/content"
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 100:
+        raise invalid_request("`limit` must be a whole number from 1 to 100.", "limit")
+    return int(value)

@@ -1,0 +1,298 @@
+"""Which channel serves a request, and what happens when it fails (spec 7.2, 7.4).
+
+A model has one or more channels. Each attempt goes to a channel chosen by weight among the healthy
+channels of the best priority that are below their concurrency cap. An attempt that fails for the
+upstream's reasons (429, 5xx, a dropped connection, a timeout) is retried before the client hears of
+it: on a channel not yet tried when there is one, else on the same one after an exponential backoff
+with full jitter. An upstream 429, and a channel refused by its upstream (401, 403, 404: our set-up
+is wrong there), are not retried on the same channel, but the request moves on to another one.
+
+A channel that fails `failures_to_cool_down` times in a row is cooled down for `cooldown_seconds`
+(a circuit breaker), then lets one probe request through: its success brings the channel back, its
+failure cools it down again. A model's last usable channel is never cooled down: with nowhere else
+to send the request, refusing it outright would only turn upstream errors into 429s. Likewise an
+upstream 429 makes its channel busy for its Retry-After while another channel can serve.
+
+Health lives in each worker process's memory: every worker learns it from its own traffic, and a
+concurrency cap is split evenly among the workers (at least 1 each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import orjson
+
+from .config import ChannelConfig, ModelConfig, RoutingSettings
+from .errors import GatewayError
+
+T = TypeVar("T")
+# The request's body as one channel receives it: only the upstream's model name differs.
+ChannelBody = Callable[[ChannelConfig], bytes]
+# How fast the health figures follow recent attempts (weight of the newest one).
+_EWMA: Final = 0.2
+# The longest an upstream's Retry-After keeps its channel busy.
+_MAX_BUSY_SECONDS: Final = 60.0
+
+
+def json_body(body: dict[str, Any]) -> ChannelBody:
+    """A JSON request body for any channel, encoded once per upstream model name."""
+    encoded: dict[str, bytes] = {}
+
+    def for_channel(channel: ChannelConfig) -> bytes:
+        name = channel.upstream_model
+        if name not in encoded:
+            encoded[name] = orjson.dumps(body if body.get("model") == name else {**body, "model": name})
+        return encoded[name]
+
+    return for_channel
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One try of a request on one channel, as the request log shows it."""
+
+    channel: str
+    started_ms: int
+    duration_ms: int = 0
+    error: str | None = None  # the error code it failed with; None when the channel answered
+    status: int | None = None  # the gateway status of that error
+
+
+@dataclass(slots=True)
+class ChannelHealth:
+    """What this worker knows of one channel."""
+
+    channel: ChannelConfig
+    cap: int | None  # this worker's share of the channel's concurrency cap
+    in_flight: int = 0
+    failures_in_a_row: int = 0
+    cool_until: float = 0.0  # monotonic; after it, the breaker is half open
+    tripped: bool = False  # cooled down and not yet probed back
+    probing: bool = False  # the half-open probe is under way
+    busy_until: float = 0.0  # an upstream 429's Retry-After
+    error_rate: float = 0.0  # moving average over recent attempts
+    latency_ms: float | None = None  # moving average of answered attempts
+    attempts: int = 0
+    failures: int = 0
+
+    def state(self, now: float) -> str:
+        if self.tripped:
+            return "cooling_down" if now < self.cool_until else "half_open"
+        if now < self.busy_until:
+            return "busy"
+        if self.cap is not None and self.in_flight >= self.cap:
+            return "at_capacity"
+        return "healthy"
+
+    def usable(self, now: float) -> bool:
+        if self.cap is not None and self.in_flight >= self.cap:
+            return False
+        if now < self.busy_until:
+            return False
+        if self.tripped:
+            return now >= self.cool_until and not self.probing
+        return True
+
+    def free_in(self, now: float) -> float:
+        """Seconds until this channel may take a request again, as far as timers tell."""
+        return max(self.busy_until - now, self.cool_until - now if self.tripped else 0.0, 0.0)
+
+    def report(self, now: float) -> dict[str, Any]:
+        return {
+            "name": self.channel.name,
+            "provider": self.channel.provider,
+            "base_url": self.channel.base_url,
+            "weight": self.channel.weight,
+            "priority": self.channel.priority,
+            "max_concurrency": self.cap,
+            "state": self.state(now),
+            "in_flight": self.in_flight,
+            "failures_in_a_row": self.failures_in_a_row,
+            "error_rate": round(self.error_rate, 4),
+            "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 1),
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "cooldown_remaining_seconds": round(max(self.cool_until - now, 0.0), 3) if self.tripped else 0,
+        }
+
+
+class Slot:
+    """A channel taken for one attempt. A stream keeps it until it ends: `release()`, which is
+    safe to call more than once."""
+
+    __slots__ = ("_health", "channel")
+
+    def __init__(self, health: ChannelHealth) -> None:
+        self._health: ChannelHealth | None = health
+        self.channel = health.channel
+
+    def release(self) -> None:
+        if self._health is not None:
+            self._health.in_flight -= 1
+            self._health = None
+
+
+class Router:
+    def __init__(
+        self,
+        models: tuple[ModelConfig, ...],
+        settings: RoutingSettings,
+        workers: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._sleep = sleep
+        self._health = {
+            m.name: [
+                ChannelHealth(c, None if c.max_concurrency is None else max(1, c.max_concurrency // workers))
+                for c in m.channels
+            ]
+            for m in models
+        }
+
+    def health(self) -> dict[str, list[dict[str, Any]]]:
+        now = self._clock()
+        return {name: [h.report(now) for h in channels] for name, channels in self._health.items()}
+
+    async def run(
+        self,
+        model: ModelConfig,
+        attempt: Callable[[ChannelConfig], Awaitable[T]],
+        attempts: list[Attempt],
+        only: ChannelConfig | None = None,
+    ) -> tuple[T, Slot]:
+        """`attempt(channel)` until one succeeds, retrying and failing over as the module says.
+        Returns its result and the channel's slot, which the caller releases once the request is
+        done with the channel. `only` pins the request to one channel (a Responses turn, whose
+        conversation lives there). Each try is appended to `attempts`."""
+        every = self._health[model.name]
+        channels = every if only is None else [h for h in every if h.channel is only]
+        tried: list[ChannelHealth] = []
+        refused: list[ChannelHealth] = []  # not to be tried again by this request
+        same_channel_retries = 0
+        last: GatewayError | None = None
+        for _ in range(1 + self._settings.retries):
+            health = self._choose(channels, tried, refused, last)
+            if health in tried:
+                # Only the channels already tried are left: back off before trying one again.
+                same_channel_retries += 1
+                await self._sleep(self._backoff(same_channel_retries))
+                if not health.usable(self._clock()):
+                    health = self._choose(channels, tried, refused, last)
+            tried.append(health)
+            try:
+                return await self._try(health, every, attempt, attempts), Slot(health)
+            except GatewayError as err:
+                if err.retry is None:
+                    raise
+                if err.retry == "other":
+                    refused.append(health)
+                last = err
+        assert last is not None
+        raise last
+
+    def _choose(
+        self,
+        channels: list[ChannelHealth],
+        tried: list[ChannelHealth],
+        refused: list[ChannelHealth],
+        last: GatewayError | None,
+    ) -> ChannelHealth:
+        now = self._clock()
+        usable = [h for h in channels if h.usable(now) and h not in refused]
+        fresh = [h for h in usable if h not in tried]
+        pool = fresh or usable
+        if not pool:
+            if last is not None:
+                raise last  # every attempt failed, and no channel is left to try: the last error
+            wait = min((h.free_in(now) for h in channels), default=1.0)
+            raise GatewayError(
+                "provider_overloaded",
+                "Every channel of this model is at capacity. Retry with backoff or choose another model.",
+                headers={"retry-after": str(max(1, math.ceil(wait)))},
+            )
+        best = min(h.channel.priority for h in pool)
+        ranked = [h for h in pool if h.channel.priority == best]
+        if len(ranked) == 1:
+            return ranked[0]
+        return random.choices(ranked, weights=[h.channel.weight for h in ranked])[0]
+
+    async def _try(
+        self,
+        health: ChannelHealth,
+        every: list[ChannelHealth],
+        attempt: Callable[[ChannelConfig], Awaitable[T]],
+        attempts: list[Attempt],
+    ) -> T:
+        now = self._clock()
+        probe = health.tripped
+        if probe:
+            health.probing = True
+        health.in_flight += 1
+        health.attempts += 1
+        record = Attempt(health.channel.name, time.time_ns() // 1_000_000)
+        attempts.append(record)
+        try:
+            result = await attempt(health.channel)
+        except GatewayError as err:
+            record.duration_ms = int((self._clock() - now) * 1000)
+            record.error, record.status = err.code, err.status
+            health.in_flight -= 1
+            if err.retry is not None:
+                self._failed(health, every, err)
+            else:  # the upstream answered (the request was at fault): the channel works
+                self._answered(health, record.duration_ms)
+            raise
+        except BaseException:
+            health.in_flight -= 1
+            health.probing = False
+            record.duration_ms = int((self._clock() - now) * 1000)
+            record.error = "cancelled"
+            raise
+        record.duration_ms = int((self._clock() - now) * 1000)
+        self._answered(health, record.duration_ms)
+        return result
+
+    def _answered(self, health: ChannelHealth, duration_ms: int) -> None:
+        health.failures_in_a_row = 0
+        health.tripped = health.probing = False
+        health.error_rate *= 1 - _EWMA
+        health.latency_ms = (
+            duration_ms
+            if health.latency_ms is None
+            else health.latency_ms * (1 - _EWMA) + duration_ms * _EWMA
+        )
+
+    def _failed(self, health: ChannelHealth, every: list[ChannelHealth], err: GatewayError) -> None:
+        now = self._clock()
+        health.failures += 1
+        health.error_rate = health.error_rate * (1 - _EWMA) + _EWMA
+        was_probe, health.probing = health.probing, False
+        # Traffic is only ever turned away from a channel that another one can take it from.
+        others_usable = any(h is not health and not h.tripped and h.busy_until <= now for h in every)
+        if err.code == "provider_overloaded":  # the upstream is at capacity, not broken
+            if others_usable:
+                after = err.headers.get("retry-after", "1")
+                health.busy_until = now + min(float(after) if after.isdigit() else 1.0, _MAX_BUSY_SECONDS)
+            return
+        health.failures_in_a_row += 1
+        if (was_probe or health.failures_in_a_row >= self._settings.failures_to_cool_down) and others_usable:
+            health.tripped = True
+            health.cool_until = now + self._settings.cooldown_seconds
+        else:
+            health.tripped = False
+
+    def _backoff(self, retry: int) -> float:
+        """Full jitter over an exponential ceiling (retry 1: up to the base, then doubling)."""
+        settings = self._settings
+        ceiling = min(settings.retry_backoff_max_seconds, settings.retry_backoff_seconds * 2 ** (retry - 1))
+        return random.uniform(0, ceiling)
