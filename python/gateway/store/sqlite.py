@@ -764,12 +764,17 @@ class SqliteStore:
         await self._write(op)
 
     async def claim_video_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[VideoJob]:
+        due = (
+            f"SELECT {_VIDEO} FROM video_jobs WHERE status IN ('queued', 'in_progress')"
+            " AND next_poll_at_ms <= ? AND lease_until_ms <= ? ORDER BY next_poll_at_ms LIMIT ?"
+        )
+        # Looked for first without the write lock: every worker asks every second, and a write
+        # transaction each time would stall the request path's commits for nothing.
+        if self._read().execute(due, (now_ms, now_ms, 1)).fetchone() is None:
+            return []
+
         def op(conn: sqlite3.Connection) -> list[VideoJob]:
-            rows = conn.execute(
-                f"SELECT {_VIDEO} FROM video_jobs WHERE status IN ('queued', 'in_progress')"
-                " AND next_poll_at_ms <= ? AND lease_until_ms <= ? ORDER BY next_poll_at_ms LIMIT ?",
-                (now_ms, now_ms, limit),
-            ).fetchall()
+            rows = conn.execute(due, (now_ms, now_ms, limit)).fetchall()
             conn.executemany(
                 "UPDATE video_jobs SET lease_until_ms = ? WHERE id = ?",
                 [(now_ms + lease_ms, row[0]) for row in rows],
