@@ -17,11 +17,10 @@ from ..config import ChannelConfig
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
-from ..providers import PROVIDERS
-from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body
+from .upstream import open_stream
 
 MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
 # Audio has no body to carry the id that /v1/usage/{id} takes, so it travels in this header.
@@ -39,15 +38,7 @@ def routes(state: GatewayState) -> list[Route]:
         body = state.registry.channel_body(model, payload)
 
         async def attempt(channel: ChannelConfig) -> ClientResponse:
-            provider = PROVIDERS[channel.provider]
-            return await send(
-                state.upstream,
-                provider.url(channel, model.type),
-                body(channel),
-                provider.headers(channel, request.headers),
-                stream=True,
-                read_timeout=state.settings.stream_idle_timeout_seconds,
-            )
+            return await open_stream(state, request, model, channel, body)
 
         # Retried and failed over until the upstream answers (gateway.routing); the channel is
         # kept until the audio has been sent.

@@ -18,14 +18,12 @@ from ..billing import Call
 from ..config import ChannelConfig, ModelConfig
 from ..errors import GatewayError, error_body
 from ..pricing import Usage
-from ..providers import PROVIDERS
-from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream
-from .upstream import ReportedUsage, reported_usage
+from .upstream import ReportedUsage, open_stream, reported_usage
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -74,15 +72,7 @@ async def forward_stream(
     to another channel; from the first byte the client sees, never."""
 
     async def attempt(channel: ChannelConfig) -> tuple[ClientResponse, R, bytes]:
-        provider = PROVIDERS[channel.provider]
-        response = await send(
-            state.upstream,
-            provider.url(channel, model.type),
-            upstream_body(channel),
-            provider.headers(channel, request.headers),
-            stream=True,
-            read_timeout=state.settings.stream_idle_timeout_seconds,
-        )
+        response = await open_stream(state, request, model, channel, upstream_body)
         rewriter = new_rewriter()
         # Hold the client's bytes back until the first token: an error before it is an ordinary
         # JSON error with its own status (spec 6.1.7), and nothing is billed (6.1.9).

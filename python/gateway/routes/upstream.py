@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import orjson
+from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -56,6 +57,22 @@ def usage_reader(parse: Callable[[bytes], StreamUsage | None]) -> Callable[[byte
         return reported_usage(reported) if reported is not None else None
 
     return read
+
+
+async def open_stream(
+    state: GatewayState, request: Request, model: ModelConfig, channel: ChannelConfig, body: ChannelBody
+) -> ClientResponse:
+    """Send to one channel for an answer read as it arrives (a text stream, audio): the stream idle
+    window applies between reads, not the synchronous window."""
+    provider = PROVIDERS[channel.provider]
+    return await send(
+        state.upstream,
+        provider.url(channel, model.type),
+        body(channel),
+        provider.headers(channel, request.headers),
+        stream=True,
+        read_timeout=state.settings.stream_idle_timeout_seconds,
+    )
 
 
 class UpstreamAnswer(NamedTuple):
