@@ -36,8 +36,9 @@ log = logging.getLogger("gateway.videos")
 DEFAULT_SECONDS: Final = "4"  # what OpenAI renders when a request names no length
 # A process polling a job holds it this long at most; a process that dies mid-poll lets it go then.
 POLL_LEASE_MS: Final = 60_000
-POLL_BATCH: Final = 16
-MAX_VIDEO_BYTES: Final = 512 * 1024 * 1024
+# Polled together; each may be fetching a file of up to MAX_VIDEO_BYTES into memory.
+POLL_BATCH: Final = 4
+MAX_VIDEO_BYTES: Final = 256 * 1024 * 1024
 UPSTREAM_STATES: Final = frozenset({"queued", "in_progress", "completed", "failed"})
 
 
@@ -91,7 +92,6 @@ async def poll_due(state: GatewayState) -> int:
 
 async def poll(state: GatewayState, job: VideoJob) -> None:
     """Ask the upstream how the job is going, and move it on."""
-    settings = state.settings.videos
     model = state.registry.get(job.model)
     channel = _channel(model, job.channel)
     if model is None or channel is None:
@@ -102,7 +102,7 @@ async def poll(state: GatewayState, job: VideoJob) -> None:
     except GatewayError as err:
         if err.status == 404:
             await fail(state, job, "video_generation_failed", "The model's provider lost the job.")
-        elif now_ms() - job.created_at_ms > settings.max_job_seconds * 1000:
+        elif now_ms() - job.created_at_ms > _max_age_ms(state):
             await fail(state, job, "timeout", "The job did not finish in time.")
         else:  # the upstream is unwell for now: ask again at the next poll
             await _later(state, job, job.status, job.progress)
@@ -117,7 +117,7 @@ async def poll(state: GatewayState, job: VideoJob) -> None:
         await fail(state, job, code, message)
     elif status == "completed":
         await _complete(state, job, model, channel, answer)
-    elif now_ms() - job.created_at_ms > settings.max_job_seconds * 1000:
+    elif now_ms() - job.created_at_ms > _max_age_ms(state):
         await fail(state, job, "timeout", "The job did not finish in time.")
     else:
         progress = answer.get("progress")
@@ -142,11 +142,16 @@ async def _complete(
 ) -> None:
     try:
         content, content_type = await _get_file(state, channel, f"/videos/{job.upstream_id}/content")
-    except GatewayError:
-        await _later(state, job, "in_progress", job.progress)  # fetched at the next poll
+    except GatewayError as err:
+        if err.code == "not_found" or now_ms() - job.created_at_ms > _max_age_ms(state):
+            await fail(state, job, "video_generation_failed", "The model's file could not be fetched.")
+        else:
+            await _later(state, job, "in_progress", job.progress)  # fetched at the next poll
         return
     seconds = answer.get("seconds")
-    rendered = seconds if isinstance(seconds, str) and seconds.isdigit() else job.seconds
+    reported = int(seconds) if isinstance(seconds, str) and seconds.isdigit() else int(job.seconds)
+    # Never more than was asked for, and held.
+    rendered = min(reported, int(job.seconds))
     ended = now_ms()
     record = UsageRecord(
         id=job.id,
@@ -157,7 +162,7 @@ async def _complete(
         status="completed",
         prompt_tokens=0,
         completion_tokens=0,
-        cost=cost(model.prices, Usage(seconds=int(rendered))),
+        cost=cost(model.prices, Usage(seconds=rendered)),
         started_at_ms=job.created_at_ms,
         ended_at_ms=ended,
     )
@@ -170,6 +175,11 @@ async def _complete(
         now_ms=ended,
         ttl_ms=math.ceil(state.settings.videos.file_ttl_seconds * 1000),
     )
+
+
+def _max_age_ms(state: GatewayState) -> float:
+    """How old a job may get before it is failed and its hold released."""
+    return state.settings.videos.max_job_seconds * 1000
 
 
 async def _later(state: GatewayState, job: VideoJob, status: str, progress: int) -> None:

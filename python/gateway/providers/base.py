@@ -33,7 +33,8 @@ async def send(
                 "timeout",
                 "The model did not answer within the time window.",
                 status=408 if stream else 504,
-                retry="any",
+                # Another channel may answer; waiting a whole window again on this one may not.
+                retry="other",
             ) from exc
         raise GatewayError(
             "provider_error", "The model's provider could not be reached.", retry="any"

@@ -91,7 +91,7 @@ async def forward_stream(
                     "timeout",
                     "The model sent nothing within the stream idle window.",
                     status=408,
-                    retry="any",
+                    retry="other",  # a whole idle window again on this channel is too long a wait
                 ) from exc
             if isinstance(exc, UPSTREAM_FAILURES):
                 raise GatewayError(

@@ -55,7 +55,7 @@ def routes(state: GatewayState) -> list[Route]:
         body: ChannelBody
         content_type: str | None = None
         if parts is None:
-            body = state.registry.channel_body(model, fields)
+            body = state.registry.channel_body(model, {**fields, "seconds": seconds})
         else:
             keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["video"]
             body, content_type = channel_form(
@@ -80,12 +80,14 @@ def routes(state: GatewayState) -> list[Route]:
             created_at_ms=now_ms(),
         )
         # The hold now belongs to the job, in the store: it is settled or released when the job
-        # ends, by whichever process sees that happen.
+        # ends, by whichever process sees that happen. Taken off this process's lease in memory
+        # first, so that a request cancelled while the write commits (it commits regardless)
+        # cannot leave the in-memory lease above the store's.
         hold = call.hold
         pots = [] if hold is None else [(pot.kind, pot.pot_id) for pot in hold.pots]
-        await state.store.create_video_job(job, pots)
         if hold is not None:
             state.funds.release(hold, hold.amount)
+        await state.store.create_video_job(job, pots)
         return json_response(videos.job_object(job, None), headers={REQUEST_ID_HEADER: call.request_id})
 
     async def retrieve(request: Request) -> Response:
