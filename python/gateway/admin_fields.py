@@ -142,10 +142,10 @@ MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 
 
-def page_size(value: str | None, param: str) -> int:
-    """A list's `limit` query parameter: 1 to MAX_PAGE, DEFAULT_PAGE when absent."""
+def page_size(value: str | None, param: str, default: int = DEFAULT_PAGE, maximum: int = MAX_PAGE) -> int:
+    """A list's `limit` query parameter: 1 to `maximum`, `default` when absent."""
     if value is None:
-        return DEFAULT_PAGE
-    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
-        raise invalid_request(f"`{param}` must be a whole number from 1 to {MAX_PAGE}.", param)
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= maximum:
+        raise invalid_request(f"`{param}` must be a whole number from 1 to {maximum}.", param)
     return int(value)

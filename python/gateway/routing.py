@@ -4,8 +4,9 @@ A model has one or more channels. Each attempt goes to a channel chosen by weigh
 channels of the best priority that are below their concurrency cap. An attempt that fails for the
 upstream's reasons (429, 5xx, a dropped connection, a timeout) is retried before the client hears of
 it: on a channel not yet tried when there is one, else on the same one after an exponential backoff
-with full jitter. An upstream 429, and a channel refused by its upstream (401, 403, 404: our set-up
-is wrong there), are not retried on the same channel, but the request moves on to another one.
+with full jitter. An upstream 429, a timeout (a whole window again on the same channel is too long a
+wait) and a channel refused by its upstream (401, 403, 404: our set-up is wrong there) are not
+retried on the same channel, but the request moves on to another one (GatewayError.retry).
 
 A channel that fails `failures_to_cool_down` times in a row is cooled down for `cooldown_seconds`
 (a circuit breaker), then lets one probe request through: its success brings the channel back, its

@@ -26,7 +26,7 @@ from .config import ChannelConfig, ModelConfig
 from .errors import GatewayError
 from .pricing import Usage, cost
 from .providers import PROVIDERS
-from .providers.base import upstream_error
+from .providers.base import read_capped, upstream_error
 from .providers.http import UPSTREAM_FAILURES
 from .state import GatewayState
 from .store import UsageRecord, VideoJob
@@ -141,7 +141,9 @@ async def _complete(
     state: GatewayState, job: VideoJob, model: ModelConfig, channel: ChannelConfig, answer: dict[str, Any]
 ) -> None:
     try:
-        content, content_type = await _get_file(state, channel, f"/videos/{job.upstream_id}/content")
+        content, content_type = await _get(
+            state, channel, f"/videos/{job.upstream_id}/content", MAX_VIDEO_BYTES
+        )
     except GatewayError as err:
         if err.code == "not_found" or now_ms() - job.created_at_ms > _max_age_ms(state):
             await fail(state, job, "video_generation_failed", "The model's file could not be fetched.")
@@ -202,10 +204,6 @@ async def _get_json(state: GatewayState, channel: ChannelConfig, path: str) -> d
     return answer
 
 
-async def _get_file(state: GatewayState, channel: ChannelConfig, path: str) -> tuple[bytes, str]:
-    return await _get(state, channel, path, MAX_VIDEO_BYTES)
-
-
 async def _get(state: GatewayState, channel: ChannelConfig, path: str, limit: int) -> tuple[bytes, str]:
     """GET from the channel's upstream with its credentials: the body (at most `limit` bytes) and
     its content type, or the spec's error for the upstream's failure (not_found: the upstream has
@@ -224,16 +222,8 @@ async def _get(state: GatewayState, channel: ChannelConfig, path: str, limit: in
                     raise upstream_error(
                         response.status, await response.read(), response.headers.get("retry-after")
                     )
-                parts: list[bytes] = []
-                size = 0
-                async for chunk in response.content.iter_any():
-                    size += len(chunk)
-                    if size > limit:
-                        raise GatewayError(
-                            "provider_error", "The model's file is larger than the gateway keeps."
-                        )
-                    parts.append(chunk)
-                return b"".join(parts), response.headers.get("content-type", "application/octet-stream")
+                content = await read_capped(response, limit, "file")
+                return content, response.headers.get("content-type", "application/octet-stream")
             finally:
                 response.release()
     except (TimeoutError, *UPSTREAM_FAILURES) as exc:

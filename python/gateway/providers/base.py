@@ -50,6 +50,19 @@ async def send(
     return response
 
 
+async def read_capped(response: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """A response's whole body, refused with provider_error once it passes `limit` bytes (never
+    buffered beyond it); `what` names the body in that error ("image", "file")."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError("provider_error", f"The model's {what} is larger than the gateway keeps.")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 def upstream_error(status: int, payload: bytes, retry_after: str | None) -> GatewayError:
     """An upstream failure in the spec's vocabulary. Upstream credentials never leak into it."""
     if status == 429:

@@ -231,6 +231,12 @@ def _too_large(limit: int) -> GatewayError:
     )
 
 
+def public_base(state: GatewayState, request: Request) -> str:
+    """Where clients reach the gateway, for the URLs it hands out (images, videos):
+    `[server] public_base_url`, else the request's own scheme and Host."""
+    return state.settings.public_base_url or str(request.base_url).rstrip("/")
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
     try:
         payload = orjson.loads(raw)

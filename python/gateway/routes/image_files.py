@@ -18,6 +18,7 @@ from ..clock import now_ms
 from ..errors import GatewayError
 from ..state import GatewayState
 from ..store import StoredImage
+from .common import public_base
 
 FILES_PATH = "/v1/images/files/"
 TOKEN_BYTES = 32
@@ -52,7 +53,7 @@ async def keep(
         for data, content_type in images
     ]
     await state.store.put_images(stored)
-    base = state.settings.public_base_url or str(request.base_url).rstrip("/")
+    base = public_base(state, request)
     return [base + FILES_PATH + image.token for image in stored]
 
 

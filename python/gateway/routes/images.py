@@ -13,7 +13,6 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,6 +25,7 @@ from ..config import ModelConfig
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
+from ..providers.base import read_capped
 from ..providers.http import UPSTREAM_FAILURES
 from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
@@ -184,23 +184,12 @@ async def _download(state: GatewayState, url: str) -> tuple[bytes, str | None]:
                 raise GatewayError(
                     "provider_error", f"The model's image could not be fetched (HTTP {response.status})."
                 )
-            data = await _read_capped(response)
+            data = await read_capped(response, MAX_DOWNLOAD_BYTES, "image")
             return data, response.headers.get("content-type")
         finally:
             response.release()
     except UPSTREAM_FAILURES as exc:
         raise GatewayError("provider_error", "The model's image could not be fetched.") from exc
-
-
-async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > MAX_DOWNLOAD_BYTES:
-            raise GatewayError("provider_error", "The model's image is larger than the gateway keeps.")
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import admin_fields as field
 from .. import billing, videos
 from .._core import MultipartPart, parse_multipart
 from ..auth import authenticate
@@ -28,7 +29,7 @@ from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..store import VideoJob
-from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, public_base, read_body
 from .multipart import FormPart, channel_form
 from .upstream import call_upstream
 
@@ -98,7 +99,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def list_jobs(request: Request) -> Response:
         ctx = await authenticate(request, state.store)
         query = request.query_params
-        limit = _limit(query.get("limit"))
+        limit = field.page_size(query.get("limit"), "limit", default=20, maximum=100)  # as OpenAI
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise invalid_request("`order` must be asc or desc.", "order")
@@ -184,13 +185,4 @@ async def _job(state: GatewayState, request: Request) -> VideoJob:
 def _content_url(state: GatewayState, request: Request, job: VideoJob) -> str | None:
     if job.status != "completed":
         return None
-    base = state.settings.public_base_url or str(request.base_url).rstrip("/")
-    return f"{base}/v1/videos/{job.id}/content"
-
-
-def _limit(value: str | None) -> int:
-    if value is None:
-        return 20
-    if not value.isdigit() or not 1 <= int(value) <= 100:
-        raise invalid_request("`limit` must be a whole number from 1 to 100.", "limit")
-    return int(value)
+    return f"{public_base(state, request)}/v1/videos/{job.id}/content"
