@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -154,6 +155,11 @@ class Gateway:
         headers = {"authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
+    def admin(self, token: str) -> httpx.Client:
+        """A client of the management API (/admin/v1) with the admin token."""
+        headers = {"authorization": f"Bearer {token}"}
+        return httpx.Client(base_url=self.url + "/admin/v1", headers=headers, timeout=30)
+
 
 @dataclass
 class KeyHandle:
@@ -210,6 +216,19 @@ def gateway(
     )
     with running(["serve", "--config", str(config)], port, env) as proc:
         yield Gateway(url=f"http://127.0.0.1:{port}", db_path=db, proc=proc)
+
+
+def request_logs(admin: httpx.Client, key_id: str, count: int, **query: str) -> list[dict[str, Any]]:
+    """The key's newest request log entries once there are `count` (they are written moments after
+    the answer), or what there is after 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        r = admin.get("/logs", params={"key_id": key_id, **query})
+        assert r.status_code == 200, r.text
+        data: list[dict[str, Any]] = r.json()["data"]
+        if len(data) >= count or time.monotonic() > deadline:
+            return data
+        time.sleep(0.02)
 
 
 def sim_requests(sim: httpx.Client, marker: str) -> list[dict[str, object]]:

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -17,7 +16,7 @@ import pytest
 
 from gateway.store import RequestLog
 from gateway.store.sqlite import SqliteStore
-from harness import Gateway, KeyHandle, chat_model, gateway
+from harness import Gateway, KeyHandle, chat_model, gateway, request_logs
 
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
 TOKEN = "admin-" + "fedcba9876543210" * 3
@@ -36,25 +35,13 @@ def lgw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
 
 @pytest.fixture
 def admin(lgw: Gateway) -> Iterator[httpx.Client]:
-    headers = {"authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=lgw.url + "/admin/v1", headers=headers, timeout=30) as c:
+    with lgw.admin(TOKEN) as c:
         yield c
 
 
 @pytest.fixture
 def handle(lgw: Gateway) -> KeyHandle:
     return lgw.new_key()
-
-
-def entries(admin: httpx.Client, key_id: str, count: int, **query: str) -> list[dict[str, Any]]:
-    """The key's newest entries once there are `count` (they are written moments after the answer)."""
-    deadline = time.monotonic() + 5
-    while True:
-        r = admin.get("/logs", params={"key_id": key_id, **query})
-        assert r.status_code == 200, r.text
-        data: list[dict[str, Any]] = r.json()["data"]
-        if len(data) >= count or time.monotonic() > deadline:
-            return data
 
 
 def test_a_completion_is_logged_with_both_bodies(
@@ -64,7 +51,7 @@ def test_a_completion_is_logged_with_both_bodies(
     with lgw.client(handle.key) as c:
         r = c.post(CHAT, json=body)
     assert r.status_code == 200
-    [entry] = entries(admin, handle.key_id, 1)
+    [entry] = request_logs(admin, handle.key_id, 1)
     assert entry["id"] == r.headers["x-service-request-id"]
     assert entry["account_id"] == handle.account_id and entry["model"] == MODEL
     assert (entry["method"], entry["path"], entry["status"], entry["error_code"]) == ("POST", CHAT, 200, None)
@@ -84,7 +71,7 @@ def test_failures_are_logged_with_their_error(lgw: Gateway, admin: httpx.Client,
             CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "[sim fail=500]"}]}
         )
     assert unknown.status_code == 400 and failing.status_code >= 500
-    newest, oldest = entries(admin, handle.key_id, 2)
+    newest, oldest = request_logs(admin, handle.key_id, 2)
     assert (oldest["status"], oldest["error_code"], oldest["model"]) == (400, "model_not_found", None)
     assert (newest["status"], newest["error_code"], newest["model"]) == (
         failing.status_code,
@@ -100,7 +87,7 @@ def test_a_stream_is_logged_when_it_ends(lgw: Gateway, admin: httpx.Client, hand
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "[sim tokens=5]"}]}
     with lgw.client(handle.key) as c, c.stream("POST", CHAT, json=body) as r:
         streamed = r.read().decode()
-    [entry] = entries(admin, handle.key_id, 1)
+    [entry] = request_logs(admin, handle.key_id, 1)
     assert entry["status"] == 200 and entry["response_bytes"] == len(streamed.encode())
     assert Decimal(entry["cost"]) > 0 and entry["usage_id"].startswith("chatcmpl-")
     # What the stream said and used, not its every event (200 events would be 50 KB a request).
@@ -127,7 +114,7 @@ def test_a_stream_that_breaks_is_logged_with_its_error(
     }
     with lgw.client(handle.key) as c, c.stream("POST", CHAT, json=body) as r:
         r.read()
-    [entry] = entries(admin, handle.key_id, 1)
+    [entry] = request_logs(admin, handle.key_id, 1)
     assert (entry["status"], entry["error_code"]) == (200, "provider_error")
     assert Decimal(entry["cost"]) > 0  # what was streamed is billed (spec 6.1.9)
 
@@ -139,7 +126,7 @@ def test_bodies_are_kept_up_to_the_limit(lgw: Gateway, admin: httpx.Client, hand
             c.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": big}]}).status_code
             == 200
         )
-    [entry] = entries(admin, handle.key_id, 1)
+    [entry] = request_logs(admin, handle.key_id, 1)
     assert entry["request_bytes"] > MAX_BODY
     kept = admin.get(f"/logs/{entry['id']}").json()["request_body"]
     assert kept["truncated"] is True and len(kept["data"].encode()) == MAX_BODY
@@ -166,7 +153,7 @@ def test_pages_newest_first(lgw: Gateway, admin: httpx.Client, handle: KeyHandle
     with lgw.client(handle.key) as c:
         for i in range(3):
             c.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": f"page {i}"}]})
-    every = entries(admin, handle.key_id, 3)
+    every = request_logs(admin, handle.key_id, 3)
     first = admin.get("/logs", params={"key_id": handle.key_id, "limit": "2"}).json()
     assert [e["id"] for e in first["data"]] == [e["id"] for e in every[:2]] and first["has_more"] is True
     rest = admin.get(

@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from harness import Gateway, KeyHandle, free_port, gateway, running, sim_requests
+from harness import Gateway, KeyHandle, free_port, gateway, request_logs, running, sim_requests
 
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
 TOKEN = "admin-" + "0123456789abcdef" * 3
@@ -158,8 +158,7 @@ def rgw(sim_url: str, dead_port: int, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture
 def admin(rgw: Gateway) -> Iterator[httpx.Client]:
-    headers = {"authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=rgw.url + "/admin/v1", headers=headers, timeout=30) as c:
+    with rgw.admin(TOKEN) as c:
         yield c
 
 
@@ -190,16 +189,10 @@ def upstream_models(sim: httpx.Client, mark: str) -> list[str]:
 
 
 def log_entries(admin: httpx.Client, key_id: str, count: int = 1) -> list[dict[str, Any]]:
-    """The key's newest request log entries once there are `count` (written moments after the answer)."""
-    deadline = time.monotonic() + 5
-    while True:
-        r = admin.get("/logs", params={"key_id": key_id})
-        assert r.status_code == 200, r.text
-        data: list[dict[str, Any]] = r.json()["data"]
-        if len(data) >= count or time.monotonic() > deadline:
-            assert len(data) >= count, data
-            return data
-        time.sleep(0.02)
+    """The key's newest request log entries, once there are `count`."""
+    data = request_logs(admin, key_id, count)
+    assert len(data) >= count, data
+    return data
 
 
 def last_attempts(admin: httpx.Client, key_id: str, count: int = 1) -> list[dict[str, Any]]:
