@@ -218,6 +218,12 @@ def gateway(
         yield Gateway(url=f"http://127.0.0.1:{port}", db_path=db, proc=proc)
 
 
+def job_leases(gw: Gateway) -> list[tuple[str, str]]:
+    """(owner, amount) of every lease held by an asynchronous job (gateway.jobs)."""
+    with sqlite3.connect(gw.db_path) as conn:
+        return conn.execute("SELECT owner, amount FROM leases WHERE owner LIKE 'job:%'").fetchall()
+
+
 def request_logs(admin: httpx.Client, key_id: str, count: int, **query: str) -> list[dict[str, Any]]:
     """The key's newest request log entries once there are `count` (they are written moments after
     the answer), or what there is after 5 s."""

@@ -15,6 +15,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from . import background as background_responses
+from . import jobs
+from . import videos as video_jobs
 from ._core import count_tokens
 from .config import Settings, settings_from_env
 from .errors import GatewayError, error_response
@@ -40,9 +43,10 @@ from .routes import (
 from .routing import Router
 from .state import GatewayState
 from .store import open_store
-from .videos import drive_jobs
 
 log = logging.getLogger("gateway")
+# The kinds of asynchronous job the poller follows (gateway.jobs), by Job.kind.
+JOB_KINDS = {"video": video_jobs.KIND, "response": background_responses.KIND}
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -69,7 +73,7 @@ def create_app(settings: Settings) -> Starlette:
         tasks = [
             asyncio.create_task(purge_expired(state)),
             asyncio.create_task(tend_leases(state)),
-            asyncio.create_task(drive_jobs(state)),
+            asyncio.create_task(jobs.drive_jobs(state, JOB_KINDS)),
         ]
         try:
             yield

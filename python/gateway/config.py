@@ -101,12 +101,12 @@ class RoutingSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class VideoSettings:
-    """Asynchronous video jobs (gateway.videos)."""
+class JobSettings:
+    """How one kind of asynchronous job is followed (gateway.jobs): [videos], [background]."""
 
     poll_seconds: float = 10.0  # how often each unfinished job's upstream is asked for its state
-    file_ttl_seconds: float = 86400.0  # spec 8: a finished file is served this long
     max_job_seconds: float = 6 * 3600.0  # a job unfinished this long is failed and its hold released
+    file_ttl_seconds: float = 86400.0  # videos, spec 8: a finished file is served this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +130,8 @@ class Settings:
     log_max_body_bytes: int = 1024 * 1024
     log_body_retention_days: float = 365.0
     routing: RoutingSettings = field(default_factory=RoutingSettings)
-    videos: VideoSettings = field(default_factory=VideoSettings)
+    videos: JobSettings = field(default_factory=JobSettings)
+    background: JobSettings = field(default_factory=JobSettings)  # background responses
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
@@ -164,7 +165,6 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     admin = _table(raw, "admin")
     logs = _table(raw, "logs")
     routing = _table(raw, "routing")
-    videos = _table(raw, "videos")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("[[models]]: at least one model is required")
@@ -210,11 +210,17 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
             ),
             cooldown_seconds=_seconds(routing, "cooldown_seconds", 30.0),
         ),
-        videos=VideoSettings(
-            poll_seconds=_seconds(videos, "poll_seconds", 10.0),
-            file_ttl_seconds=_seconds(videos, "file_ttl_seconds", 86400.0),
-            max_job_seconds=_seconds(videos, "max_job_seconds", 6 * 3600.0),
-        ),
+        videos=_job_settings(raw, "videos"),
+        background=_job_settings(raw, "background"),
+    )
+
+
+def _job_settings(raw: Mapping[str, Any], name: str) -> JobSettings:
+    table = _table(raw, name)
+    return JobSettings(
+        poll_seconds=_seconds(table, "poll_seconds", 10.0),
+        max_job_seconds=_seconds(table, "max_job_seconds", 6 * 3600.0),
+        file_ttl_seconds=_seconds(table, "file_ttl_seconds", 86400.0),
     )
 
 

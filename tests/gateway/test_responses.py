@@ -145,7 +145,7 @@ def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.
         "max_output_tokens": 50,
         "top_k": 3,
         "logit_bias": {"1": 2},
-        "background": True,
+        "seed": 7,
     }
     with gw.client(key.key) as c:
         r = c.post("/v1/responses", json=request)

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from harness import Gateway, KeyHandle, gateway, process_tree
+from harness import Gateway, KeyHandle, gateway, job_leases, process_tree
 
 SORA = "openai/sora-2"
 BROKEN = "openai/sora-broken"
@@ -83,11 +83,6 @@ def wait_for(gw: Gateway, key: str, video_id: str, seconds: float = 10) -> dict[
             if job["status"] in ("completed", "failed") or time.monotonic() > deadline:
                 return job
             time.sleep(0.05)
-
-
-def job_leases(gw: Gateway) -> list[tuple[str, str]]:
-    with sqlite3.connect(gw.db_path) as conn:
-        return conn.execute("SELECT owner, amount FROM leases WHERE owner LIKE 'job:%'").fetchall()
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai marks the Sora methods deprecated

@@ -80,10 +80,10 @@ IMAGE_PARAMS: Final = frozenset(
     }
 )
 # Responses API parameters. "model", "input" and "previous_response_id" are the request itself.
-# `background` is not offered: a background response is polled with GET /v1/responses/{id}, which the
-# gateway does not serve.
+# `background` runs the response as a job (gateway.background), polled with GET /v1/responses/{id}.
 RESPONSES_PARAMS: Final = frozenset(
     {
+        "background",
         "conversation",
         "include",
         "instructions",

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing
+from .. import background, billing
 from .._core import (
     InvalidJsonError,
     ResponsesStreamRewriter,
@@ -24,6 +24,7 @@ from .._core import (
     count_tokens,
     rewrite_response,
 )
+from ..auth import authenticate
 from ..billing import Call
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
@@ -32,7 +33,8 @@ from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..routing import json_body
 from ..state import GatewayState
-from ..store import ResponseState
+from ..store import JOB_RUNNING, Job, ResponseState
+from ..translate import response_item_text, response_output_text
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
 from .streaming import forward_stream
 from .upstream import call_upstream, reported_usage
@@ -55,6 +57,10 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
         upstream = state.registry.upstream_body(model, payload)
+        # Run upstream in the background only by a model that takes the parameter (spec 1.3).
+        in_background = upstream.get("background") is True
+        if in_background:
+            _validate_background(payload)
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         if previous is not None:
@@ -97,18 +103,38 @@ def routes(state: GatewayState) -> list[Route]:
             )
 
         answered = await call_upstream(state, request, call, model, json_body(upstream), only=only)
-        content = answered.content
         try:
-            answer = rewrite_response(content, rid, previous)
-            usage = (
-                reported_usage(answer.usage)
-                if answer.usage is not None
-                else Usage(
-                    _prompt_tokens(model, payload), count_tokens(_output_text(answer.body), model.tokenizer)
-                )
-            )
+            answer = rewrite_response(answered.content, rid, previous)
+            status = orjson.loads(answer.body).get("status")
         except (InvalidJsonError, orjson.JSONDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
+        if in_background and status in JOB_RUNNING:
+            if not answer.upstream_id:
+                raise GatewayError("provider_error", "The model's provider sent no response id.")
+            # Held until it ends, then settled by the job poller (gateway.background).
+            await background.start(
+                state,
+                call,
+                model,
+                answered.channel,
+                rid,
+                previous,
+                answer,
+                status,
+                _prompt_tokens(model, payload),
+            )
+            await remember(answer.upstream_id, answered.channel)
+            return Response(
+                answer.body, media_type="application/json", headers={REQUEST_ID_HEADER: call.request_id}
+            )
+        usage = (
+            reported_usage(answer.usage)
+            if answer.usage is not None
+            else Usage(
+                _prompt_tokens(model, payload),
+                count_tokens(response_output_text(answer.body), model.tokenizer),
+            )
+        )
         # Charged first: the model has run, so its cost is kept even if keeping the state fails.
         charged = billing.settle(state, call, model, rid, "completed", usage)
         await remember(answer.upstream_id, answered.channel)
@@ -118,7 +144,51 @@ def routes(state: GatewayState) -> list[Route]:
             headers={REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)},
         )
 
-    return [Route("/v1/responses", model_endpoint(state, responses), methods=["POST"])]
+    async def retrieve(request: Request) -> Response:
+        job = await _background_job(state, request)
+        if request.query_params.get("stream") in ("true", "1"):
+            raise invalid_request("A background response is not streamed by this gateway: poll it.", "stream")
+        return _job_response(job)
+
+    async def cancel(request: Request) -> Response:
+        job = await _background_job(state, request)
+        if job.status in JOB_RUNNING:
+            await background.cancel(state, job)
+            ended = await state.store.get_job(job.id, job.key_id, "response")
+            assert ended is not None, "jobs are never deleted"
+            job = ended
+        return _job_response(job)
+
+    return [
+        Route("/v1/responses", model_endpoint(state, responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
+    ]
+
+
+async def _background_job(state: GatewayState, request: Request) -> Job:
+    """The background response the path names, if the calling key made it (another key's: 404)."""
+    ctx = await authenticate(request, state.store)
+    response_id = request.path_params["response_id"]
+    job = await state.store.get_job(response_id, ctx.key.id, "response")
+    if job is None:
+        raise GatewayError("not_found", f"No background response {response_id!r}.")
+    return job
+
+
+def _job_response(job: Job) -> Response:
+    assert job.body is not None, "a response job keeps its Response object from the start"
+    return Response(job.body, media_type="application/json")
+
+
+def _validate_background(payload: dict[str, Any]) -> None:
+    """What a background response may not be (as OpenAI refuses it)."""
+    if payload.get("stream") is True:
+        raise invalid_request(
+            "A background response is not streamed by this gateway: poll GET /v1/responses/{id}.", "stream"
+        )
+    if payload.get("store") is False:
+        raise invalid_request("A background response must be stored: `store` cannot be false.", "store")
 
 
 def _validate(payload: dict[str, Any]) -> None:
@@ -132,8 +202,9 @@ def _validate(payload: dict[str, Any]) -> None:
     previous = payload.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise invalid_request("`previous_response_id` must be a response id.", "previous_response_id")
-    if "stream" in payload and not isinstance(payload["stream"], bool | None):
-        raise invalid_request("`stream` must be a boolean.", "stream")
+    for flag in ("stream", "background"):
+        if flag in payload and not isinstance(payload[flag], bool | None):
+            raise invalid_request(f"`{flag}` must be a boolean.", flag)
 
 
 def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
@@ -159,25 +230,5 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
         messages.append({"role": "user", "content": value})
     for item in value if isinstance(value, list) else []:
         role = item.get("role") if isinstance(item.get("role"), str) else "user"
-        messages.append({"role": role, "content": _item_text(item)})
+        messages.append({"role": role, "content": response_item_text(item)})
     return count_chat_tokens(orjson.dumps({"messages": messages}), model.tokenizer)
-
-
-def _item_text(item: dict[str, Any]) -> str:
-    """The text of one input or output item: message content, reasoning summary, tool call or output."""
-    parts: list[str] = []
-    for key in ("content", "summary"):
-        value = item.get(key)
-        if isinstance(value, str):
-            parts.append(value)
-        for part in value if isinstance(value, list) else []:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-    parts.extend(item[k] for k in ("name", "arguments", "output") if isinstance(item.get(k), str))
-    return "".join(parts)
-
-
-def _output_text(body: bytes) -> str:
-    data = orjson.loads(body)
-    output = data.get("output") if isinstance(data, dict) else None
-    return "".join(_item_text(item) for item in output or [] if isinstance(item, dict))

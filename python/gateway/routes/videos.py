@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
-from .. import billing, videos
+from .. import billing, jobs, videos
 from .._core import MultipartPart, parse_multipart
 from ..auth import authenticate
 from ..billing import Call
@@ -28,7 +28,7 @@ from ..ids import response_id
 from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
 from ..state import GatewayState
-from ..store import VideoJob
+from ..store import Job
 from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, public_base, read_body
 from .multipart import FormPart, channel_form
 from .upstream import call_upstream
@@ -64,8 +64,9 @@ def routes(state: GatewayState) -> list[Route]:
             )
         answered = await call_upstream(state, request, call, model, body, content_type)
         upstream_id = _upstream_id(answered.content)
-        job = VideoJob(
+        job = Job(
             id=response_id("video_"),
+            kind="video",
             key_id=call.ctx.key.id,
             account_id=call.ctx.account.id,
             request_id=call.request_id,
@@ -74,21 +75,15 @@ def routes(state: GatewayState) -> list[Route]:
             upstream_id=upstream_id,
             status="queued",
             progress=0,
+            hold=call.hold.amount if call.hold is not None else Decimal(0),
+            created_at_ms=now_ms(),
             prompt=prompt,
             seconds=seconds,
             size=size,
-            hold=call.hold.amount if call.hold is not None else Decimal(0),
-            created_at_ms=now_ms(),
         )
-        # The hold now belongs to the job, in the store: it is settled or released when the job
-        # ends, by whichever process sees that happen. Taken off this process's lease in memory
-        # first, so that a request cancelled while the write commits (it commits regardless)
-        # cannot leave the in-memory lease above the store's.
-        hold = call.hold
-        pots = [] if hold is None else [(pot.kind, pot.pot_id) for pot in hold.pots]
-        if hold is not None:
-            state.funds.release(hold, hold.amount)
-        await state.store.create_video_job(job, pots)
+        # The hold now belongs to the job: settled or released when the job ends, by whichever
+        # process sees that happen.
+        await jobs.record(state, call, job)
         return json_response(videos.job_object(job, None), headers={REQUEST_ID_HEADER: call.request_id})
 
     async def retrieve(request: Request) -> Response:
@@ -103,17 +98,17 @@ def routes(state: GatewayState) -> list[Route]:
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise invalid_request("`order` must be asc or desc.", "order")
-        jobs = await state.store.list_video_jobs(
-            ctx.key.id, after=query.get("after"), limit=limit + 1, newest_first=order == "desc"
+        found = await state.store.list_jobs(
+            ctx.key.id, "video", after=query.get("after"), limit=limit + 1, newest_first=order == "desc"
         )
-        page = [videos.job_object(job, _content_url(state, request, job)) for job in jobs[:limit]]
+        page = [videos.job_object(job, _content_url(state, request, job)) for job in found[:limit]]
         return json_response(
             {
                 "object": "list",
                 "data": page,
                 "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None,
-                "has_more": len(jobs) > limit,
+                "has_more": len(found) > limit,
             }
         )
 
@@ -173,16 +168,16 @@ def _upstream_id(content: bytes) -> str:
     return upstream_id
 
 
-async def _job(state: GatewayState, request: Request) -> VideoJob:
+async def _job(state: GatewayState, request: Request) -> Job:
     ctx = await authenticate(request, state.store)
     video_id = request.path_params["video_id"]
-    job = await state.store.get_video_job(video_id, ctx.key.id)
+    job = await state.store.get_job(video_id, ctx.key.id, "video")
     if job is None:
         raise GatewayError("not_found", f"No video {video_id!r}.")
     return job
 
 
-def _content_url(state: GatewayState, request: Request, job: VideoJob) -> str | None:
+def _content_url(state: GatewayState, request: Request, job: Job) -> str | None:
     if job.status != "completed":
         return None
     return f"{public_base(state, request)}/v1/videos/{job.id}/content"

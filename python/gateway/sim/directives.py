@@ -17,8 +17,9 @@ configured model through the gateway, which forwards neither headers nor anythin
   error_after=N   after N content chunks, send an error chunk and end the stream
   tool            call the first tool the request offers (without a value; a tool_choice that forces
                   a call does the same without it, see sim/tools.py)
-  render=D        a video job takes D from creation to its end (default 2s; see sim/videos.py)
-  render_fail     the video job ends `failed` instead of `completed` (without a value)
+  render=D        a video job or a background response takes D from creation to its end (default
+                  2s; see sim/videos.py and sim/responses.py)
+  render_fail     the video job or background response ends `failed` (without a value)
 Durations: "150ms", "2s" or plain seconds ("0.5").
 """
 

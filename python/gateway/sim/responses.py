@@ -6,6 +6,13 @@ sent the next turn to the upstream holding the state. The previous turns count a
 they do upstream. Hosted tools are echoed back in `tools`, and web search leaves a web_search_call
 item in the output, as the real API does; reasoning models (directive `reasoning=N`) emit a
 reasoning item with a summary.
+
+`background: true` (not streamed) answers at once with the response `queued`, as OpenAI does; its
+state is then a function of the time since creation, like a video job's (sim/videos.py): queued for
+the first fifth of `render=D` (default 2s), then in_progress, then the finished response with its
+output and usage, or failed under `render_fail`. GET /responses/{id} reads it; POST
+/responses/{id}/cancel stops it (cancelled, with the usage of the output produced so far; one
+already ended is answered as it is).
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,17 +32,81 @@ from .._core import count_chat_tokens, count_tokens
 from . import directives
 from .directives import DirectiveError, Directives
 from .tools import ToolCall, responses_tool_call
-from .wire import END_OF_CHUNKS, SSE_HEAD, Send, chunk, full, head, openai_error
+from .wire import END_OF_CHUNKS, SSE_HEAD, Answer, Send, chunk, full, head, openai_error, openai_error_body
 from .words import WORDS
 
 WEB_SEARCH_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26")
+# .../responses/{id} and .../responses/{id}/cancel, under any prefix.
+JOB_ROUTE = re.compile(r"^.*/responses/([^/]+)(/cancel)?$")
+QUEUED_SHARE = 0.2  # the share of a background response's time it spends queued
+RUNNING = ("queued", "in_progress")
+
+
+@dataclass(slots=True)
+class Background:
+    """A background response: what it will be once finished, and when."""
+
+    finished: dict[str, Any]  # the whole response, output and usage included
+    started: float  # time.monotonic() at creation
+    render: float
+    render_fail: bool
+    cancelled: dict[str, Any] | None = None  # the response as it stopped, once cancelled
+
+    def now(self) -> dict[str, Any]:
+        """The response as GET /responses/{id} shows it now."""
+        if self.cancelled is not None:
+            return self.cancelled
+        elapsed = time.monotonic() - self.started
+        if elapsed >= self.render:
+            if not self.render_fail:
+                return self.finished
+            error = {"code": "server_error", "message": "Simulated failure: the response did not finish."}
+            return {**self.finished, "status": "failed", "output": [], "usage": None, "error": error}
+        status = "queued" if elapsed < self.render * QUEUED_SHARE else "in_progress"
+        return {**self.finished, "status": status, "output": [], "usage": None, "incomplete_details": None}
+
+    def cancel(self) -> dict[str, Any]:
+        """Stop it: charged the input and the share of the output produced so far (nothing while
+        it was queued). One already ended stays as it was."""
+        current = self.now()
+        if current["status"] not in RUNNING:
+            return current
+        usage = None
+        full_usage = self.finished["usage"]
+        if current["status"] == "in_progress":
+            done = min(1.0, (time.monotonic() - self.started) / self.render)
+            output = int(full_usage["output_tokens"] * done)
+            usage = {
+                **full_usage,
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": full_usage["input_tokens"] + output,
+            }
+        self.cancelled = {**current, "status": "cancelled", "usage": usage}
+        return self.cancelled
 
 
 class ResponsesSim:
     def __init__(self, history: int = 10_000) -> None:
         # upstream response id -> the conversation up to and including that response, as messages
         self.stored: dict[str, list[dict[str, Any]]] = {}
+        self.background: dict[str, Background] = {}
         self.history = history
+
+    def job(self, method: str, path: str) -> tuple[Answer, dict[str, Any]]:
+        """GET /responses/{id} or POST /responses/{id}/cancel of a background response, and what to
+        record of the request."""
+        match = JOB_ROUTE.match(path)
+        assert match is not None, "routed here by JOB_ROUTE"
+        rid, cancel = match[1], match[2] is not None
+        record = {"path": f"/v1/responses/{rid}" + ("/cancel" if cancel else ""), "method": method}
+        if method != ("POST" if cancel else "GET"):
+            return Answer(405, openai_error_body("Method not allowed.", "invalid_request_error")), record
+        job = self.background.get(rid)
+        if job is None:
+            message = f"Response with id '{rid}' not found."
+            return Answer(404, openai_error_body(message, "invalid_request_error", None, "not_found")), record
+        return Answer(200, orjson.dumps(job.cancel() if cancel else job.now())), record
 
     async def handle(
         self,
@@ -118,6 +191,13 @@ class ResponsesSim:
                 _function_call_item(call) if call else _message_item(rid, text, response["status"]),
             ]
             response["usage"] = usage
+            if req.get("background") is True:
+                response["background"] = True
+                job = Background(response, time.monotonic(), d.render, d.render_fail)
+                if len(self.background) >= self.history:
+                    self.background.pop(next(iter(self.background)))
+                self.background[rid] = job
+                response = job.now()
             send(full(200, orjson.dumps(response)))
             return
         await _stream(response, usage, search, call, words, reasoning, d, send, abort)

@@ -24,7 +24,7 @@ import orjson
 from .._core import count_chat_tokens, count_tokens
 from . import directives, images, tools, transcription, videos
 from .directives import DirectiveError, Directives
-from .responses import ResponsesSim
+from .responses import JOB_ROUTE, ResponsesSim
 from .tools import ToolCall
 from .wire import END_OF_CHUNKS, SSE_HEAD, chunk, full, head, openai_error
 from .words import WORDS
@@ -159,6 +159,10 @@ class Simulator:
             await self._messages(headers, body, send, abort)
         elif path.endswith("/responses") and method == "POST":
             await self.responses.handle(headers, body, self.requests.append, send, abort)
+        elif JOB_ROUTE.match(path):
+            answer, record = self.responses.job(method, path)
+            self.requests.append(record)
+            send(full(answer.status, answer.body, answer.content_type))
         elif path.endswith("/embeddings"):
             if method != "POST":
                 send(openai_error(405, "Use POST.", "invalid_request_error", None))

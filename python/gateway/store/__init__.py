@@ -1,12 +1,14 @@
 """Persistence behind one interface (`Store`), one module per backend."""
 
 from .base import (
+    JOB_RUNNING,
     LIMIT_RESETS,
     Account,
     AccountChanges,
     ApiKey,
     IdempotencyClaim,
     IdempotencyKeyReused,
+    Job,
     KeyChanges,
     KeyContext,
     NameTaken,
@@ -17,16 +19,17 @@ from .base import (
     StoredImage,
     TopUp,
     UsageRecord,
-    VideoJob,
 )
 
 __all__ = [
+    "JOB_RUNNING",
     "LIMIT_RESETS",
     "Account",
     "AccountChanges",
     "ApiKey",
     "IdempotencyClaim",
     "IdempotencyKeyReused",
+    "Job",
     "KeyChanges",
     "KeyContext",
     "NameTaken",
@@ -37,7 +40,6 @@ __all__ = [
     "StoredImage",
     "TopUp",
     "UsageRecord",
-    "VideoJob",
     "open_store",
 ]
 

@@ -214,35 +214,46 @@ class StoredImage:
     key_id: str
 
 
-# The owner of the lease that holds a video job's estimated cost until the job ends (see
-# SqliteStore.create_video_job): not a process, so never reclaimed with dead processes' leases.
+# The owner of the lease that holds a job's estimated cost until the job ends (see
+# SqliteStore.create_job): not a process, so never reclaimed with dead processes' leases.
 JOB_LEASE_PREFIX = "job:"
-VIDEO_FINAL = frozenset({"completed", "failed"})
+# The states of a job that has not ended; every other state is final.
+JOB_RUNNING = ("queued", "in_progress")
 
 
 @dataclass(frozen=True, slots=True)
-class VideoJob:
-    """An asynchronous video job (spec 2.2, 3.1): the gateway's record of the upstream's job, with
-    the money it holds until it ends. Times are Unix milliseconds."""
+class Job:
+    """An asynchronous job the gateway follows upstream, with the money it holds until it ends
+    (spec 1.4.4): a video (`kind` "video", spec 2.2, 3.1) or a background response, as deep
+    research runs (`kind` "response"). Times are Unix milliseconds."""
 
     id: str
+    kind: str  # video | response
     key_id: str
     account_id: str
     request_id: str  # the creating request's x-service-request-id
     model: str
     channel: str  # the name of the channel that runs it
     upstream_id: str
-    status: str  # queued | in_progress | completed | failed
+    # queued | in_progress, then completed | failed; a response may also end cancelled | incomplete
+    status: str
     progress: int
-    prompt: str
-    seconds: str
-    size: str | None
     hold: Decimal  # the estimate held on the account (and key limit) while it runs
     created_at_ms: int
     completed_at_ms: int | None = None
-    expires_at_ms: int | None = None  # when the finished file stops being served
+    expires_at_ms: int | None = None  # when a finished video's file stops being served
     error: str | None = None  # JSON {"code", "message"} once failed
-    cost: Decimal | None = None  # charged once completed
+    cost: Decimal | None = None  # charged once it ended
+    # A video: what was asked for.
+    prompt: str | None = None
+    seconds: str | None = None
+    size: str | None = None
+    # A response: the Response object as its client sees it, as of the latest poll; the gateway id
+    # of the response it continues; the gateway's own count of its input (used only when the
+    # upstream reports no usage).
+    body: bytes | None = None
+    previous_id: str | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,42 +342,45 @@ class Store(Protocol):
     async def purge_responses(self, now_ms: int) -> int:
         """Delete every response state expired at `now_ms`; returns how many were deleted."""
 
-    async def create_video_job(self, job: VideoJob, pots: Sequence[tuple[str, str]]) -> None:
+    async def create_job(self, job: Job, pots: Sequence[tuple[str, str]]) -> None:
         """Record a new job and move its hold, `job.hold` on each (kind, pot_id) pot, from this
         process's lease to the job's own, in one transaction: the money stays set aside whatever
-        happens to this process, until finish_video_job."""
+        happens to this process, until finish_job."""
 
-    async def claim_video_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[VideoJob]:
+    async def claim_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[Job]:
         """Up to `limit` unfinished jobs due for a poll, leased to this process for `lease_ms` so
         that no other process polls them meanwhile."""
 
-    async def note_video_progress(
-        self, job_id: str, status: str, progress: int, next_poll_at_ms: int
+    async def note_job_progress(
+        self, job_id: str, status: str, progress: int, next_poll_at_ms: int, body: bytes | None = None
     ) -> None:
-        """An unfinished job's latest state; its lease ends and its next poll is due then."""
+        """An unfinished job's latest state (and a response's latest body); its lease ends and its
+        next poll is due then."""
 
-    async def finish_video_job(
+    async def finish_job(
         self,
         job_id: str,
+        status: str,
         *,
         error: str | None,
         record: UsageRecord | None,
-        content: bytes | None,
-        content_type: str | None,
         now_ms: int,
-        ttl_ms: int,
+        body: bytes | None = None,
+        content: bytes | None = None,
+        content_type: str | None = None,
+        ttl_ms: int = 0,
     ) -> bool:
-        """End a job exactly once: completed (a usage record charged, the file kept for `ttl_ms`)
-        or failed (`error`, nothing charged); either way its hold goes back. False when it had
-        already ended."""
+        """End a job exactly once, in `status`: charged the usage `record` when there is one (else
+        nothing), a video's file kept for `ttl_ms`, a response's final body kept; either way its
+        hold goes back. False when it had already ended."""
 
-    async def get_video_job(self, job_id: str, key_id: str) -> VideoJob | None:
-        """The job, if this key made it."""
+    async def get_job(self, job_id: str, key_id: str, kind: str) -> Job | None:
+        """The job of this kind, if this key made it."""
 
-    async def list_video_jobs(
-        self, key_id: str, *, after: str | None, limit: int, newest_first: bool
-    ) -> list[VideoJob]:
-        """This key's jobs by creation, from just after the job `after`."""
+    async def list_jobs(
+        self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool
+    ) -> list[Job]:
+        """This key's jobs of this kind by creation, from just after the job `after`."""
 
     async def get_video_content(self, job_id: str, key_id: str, now_ms: int) -> tuple[bytes, str] | None:
         """A completed job's file and content type, until it expires."""

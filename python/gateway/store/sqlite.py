@@ -40,6 +40,7 @@ from .base import (
     ApiKey,
     IdempotencyClaim,
     IdempotencyKeyReused,
+    Job,
     KeyChanges,
     KeyContext,
     NameTaken,
@@ -49,7 +50,6 @@ from .base import (
     StoredImage,
     TopUp,
     UsageRecord,
-    VideoJob,
 )
 from .key_cache import KeyCache
 
@@ -234,6 +234,45 @@ MIGRATIONS: tuple[str, ...] = (
         data BLOB NOT NULL
     );
     """,
+    # Video jobs become jobs of any kind (Job): videos, and background responses (deep research),
+    # which keep their latest Response object. The poll lease and the hold work alike for both.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        account_id TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        upstream_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        progress INTEGER NOT NULL,
+        hold TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        completed_at_ms INTEGER,
+        expires_at_ms INTEGER,
+        error TEXT,
+        cost TEXT,
+        prompt TEXT,
+        seconds TEXT,
+        size TEXT,
+        body BLOB,
+        previous_id TEXT,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        next_poll_at_ms INTEGER NOT NULL,
+        lease_until_ms INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO jobs (id, kind, key_id, account_id, request_id, model, channel, upstream_id, status,
+        progress, hold, created_at_ms, completed_at_ms, expires_at_ms, error, cost, prompt, seconds,
+        size, next_poll_at_ms, lease_until_ms)
+    SELECT id, 'video', key_id, account_id, request_id, model, channel, upstream_id, status,
+        progress, hold, created_at_ms, completed_at_ms, expires_at_ms, error, cost, prompt, seconds,
+        size, next_poll_at_ms, lease_until_ms FROM video_jobs;
+    DROP TABLE video_jobs;
+    CREATE INDEX jobs_key ON jobs(key_id, kind, created_at_ms);
+    CREATE INDEX jobs_due ON jobs(next_poll_at_ms) WHERE status IN ('queued', 'in_progress');
+    """,
 )
 
 _STOP = object()
@@ -300,8 +339,10 @@ _LOG_COLUMNS = (
     "response_bytes",
 )
 _LOG = ", ".join(_LOG_COLUMNS)
-_VIDEO_COLUMNS = (
+# Job's fields in order.
+_JOB_COLUMNS = (
     "id",
+    "kind",
     "key_id",
     "account_id",
     "request_id",
@@ -310,17 +351,22 @@ _VIDEO_COLUMNS = (
     "upstream_id",
     "status",
     "progress",
-    "prompt",
-    "seconds",
-    "size",
     "hold",
     "created_at_ms",
     "completed_at_ms",
     "expires_at_ms",
     "error",
     "cost",
+    "prompt",
+    "seconds",
+    "size",
+    "body",
+    "previous_id",
+    "prompt_tokens",
 )
-_VIDEO = ", ".join(_VIDEO_COLUMNS)
+_JOB = ", ".join(_JOB_COLUMNS)
+_HOLD, _COST = _JOB_COLUMNS.index("hold"), _JOB_COLUMNS.index("cost")
+_RUNNING = "status IN ('queued', 'in_progress')"
 _LOG_HEAD = ", ".join(_LOG_COLUMNS[:13])  # every column up to the bodies
 _INSERT_LOG = f"INSERT OR IGNORE INTO request_logs ({_LOG}) VALUES ({', '.join('?' * len(_LOG_COLUMNS))})"
 log = logging.getLogger("gateway.store")
@@ -748,14 +794,14 @@ class SqliteStore:
         deleted: int = await self._write(op)
         return deleted
 
-    async def create_video_job(self, job: VideoJob, pots: Sequence[tuple[str, str]]) -> None:
+    async def create_job(self, job: Job, pots: Sequence[tuple[str, str]]) -> None:
         owner = self.lease_owner
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
-                f"INSERT INTO video_jobs ({_VIDEO}, next_poll_at_ms)"
-                f" VALUES ({', '.join('?' * len(_VIDEO_COLUMNS))}, ?)",
-                (*_video_row(job), job.created_at_ms),
+                f"INSERT INTO jobs ({_JOB}, next_poll_at_ms)"
+                f" VALUES ({', '.join('?' * len(_JOB_COLUMNS))}, ?)",
+                (*_job_row(job), job.created_at_ms),
             )
             for kind, pot_id in pots:
                 _add_to_lease(conn, kind, pot_id, owner, -job.hold)
@@ -763,9 +809,9 @@ class SqliteStore:
 
         await self._write(op)
 
-    async def claim_video_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[VideoJob]:
+    async def claim_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[Job]:
         due = (
-            f"SELECT {_VIDEO} FROM video_jobs WHERE status IN ('queued', 'in_progress')"
+            f"SELECT {_JOB} FROM jobs WHERE {_RUNNING}"
             " AND next_poll_at_ms <= ? AND lease_until_ms <= ? ORDER BY next_poll_at_ms LIMIT ?"
         )
         # Looked for first without the write lock: every worker asks every second, and a write
@@ -773,51 +819,54 @@ class SqliteStore:
         if self._read().execute(due, (now_ms, now_ms, 1)).fetchone() is None:
             return []
 
-        def op(conn: sqlite3.Connection) -> list[VideoJob]:
+        def op(conn: sqlite3.Connection) -> list[Job]:
             rows = conn.execute(due, (now_ms, now_ms, limit)).fetchall()
             conn.executemany(
-                "UPDATE video_jobs SET lease_until_ms = ? WHERE id = ?",
+                "UPDATE jobs SET lease_until_ms = ? WHERE id = ?",
                 [(now_ms + lease_ms, row[0]) for row in rows],
             )
-            return [_video_job(row) for row in rows]
+            return [_job(row) for row in rows]
 
-        claimed: list[VideoJob] = await self._write(op)
+        claimed: list[Job] = await self._write(op)
         return claimed
 
-    async def note_video_progress(
-        self, job_id: str, status: str, progress: int, next_poll_at_ms: int
+    async def note_job_progress(
+        self, job_id: str, status: str, progress: int, next_poll_at_ms: int, body: bytes | None = None
     ) -> None:
         await self._write(
             lambda conn: conn.execute(
-                "UPDATE video_jobs SET status = ?, progress = ?, next_poll_at_ms = ?, lease_until_ms = 0"
-                " WHERE id = ? AND status IN ('queued', 'in_progress')",
-                (status, progress, next_poll_at_ms, job_id),
+                "UPDATE jobs SET status = ?, progress = ?, next_poll_at_ms = ?, lease_until_ms = 0,"
+                f" body = coalesce(?, body) WHERE id = ? AND {_RUNNING}",
+                (status, progress, next_poll_at_ms, body, job_id),
             )
         )
 
-    async def finish_video_job(
+    async def finish_job(
         self,
         job_id: str,
+        status: str,
         *,
         error: str | None,
         record: UsageRecord | None,
-        content: bytes | None,
-        content_type: str | None,
         now_ms: int,
-        ttl_ms: int,
+        body: bytes | None = None,
+        content: bytes | None = None,
+        content_type: str | None = None,
+        ttl_ms: int = 0,
     ) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
             ended = conn.execute(
-                "UPDATE video_jobs SET status = ?, progress = ?, completed_at_ms = ?, expires_at_ms = ?,"
-                " error = ?, cost = ?, lease_until_ms = 0"
-                " WHERE id = ? AND status IN ('queued', 'in_progress')",
+                "UPDATE jobs SET status = ?, progress = ?, completed_at_ms = ?, expires_at_ms = ?,"
+                f" error = ?, cost = ?, body = coalesce(?, body), lease_until_ms = 0"
+                f" WHERE id = ? AND {_RUNNING}",
                 (
-                    "failed" if record is None else "completed",
-                    0 if record is None else 100,
+                    status,
+                    100 if status == "completed" else 0,
                     now_ms,
-                    None if record is None else now_ms + ttl_ms,
+                    None if content is None else now_ms + ttl_ms,
                     error,
                     None if record is None else str(record.cost),
+                    body,
                     job_id,
                 ),
             ).rowcount
@@ -837,38 +886,39 @@ class SqliteStore:
         done: bool = await self._write(op)
         return done
 
-    async def get_video_job(self, job_id: str, key_id: str) -> VideoJob | None:
+    async def get_job(self, job_id: str, key_id: str, kind: str) -> Job | None:
         row = (
             self._read()
-            .execute(f"SELECT {_VIDEO} FROM video_jobs WHERE id = ? AND key_id = ?", (job_id, key_id))
+            .execute(
+                f"SELECT {_JOB} FROM jobs WHERE id = ? AND key_id = ? AND kind = ?", (job_id, key_id, kind)
+            )
             .fetchone()
         )
-        return None if row is None else _video_job(row)
+        return None if row is None else _job(row)
 
-    async def list_video_jobs(
-        self, key_id: str, *, after: str | None, limit: int, newest_first: bool
-    ) -> list[VideoJob]:
+    async def list_jobs(
+        self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool
+    ) -> list[Job]:
         order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
-        where, args = "key_id = ?", [key_id]
+        where, args = "key_id = ? AND kind = ?", [key_id, kind]
         if after is not None:
             # Creation time, then id for jobs created in the same millisecond.
             where += (
                 f" AND (created_at_ms, id) {beyond}"
-                " (SELECT created_at_ms, id FROM video_jobs WHERE id = ? AND key_id = ?)"
+                " (SELECT created_at_ms, id FROM jobs WHERE id = ? AND key_id = ?)"
             )
             args += [after, key_id]
         rows = self._read().execute(
-            f"SELECT {_VIDEO} FROM video_jobs WHERE {where}"
-            f" ORDER BY created_at_ms {order}, id {order} LIMIT ?",
+            f"SELECT {_JOB} FROM jobs WHERE {where} ORDER BY created_at_ms {order}, id {order} LIMIT ?",
             (*args, limit),
         )
-        return [_video_job(row) for row in rows]
+        return [_job(row) for row in rows]
 
     async def get_video_content(self, job_id: str, key_id: str, now_ms: int) -> tuple[bytes, str] | None:
         row = (
             self._read()
             .execute(
-                "SELECT f.data, f.content_type FROM video_files f JOIN video_jobs j ON j.id = f.job_id"
+                "SELECT f.data, f.content_type FROM video_files f JOIN jobs j ON j.id = f.job_id"
                 " WHERE f.job_id = ? AND j.key_id = ? AND f.expires_at_ms > ?",
                 (job_id, key_id, now_ms),
             )
@@ -1220,7 +1270,7 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
 
 
 def _process_owners(conn: sqlite3.Connection) -> set[str]:
-    """The processes holding leases (video jobs hold theirs until they end, whatever the process)."""
+    """The processes holding leases (jobs hold theirs until they end, whatever the process)."""
     owners = conn.execute("SELECT DISTINCT owner FROM leases")
     return {owner for (owner,) in owners if not owner.startswith(JOB_LEASE_PREFIX)}
 
@@ -1344,19 +1394,19 @@ def _request_log(row: Sequence[Any]) -> RequestLog:
     return RequestLog(*values)
 
 
-def _video_row(job: VideoJob) -> tuple[Any, ...]:
-    values = [getattr(job, column) for column in _VIDEO_COLUMNS]
-    values[12] = str(job.hold)
-    values[17] = None if job.cost is None else str(job.cost)
+def _job_row(job: Job) -> tuple[Any, ...]:
+    values = [getattr(job, column) for column in _JOB_COLUMNS]
+    values[_HOLD] = str(job.hold)
+    values[_COST] = None if job.cost is None else str(job.cost)
     return tuple(values)
 
 
-def _video_job(row: Sequence[Any]) -> VideoJob:
-    # The columns are VideoJob's fields in order (_VIDEO_COLUMNS); money is decimal text.
+def _job(row: Sequence[Any]) -> Job:
+    # The columns are Job's fields in order (_JOB_COLUMNS); money is decimal text.
     values = list(row)
-    values[12] = Decimal(values[12])
-    values[17] = None if values[17] is None else Decimal(values[17])
-    return VideoJob(*values)
+    values[_HOLD] = Decimal(values[_HOLD])
+    values[_COST] = None if values[_COST] is None else Decimal(values[_COST])
+    return Job(*values)
 
 
 def _top_up(row: Sequence[Any]) -> TopUp:

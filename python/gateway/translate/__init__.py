@@ -10,7 +10,7 @@ from .chat_request import chat_request_from_messages
 from .chat_stream import ChatStreamFromMessages
 from .messages_request import messages_request_from_chat
 from .messages_stream import MessagesStreamFromChat
-from .output_text import chat_output_text, message_output_text
+from .output_text import chat_output_text, message_output_text, response_item_text, response_output_text
 
 __all__ = [
     "ChatStreamFromMessages",
@@ -21,4 +21,6 @@ __all__ = [
     "message_from_chat_completion",
     "message_output_text",
     "messages_request_from_chat",
+    "response_item_text",
+    "response_output_text",
 ]

@@ -1,7 +1,9 @@
 """The output text of a whole answer in either text shape, for counting output tokens when the
-upstream reported no usage: text, reasoning and tool calls."""
+upstream reported no usage: text, reasoning and tool calls (and the same of Responses API items)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
@@ -32,3 +34,25 @@ def message_output_text(body: bytes) -> str:
         if block.get("type") == "tool_use":
             parts.append(orjson.dumps(block.get("input")).decode())
     return "".join(parts)
+
+
+def response_item_text(item: dict[str, Any]) -> str:
+    """The text of one Responses API item, input or output: message content, reasoning summary,
+    tool call or tool output."""
+    parts: list[str] = []
+    for key in ("content", "summary"):
+        value = item.get(key)
+        if isinstance(value, str):
+            parts.append(value)
+        for part in value if isinstance(value, list) else []:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+    parts.extend(item[k] for k in ("name", "arguments", "output") if isinstance(item.get(k), str))
+    return "".join(parts)
+
+
+def response_output_text(body: bytes) -> str:
+    """Every output item's text (a Response object)."""
+    data = orjson.loads(body)
+    output = data.get("output") if isinstance(data, dict) else None
+    return "".join(response_item_text(item) for item in output or [] if isinstance(item, dict))

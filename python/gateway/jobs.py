@@ -1,0 +1,217 @@
+"""Asynchronous jobs (spec 1.4.4): work an upstream runs in the background while the client polls
+the gateway. Two kinds: video jobs (gateway.videos) and background responses, as deep research runs
+(gateway.background). This module is what they share.
+
+Creating a job (`record`) holds its estimated cost like any request, and once the upstream has
+accepted the job, the hold moves from this process's lease to a lease of the job's own, in the same
+store transaction that records the job, so it outlives the process that placed it. From then on the
+job is driven by `drive_jobs`, a task in every worker process: jobs due for a poll are leased to one
+process at a time, which asks the upstream for the job's state and hands the answer to the job's
+kind (`JobKind.advance`), which ends the job or notes its progress. A job ends exactly once
+(Store.finish_job is guarded by its status): charged its actual cost, or failed and charged nothing,
+and either way its hold goes back. A job the upstream lost, or one unfinished after its kind's
+`max_job_seconds`, fails. A restarted gateway picks its jobs up where they were: their state and
+holds are in the store, and their poll leases run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from .billing import Call
+from .clock import now_ms
+from .config import ChannelConfig, JobSettings, ModelConfig, Settings
+from .errors import GatewayError
+from .pricing import Usage, cost
+from .providers import PROVIDERS
+from .providers.base import read_capped, send, upstream_error
+from .providers.http import UPSTREAM_FAILURES
+from .state import GatewayState
+from .store import Job, UsageRecord
+
+log = logging.getLogger("gateway.jobs")
+
+# A process polling a job holds it this long at most; a process that dies mid-poll lets it go then.
+POLL_LEASE_MS: Final = 60_000
+# Polled together; each may be fetching a video of up to videos.MAX_VIDEO_BYTES into memory.
+POLL_BATCH: Final = 4
+MAX_STATE_BYTES: Final = 16 * 1024 * 1024  # a job's state as the upstream reports it
+
+
+@dataclass(frozen=True, slots=True)
+class JobKind:
+    """What differs between kinds of job."""
+
+    path: str  # the upstream's collection of such jobs, relative to the channel's base URL
+    settings: Callable[[Settings], JobSettings]
+    # advance(state, job, model, channel, answer, raw): act on the upstream's report of the job
+    # (`answer`, parsed from the bytes `raw`): end it, or note its progress with `later`.
+    advance: Callable[[GatewayState, Job, ModelConfig, ChannelConfig, dict[str, Any], bytes], Awaitable[None]]
+
+
+async def record(state: GatewayState, call: Call, job: Job) -> None:
+    """Record a job the upstream has accepted, its hold (the request's) now the job's own."""
+    # Taken off this process's lease in memory first, so that a request cancelled while the write
+    # commits (it commits regardless) cannot leave the in-memory lease above the store's.
+    hold = call.hold
+    pots = [] if hold is None else [(pot.kind, pot.pot_id) for pot in hold.pots]
+    if hold is not None:
+        state.funds.release(hold, hold.amount)
+    await state.store.create_job(job, pots)
+
+
+async def drive_jobs(state: GatewayState, kinds: Mapping[str, JobKind]) -> None:
+    """Poll every unfinished job when it is due, forever (a task of every worker process)."""
+    pause = min(1.0, *(kind.settings(state.settings).poll_seconds / 2 for kind in kinds.values()))
+    while True:
+        try:
+            await poll_due(state, kinds)
+        except Exception:
+            log.exception("polling jobs failed; trying again")
+        await asyncio.sleep(pause)
+
+
+async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
+    """Poll the jobs due now, a batch at a time; returns how many were polled."""
+    polled = 0
+    while True:
+        jobs = await state.store.claim_jobs(now_ms(), POLL_LEASE_MS, POLL_BATCH)
+        if not jobs:
+            return polled
+        await asyncio.gather(*(poll(state, kinds[job.kind], job) for job in jobs))
+        polled += len(jobs)
+
+
+async def poll(state: GatewayState, kind: JobKind, job: Job) -> None:
+    """Ask the upstream how the job is going, and move it on."""
+    model = state.registry.get(job.model)
+    channel = channel_of(model, job.channel)
+    if model is None or channel is None:
+        await fail(state, job, "model_removed", "The model is no longer configured.")
+        return
+    try:
+        raw, _ = await get(state, channel, f"{kind.path}/{job.upstream_id}", MAX_STATE_BYTES)
+        answer = json_object(raw)
+    except GatewayError as err:
+        if err.code == "not_found":
+            await fail(state, job, "job_lost", "The model's provider lost the job.")
+        elif too_old(state, job):
+            await fail(state, job, "timeout", "The job did not finish in time.")
+        else:  # the upstream is unwell for now: ask again at the next poll
+            await later(state, job, job.status, job.progress)
+        return
+    await kind.advance(state, job, model, channel, answer, raw)
+
+
+def settings_of(state: GatewayState, job: Job) -> JobSettings:
+    return state.settings.videos if job.kind == "video" else state.settings.background
+
+
+def too_old(state: GatewayState, job: Job) -> bool:
+    """Whether the job has run past its kind's max_job_seconds: it fails and its hold goes back."""
+    return now_ms() - job.created_at_ms > settings_of(state, job).max_job_seconds * 1000
+
+
+async def later(state: GatewayState, job: Job, status: str, progress: int, body: bytes | None = None) -> None:
+    """The job runs on: note what the upstream said, and poll it again after the kind's interval."""
+    due = now_ms() + math.ceil(settings_of(state, job).poll_seconds * 1000)
+    await state.store.note_job_progress(job.id, status, progress, due, body)
+
+
+async def fail(state: GatewayState, job: Job, code: str, message: str, body: bytes | None = None) -> None:
+    """End the job failed: its hold goes back, nothing is charged. A job that keeps the object its
+    client reads (a response) gets it marked failed with the same error, unless `body` is given."""
+    error = {"code": code, "message": message}
+    if body is None and job.body is not None:
+        body = orjson.dumps({**orjson.loads(job.body), "status": "failed", "error": error})
+    await state.store.finish_job(
+        job.id, "failed", error=orjson.dumps(error).decode(), record=None, now_ms=now_ms(), body=body
+    )
+
+
+def usage_record(job: Job, model: ModelConfig, status: str, usage: Usage, ended_ms: int) -> UsageRecord:
+    """The charge of a job that has ended, under the job's id (GET /v1/usage/{id})."""
+    return UsageRecord(
+        id=job.id,
+        request_id=job.request_id,
+        key_id=job.key_id,
+        account_id=job.account_id,
+        model=job.model,
+        status=status,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost=cost(model.prices, usage),
+        started_at_ms=job.created_at_ms,
+        ended_at_ms=ended_ms,
+    )
+
+
+def channel_of(model: ModelConfig | None, name: str) -> ChannelConfig | None:
+    """The model's channel of that name, if both are still configured."""
+    return None if model is None else next((c for c in model.channels if c.name == name), None)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """An upstream's answer, which must be a JSON object."""
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
+    if not isinstance(answer, dict):
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.")
+    return answer
+
+
+async def get(state: GatewayState, channel: ChannelConfig, path: str, limit: int) -> tuple[bytes, str]:
+    """GET from the channel's upstream with its credentials: the body (at most `limit` bytes) and
+    its content type, or the spec's error for the upstream's failure (not_found: the upstream has
+    no such job)."""
+    provider = PROVIDERS[channel.provider]
+    headers = provider.headers(channel, {})
+    headers.pop("content-type", None)
+    timeout = state.settings.sync_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            response = await state.upstream.get(channel.base_url + path, timeout, headers)
+            try:
+                if response.status == 404:
+                    raise GatewayError("not_found", "The model's provider has no such job.")
+                if response.status >= 400:
+                    raise upstream_error(
+                        response.status, await response.read(), response.headers.get("retry-after")
+                    )
+                content = await read_capped(response, limit, "file")
+                return content, response.headers.get("content-type", "application/octet-stream")
+            finally:
+                response.release()
+    except (TimeoutError, *UPSTREAM_FAILURES) as exc:
+        raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
+
+
+async def post(state: GatewayState, channel: ChannelConfig, path: str) -> bytes:
+    """POST an empty request to the channel's upstream (an action on a job, as cancel): its answer."""
+    provider = PROVIDERS[channel.provider]
+    timeout = state.settings.sync_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            response = await send(
+                state.upstream,
+                channel.base_url + path,
+                b"{}",
+                provider.headers(channel, {}),
+                stream=False,
+                read_timeout=timeout,
+            )
+            try:
+                return await read_capped(response, MAX_STATE_BYTES, "answer")
+            finally:
+                response.release()
+    except (TimeoutError, *UPSTREAM_FAILURES) as exc:
+        raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
