@@ -98,6 +98,9 @@ class RoutingSettings:
     retry_backoff_max_seconds: float = 4.0
     failures_to_cool_down: int = 3
     cooldown_seconds: float = 30.0
+    # The longest one attempt of a plain request may take on one channel, so that a channel that
+    # hangs leaves time to fail over; None: the whole synchronous window.
+    attempt_timeout_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +212,11 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
                 "routing.failures_to_cool_down",
             ),
             cooldown_seconds=_seconds(routing, "cooldown_seconds", 30.0),
+            attempt_timeout_seconds=(
+                _seconds(routing, "attempt_timeout_seconds", 0.0)
+                if "attempt_timeout_seconds" in routing
+                else None
+            ),
         ),
         videos=_job_settings(raw, "videos"),
         background=_job_settings(raw, "background"),

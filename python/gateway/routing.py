@@ -92,12 +92,14 @@ class ChannelHealth:
             return "at_capacity"
         return "healthy"
 
-    def usable(self, now: float) -> bool:
+    def usable(self, now: float, pinned: bool = False) -> bool:
+        """Whether a request may go here now. A `pinned` request (its state lives on this channel)
+        passes a cooling breaker: it has nowhere else to go."""
         if self.cap is not None and self.in_flight >= self.cap:
             return False
         if now < self.busy_until:
             return False
-        if self.tripped:
+        if self.tripped and not pinned:
             return now >= self.cool_until and not self.probing
         return True
 
@@ -176,19 +178,20 @@ class Router:
         done with the channel. `only` pins the request to one channel (a Responses turn, whose
         conversation lives there). Each try is appended to `attempts`."""
         every = self._health[model.name]
+        pinned = only is not None
         channels = every if only is None else [h for h in every if h.channel is only]
         tried: list[ChannelHealth] = []
         refused: list[ChannelHealth] = []  # not to be tried again by this request
         same_channel_retries = 0
         last: GatewayError | None = None
         for _ in range(1 + self._settings.retries):
-            health = self._choose(channels, tried, refused, last)
+            health = self._choose(channels, tried, refused, last, pinned)
             if health in tried:
                 # Only the channels already tried are left: back off before trying one again.
                 same_channel_retries += 1
                 await self._sleep(self._backoff(same_channel_retries))
-                if not health.usable(self._clock()):
-                    health = self._choose(channels, tried, refused, last)
+                if not health.usable(self._clock(), pinned):
+                    health = self._choose(channels, tried, refused, last, pinned)
             tried.append(health)
             try:
                 return await self._try(health, every, attempt, attempts), Slot(health)
@@ -207,9 +210,10 @@ class Router:
         tried: list[ChannelHealth],
         refused: list[ChannelHealth],
         last: GatewayError | None,
+        pinned: bool,
     ) -> ChannelHealth:
         now = self._clock()
-        usable = [h for h in channels if h.usable(now) and h not in refused]
+        usable = [h for h in channels if h.usable(now, pinned) and h not in refused]
         fresh = [h for h in usable if h not in tried]
         pool = fresh or usable
         if not pool:

@@ -230,8 +230,21 @@ def test_a_pinned_request_stays_on_its_channel() -> None:
     with pytest.raises(GatewayError):
         run(router, model, {"b"}, only=model.channels[1])
     [a, b] = router.health()["a/model"]
-    # Two failures in a row cooled b down (a can serve other requests): the third try found none.
-    assert a["attempts"] == 0 and b["attempts"] == 2 and b["state"] == "cooling_down"
+    # Two failures in a row cooled b down for others (a serves them), yet the pinned request, with
+    # nowhere else to go, used all its tries there.
+    assert a["attempts"] == 0 and b["attempts"] == 3 and b["state"] == "cooling_down"
+
+
+def test_a_pinned_request_passes_a_cooling_breaker() -> None:
+    """A Responses turn whose state lives on a cooled-down channel is sent there, not refused with
+    429; its success brings the channel back."""
+    router, model, _ = make(channel("a"), channel("b"))
+    assert run(router, model, {"b"}, only=None) in (["b", "a"], ["a"])
+    while {c["name"]: c["state"] for c in router.health()["a/model"]}["b"] != "cooling_down":
+        run(router, model, {"b"})
+    assert run(router, model, set()) == ["a"]  # others keep away from it
+    assert run(router, model, set(), only=model.channels[1]) == ["b"]
+    assert {c["state"] for c in router.health()["a/model"]} == {"healthy"}
 
 
 def test_attempts_are_recorded_for_the_request_log() -> None:

@@ -545,3 +545,46 @@ def test_the_last_channel_is_never_cooled_down(
     health = channels(admin, name)["only"]
     assert health["state"] == "healthy", health
     assert health["failures_in_a_row"] == (FAILURES_TO_COOL_DOWN + 2) * (1 + RETRIES)
+
+
+def test_a_channel_that_never_answers_times_out_as_a_failure_and_cools_down(
+    sim_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A channel that takes the connection and never answers: each attempt gives up after [routing]
+    attempt_timeout_seconds, counts against the channel and moves on, so the channel cools down.
+    Alone, its attempt still ends before the synchronous window, recorded as the channel's timeout."""
+    sim = sim_url + "/v1"
+    models = model(
+        "test/hanging",
+        channel("hanging", "gpt-4o-mini+ttft=30s", sim, priority=0),
+        channel("good", "gpt-4o-mini", sim, priority=1),
+    ) + model("test/hanging-alone", channel("only", "gpt-4o-mini+ttft=30s", sim))
+    models += f'\n[admin]\ntoken_env = "{TOKEN_ENV}"\n'
+    with gateway(
+        tmp_path_factory.mktemp("hanging"),
+        models,
+        limits_toml="sync_timeout_seconds = 2",
+        env={TOKEN_ENV: TOKEN},
+        routing_toml=ROUTING + "attempt_timeout_seconds = 0.5\n",
+    ) as g:
+        handle = g.new_key()
+        with g.admin(TOKEN) as admin, g.client(handle.key) as c:
+            for i in range(FAILURES_TO_COOL_DOWN):
+                r = c.post(CHAT, json=chat_body("test/hanging", marker()))
+                assert r.status_code == 200, r.text
+                assert tried(last_attempts(admin, handle.key_id, i + 1)) == [
+                    ("hanging", "timeout", 504),
+                    ("good", None, None),
+                ]
+            assert channels(admin, "test/hanging")["hanging"]["state"] == "cooling_down"
+            r = c.post(CHAT, json=chat_body("test/hanging", marker()))
+            assert r.status_code == 200
+            assert tried(last_attempts(admin, handle.key_id, FAILURES_TO_COOL_DOWN + 1)) == [
+                ("good", None, None)
+            ]
+
+            r = c.post(CHAT, json=chat_body("test/hanging-alone", marker()))
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+            attempts = tried(last_attempts(admin, handle.key_id, FAILURES_TO_COOL_DOWN + 2))
+            assert attempts and all(a == ("only", "timeout", 504) for a in attempts)
+            assert channels(admin, "test/hanging-alone")["only"]["failures"] == len(attempts)

@@ -4,6 +4,7 @@ settle, answer. Every endpoint that answers with one JSON body goes through here
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
@@ -24,6 +25,9 @@ from ..providers.http import UPSTREAM_FAILURES
 from ..routing import ChannelBody
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER
+
+# How long before the synchronous window closes an attempt on one channel gives up.
+ATTEMPT_MARGIN_SECONDS = 0.5
 
 
 class ReportedUsage(Protocol):
@@ -96,7 +100,17 @@ async def call_upstream(
     `operation` names the upstream endpoint when a model type has several (image_edit); by default
     it is the type's own. `only` pins the request to the channel that holds its state."""
 
+    window = state.settings.sync_timeout_seconds
+    deadline = time.monotonic() + window
+    longest = state.settings.routing.attempt_timeout_seconds or window
+
     async def attempt(channel: ChannelConfig) -> UpstreamAnswer:
+        # Each attempt gives up a moment before the request's window closes (or after [routing]
+        # attempt_timeout_seconds): its own timeout is then a failure of the channel
+        # (gateway.routing: counted, cooled down), where the window's would only cancel it.
+        left = min(longest, deadline - time.monotonic() - min(ATTEMPT_MARGIN_SECONDS, window / 4))
+        if left <= 0:
+            raise TimeoutError  # the window is spent: the answer is 504
         provider = PROVIDERS[channel.provider]
         headers = provider.headers(channel, request.headers)
         if content_type is not None:
@@ -107,7 +121,7 @@ async def call_upstream(
             body(channel),
             headers,
             stream=False,
-            read_timeout=state.settings.sync_timeout_seconds,
+            read_timeout=left,
         )
         try:
             content = await response.read()
@@ -118,7 +132,7 @@ async def call_upstream(
         return UpstreamAnswer(content, response.headers.get("content-type", "application/json"), channel)
 
     try:
-        async with asyncio.timeout(state.settings.sync_timeout_seconds):
+        async with asyncio.timeout(window):
             answer, slot = await state.router.run(model, attempt, call.attempts, only)
     except TimeoutError as exc:
         raise GatewayError(
