@@ -53,7 +53,7 @@ class GatewayError(Exception):
         param: str | None = None,
         status: int | None = None,
         headers: Mapping[str, str] | None = None,
-        retry: Literal["any", "other"] | None = None,
+        retry: Literal["any", "other", "never"] | None = None,
     ) -> None:
         super().__init__(message)
         default_status, self.type = ERROR_TABLE[code]
@@ -63,7 +63,9 @@ class GatewayError(Exception):
         self.status = status if status is not None else default_status
         self.headers = dict(headers) if headers else {}
         # An upstream's failure that the router (gateway.routing) retries before the client hears
-        # of it: on "any" channel, the same one included, or on "other" channels only.
+        # of it: on "any" channel, the same one included, or on "other" channels only; "never":
+        # a failure of the channel all the same, but the request may have reached the upstream
+        # and must not be sent twice (it creates a job).
         self.retry = retry
 
     def body(self) -> bytes:

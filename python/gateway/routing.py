@@ -6,7 +6,10 @@ upstream's reasons (429, 5xx, a dropped connection, a timeout) is retried before
 it: on a channel not yet tried when there is one, else on the same one after an exponential backoff
 with full jitter. An upstream 429, a timeout (a whole window again on the same channel is too long a
 wait) and a channel refused by its upstream (401, 403, 404: our set-up is wrong there) are not
-retried on the same channel, but the request moves on to another one (GatewayError.retry).
+retried on the same channel, but the request moves on to another one (GatewayError.retry). A request
+that must not reach an upstream twice (one that creates a job) is not retried after a failure that
+may have come after the upstream received it (GatewayError.retry "never"); it still counts against
+the channel.
 
 A channel that fails `failures_to_cool_down` times in a row is cooled down for `cooldown_seconds`
 (a circuit breaker), then lets one probe request through: its success brings the channel back, its
@@ -196,7 +199,7 @@ class Router:
             try:
                 return await self._try(health, every, attempt, attempts), Slot(health)
             except GatewayError as err:
-                if err.retry is None:
+                if err.retry is None or err.retry == "never":
                     raise
                 if err.retry == "other":
                     refused.append(health)

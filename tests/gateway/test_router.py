@@ -260,3 +260,20 @@ def test_attempts_are_recorded_for_the_request_log() -> None:
         ("a", "provider_error", 503),
         ("b", None, None),
     ]
+
+
+def test_a_request_that_may_have_reached_the_upstream_is_never_sent_twice() -> None:
+    """retry "never" (a job creation cut off after it was sent): no retry, no failover, yet the
+    failure counts against its channel."""
+    router, model, _ = make(channel("a"), channel("b", priority=1))
+    calls: list[str] = []
+
+    async def attempt(ch: ChannelConfig) -> str:
+        calls.append(ch.name)
+        raise GatewayError("provider_error", "cut off", retry="never")
+
+    with pytest.raises(GatewayError):
+        asyncio.run(router.run(model, attempt, []))
+    assert calls == ["a"]
+    health = {c["name"]: c for c in router.health()["a/model"]}
+    assert health["a"]["failures"] == 1 and health["a"]["failures_in_a_row"] == 1

@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 
 from ..errors import GatewayError
-from .http import UPSTREAM_FAILURES, UpstreamClient, is_timeout
+from .http import UNSENT_FAILURES, UPSTREAM_FAILURES, UpstreamClient, is_timeout
 
 
 async def send(
@@ -20,24 +20,29 @@ async def send(
     *,
     stream: bool,
     read_timeout: float,
+    replayable: bool = True,
 ) -> aiohttp.ClientResponse:
     """POST and return a 2xx response whose body is left for the caller.
 
     read_timeout is the longest silence allowed from the upstream: the stream idle window for streams
-    (a timeout is then 408), the synchronous window otherwise (504)."""
+    (a timeout is then 408), the synchronous window otherwise (504). A request that is not
+    `replayable` (it creates a job upstream) is not retried once it may have been sent."""
     try:
         response = await client.post(url, body, headers, read_timeout)
     except UPSTREAM_FAILURES as exc:
-        if is_timeout(exc):
+        unsent = isinstance(exc, UNSENT_FAILURES)
+        if is_timeout(exc) and not unsent:
             raise GatewayError(
                 "timeout",
                 "The model did not answer within the time window.",
                 status=408 if stream else 504,
                 # Another channel may answer; waiting a whole window again on this one may not.
-                retry="other",
+                retry="other" if replayable else "never",
             ) from exc
         raise GatewayError(
-            "provider_error", "The model's provider could not be reached.", retry="any"
+            "provider_error",
+            "The model's provider could not be reached.",
+            retry="any" if replayable or unsent else "never",
         ) from exc
     if response.status >= 400:
         try:

@@ -18,6 +18,8 @@ from ..config import Settings
 # Everything an upstream call can raise for reasons of the network or the upstream, not of our code.
 # (aiohttp's timeouts are TimeoutError subclasses.)
 UPSTREAM_FAILURES = (aiohttp.ClientError, TimeoutError, OSError)
+# Those of them that come before the request was sent (no connection): safe to send again.
+UNSENT_FAILURES = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 def is_timeout(exc: BaseException) -> bool:

@@ -102,7 +102,9 @@ def routes(state: GatewayState) -> list[Route]:
                 on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
             )
 
-        answered = await call_upstream(state, request, call, model, json_body(upstream), only=only)
+        answered = await call_upstream(
+            state, request, call, model, json_body(upstream), only=only, replayable=not in_background
+        )
         try:
             answer = rewrite_response(answered.content, rid, previous)
             status = orjson.loads(answer.body).get("status")

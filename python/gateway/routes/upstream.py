@@ -94,11 +94,13 @@ async def call_upstream(
     content_type: str | None = None,
     operation: str | None = None,
     only: ChannelConfig | None = None,
+    replayable: bool = True,
 ) -> UpstreamAnswer:
     """Send to one of the model's channels (gateway.routing: retried and failed over there) and
     read the whole answer, all within the synchronous window (spec 8), or raise the spec's error.
     `operation` names the upstream endpoint when a model type has several (image_edit); by default
-    it is the type's own. `only` pins the request to the channel that holds its state."""
+    it is the type's own. `only` pins the request to the channel that holds its state. A request
+    that is not `replayable` (it creates a job upstream) is never sent twice."""
 
     window = state.settings.sync_timeout_seconds
     deadline = time.monotonic() + window
@@ -122,11 +124,14 @@ async def call_upstream(
             headers,
             stream=False,
             read_timeout=left,
+            replayable=replayable,
         )
         try:
             content = await response.read()
         except UPSTREAM_FAILURES as exc:
-            raise GatewayError("provider_error", "The model's answer broke off.", retry="any") from exc
+            raise GatewayError(
+                "provider_error", "The model's answer broke off.", retry="any" if replayable else "never"
+            ) from exc
         finally:
             response.release()
         return UpstreamAnswer(content, response.headers.get("content-type", "application/json"), channel)

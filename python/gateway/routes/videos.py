@@ -62,7 +62,8 @@ def routes(state: GatewayState) -> list[Route]:
             body, content_type = channel_form(
                 FormPart(p.name, p.data, p.filename, p.content_type) for p in parts if p.name in keep
             )
-        answered = await call_upstream(state, request, call, model, body, content_type)
+        # Never sent twice: a second POST could start a second job the gateway never hears of.
+        answered = await call_upstream(state, request, call, model, body, content_type, replayable=False)
         upstream_id = _upstream_id(answered.content)
         job = Job(
             id=response_id("video_"),
