@@ -99,7 +99,11 @@ class ResponsesSim:
         match = JOB_ROUTE.match(path)
         assert match is not None, "routed here by JOB_ROUTE"
         rid, cancel = match[1], match[2] is not None
-        record = {"path": f"/v1/responses/{rid}" + ("/cancel" if cancel else ""), "method": method}
+        record = {
+            "path": f"/v1/responses/{rid}" + ("/cancel" if cancel else ""),
+            "method": method,
+            "body": {},
+        }
         if method != ("POST" if cancel else "GET"):
             return Answer(405, openai_error_body("Method not allowed.", "invalid_request_error")), record
         job = self.background.get(rid)
