@@ -99,11 +99,7 @@ async def advance(
             job.id, status, error=None, record=record, now_ms=ended, body=rewritten.body
         )
     elif status == "failed":
-        error = answer.get("error")
-        code, message = "server_error", "The model failed."
-        if isinstance(error, dict):
-            code = error["code"] if isinstance(error.get("code"), str) else code
-            message = error["message"] if isinstance(error.get("message"), str) else message
+        code, message = jobs.reported_error(answer, "server_error", "The model failed.")
         await jobs.fail(state, job, code, message, rewritten.body)
     elif jobs.too_old(state, job):
         await jobs.fail(state, job, "timeout", "The response did not finish in time.")

@@ -136,6 +136,15 @@ async def fail(state: GatewayState, job: Job, code: str, message: str, body: byt
     )
 
 
+def reported_error(answer: dict[str, Any], code: str, message: str) -> tuple[str, str]:
+    """The (code, message) of a failed job as its upstream reports them, else the ones given."""
+    error = answer.get("error")
+    if isinstance(error, dict):
+        code = error["code"] if isinstance(error.get("code"), str) else code
+        message = error["message"] if isinstance(error.get("message"), str) else message
+    return code, message
+
+
 def usage_record(job: Job, model: ModelConfig, status: str, usage: Usage, ended_ms: int) -> UsageRecord:
     """The charge of a job that has ended, under the job's id (GET /v1/usage/{id})."""
     return UsageRecord(

@@ -63,12 +63,9 @@ async def advance(
     """Act on the upstream's Video object (gateway.jobs.JobKind.advance)."""
     status = answer.get("status")
     if status == "failed":
-        error = answer.get("error")
-        code, message = "video_generation_failed", "The render failed."
-        if isinstance(error, dict):
-            code = error["code"] if isinstance(error.get("code"), str) else code
-            message = error["message"] if isinstance(error.get("message"), str) else message
-        await jobs.fail(state, job, code, message)
+        await jobs.fail(
+            state, job, *jobs.reported_error(answer, "video_generation_failed", "The render failed.")
+        )
     elif status == "completed":
         await _complete(state, job, model, channel, answer)
     elif jobs.too_old(state, job):

@@ -18,6 +18,7 @@ from ..errors import GatewayError, invalid_request
 from ..ids import request_id
 from ..request_log import BodyCapture
 from ..state import GatewayState
+from ..store import Job
 
 
 class HeldStream(StreamingResponse):
@@ -235,6 +236,17 @@ def public_base(state: GatewayState, request: Request) -> str:
     """Where clients reach the gateway, for the URLs it hands out (images, videos):
     `[server] public_base_url`, else the request's own scheme and Host."""
     return state.settings.public_base_url or str(request.base_url).rstrip("/")
+
+
+async def owned_job(state: GatewayState, request: Request, kind: str, param: str, what: str) -> Job:
+    """The job of this kind that the path parameter `param` names, if the calling key made it;
+    another key's, or none, is 404 "No {what} ..."."""
+    ctx = await authenticate(request, state.store)
+    job_id = request.path_params[param]
+    job = await state.store.get_job(job_id, ctx.key.id, kind)
+    if job is None:
+        raise GatewayError("not_found", f"No {what} {job_id!r}.")
+    return job
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from .._core import (
     count_tokens,
     rewrite_response,
 )
-from ..auth import authenticate
 from ..billing import Call
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
@@ -35,7 +34,7 @@ from ..routing import json_body
 from ..state import GatewayState
 from ..store import JOB_RUNNING, Job, ResponseState
 from ..translate import response_item_text, response_output_text
-from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
 from .upstream import call_upstream, reported_usage
 
@@ -48,6 +47,11 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "responses")
         _validate(payload)
+        upstream = state.registry.upstream_body(model, payload)
+        # Run upstream in the background only by a model that takes the parameter (spec 1.3).
+        in_background = upstream.get("background") is True
+        if in_background:
+            _validate_background(payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
         await billing.hold(
             state,
@@ -55,12 +59,6 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_output_tokens"),
         )
-
-        upstream = state.registry.upstream_body(model, payload)
-        # Run upstream in the background only by a model that takes the parameter (spec 1.3).
-        in_background = upstream.get("background") is True
-        if in_background:
-            _validate_background(payload)
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         if previous is not None:
@@ -113,6 +111,7 @@ def routes(state: GatewayState) -> list[Route]:
         if in_background and status in JOB_RUNNING:
             if not answer.upstream_id:
                 raise GatewayError("provider_error", "The model's provider sent no response id.")
+            await remember(answer.upstream_id, answered.channel)
             # Held until it ends, then settled by the job poller (gateway.background).
             await background.start(
                 state,
@@ -125,7 +124,6 @@ def routes(state: GatewayState) -> list[Route]:
                 status,
                 _prompt_tokens(model, payload),
             )
-            await remember(answer.upstream_id, answered.channel)
             return Response(
                 answer.body, media_type="application/json", headers={REQUEST_ID_HEADER: call.request_id}
             )
@@ -147,13 +145,13 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
     async def retrieve(request: Request) -> Response:
-        job = await _background_job(state, request)
+        job = await owned_job(state, request, "response", "response_id", "background response")
         if request.query_params.get("stream") in ("true", "1"):
             raise invalid_request("A background response is not streamed by this gateway: poll it.", "stream")
         return _job_response(job)
 
     async def cancel(request: Request) -> Response:
-        job = await _background_job(state, request)
+        job = await owned_job(state, request, "response", "response_id", "background response")
         if job.status in JOB_RUNNING:
             await background.cancel(state, job)
             ended = await state.store.get_job(job.id, job.key_id, "response")
@@ -166,16 +164,6 @@ def routes(state: GatewayState) -> list[Route]:
         Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
     ]
-
-
-async def _background_job(state: GatewayState, request: Request) -> Job:
-    """The background response the path names, if the calling key made it (another key's: 404)."""
-    ctx = await authenticate(request, state.store)
-    response_id = request.path_params["response_id"]
-    job = await state.store.get_job(response_id, ctx.key.id, "response")
-    if job is None:
-        raise GatewayError("not_found", f"No background response {response_id!r}.")
-    return job
 
 
 def _job_response(job: Job) -> Response:

@@ -29,7 +29,15 @@ from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..store import Job
-from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, public_base, read_body
+from .common import (
+    REQUEST_ID_HEADER,
+    json_response,
+    model_endpoint,
+    owned_job,
+    parse_object,
+    public_base,
+    read_body,
+)
 from .multipart import FormPart, channel_form
 from .upstream import call_upstream
 
@@ -88,7 +96,7 @@ def routes(state: GatewayState) -> list[Route]:
         return json_response(videos.job_object(job, None), headers={REQUEST_ID_HEADER: call.request_id})
 
     async def retrieve(request: Request) -> Response:
-        job = await _job(state, request)
+        job = await owned_job(state, request, "video", "video_id", "video")
         headers = {POLL_AFTER_HEADER: str(int(state.settings.videos.poll_seconds * 1000))}
         return json_response(videos.job_object(job, _content_url(state, request, job)), headers=headers)
 
@@ -114,7 +122,7 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
     async def content(request: Request) -> Response:
-        job = await _job(state, request)
+        job = await owned_job(state, request, "video", "video_id", "video")
         variant = request.query_params.get("variant", "video")
         if variant != "video":
             raise invalid_request("Only the `video` variant is kept by this gateway.", "variant")
@@ -167,15 +175,6 @@ def _upstream_id(content: bytes) -> str:
     if not isinstance(upstream_id, str) or not upstream_id or "/" in upstream_id:
         raise GatewayError("provider_error", "The model's provider sent no job id.")
     return upstream_id
-
-
-async def _job(state: GatewayState, request: Request) -> Job:
-    ctx = await authenticate(request, state.store)
-    video_id = request.path_params["video_id"]
-    job = await state.store.get_job(video_id, ctx.key.id, "video")
-    if job is None:
-        raise GatewayError("not_found", f"No video {video_id!r}.")
-    return job
 
 
 def _content_url(state: GatewayState, request: Request, job: Job) -> str | None:
