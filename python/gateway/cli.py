@@ -26,6 +26,7 @@ from .store import LIMIT_RESETS, Account, KeyChanges, NameTaken, Store, open_sto
 
 T = TypeVar("T")
 DEMO_ACCOUNT = "demo"
+SIM_PORT = 9911  # where the demo configuration's channels find the simulator
 DEMO_BALANCE = Decimal(100)
 
 
@@ -38,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sim = sub.add_parser("sim", help="run the upstream simulator")
     sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=9911)
+    sim.add_argument("--port", type=int, default=SIM_PORT)
 
     demo = sub.add_parser("demo", help="run the simulator and the gateway, and print a demo key")
     _server_args(demo)
-    demo.add_argument("--sim-port", type=int, default=9911)
+    demo.add_argument("--sim-port", type=int, default=SIM_PORT)
 
     _admin_args(sub.add_parser("admin", help="manage accounts, money and keys (as /admin/v1 does)"))
 
@@ -121,7 +122,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         print(key, flush=True)
         # A child, not this process: the simulator is stopped when the gateway stops. Ctrl-C
         # reaches both (one process group); the gateway then shuts down cleanly.
-        gateway = subprocess.Popen(_granian(config, settings, args))
+        gateway = subprocess.Popen(_granian(_on_sim_port(config, args.sim_port), settings, args))
         try:
             gateway.wait()
         except KeyboardInterrupt:
@@ -134,6 +135,20 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         with contextlib.suppress(subprocess.TimeoutExpired):
             sim.wait(5)
     return 0
+
+
+def _on_sim_port(config: str, sim_port: int) -> str:
+    """The configuration whose channels reach the simulator on `sim_port`: the demo file as it is
+    for the default port, else a copy beside it (its relative paths resolve alike) on that port."""
+    if sim_port == SIM_PORT:
+        return config
+    original = Path(config)
+    copy = original.with_name(f".{original.stem}-sim-{sim_port}.toml")
+    copy.write_text(
+        original.read_text(encoding="utf-8").replace(f"127.0.0.1:{SIM_PORT}", f"127.0.0.1:{sim_port}"),
+        encoding="utf-8",
+    )
+    return str(copy)
 
 
 def _stopped(proc: subprocess.Popen[bytes], seconds: float) -> None:

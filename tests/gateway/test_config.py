@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli import SIM_PORT, _on_sim_port
 from gateway.config import (
     CONFIG_ENV,
     WORKERS_ENV,
@@ -94,3 +95,15 @@ def test_serve_workers_reach_the_workers(monkeypatch: pytest.MonkeyPatch) -> Non
     assert settings_from_env().workers == 3
     monkeypatch.delenv(WORKERS_ENV)
     assert settings_from_env().workers == load_settings(ROOT / "config" / "demo.toml").workers
+
+
+def test_the_demo_on_another_simulator_port_serves_a_copy_that_reaches_it(tmp_path: Path) -> None:
+    original = tmp_path / "demo.toml"
+    original.write_text((ROOT / "config" / "demo.toml").read_text())
+    assert _on_sim_port(str(original), SIM_PORT) == str(original)
+    copy = Path(_on_sim_port(str(original), 9934))
+    assert copy.parent == original.parent  # relative paths (the store) resolve alike
+    settings, moved = load_settings(original), load_settings(copy)
+    assert settings.store_path == moved.store_path
+    urls = [c.base_url for m in moved.models for c in m.channels]
+    assert urls and all(":9934" in url for url in urls)
