@@ -123,4 +123,4 @@ async def cancel(state: GatewayState, job: Job) -> None:
     await advance(state, job, model, channel, answer, raw)
 
 
-KIND: Final = jobs.JobKind("/responses", lambda settings: settings.background, advance)
+KIND: Final = jobs.JobKind("/responses", advance)

@@ -50,7 +50,6 @@ class JobKind:
     """What differs between kinds of job."""
 
     path: str  # the upstream's collection of such jobs, relative to the channel's base URL
-    settings: Callable[[Settings], JobSettings]
     # advance(state, job, model, channel, answer, raw): act on the upstream's report of the job
     # (`answer`, parsed from the bytes `raw`): end it, or note its progress with `later`.
     advance: Callable[[GatewayState, Job, ModelConfig, ChannelConfig, dict[str, Any], bytes], Awaitable[None]]
@@ -69,7 +68,7 @@ async def record(state: GatewayState, call: Call, job: Job) -> None:
 
 async def drive_jobs(state: GatewayState, kinds: Mapping[str, JobKind]) -> None:
     """Poll every unfinished job when it is due, forever (a task of every worker process)."""
-    pause = min(1.0, *(kind.settings(state.settings).poll_seconds / 2 for kind in kinds.values()))
+    pause = min(1.0, *(settings_of(state.settings, kind).poll_seconds / 2 for kind in kinds))
     while True:
         try:
             await poll_due(state, kinds)
@@ -110,18 +109,19 @@ async def poll(state: GatewayState, kind: JobKind, job: Job) -> None:
     await kind.advance(state, job, model, channel, answer, raw)
 
 
-def settings_of(state: GatewayState, job: Job) -> JobSettings:
-    return state.settings.videos if job.kind == "video" else state.settings.background
+def settings_of(settings: Settings, kind: str) -> JobSettings:
+    """How jobs of this kind are followed: [videos] for videos, [background] for responses."""
+    return settings.videos if kind == "video" else settings.background
 
 
 def too_old(state: GatewayState, job: Job) -> bool:
     """Whether the job has run past its kind's max_job_seconds: it fails and its hold goes back."""
-    return now_ms() - job.created_at_ms > settings_of(state, job).max_job_seconds * 1000
+    return now_ms() - job.created_at_ms > settings_of(state.settings, job.kind).max_job_seconds * 1000
 
 
 async def later(state: GatewayState, job: Job, status: str, progress: int, body: bytes | None = None) -> None:
     """The job runs on: note what the upstream said, and poll it again after the kind's interval."""
-    due = now_ms() + math.ceil(settings_of(state, job).poll_seconds * 1000)
+    due = now_ms() + math.ceil(settings_of(state.settings, job.kind).poll_seconds * 1000)
     await state.store.note_job_progress(job.id, status, progress, due, body)
 
 

@@ -80,7 +80,7 @@ async def advance(
         )
 
 
-KIND: Final = jobs.JobKind("/videos", lambda settings: settings.videos, advance)
+KIND: Final = jobs.JobKind("/videos", advance)
 
 
 async def _complete(

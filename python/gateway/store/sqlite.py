@@ -34,6 +34,7 @@ from ..clock import now_ms
 from . import journal
 from .base import (
     JOB_LEASE_PREFIX,
+    JOB_RUNNING,
     USAGE_COLUMNS,
     Account,
     AccountChanges,
@@ -366,7 +367,7 @@ _JOB_COLUMNS = (
 )
 _JOB = ", ".join(_JOB_COLUMNS)
 _HOLD, _COST = _JOB_COLUMNS.index("hold"), _JOB_COLUMNS.index("cost")
-_RUNNING = "status IN ('queued', 'in_progress')"
+_RUNNING = f"status IN ({', '.join(repr(status) for status in JOB_RUNNING)})"
 _LOG_HEAD = ", ".join(_LOG_COLUMNS[:13])  # every column up to the bodies
 _INSERT_LOG = f"INSERT OR IGNORE INTO request_logs ({_LOG}) VALUES ({', '.join('?' * len(_LOG_COLUMNS))})"
 log = logging.getLogger("gateway.store")
