@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import cohere
 import httpx
@@ -45,6 +47,48 @@ def test_cohere_client_v1(gw: Gateway, key: KeyHandle, http: httpx.Client) -> No
     scores = [r.relevance_score for r in result.results]
     assert scores == sorted(scores, reverse=True)
     assert result.results[0].document is not None and "Washington" in result.results[0].document.text
+
+
+@pytest.mark.parametrize("suffix", ["", "/v1"], ids=["root", "spec-base-v1"])
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cohere_clients_from_either_base(
+    gw: Gateway, key: KeyHandle, http: httpx.Client, suffix: str, version: str
+) -> None:
+    """Spec 1.2 gives Shape C clients {base_url}/v1; the root works too. Both cohere clients, from
+    both, reach the gateway (/v1/rerank, /v2/rerank, /v1/v1/rerank, /v1/v2/rerank)."""
+    client_class = cohere.ClientV2 if version == "v2" else cohere.Client
+    co = client_class(api_key=key.key, base_url=gw.url + suffix, httpx_client=http)
+    result = co.rerank(model=MODEL, query=QUERY, documents=DOCS, top_n=2)
+    assert [r.index for r in result.results][:1] == [1]
+    assert result.meta is not None and result.meta.billed_units is not None
+    assert result.meta.billed_units.search_units == 1
+
+
+def test_answer_carries_usage_beside_cohere_meta(gw: Gateway, key: KeyHandle) -> None:
+    """Spec 1.4.1: every successful response includes usage; Cohere's meta.billed_units is kept."""
+    with gw.client(key.key) as c:
+        r = c.post("/v1/v2/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        tokens = body["meta"]["tokens"]["input_tokens"]
+        assert body["meta"]["billed_units"] == {"search_units": 1}
+        assert body["usage"] == {
+            "prompt_tokens": tokens,
+            "completion_tokens": 0,
+            "total_tokens": tokens,
+            "search_units": 1,
+        }
+        record = _usage_record(c, body["id"])
+    assert record["usage"]["prompt_tokens"] == tokens
+
+
+def _usage_record(c: httpx.Client, rid: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 5
+    while (r := c.get(f"/v1/usage/{rid}")).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.status_code == 200, r.text
+    record: dict[str, Any] = r.json()
+    return record
 
 
 def test_plain_post_is_charged_per_search(gw: Gateway, key: KeyHandle) -> None:

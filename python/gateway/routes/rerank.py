@@ -1,6 +1,8 @@
 """POST /v1/rerank (Shape C): documents scored and ordered by relevance to a query.
 
-Also served at /v2/rerank, where the cohere library's ClientV2 sends it; the body is the same.
+Served at every path the official cohere clients build from either base address the spec allows
+(the root, or {base_url}/v1 as spec 1.2 gives Shape C): `Client` (v1) appends v1/rerank and
+`ClientV2` appends v2/rerank. The body is the same on all four.
 """
 
 from __future__ import annotations
@@ -41,10 +43,15 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             _reported_usage,
             lambda _: _counted(model, payload, texts),
+            _with_usage,
         )
 
     endpoint = model_endpoint(state, rerank)
-    return [Route("/v1/rerank", endpoint, methods=["POST"]), Route("/v2/rerank", endpoint, methods=["POST"])]
+    return [Route(path, endpoint, methods=["POST"]) for path in PATHS]
+
+
+# {base}/v1/rerank and {base}/v2/rerank from the root; the same under /v1 from {base_url}/v1.
+PATHS = ("/v1/rerank", "/v2/rerank", "/v1/v1/rerank", "/v1/v2/rerank")
 
 
 def _validate(payload: dict[str, Any]) -> list[str]:
@@ -82,6 +89,21 @@ def _reported_usage(body: bytes) -> Usage | None:
     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
         return Usage(prompt_tokens=usage["total_tokens"], searches=1)
     return None
+
+
+def _with_usage(body: bytes, usage: Usage) -> bytes:
+    """The answer with a `usage` object (spec 1.4.1) beside Cohere's own `meta`, which is kept:
+    the tokens and search units the request is billed for."""
+    data = orjson.loads(body)
+    if not isinstance(data, dict):
+        return body
+    data["usage"] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": 0,
+        "total_tokens": usage.prompt_tokens,
+        "search_units": usage.searches,
+    }
+    return orjson.dumps(data)
 
 
 def _counted(model: ModelConfig, payload: dict[str, Any], texts: list[str]) -> Usage:
