@@ -115,6 +115,24 @@ def test_upstream_links_are_downloaded_and_served_by_the_gateway(
     assert tokens > 0 and charged == cost(PRICES, Usage(prompt_tokens=tokens, images=1))
 
 
+def test_dall_e_answer_carries_the_counted_usage(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
+    """Spec 1.4.1: every successful response includes usage. DALL-E reports none: the answer gets
+    OpenAI's image usage object with the tokens the gateway counted and billed."""
+    raw = oai.images.with_raw_response.generate(model=DALL_E, prompt="a blue heron " + os.urandom(4).hex())
+    result = raw.parse()
+    assert result.usage is not None
+    record = usage_record(gw, key, raw.http_response.json()["id"])
+    tokens = record["usage"]["prompt_tokens"]
+    assert tokens > 0
+    assert raw.http_response.json()["usage"] == {
+        "input_tokens": tokens,
+        "input_tokens_details": {"text_tokens": tokens, "image_tokens": 0},
+        "output_tokens": 0,
+        "total_tokens": tokens,
+    }
+    assert result.usage.input_tokens == result.usage.total_tokens == tokens
+
+
 def test_url_requested_from_a_base64_model(oai: openai.OpenAI) -> None:
     result = oai.images.generate(model=GPT_IMAGE, prompt="a kite", response_format="url")
     assert result.data is not None and result.data[0].url is not None

@@ -134,8 +134,8 @@ async def _create(
         {"url": url, **{k: v for k, v in item.items() if k not in ("url", "b64_json")}}
         for url, item in zip(urls, items, strict=True)
     ]
-    body = orjson.dumps({**answer, "id": rid, "data": data})
     usage = _usage(answer, len(images), model, prompt, order)
+    body = orjson.dumps({**answer, "id": rid, "data": data, "usage": _usage_object(answer, usage)})
     charged = billing.settle(state, call, model, rid, "completed", usage)
     headers = {REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
     return Response(body, media_type="application/json", headers=headers)
@@ -258,6 +258,21 @@ def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str,
         image_size=size,
         image_quality=quality,
     )
+
+
+def _usage_object(answer: dict[str, Any], usage: Usage) -> Any:
+    """The answer's `usage` (spec 1.4.1): the upstream's own when it reports one (GPT image models),
+    else OpenAI's image usage shape filled with the tokens the gateway counted and billed (DALL-E
+    reports none): the prompt's text tokens as input, no output tokens."""
+    reported = answer.get("usage")
+    if isinstance(reported, dict) and _count(reported.get("input_tokens")) is not None:
+        return reported
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"text_tokens": usage.prompt_tokens, "image_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def _count(value: Any) -> int | None:
