@@ -130,7 +130,7 @@ def app_from_env() -> Starlette:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return error_response(exc)
+    return error_response(exc, path=request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -138,13 +138,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
         err = GatewayError("method_not_allowed", f"{request.method} is not allowed on {request.url.path}.")
-        return error_response(err, exc.headers)
+        return error_response(err, exc.headers, request.url.path)
     if exc.status_code == 404:
-        return error_response(GatewayError("not_found", f"No such path: {request.url.path}."))
-    return error_response(GatewayError("invalid_request", str(exc.detail), status=exc.status_code))
+        err = GatewayError("not_found", f"No such path: {request.url.path}.")
+    else:
+        err = GatewayError("invalid_request", str(exc.detail), status=exc.status_code)
+    return error_response(err, path=request.url.path)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # Logged with its traceback for operators; the client sees the spec's error object, nothing more.
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(GatewayError("api_error", "The gateway failed unexpectedly. Retry later."))
+    err = GatewayError("api_error", "The gateway failed unexpectedly. Retry later.")
+    return error_response(err, path=request.url.path)

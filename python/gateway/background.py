@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from . import jobs
 from ._core import InvalidJsonError, RewrittenResponse, count_tokens, rewrite_response
-from .billing import Call
+from .context import Call
 from .clock import now_ms
 from .config import ChannelConfig, ModelConfig
 from .errors import GatewayError

@@ -8,36 +8,14 @@ the hold; model_endpoint releases whatever a handler left open, so no hold leaks
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from .config import ModelConfig
-from .funds import Hold
+from .context import Call
 from .pricing import Usage, cost
-from .ratelimits import RateState
-from .routing import Attempt
 from .state import GatewayState
-from .store import KeyContext, UsageRecord
-
-
-@dataclass(slots=True)
-class Call:
-    """One authenticated model request, from the moment its key was accepted."""
-
-    ctx: KeyContext
-    request_id: str
-    started_ns: int
-    hold: Hold | None = None
-    rate: RateState | None = None  # what it took from its key's rate limits
-    # Filled in as the request goes, for its request log entry.
-    model: str | None = None
-    charged: Decimal | None = None
-    usage_id: str | None = None
-    error_code: str | None = None  # why a stream that had started ended early
-    # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
-    idempotency: tuple[str, str] | None = None
-    attempts: list[Attempt] = field(default_factory=list)  # the channels tried (gateway.routing)
+from .store import UsageRecord
 
 
 def estimate_usage(

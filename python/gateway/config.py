@@ -15,8 +15,22 @@ from typing import Any, Final, Literal, TypeVar, cast
 T = TypeVar("T")
 
 MODEL_TYPES: Final = frozenset(
-    {"chat", "responses", "messages", "image", "video", "embedding", "speech", "transcription", "rerank"}
+    {
+        "chat",
+        "responses",
+        "messages",
+        "image",
+        "video",
+        "embedding",
+        "speech",
+        "transcription",
+        "rerank",
+        "moderation",
+    }
 )
+# The types whose requests a safety check reads before the model runs (gateway.safety): those that
+# generate from a text the client sends.
+SAFETY_CHECKED_TYPES: Final = frozenset({"chat", "responses", "messages", "image", "video", "speech"})
 Tokenizer = Literal["o200k_base", "cl100k_base"]
 TOKENIZERS: Final = frozenset({"o200k_base", "cl100k_base"})
 PROVIDER_KINDS: Final = frozenset({"openai", "anthropic", "cohere"})
@@ -87,6 +101,9 @@ class ModelConfig:
     max_output_tokens: int = 16384
     # None: the provider kind's default list decides what is forwarded (spec 1.3).
     supported_params: frozenset[str] | None = None
+    # The moderation model that checks this model's requests before it runs (gateway.safety), from
+    # its own `safety` and [safety] model; None: not checked.
+    safety_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +130,16 @@ class JobSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SafetySettings:
+    """The safety check before a model runs (gateway.safety, docs/behaviour.md "Safety checks")."""
+
+    # The moderation model that checks every model of a checked type, unless a model says otherwise.
+    model: str | None = None
+    # When the moderation model fails: "refuse" the request (provider_error) or "allow" it to run.
+    on_error: Literal["refuse", "allow"] = "refuse"
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     models: tuple[ModelConfig, ...]
     host: str = "127.0.0.1"
@@ -135,6 +162,7 @@ class Settings:
     routing: RoutingSettings = field(default_factory=RoutingSettings)
     videos: JobSettings = field(default_factory=JobSettings)
     background: JobSettings = field(default_factory=JobSettings)  # background responses
+    safety: SafetySettings = field(default_factory=SafetySettings)
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
@@ -176,6 +204,8 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"models: duplicate names {dupes}")
+    safety = _safety_settings(_table(raw, "safety"))
+    models = _resolve_safety(models, models_raw, safety)
     store_path = Path(_get(store, "path", str, "store.path", "var/gateway.db"))
     if not store_path.is_absolute():
         store_path = base_dir / store_path
@@ -220,7 +250,59 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
         ),
         videos=_job_settings(raw, "videos"),
         background=_job_settings(raw, "background"),
+        safety=safety,
     )
+
+
+def _safety_settings(table: Mapping[str, Any]) -> SafetySettings:
+    unknown = set(table) - {"model", "on_error"}
+    if unknown:
+        raise ConfigError(f"safety: unknown settings {sorted(unknown)}")
+    model = table.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ConfigError("safety.model: must be the name of a moderation model")
+    on_error = _get(table, "on_error", str, "safety.on_error", "refuse")
+    if on_error not in ("refuse", "allow"):
+        raise ConfigError('safety.on_error: must be "refuse" or "allow"')
+    return SafetySettings(model=model, on_error=cast(Literal["refuse", "allow"], on_error))
+
+
+def _resolve_safety(
+    models: tuple[ModelConfig, ...], models_raw: list[Any], safety: SafetySettings
+) -> tuple[ModelConfig, ...]:
+    """Each model's moderation model: its own `safety` (false: none; true: [safety] model; a name:
+    that moderation model), else [safety] model for the checked types."""
+    types = {m.name: m.type for m in models}
+
+    def moderation(name: str, where: str) -> str:
+        if types.get(name) != "moderation":
+            raise ConfigError(f"{where}: {name!r} is not a configured model of type moderation")
+        return name
+
+    if safety.model is not None:
+        moderation(safety.model, "safety.model")
+    out = []
+    for i, (model, raw) in enumerate(zip(models, models_raw, strict=True)):
+        where = f"models[{i}].safety"
+        value = raw.get("safety")
+        if value is not None and not isinstance(value, bool | str):
+            raise ConfigError(f"{where}: must be true, false or the name of a moderation model")
+        if value is not None and value is not False and model.type not in SAFETY_CHECKED_TYPES:
+            raise ConfigError(
+                f"{where}: a {model.type} model is not checked; checked types: {sorted(SAFETY_CHECKED_TYPES)}"
+            )
+        if value is True:
+            if safety.model is None:
+                raise ConfigError(f"{where}: true needs [safety] model, or name the moderation model here")
+            chosen: str | None = safety.model
+        elif isinstance(value, str):
+            chosen = moderation(value, where)
+        elif value is False:
+            chosen = None
+        else:
+            chosen = safety.model if model.type in SAFETY_CHECKED_TYPES else None
+        out.append(dataclasses.replace(model, safety_model=chosen) if chosen else model)
+    return tuple(out)
 
 
 def _job_settings(raw: Mapping[str, Any], name: str) -> JobSettings:

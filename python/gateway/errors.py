@@ -1,13 +1,15 @@
 """The one error table (spec 7.2) and the one way a failure becomes an HTTP answer.
 
 Every failure the gateway returns is `{"error": {"message", "type", "param", "code"}}` with the status
-of its code. Clients branch on `code`; `message` is for people and may change.
+of its code. Clients branch on `code`; `message` is for people and may change. Under /v1/messages
+(Shape B) the same object is dressed as Anthropic's clients read it: a top-level `"type": "error"`
+and `error.type` in Anthropic's vocabulary (MESSAGES_ERROR_TYPES), `code` unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import orjson
 from starlette.responses import Response
@@ -42,6 +44,44 @@ ERROR_TABLE: Final[Mapping[str, tuple[int, str]]] = {
 }
 
 
+# code -> error.type as Anthropic's API names it, for answers under /v1/messages: its clients (the
+# anthropic SDKs, the AI SDK's Anthropic provider) read `type`, not `code`. Where the spec's type is
+# already one of Anthropic's words it is the same here.
+MESSAGES_ERROR_TYPES: Final[Mapping[str, str]] = {
+    "invalid_request": "invalid_request_error",
+    "model_not_found": "not_found_error",
+    "insufficient_credits": "billing_error",
+    "key_budget_exceeded": "billing_error",
+    "content_filtered": "invalid_request_error",
+    "invalid_api_key": "authentication_error",
+    "key_expired": "authentication_error",
+    "invalid_admin_token": "authentication_error",
+    "model_not_allowed": "permission_error",
+    "forbidden": "permission_error",
+    "not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
+    "idempotency_key_reused": "invalid_request_error",
+    "idempotency_key_in_progress": "invalid_request_error",
+    "request_too_large": "request_too_large",
+    "rate_limited": "rate_limit_error",
+    "provider_overloaded": "overloaded_error",
+    "provider_error": "api_error",
+    "timeout": "timeout_error",
+    "api_error": "api_error",
+}
+# The answer shapes of errors: the spec's object alone, or dressed for Anthropic's clients.
+ErrorShape = Literal["spec", "messages"]
+MESSAGES_PATH = "/v1/messages"
+
+
+def shape_for_path(path: str) -> ErrorShape:
+    """How an error under this request path is written: Anthropic's way under /v1/messages (and
+    any path below it), the spec's elsewhere."""
+    if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/"):
+        return "messages"
+    return "spec"
+
+
 class GatewayError(Exception):
     """A failure with a code from ERROR_TABLE. Raise it anywhere; one handler renders it."""
 
@@ -68,19 +108,33 @@ class GatewayError(Exception):
         # and must not be sent twice (it creates a job).
         self.retry = retry
 
-    def body(self) -> bytes:
-        return error_body(self.code, self.message, self.param)
+    def body(self, path: str = "") -> bytes:
+        """The answer's body for a request to `path` (shape_for_path)."""
+        return error_body(self.code, self.message, self.param, shape_for_path(path))
 
 
-def error_body(code: str, message: str, param: str | None = None) -> bytes:
-    """The spec's error object (2.1) as JSON bytes."""
-    _, type_ = ERROR_TABLE[code]
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+def error_object(
+    code: str, message: str, param: str | None = None, shape: ErrorShape = "spec"
+) -> dict[str, Any]:
+    """The spec's error object (2.1); with shape "messages", `type` in Anthropic's vocabulary."""
+    # A code missing from the message table would be a gap of ours: Anthropic's catch-all then.
+    type_ = MESSAGES_ERROR_TYPES.get(code, "api_error") if shape == "messages" else ERROR_TABLE[code][1]
+    return {"message": message, "type": type_, "param": param, "code": code}
 
 
-def error_response(err: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
+def error_body(code: str, message: str, param: str | None = None, shape: ErrorShape = "spec") -> bytes:
+    """The whole error answer as JSON bytes: `{"error": {...}}`, and for the message shape also
+    Anthropic's top-level `"type": "error"`."""
+    error = error_object(code, message, param, shape)
+    if shape == "messages":
+        return orjson.dumps({"type": "error", "error": error})
+    return orjson.dumps({"error": error})
+
+
+def error_response(err: GatewayError, headers: Mapping[str, str] | None = None, path: str = "") -> Response:
+    """The HTTP answer for a failure of a request to `path` (its shape: shape_for_path)."""
     merged = {**err.headers, **headers} if headers else err.headers
-    return Response(err.body(), status_code=err.status, headers=merged, media_type="application/json")
+    return Response(err.body(path), status_code=err.status, headers=merged, media_type="application/json")
 
 
 def invalid_request(message: str, param: str | None = None) -> GatewayError:

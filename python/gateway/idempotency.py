@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ._core import fingerprint
-from .billing import Call
+from .context import Call
 from .clock import now_ms
 from .errors import GatewayError, invalid_request
 from .state import GatewayState

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import orjson
 
-from .billing import Call
+from .context import Call
 from .clock import now_ms
 from .config import ChannelConfig, JobSettings, ModelConfig, Settings
 from .errors import GatewayError

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
+import orjson
+
 from .config import Prices
 
 _MILLION = Decimal(1_000_000)
@@ -67,3 +69,9 @@ def round_significant(value: Decimal, digits: int = 4) -> Decimal:
 def format_cost(value: Decimal) -> str:
     """Plain decimal notation, never an exponent: 0.0001234, 12.5, 0."""
     return "0" if value.is_zero() else format(value.normalize(), "f")
+
+
+def cost_number(value: Decimal) -> orjson.Fragment:
+    """A cost as a JSON number with exactly format_cost's digits (the header's): written as its own
+    token, never through a float, which orjson would write as 3e-6."""
+    return orjson.Fragment(format_cost(value))

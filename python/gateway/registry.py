@@ -22,6 +22,7 @@ ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
     "speech": "/v1/audio/speech",
     "transcription": "/v1/audio/transcriptions",
     "rerank": "/v1/rerank",
+    "moderation": "/v1/moderations",
 }
 # The two text shapes the gateway translates between (gateway.translate): the endpoint of one also
 # serves models of the other.
@@ -32,6 +33,7 @@ REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "embedding": frozenset({"model", "input"}),
     "image": frozenset({"model", "prompt"}),
     "messages": frozenset({"model", "messages", "max_tokens"}),
+    "moderation": frozenset({"model", "input"}),
     "rerank": frozenset({"model", "query", "documents"}),
     "responses": frozenset({"model", "input", "previous_response_id"}),
     "speech": frozenset({"model", "input", "voice"}),

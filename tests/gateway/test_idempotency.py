@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from gateway import idempotency
-from gateway.billing import Call
+from gateway.context import Call
 from gateway.store import Account, ApiKey, KeyContext
 from gateway.store.sqlite import SqliteStore
 from harness import Gateway, KeyHandle

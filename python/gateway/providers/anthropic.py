@@ -7,14 +7,23 @@ from typing import Final
 
 from ..config import ChannelConfig
 
-# Messages parameters the native API accepts (spec 1.3 default list). "model", "messages" and
-# "max_tokens" are the request itself: they always go.
+# Messages parameters the native API accepts (spec 1.3 default list): every body field of the
+# official SDK's request types (anthropic-sdk-python types/message_create_params.py and its beta
+# twin). "model", "messages" and "max_tokens" are the request itself: they always go.
+# `output_config` carries structured output (`format`) and `effort`; `output_format` is the beta's
+# older name for the same format, still sent by some clients (with an `anthropic-beta` header).
 MESSAGES_PARAMS: Final = frozenset(
     {
+        "cache_control",
         "container",
+        "context_management",
+        "inference_geo",
         "mcp_servers",
         "metadata",
+        "output_config",
+        "output_format",
         "service_tier",
+        "speed",
         "stop_sequences",
         "stream",
         "system",
@@ -24,6 +33,7 @@ MESSAGES_PARAMS: Final = frozenset(
         "tools",
         "top_k",
         "top_p",
+        "user_profile_id",
     }
 )
 PARAMS: Final = {"messages": MESSAGES_PARAMS}

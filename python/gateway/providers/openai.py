@@ -7,7 +7,8 @@ from typing import Final
 
 from ..config import ChannelConfig
 
-# Chat-completions parameters an OpenAI-compatible upstream accepts (spec 1.3 default list).
+# Chat-completions parameters an OpenAI-compatible upstream accepts (spec 1.3 default list): every
+# body field of openai-python's request type (types/chat/completion_create_params.py).
 # "model" and "messages" are not parameters: they always go.
 CHAT_PARAMS: Final = frozenset(
     {
@@ -21,11 +22,14 @@ CHAT_PARAMS: Final = frozenset(
         "max_tokens",
         "metadata",
         "modalities",
+        "moderation",
         "n",
         "parallel_tool_calls",
         "prediction",
         "presence_penalty",
         "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
         "reasoning_effort",
         "response_format",
         "safety_identifier",
@@ -47,12 +51,16 @@ CHAT_PARAMS: Final = frozenset(
 )
 EMBEDDING_PARAMS: Final = frozenset({"dimensions", "encoding_format", "user"})
 SPEECH_PARAMS: Final = frozenset({"instructions", "response_format", "speed", "stream_format"})
-# Multipart fields; arrays are sent as name[] fields.
+# Multipart fields (types/audio/transcription_create_params.py); arrays are sent as name[] fields.
 TRANSCRIPTION_PARAMS: Final = frozenset(
     {
         "chunking_strategy",
         "include[]",
+        "keywords[]",
+        "known_speaker_names[]",
+        "known_speaker_references[]",
         "language",
+        "languages[]",
         "prompt",
         "response_format",
         "temperature",
@@ -79,20 +87,25 @@ IMAGE_PARAMS: Final = frozenset(
         "user",
     }
 )
-# Responses API parameters. "model", "input" and "previous_response_id" are the request itself.
+# Responses API parameters (types/responses/response_create_params.py). "model", "input" and
+# "previous_response_id" are the request itself.
 # `background` runs the response as a job (gateway.background), polled with GET /v1/responses/{id}.
 RESPONSES_PARAMS: Final = frozenset(
     {
         "background",
+        "context_management",
         "conversation",
         "include",
         "instructions",
         "max_output_tokens",
         "max_tool_calls",
         "metadata",
+        "moderation",
         "parallel_tool_calls",
         "prompt",
         "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
         "reasoning",
         "safety_identifier",
         "service_tier",
@@ -120,6 +133,7 @@ PARAMS: Final = {
     "speech": SPEECH_PARAMS,
     "transcription": TRANSCRIPTION_PARAMS,
     "video": VIDEO_PARAMS,
+    "moderation": frozenset(),  # "model" and "input" are the request itself
 }
 # Model type (or one of its operations, as image_edit) -> the upstream path, relative to the base URL.
 PATHS: Final = {
@@ -131,6 +145,7 @@ PATHS: Final = {
     "speech": "/audio/speech",
     "transcription": "/audio/transcriptions",
     "video": "/videos",
+    "moderation": "/moderations",
 }
 
 

@@ -18,7 +18,7 @@ from .._core import (
     parse_chat_usage,
     parse_messages_usage,
 )
-from ..billing import Call
+from ..context import Call
 from ..config import ModelConfig
 from ..errors import invalid_request
 from ..ids import response_id

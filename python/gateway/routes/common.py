@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
-from ..billing import Call
+from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import request_id
 from ..request_log import BodyCapture

@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from .. import billing
 from .._core import count_tokens, parse_chat_usage
-from ..billing import Call
+from ..context import Call
 from ..config import ModelConfig
 from ..errors import invalid_request
 from ..ids import response_id

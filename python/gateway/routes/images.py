@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from .. import billing
 from .._core import MultipartPart, count_tokens, parse_multipart
-from ..billing import Call
+from ..context import Call
 from ..config import ModelConfig
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id

@@ -17,12 +17,13 @@ from .._core import (
     parse_chat_usage,
     parse_messages_usage,
 )
-from ..billing import Call
+from ..context import Call
 from ..config import ModelConfig
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
+from ..stream_errors import messages_error_event
 from ..translate import (
     MessagesStreamFromChat,
     chat_output_text,
@@ -60,7 +61,7 @@ def routes(state: GatewayState) -> list[Route]:
                 rid,
                 lambda: MessagesStreamRewriter(rid),
                 lambda: _prompt_tokens(model, payload),
-                error_event=b"event: error\n",
+                error_event=messages_error_event,
             )
         return await forward_plain(
             state,
@@ -104,7 +105,7 @@ async def _from_chat_model(
             rid,
             lambda: MessagesStreamFromChat(rid, counted_usage),
             lambda: _prompt_tokens(model, payload),
-            error_event=b"event: error\n",
+            error_event=messages_error_event,
         )
     return await forward_plain(
         state,

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..admin_fields import money_text
 from ..auth import authenticate
 from ..config import ModelConfig
 from ..state import GatewayState
@@ -44,9 +45,9 @@ def _group_info(state: GatewayState, model: ModelConfig) -> dict[str, Any]:
         "mode": model.type,
         "providers": sorted({c.provider for c in model.channels}),
         "max_output_tokens": model.max_output_tokens,
-        "input_cost_per_million_tokens": str(prices.input),
-        "cached_input_cost_per_million_tokens": str(prices.cached_input),
-        "output_cost_per_million_tokens": str(prices.output),
-        "reasoning_cost_per_million_tokens": str(prices.reasoning),
+        "input_cost_per_million_tokens": money_text(prices.input),
+        "cached_input_cost_per_million_tokens": money_text(prices.cached_input),
+        "output_cost_per_million_tokens": money_text(prices.output),
+        "reasoning_cost_per_million_tokens": money_text(prices.reasoning),
         "supported_openai_params": sorted(state.registry.forwarded_params(model)),
     }

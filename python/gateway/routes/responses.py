@@ -24,7 +24,7 @@ from .._core import (
     count_tokens,
     rewrite_response,
 )
-from ..billing import Call
+from ..context import Call
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
 from ..errors import GatewayError, invalid_request
@@ -32,6 +32,7 @@ from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..routing import json_body
 from ..state import GatewayState
+from ..stream_errors import responses_error_event
 from ..store import JOB_RUNNING, Job, ResponseState
 from ..translate import response_item_text, response_output_text
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
@@ -95,7 +96,7 @@ def routes(state: GatewayState) -> list[Route]:
                 rid,
                 lambda: ResponsesStreamRewriter(rid, previous),
                 lambda: _prompt_tokens(model, payload),
-                error_event=b"event: error\n",
+                error_event=responses_error_event,
                 only=only,
                 on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
             )

@@ -14,14 +14,15 @@ from starlette.responses import Response
 
 from .. import billing
 from .._core import count_tokens
-from ..billing import Call
+from ..context import Call
 from ..config import ChannelConfig, ModelConfig
-from ..errors import GatewayError, error_body
+from ..errors import GatewayError
 from ..pricing import Usage
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
 from ..state import GatewayState
+from ..stream_errors import StreamErrorRenderer, chat_error_event
 from .common import REQUEST_ID_HEADER, HeldStream
 from .upstream import ReportedUsage, open_stream, reported_usage
 
@@ -38,6 +39,8 @@ class StreamRewriter(Protocol):
     def done(self) -> bool: ...
     @property
     def saw_output(self) -> bool: ...
+    @property
+    def chunks(self) -> int: ...
     @property
     def output_text(self) -> str: ...
     @property
@@ -58,13 +61,13 @@ async def forward_stream(
     rid: str,
     new_rewriter: Callable[[], R],
     count_prompt: Callable[[], int],
-    error_event: bytes = b"",
+    error_event: StreamErrorRenderer = chat_error_event,
     only: ChannelConfig | None = None,
     on_start: Callable[[R, ChannelConfig], Awaitable[None]] | None = None,
 ) -> Response:
     """`new_rewriter()` makes the shape's rewriter, afresh for each attempt. `count_prompt()` is the
     gateway's own prompt count, used only when the upstream reports no usage. `error_event`
-    prefixes the final error chunk (the message and responses shapes name it `event: error`).
+    renders the final error event in the shape's own format (gateway.stream_errors).
     `only` pins the request to the channel that holds its state. `on_start(rewriter, channel)` runs
     once the stream has started, before the client sees its first byte.
 
@@ -145,7 +148,7 @@ async def forward_stream(
             )
         if failure is not None:
             call.error_code = failure[0]
-            yield error_event + b"data: " + error_body(*failure) + b"\n\n"
+            yield error_event(*failure, rewriter.chunks)
 
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
 

@@ -16,7 +16,7 @@ from starlette.routing import Route
 from .. import billing
 from .._core import InvalidJsonError, count_tokens, parse_multipart, set_json_id
 from ..audio import wav_seconds
-from ..billing import Call
+from ..context import Call
 from ..config import ModelConfig
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from .. import billing
 from .._core import InvalidJsonError, StreamUsage, set_json_id
-from ..billing import Call
+from ..context import Call
 from ..config import ChannelConfig, ModelConfig
 from ..errors import GatewayError
 from ..pricing import Usage, format_cost

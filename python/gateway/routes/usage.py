@@ -9,7 +9,7 @@ from starlette.routing import Route
 from ..auth import authenticate
 from ..clock import rfc3339
 from ..errors import GatewayError
-from ..pricing import format_cost
+from ..pricing import cost_number
 from ..state import GatewayState
 from .common import json_response
 
@@ -26,8 +26,8 @@ def routes(state: GatewayState) -> list[Route]:
             {
                 "id": record.id,
                 "model": record.model,
-                # A JSON number; the Decimal's plain text is its exact shortest form.
-                "cost": float(format_cost(record.cost)),
+                # A JSON number in plain notation, the same digits as x-service-cost.
+                "cost": cost_number(record.cost),
                 "status": record.status,
                 "usage": {
                     "prompt_tokens": record.prompt_tokens,

@@ -21,7 +21,7 @@ from .. import admin_fields as field
 from .. import billing, jobs, videos
 from .._core import MultipartPart, parse_multipart
 from ..auth import authenticate
-from ..billing import Call
+from ..context import Call
 from ..clock import now_ms
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id

@@ -14,6 +14,8 @@ class TranslatedStream:
         self.done = False
         self.saw_output = False
         self.error: bytes | None = None
+        # Events sent to the client so far.
+        self.chunks = 0
 
     @property
     def output_text(self) -> str:
@@ -34,6 +36,7 @@ class TranslatedStream:
             if self.done or self.error is not None:
                 break
             self._handle(event, out)
+        self.chunks += len(out)  # every entry of `out` is one whole event
         return b"".join(out)
 
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:

@@ -1,0 +1,34 @@
+"""One model request's context, from the moment its key was accepted to its end: who is calling,
+what it holds, what was charged, the channels it tried. Passed as one object through the route, the
+transports and billing (gateway.billing decides and settles; the rest only report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from .funds import Hold
+from .ratelimits import RateState
+from .routing import Attempt
+from .store import KeyContext
+
+
+@dataclass(slots=True)
+class Call:
+    """One authenticated model request, from the moment its key was accepted."""
+
+    ctx: KeyContext
+    request_id: str
+    started_ns: int
+    hold: Hold | None = None
+    rate: RateState | None = None  # what it took from its key's rate limits
+    # Filled in as the request goes, for its request log entry.
+    model: str | None = None
+    charged: Decimal | None = None
+    usage_id: str | None = None
+    error_code: str | None = None  # why a stream that had started ended early
+    # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
+    idempotency: tuple[str, str] | None = None
+    attempts: list[Attempt] = field(default_factory=list)  # the channels tried (gateway.routing)
+
+
