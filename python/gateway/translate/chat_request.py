@@ -59,7 +59,29 @@ def chat_request_from_messages(payload: dict[str, Any], max_tokens_field: str) -
     user = metadata.get("user_id") if isinstance(metadata, dict) else None
     if isinstance(user, str) and user:
         request["user"] = user
+    response_format = _response_format(payload)
+    if response_format is not None:
+        request["response_format"] = response_format
     return request
+
+
+def _response_format(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output (`output_config.format`, or the beta's older `output_format`) as the chat
+    shape's `response_format`: the same schema, strict as the family's format always is, under a
+    name the chat shape requires."""
+    config = payload.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise invalid_request("`output_config` must be an object.", "output_config")
+    where = "output_config.format"
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is None:
+        where, fmt = "output_format", payload.get("output_format")
+    if fmt is None:
+        return None
+    schema = fmt.get("schema") if isinstance(fmt, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(schema, dict):
+        raise invalid_request(f"`{where}` must be {{type: json_schema, schema: {{...}}}}.", where)
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
 
 
 def _system(system: Any) -> list[dict[str, Any]]:

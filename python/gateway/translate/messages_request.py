@@ -20,12 +20,22 @@ IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 # may send to it (spec 1.3 example: top_k reaches the family it means something to).
 SAME_PARAMS = ("temperature", "top_p", "top_k", "thinking", "stream")
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
+# What `response_format: {type: json_object}` becomes: the family has no schema-less JSON mode (its
+# structured output needs a schema, and an object schema there must close additionalProperties, which
+# would force an empty object), so the request is put in words, appended to the system prompt, as
+# OpenAI's JSON mode itself wants the prompt to ask for JSON. A best effort, not a guarantee.
+JSON_OBJECT_INSTRUCTION = (
+    "Respond with a single valid JSON object and nothing else: no prose before or after it, no code fences."
+)
 
 
 def messages_request_from_chat(payload: dict[str, Any], default_max_tokens: int) -> dict[str, Any]:
     """`payload` is a chat completions body whose `messages` is a list of objects (checked by the
     route); `default_max_tokens` stands in for the limit the chat shape may leave out."""
     system, turns = _conversation(payload["messages"])
+    output_format = _output_format(payload.get("response_format"))
+    if output_format == "json_object":
+        system.append(JSON_OBJECT_INSTRUCTION)
     request: dict[str, Any] = {
         "model": payload.get("model"),
         "messages": turns,
@@ -49,7 +59,34 @@ def messages_request_from_chat(payload: dict[str, Any], default_max_tokens: int)
     user = payload.get("user")
     if isinstance(user, str) and user:
         request["metadata"] = {"user_id": user}
+    if isinstance(output_format, dict):
+        request["output_config"] = {"format": output_format}
     return request
+
+
+def _output_format(response_format: Any) -> dict[str, Any] | str | None:
+    """`response_format` as the family's structured output: json_schema becomes
+    `output_config.format` ({type: json_schema, schema}; the name, description and strict flag have
+    no place there, the family's format is always strict), json_object the string "json_object"
+    (an instruction, see JSON_OBJECT_INSTRUCTION), text (or none) None."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_object"
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if isinstance(schema, dict):
+            return {"type": "json_schema", "schema": schema}
+        raise invalid_request(
+            "`response_format.json_schema.schema` must be a JSON schema object.", "response_format"
+        )
+    raise invalid_request(
+        "`response_format.type` must be text, json_object or json_schema.", "response_format"
+    )
 
 
 def _max_tokens(payload: dict[str, Any], default: int) -> int:
