@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from .._core import count_chat_tokens, count_tokens
-from . import directives
+from . import directives, structured
 from .directives import DirectiveError, Directives
 from .tools import ToolCall, responses_tool_call
 from .wire import END_OF_CHUNKS, SSE_HEAD, Answer, Send, chunk, full, head, openai_error, openai_error_body
@@ -162,6 +162,9 @@ class ResponsesSim:
         n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
         words = _words(body, n)
         reasoning = _words(body, d.reasoning, offset=3)
+        schema = structured.requested_schema(req, "responses")
+        if schema is not None:  # JSON for the schema, whole whatever the length
+            words, n = structured.pieces(structured.answer_text(schema, words)), d.tokens
         instructions = req.get("instructions")
         prompt = ([{"role": "system", "content": instructions}] if isinstance(instructions, str) else []) + [
             *history,

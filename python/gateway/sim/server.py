@@ -22,7 +22,7 @@ from typing import Any, cast
 import orjson
 
 from .._core import count_chat_tokens, count_tokens
-from . import directives, images, tools, transcription, videos
+from . import directives, images, structured, tools, transcription, videos
 from .directives import DirectiveError, Directives
 from .responses import JOB_ROUTE, ResponsesSim
 from .tools import ToolCall
@@ -360,6 +360,9 @@ class Simulator:
         words = _text(body, n)
         thinking = _text(body, d.reasoning, offset=3)
         stop = "max_tokens" if n < d.tokens else "end_turn"
+        schema = structured.requested_schema(req, "messages")
+        if schema is not None:  # JSON for the schema, whole whatever the length
+            words, stop = structured.pieces(structured.answer_text(schema, words)), "end_turn"
         call = tools.anthropic_tool_call(req, d.tool, body)
         if call is not None:
             stop = "tool_use"
@@ -469,7 +472,8 @@ class Simulator:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": output_tokens},
+                # The real API repeats the input and cache counts here (cumulative usage).
+                "usage": usage,
             },
         )
         event("message_stop", {"type": "message_stop"})
@@ -509,6 +513,9 @@ class Simulator:
         words = _text(body, n)
         reasoning = _text(body, d.reasoning, offset=3)
         finish = "length" if n < d.tokens else "stop"
+        schema = structured.requested_schema(req, "chat")
+        if schema is not None:  # JSON for the schema, whole whatever the length
+            words, finish = structured.pieces(structured.answer_text(schema, words)), "stop"
         call = tools.openai_tool_call(req, d.tool, body)
         if call is not None:
             finish = "tool_calls"
