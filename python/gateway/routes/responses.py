@@ -32,8 +32,8 @@ from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..routing import json_body
 from ..state import GatewayState
-from ..stream_errors import responses_error_event
 from ..store import JOB_RUNNING, Job, ResponseState
+from ..stream_errors import responses_error_event
 from ..translate import response_item_text, response_output_text
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
