@@ -20,7 +20,7 @@ from typing import TextIO, TypeVar
 from . import admin_fields as field
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
-from .config import CONFIG_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
+from .config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
 from .errors import GatewayError
 from .store import LIMIT_RESETS, Account, KeyChanges, NameTaken, Store, open_store
 
@@ -100,6 +100,8 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
     }
     # Each worker sizes its share of a balance's leases by the number of workers (gateway.funds).
     os.environ[WORKERS_ENV] = str(options["workers"])
+    # ... and builds the URLs it hands out from where it listens (routes/common.public_base).
+    os.environ[LISTEN_ENV] = f"{options['host']}:{options['port']}"
     return [sys.executable, "-m", "gateway.supervisor", json.dumps(options)]
 
 

@@ -38,6 +38,9 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-:@+]+$")
 CONFIG_ENV: Final = "GATEWAY_CONFIG"
 # `gateway serve --workers N` tells the workers N through this (the file may say otherwise).
 WORKERS_ENV: Final = "GATEWAY_WORKERS"
+# `gateway serve --host/--port` tell the workers where they listen ("host:port"), for the URLs they
+# hand out (routes/common.public_base).
+LISTEN_ENV: Final = "GATEWAY_LISTEN"
 
 
 class ConfigError(ValueError):
@@ -150,8 +153,11 @@ class Settings:
     sync_timeout_seconds: float = 240.0
     stream_idle_timeout_seconds: float = 120.0
     image_url_ttl_seconds: float = 86400.0
-    # None: image URLs are built from each request's own scheme and Host.
+    # Where the URLs the gateway hands out (images, videos) point. None: a request's own scheme and
+    # Host when that host is in `allowed_hosts`, else the listen address (host, port); never an
+    # unchecked Host header.
     public_base_url: str | None = None
+    allowed_hosts: frozenset[str] = frozenset()  # lower case, "name" or "name:port"
     upstream_connect_timeout_seconds: float = 10.0
     upstream_max_connections: int = 1000
     # The environment variable holding the management API's admin token; None: that API is disabled.
@@ -185,6 +191,9 @@ def settings_from_env() -> Settings:
     workers = os.environ.get(WORKERS_ENV)
     if workers and workers.isdigit() and int(workers) > 0:
         settings = dataclasses.replace(settings, workers=int(workers))
+    host, _, port = os.environ.get(LISTEN_ENV, "").rpartition(":")
+    if host and port.isdigit():
+        settings = dataclasses.replace(settings, host=host, port=int(port))
     return settings
 
 
@@ -223,6 +232,7 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
         stream_idle_timeout_seconds=_seconds(limits, "stream_idle_timeout_seconds", 120.0),
         image_url_ttl_seconds=_seconds(limits, "image_url_ttl_seconds", 86400.0),
         public_base_url=_base_url(server),
+        allowed_hosts=_allowed_hosts(server),
         upstream_connect_timeout_seconds=_seconds(upstream, "connect_timeout_seconds", 10.0),
         upstream_max_connections=_positive(
             _get(upstream, "max_connections", int, "upstream.max_connections", 1000),
@@ -432,6 +442,17 @@ def _base_url(server: Mapping[str, Any]) -> str | None:
     if not isinstance(value, str) or not value.startswith(("http://", "https://")):
         raise ConfigError("server.public_base_url: must be a URL starting with http:// or https://")
     return value.rstrip("/")
+
+
+def _allowed_hosts(server: Mapping[str, Any]) -> frozenset[str]:
+    """`allowed_hosts = ["gateway.example.com", "10.0.0.5:8080"]`: Host headers whose URLs may be
+    handed out (a name alone allows it on any port)."""
+    value = server.get("allowed_hosts", [])
+    if not isinstance(value, list) or not all(
+        isinstance(h, str) and h and h.isprintable() and "/" not in h and " " not in h for h in value
+    ):
+        raise ConfigError('server.allowed_hosts: must be a list of host names, e.g. ["gateway.example.com"]')
+    return frozenset(h.lower() for h in value)
 
 
 def _env_name(raw: Mapping[str, Any], key: str, where: str) -> str | None:

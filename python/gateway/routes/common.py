@@ -233,9 +233,19 @@ def _too_large(limit: int) -> GatewayError:
 
 
 def public_base(state: GatewayState, request: Request) -> str:
-    """Where clients reach the gateway, for the URLs it hands out (images, videos):
-    `[server] public_base_url`, else the request's own scheme and Host."""
-    return state.settings.public_base_url or str(request.base_url).rstrip("/")
+    """Where clients reach the gateway, for the URLs it hands out (images, videos, kept in
+    idempotent answers and logs): `[server] public_base_url`; else the request's own scheme and
+    Host when that host is in `[server] allowed_hosts`; else the address it listens on. Never an
+    unchecked Host header, which any client can set."""
+    settings = state.settings
+    if settings.public_base_url:
+        return settings.public_base_url
+    host = request.headers.get("host", "").lower()
+    name = host[: host.rindex(":")] if host.rfind(":") > host.rfind("]") else host  # without a port
+    if host and (host in settings.allowed_hosts or name in settings.allowed_hosts):
+        return f"{request.url.scheme}://{host}"
+    listen = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host
+    return f"http://{f'[{listen}]' if ':' in listen else listen}:{settings.port}"
 
 
 async def owned_job(state: GatewayState, request: Request, kind: str, param: str, what: str) -> Job:
