@@ -56,8 +56,16 @@ test-rust: ## cargo tests of the core (no Python)
 	cargo test --locked -p gateway-core --release
 
 .PHONY: test-py
-test-py: setup ## pytest (real processes: gateway on Granian, simulator, official clients)
+test-py: setup $(STAMPS)/js ## pytest (real processes: gateway on Granian, simulator, official clients)
 	$(BIN)/python -m pytest -q
+
+# The JavaScript clients the suite runs (tests/js: the Vercel AI SDK), exactly as package-lock.json
+# pins them. Without npm nothing is installed and the test that needs them is skipped, saying why.
+$(STAMPS)/js: tests/js/package.json tests/js/package-lock.json
+	@mkdir -p $(STAMPS)
+	@if command -v npm >/dev/null; then \
+	  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "npm not found: the tests of JavaScript clients will be skipped"; fi
 
 # What the benchmarks need beyond the test set-up: wrk (Debian), chart and packaging libraries,
 # LiteLLM's proxy in its own venv, Portkey's gateway from npm (skipped without Node.js).
@@ -98,4 +106,5 @@ fmt: setup ## format Rust and Python sources
 
 .PHONY: clean
 clean: ## remove build output, the venv and local data
-	rm -rf $(VENV) $(STAMPS) target var python/gateway/*.so benches/.venv-litellm benches/.portkey
+	rm -rf $(VENV) $(STAMPS) target var python/gateway/*.so benches/.venv-litellm benches/.portkey \
+	  tests/js/node_modules
