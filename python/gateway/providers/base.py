@@ -4,12 +4,15 @@ spec's errors. An adapter module supplies the URL, the headers and the parameter
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, Final, TypeVar
 
 import aiohttp
 import orjson
 
 from ..errors import GatewayError
 from .http import UNSENT_FAILURES, UPSTREAM_FAILURES, UpstreamClient, is_timeout
+
+T = TypeVar("T")
 
 
 async def send(
@@ -78,6 +81,14 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
             headers={"retry-after": seconds},
             retry="other",  # the upstream asked for a pause: another channel, not this one again
         )
+    if status in REFUSAL_STATUSES:
+        refusal = content_refusal(status, payload)
+        if refusal is not None:
+            # The same input gets the same refusal on every channel: not retried, not charged.
+            return GatewayError(
+                "content_filtered",
+                "The model's provider refused the request under its content policy: " + refusal,
+            )
     if status in (400, 413, 422):
         return GatewayError("invalid_request", "The model rejected the request: " + _message(payload))
     if status >= 500:
@@ -95,12 +106,68 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
 
 
 def _message(payload: bytes) -> str:
-    """error.message of an OpenAI- or Anthropic-format error body."""
+    """error.message of an OpenAI- or Anthropic-format error body, or a Cohere body's message."""
     try:
         data = orjson.loads(payload)
-        message = data["error"]["message"]
+    except orjson.JSONDecodeError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    for holder in (error, data):
+        message = holder.get("message") if isinstance(holder, dict) else None
         if isinstance(message, str) and message:
             return message[:500]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        pass
     return "no details given."
+
+
+# The upstream statuses a content-policy refusal comes with: 400 (OpenAI, Azure, Anthropic), 403
+# (OpenRouter's moderation), 422, and Cohere's 498 "unsafe request".
+REFUSAL_STATUSES: Final = frozenset({400, 403, 422, 498})
+# OpenAI's codes for a request its safety system refused: content_policy_violation (images, chat),
+# moderation_blocked (GPT image models), content_filter (Azure OpenAI's prompt filter).
+_REFUSAL_CODES: Final = frozenset({"content_policy_violation", "moderation_blocked", "content_filter"})
+# Words of an `invalid_prompt` error that make it a safety refusal ("your prompt was flagged as
+# potentially violating our usage policy"), not a malformed prompt.
+_POLICY_WORDS: Final = ("usage polic", "safety", "flagged", "content polic")
+
+
+def _field(holder: dict[str, Any], key: str, kind: type[T], default: T) -> T:
+    value = holder.get(key)
+    return value if isinstance(value, kind) else default
+
+
+def content_refusal(status: int, payload: bytes) -> str | None:
+    """The upstream's message when its error is a refusal under its content policy, else None.
+    Recognised: OpenAI's codes above (and `invalid_prompt` naming its usage policy), Azure's
+    ResponsibleAIPolicyViolation, Anthropic's "Output blocked by content filtering policy",
+    Cohere's 498 and "blocked input/output" messages, OpenRouter's 403 with moderation reasons."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    body: dict[str, Any] = data if isinstance(data, dict) else {}
+    error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else body
+    message = _field(error, "message", str, "")
+    code, kind = error.get("code"), error.get("type")
+    inner = _field(error, "innererror", dict, {})
+    metadata = _field(error, "metadata", dict, {})
+    lowered = message.lower()
+    refused = (
+        code in _REFUSAL_CODES
+        or kind in _REFUSAL_CODES
+        or inner.get("code") == "ResponsibleAIPolicyViolation"
+        or (code == "invalid_prompt" and any(word in lowered for word in _POLICY_WORDS))
+        or "content filtering policy" in lowered  # Anthropic
+        or status == 498  # Cohere: "blocked due to potential violations of the Usage Guidelines"
+        or lowered.startswith(("blocked input", "blocked output"))  # Cohere
+        or (status == 403 and "reasons" in metadata and "flagged_input" in metadata)  # OpenRouter
+    )
+    if not refused:
+        return None
+    filtered = inner.get("content_filter_result")
+    flagged = sorted(
+        name
+        for name, verdict in (filtered.items() if isinstance(filtered, dict) else [])
+        if isinstance(verdict, dict) and verdict.get("filtered") is True
+    )
+    text = message[:500] or "no details given."
+    return text + (f" (flagged: {', '.join(flagged)})" if flagged else "")

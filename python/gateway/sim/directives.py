@@ -12,6 +12,11 @@ configured model through the gateway, which forwards neither headers nor anythin
   ttft=D          wait D before the first token (non-streamed: before answering)
   pace=D          wait D between streamed chunks
   fail=STATUS     answer with this HTTP status and an OpenAI-format error body
+  fail=content_policy  refuse the request under the provider's content policy: 400 with OpenAI's
+                  `content_policy_violation` body (chat completions), Anthropic's "Output blocked by
+                  content filtering policy" (messages)
+  flag[=CATS]     the moderation model (/v1/moderations, sim/moderation.py) flags the input, for the
+                  categories named (comma-separated, e.g. flag=hate,violence; default violence)
   stall_after=N   after N content chunks, send nothing more and keep the connection open
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
@@ -47,6 +52,8 @@ class Directives:
     tool: bool = False
     render: float = 2.0
     render_fail: bool = False
+    refuse: bool = False  # fail=content_policy
+    flag: str | None = None  # the moderation categories an input is flagged for, comma-separated
 
 
 class DirectiveError(ValueError):
@@ -67,6 +74,12 @@ def _apply(d: Directives, pairs: list[str]) -> None:
         if not pair:
             continue
         name, sep, value = pair.partition("=")
+        if name == "flag":
+            d.flag = value or "violence"
+            continue
+        if name == "fail" and value == "content_policy":
+            d.refuse = True
+            continue
         if pair in _FLAGS:
             setattr(d, pair, True)
             continue

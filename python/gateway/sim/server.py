@@ -22,7 +22,7 @@ from typing import Any, cast
 import orjson
 
 from .._core import count_chat_tokens, count_tokens
-from . import directives, images, structured, tools, transcription, videos
+from . import directives, images, moderation, structured, tools, transcription, videos
 from .directives import DirectiveError, Directives
 from .responses import JOB_ROUTE, ResponsesSim
 from .tools import ToolCall
@@ -163,6 +163,11 @@ class Simulator:
             answer, record = self.responses.job(method, path)
             self.requests.append(record)
             send(full(answer.status, answer.body, answer.content_type))
+        elif path.endswith("/moderations") and method == "POST":
+            status, moderated, record = moderation.moderate(headers, body)
+            if record is not None:
+                self.requests.append(record)
+            send(full(status, moderated))
         elif path.endswith("/embeddings"):
             if method != "POST":
                 send(openai_error(405, "Use POST.", "invalid_request_error", None))
@@ -356,6 +361,9 @@ class Simulator:
             )
             send(_anthropic_error(d.fail, f"Simulated failure {d.fail}.", kind))
             return
+        if d.refuse:  # what Anthropic answers when its content filter blocks the output
+            send(_anthropic_error(400, "Output blocked by content filtering policy", "invalid_request_error"))
+            return
         n = min(d.tokens, max_tokens) if max_tokens > 0 else d.tokens
         words = _text(body, n)
         thinking = _text(body, d.reasoning, offset=3)
@@ -505,6 +513,17 @@ class Simulator:
                     f"Simulated failure {d.fail}.",
                     "rate_limit_error" if d.fail == 429 else "server_error",
                     None,
+                )
+            )
+            return
+        if d.refuse:  # OpenAI's refusal under its content policy
+            send(
+                openai_error(
+                    400,
+                    "Your request was rejected as a result of our safety system. Your prompt may contain "
+                    "text that is not allowed by our safety system.",
+                    "invalid_request_error",
+                    "content_policy_violation",
                 )
             )
             return
