@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing
+from .. import billing, safety
 from .._core import (
     ChatStreamRewriter,
     count_chat_tokens,
@@ -45,6 +45,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(raw)
         model = state.registry.resolve(payload.get("model"), call.ctx, "chat")
         _validate(payload)
+        await safety.check(state, request, call, model, payload, "chat")
         prompt_tokens = count_chat_tokens(raw, model.tokenizer)
         await billing.hold(
             state,

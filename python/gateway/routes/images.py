@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing
+from .. import billing, safety
 from .._core import MultipartPart, count_tokens, parse_multipart
 from ..context import Call
 from ..config import ModelConfig
@@ -50,6 +50,7 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "image")
         prompt = _prompt(payload.get("prompt"))
         order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
+        await safety.check(state, request, call, model, payload)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
         upstream_body = state.registry.channel_body(model, payload)
         return await _create(state, request, call, model, prompt, order, upstream_body)
@@ -66,6 +67,7 @@ def routes(state: GatewayState) -> list[Route]:
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
+        await safety.check(state, request, call, model, fields)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
         keep = state.registry.forwarded_params(model) | EDIT_FIELDS
         upstream_body, form_type = channel_form(_form_part(p) for p in parts if p.name in keep)

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing
+from .. import billing, safety
 from .._core import (
     MessagesStreamRewriter,
     count_chat_tokens,
@@ -41,6 +41,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
         _validate(payload)
+        await safety.check(state, request, call, model, payload, "messages")
         await billing.hold(
             state,
             call,

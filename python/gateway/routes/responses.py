@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import background, billing
+from .. import background, billing, safety
 from .._core import (
     InvalidJsonError,
     ResponsesStreamRewriter,
@@ -53,6 +53,7 @@ def routes(state: GatewayState) -> list[Route]:
         in_background = upstream.get("background") is True
         if in_background:
             _validate_background(payload)
+        await safety.check(state, request, call, model, payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
         await billing.hold(
             state,

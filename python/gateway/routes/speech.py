@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing
+from .. import billing, safety
 from .._core import count_tokens
 from ..context import Call
 from ..config import ChannelConfig
@@ -32,6 +32,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "speech")
         text = _validate(payload)
+        await safety.check(state, request, call, model, payload)
         # The cost depends on the input alone: known before the model runs.
         usage = Usage(prompt_tokens=count_tokens(text, model.tokenizer), characters=len(text))
         await billing.hold(state, call, model, usage)

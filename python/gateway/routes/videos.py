@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
-from .. import billing, jobs, videos
+from .. import billing, jobs, safety, videos
 from .._core import MultipartPart, parse_multipart
 from ..auth import authenticate
 from ..context import Call
@@ -59,6 +59,7 @@ def routes(state: GatewayState) -> list[Route]:
         size = fields.get("size")
         if size is not None and (not isinstance(size, str) or not _SIZE.match(size)):
             raise invalid_request("`size` must be width x height, e.g. 1280x720.", "size")
+        await safety.check(state, request, call, model, fields)
         await billing.hold(state, call, model, videos.estimate(seconds))
         # JSON in, JSON out; a form in, a form out (its files passed on as they came).
         body: ChannelBody

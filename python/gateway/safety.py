@@ -1,0 +1,176 @@
+"""The safety check before a model runs (spec 7.2 `content_filtered`, 7.5.2).
+
+A model whose configuration names a moderation model (its own `safety`, or `[safety] model` for
+every checked type) has the text of each request read by that moderation model before anything is
+held or sent: through the gateway's own channels (gateway.routing: retried and failed over like any
+request), in OpenAI's moderations shape. A flagged request is refused with 400 `content_filtered`,
+naming the flagged categories (never the prompt), holds nothing, reaches no model and is charged
+nothing. A request that passes runs as usual; the check itself is not charged to the client. When the
+moderation model fails, `[safety] on_error` decides: "refuse" (the default) answers its error, not
+charged; "allow" lets the request run unchecked. Every try of the check is in the request's log
+entry, beside the model's own attempts, with its verdict (docs/behaviour.md, "Safety checks").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+from starlette.requests import Request
+
+from .config import ModelConfig
+from .context import Call
+from .errors import GatewayError
+from .routes.upstream import call_upstream
+from .routing import Attempt
+from .state import GatewayState
+
+log = logging.getLogger("gateway.safety")
+
+# The request fields that carry the text a model of each type is given: checked, and the first one
+# is the `param` of the refusal.
+CHECKED_FIELDS: Final = {
+    "chat": ("messages",),
+    "messages": ("messages", "system"),
+    "responses": ("input", "instructions"),
+    "image": ("prompt",),
+    "video": ("prompt",),
+    "speech": ("input",),
+}
+# What the model's answer (errors, failures) keeps of the moderation model's own failure codes; any
+# other failure of the check (a malformed answer, the moderation upstream refusing our request) is
+# reported as provider_error: the gateway's own set-up is at fault, not the caller.
+_PASSED_ON: Final = frozenset({"provider_error", "provider_overloaded", "timeout"})
+
+
+@dataclass(slots=True)
+class SafetyAttempt(Attempt):
+    """One try of a request's safety check on one channel of the moderation model, as the request
+    log shows it, before the model's own attempts."""
+
+    check: str = "safety"
+    model: str = ""  # the moderation model
+    # "passed" or "flagged" on the try that answered; "error" when the check failed (on_error
+    # "allow": the request ran unchecked); None on a try that failed and was retried.
+    verdict: str | None = None
+    categories: list[str] = field(default_factory=list)  # what was flagged
+
+
+def request_texts(payload: dict[str, Any], fields: Iterable[str]) -> list[str]:
+    """Every text of the request's `fields`: strings, and the text of message content parts,
+    content blocks, input items and tool results, each a separate input of the check."""
+    out: list[str] = []
+    for name in fields:
+        _collect(payload.get(name), out)
+    return out
+
+
+def _collect(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        if value.strip():
+            out.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _collect(item, out)
+    elif isinstance(value, dict):
+        # a message, a content part or block, an input item, a tool result: their text lives here
+        for key in ("text", "content", "output"):
+            if key in value:
+                _collect(value[key], out)
+
+
+async def check(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    payload: dict[str, Any],
+    endpoint_type: str | None = None,
+) -> None:
+    """Run the model's safety check on the request, or return at once when it has none. Raises
+    content_filtered when the request is flagged. `endpoint_type` names the shape of `payload`
+    (the endpoint's type, when it serves a translated model); by default the model's own."""
+    name = model.safety_model
+    if name is None:
+        return
+    moderator = state.registry.get(name)
+    assert moderator is not None, "config.py checks that every safety model exists"
+    fields = CHECKED_FIELDS[endpoint_type or model.type]
+    texts = request_texts(payload, fields)
+    if not texts:
+        return
+    call.model = model.name  # a refused request is logged under the model it asked for
+    first = len(call.attempts)
+    verdict: str | None = None
+    flagged: list[str] = []
+    try:
+        answer = await call_upstream(
+            state, request, call, moderator, state.registry.channel_body(moderator, {"input": texts})
+        )
+        is_flagged, flagged = _verdict(answer.content)
+        verdict = "flagged" if is_flagged else "passed"
+    except GatewayError as err:
+        verdict = "error"
+        if state.settings.safety.on_error == "allow":
+            log.warning("safety check by %s failed (%s); the request runs unchecked", name, err.code)
+            return
+        if err.code in _PASSED_ON:
+            raise GatewayError(
+                err.code,
+                f"The safety check could not run: {err.message}",
+                status=err.status,
+                headers=err.headers,
+            ) from err
+        raise GatewayError("provider_error", f"The safety check could not run: {err.message}") from err
+    finally:
+        _mark(call, first, name, verdict, flagged)
+    if verdict == "flagged":
+        what = f"flagged for {', '.join(flagged)}" if flagged else "flagged"
+        raise GatewayError(
+            "content_filtered",
+            f"The gateway's safety check refused the request before the model ran: its `{fields[0]}` "
+            f"was {what}. Nothing was charged; the same input gets the same answer.",
+            param=fields[0],
+        )
+
+
+def _verdict(content: bytes) -> tuple[bool, list[str]]:
+    """Whether an OpenAI moderations answer flags any input, and the categories it flags."""
+    try:
+        data = orjson.loads(content)
+        results = data["results"]
+        if not isinstance(results, list) or not results:
+            raise TypeError
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise GatewayError("provider_error", "the moderation model sent a malformed answer.") from exc
+    flagged = False
+    categories: set[str] = set()
+    for result in results:
+        if not isinstance(result, dict) or result.get("flagged") is not True:
+            continue
+        flagged = True
+        named = result.get("categories")
+        if isinstance(named, dict):
+            categories.update(k for k, v in named.items() if v is True)
+    return flagged, sorted(categories)
+
+
+def _mark(call: Call, first: int, model: str, verdict: str | None, categories: list[str]) -> None:
+    """The check's tries, as the router recorded them, become safety attempts of the log entry; the
+    verdict goes on the last one."""
+    tries = call.attempts[first:]
+    for i, attempt in enumerate(tries):
+        last = i == len(tries) - 1
+        call.attempts[first + i] = SafetyAttempt(
+            attempt.channel,
+            attempt.started_ms,
+            attempt.duration_ms,
+            attempt.error,
+            attempt.status,
+            model=model,
+            verdict=verdict if last else None,
+            categories=categories if last else [],
+        )
