@@ -74,13 +74,25 @@ struct EventView<'a> {
     error: Option<IgnoredAny>,
 }
 
+/// The three parts of a message's input as last reported. Counts are cumulative: `message_start`
+/// gives them and `message_delta` may repeat them (the API does, with a part it has no count for
+/// as null), so each report replaces only the parts it names and a repeat is never added twice.
+#[derive(Default, Clone, Copy)]
+struct InputParts {
+    fresh: u64,
+    cache_read: u64,
+    cache_write: u64,
+}
+
 /// Input as the spec's prompt_tokens: fresh input plus cache reads and writes (cache reads as cached).
-fn apply_usage(total: &mut TokenUsage, u: &UsageView) {
+fn apply_usage(total: &mut TokenUsage, parts: &mut InputParts, u: &UsageView) {
     let (input, read, write) = (u.input_tokens.0, u.cache_read_input_tokens.0, u.cache_creation_input_tokens.0);
     if input.is_some() || read.is_some() || write.is_some() {
-        let read = read.unwrap_or(0);
-        total.prompt_tokens = input.unwrap_or(0).saturating_add(read).saturating_add(write.unwrap_or(0));
-        total.cached_tokens = read;
+        parts.fresh = input.unwrap_or(parts.fresh);
+        parts.cache_read = read.unwrap_or(parts.cache_read);
+        parts.cache_write = write.unwrap_or(parts.cache_write);
+        total.prompt_tokens = parts.fresh.saturating_add(parts.cache_read).saturating_add(parts.cache_write);
+        total.cached_tokens = parts.cache_read;
     }
     if let Some(out) = u.output_tokens.0 {
         total.completion_tokens = out;
@@ -101,7 +113,7 @@ pub fn parse_messages_usage(body: &[u8]) -> Result<Option<TokenUsage>> {
     let parsed: Body = serde_json::from_slice(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
     Ok(parsed.usage.map(|u| {
         let mut total = TokenUsage::default();
-        apply_usage(&mut total, &u);
+        apply_usage(&mut total, &mut InputParts::default(), &u);
         total
     }))
 }
@@ -137,6 +149,7 @@ pub struct MessagesStreamRewriter {
     pub saw_output: bool,
     pub output_text: String,
     usage: TokenUsage,
+    input: InputParts,
     saw_usage: bool,
     pub model: Option<String>,
     pub finish_reason: Option<String>,
@@ -155,6 +168,7 @@ impl MessagesStreamRewriter {
             saw_output: false,
             output_text: String::new(),
             usage: TokenUsage::default(),
+            input: InputParts::default(),
             saw_usage: false,
             model: None,
             finish_reason: None,
@@ -182,7 +196,7 @@ impl MessagesStreamRewriter {
                 self.model = message.model.into_owned();
             }
             if let Some(u) = &message.usage {
-                apply_usage(&mut self.usage, u);
+                apply_usage(&mut self.usage, &mut self.input, u);
                 self.saw_usage = true;
             }
             if let Some(reason) = message.stop_reason.into_owned() {
@@ -190,7 +204,7 @@ impl MessagesStreamRewriter {
             }
         }
         if let Some(u) = &view.usage {
-            apply_usage(&mut self.usage, u);
+            apply_usage(&mut self.usage, &mut self.input, u);
             self.saw_usage = true;
         }
         if let Some(block) = &view.content_block {
@@ -372,6 +386,26 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{
         let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (9, 8, 17));
         assert!(!rw.done);
+    }
+
+    #[test]
+    fn input_repeated_in_message_delta_is_counted_once_and_a_null_part_kept() {
+        let start = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"cache_read_input_tokens\":10,\"cache_creation_input_tokens\":2,\"output_tokens\":1}}}\n\n";
+        for (delta, expected) in [
+            (&br#"{"input_tokens":3,"cache_read_input_tokens":10,"cache_creation_input_tokens":2,"output_tokens":9}"#[..], (15, 10, 9)),
+            (&br#"{"input_tokens":3,"cache_read_input_tokens":null,"cache_creation_input_tokens":null,"output_tokens":9}"#[..], (15, 10, 9)),
+            (&br#"{"output_tokens":9}"#[..], (15, 10, 9)),
+            (&br#"{"input_tokens":4,"output_tokens":9}"#[..], (16, 10, 9)),
+        ] {
+            let mut rw = MessagesStreamRewriter::new("gw");
+            let mut stream = start.to_vec();
+            stream.extend_from_slice(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":");
+            stream.extend_from_slice(delta);
+            stream.extend_from_slice(b"}\n\n");
+            run(&mut rw, &stream);
+            let u = rw.usage().unwrap();
+            assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), expected);
+        }
     }
 
     #[test]
