@@ -14,6 +14,7 @@ entry, beside the model's own attempts, with its verdict (docs/behaviour.md, "Sa
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -160,8 +161,11 @@ def _verdict(content: bytes) -> tuple[bool, list[str]]:
 
 def _mark(call: Call, first: int, model: str, verdict: str | None, categories: list[str]) -> None:
     """The check's tries, as the router recorded them, become safety attempts of the log entry; the
-    verdict goes on the last one."""
+    verdict goes on the last one (on an entry of its own, without a channel, when none was tried)."""
     tries = call.attempts[first:]
+    if not tries and verdict is not None:  # refused before any channel was tried (all at capacity)
+        call.attempts.append(SafetyAttempt("", time.time_ns() // 1_000_000, model=model, verdict=verdict))
+        return
     for i, attempt in enumerate(tries):
         last = i == len(tries) - 1
         call.attempts[first + i] = SafetyAttempt(
