@@ -8,10 +8,10 @@ literal digits, never as binary floats) and the name of its field, and returns i
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from .errors import GatewayError, invalid_request
 from .store import LIMIT_RESETS
@@ -136,6 +136,53 @@ def model_names(value: object, param: str, known: Collection[str]) -> frozenset[
 
 def money_text(value: Decimal) -> str:
     return f"{value:f}"  # plain digits, never exponent notation ("0.0000012", not "1.2E-6")
+
+
+# ---------------------------------------------------------------- the fields of each operation
+
+Reader = Callable[[Any, str], Any]
+
+
+def account_fields(configured: Collection[str]) -> dict[str, Reader]:
+    """An account's settable fields (create and update; create also takes `balance`)."""
+    return {
+        "name": name,
+        "allowed_models": lambda value, param: model_names(value, param, configured),
+        "rpm_limit": rate_limit,
+        "tpm_limit": rate_limit,
+    }
+
+
+KEY_FIELDS: Final[Mapping[str, Reader]] = {
+    "name": name,
+    "credit_limit": optional_money,
+    "limit_reset": limit_reset,
+    "expires_at": expiry,
+}
+TOP_UP_FIELDS: Final[Mapping[str, Reader]] = {
+    "amount": lambda value, param: money(value, param, positive=True),
+    "note": note,
+}
+
+
+def read_fields(
+    given: Mapping[str, Any],
+    readers: Mapping[str, Reader],
+    required: Collection[str] = (),
+    param: Callable[[str], str] = str,
+) -> dict[str, Any]:
+    """Each given field read by its reader, errors naming it as `param(field)` says (the JSON field
+    for the management API, the option for `gateway admin`). Unknown fields are refused, so a
+    misspelt one is never silently ignored; a field left out is left out of the result."""
+    unknown = sorted(given.keys() - readers.keys())
+    if unknown:
+        raise invalid_request(
+            f"Unknown field `{unknown[0]}`; the fields are: {', '.join(readers)}.", unknown[0]
+        )
+    for field in required:
+        if field not in given:
+            raise invalid_request(f"`{param(field)}` is required.", param(field))
+    return {field: readers[field](value, param(field)) for field, value in given.items()}
 
 
 MAX_PAGE = 1000

@@ -7,22 +7,32 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 from . import admin_fields as field
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
 from .config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
 from .errors import GatewayError
-from .store import LIMIT_RESETS, Account, KeyChanges, NameTaken, Store, open_store
+from .store import (
+    LIMIT_RESETS,
+    Account,
+    AccountChanges,
+    IdempotencyKeyReused,
+    KeyChanges,
+    NameTaken,
+    Store,
+    open_store,
+)
 
 T = TypeVar("T")
 DEMO_ACCOUNT = "demo"
@@ -117,11 +127,16 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     try:
         _wait_for_port("127.0.0.1", args.sim_port, sim)
         key = _run(lambda store: _demo_key(store, settings.store_path.parent / "demo-key"), settings)
+        token = _demo_admin_token(settings)
         print("The gateway is starting with the built-in simulator behind every model.")
         print("Base URL (openai clients take it with /v1 appended; anthropic clients as it is):")
         print(f"http://{host}:{port}")
         print("Demo API key:")
-        print(key, flush=True)
+        print(key)
+        if token is not None:
+            print("The management API (/admin/v1, docs/admin.md) takes this admin token (export it):")
+            print(f"{settings.admin_token_env}={token}")
+        sys.stdout.flush()
         # A child, not this process: the simulator is stopped when the gateway stops. Ctrl-C
         # reaches both (one process group); the gateway then shuts down cleanly.
         gateway = subprocess.Popen(_granian(_on_sim_port(config, args.sim_port), settings, args))
@@ -137,6 +152,18 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         with contextlib.suppress(subprocess.TimeoutExpired):
             sim.wait(5)
     return 0
+
+
+def _demo_admin_token(settings: Settings) -> str | None:
+    """The management API's token for the demo: the one in the environment variable the settings
+    name when it is set, else a new one put there for the gateway to read (the API is then on).
+    None when the configuration has no [admin] token_env (the API stays off)."""
+    env = settings.admin_token_env
+    if env is None:
+        return None
+    token = admin_token(settings) or secrets.token_hex(32)
+    os.environ[env] = token
+    return token
 
 
 def _on_sim_port(config: str, sim_port: int) -> str:
@@ -219,67 +246,126 @@ def _run(action: Callable[[Store], Awaitable[T]], settings: Settings) -> T:
 
 NONE = "none"  # on the command line: clear the setting
 LIMIT_RESET_CHOICES = (*LIMIT_RESETS, NONE)
+# What each command-line option holds: how its text becomes the value the field's reader (gateway.
+# admin_fields, shared with /admin/v1) takes as JSON. "none" is null: the setting cleared.
+_RATE_HELP = 'per minute for each of the account\'s keys; "none" for no limit'
+_MODELS_HELP = 'comma-separated model names the account may call; "none" for every model, "" for none'
+_EXPIRY_HELP = 'Unix ms, ISO 8601 (2026-12-31T23:59:59Z), or "none"'
 
 
 def _admin_args(admin: argparse.ArgumentParser) -> None:
     actions = admin.add_subparsers(dest="action", required=True)
 
-    def action(name: str, summary: str) -> argparse.ArgumentParser:
-        p = actions.add_parser(name, help=summary)
+    def action(name: str, summary: str, *aliases: str) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=summary, aliases=list(aliases))
+        p.set_defaults(action=name)
         p.add_argument("--config", required=True)
         return p
 
-    acct = action("create-account", "create an account")
+    def account_settings(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allowed-models", default=None, help=_MODELS_HELP)
+        p.add_argument("--rpm-limit", default=None, help="requests " + _RATE_HELP)
+        p.add_argument("--tpm-limit", default=None, help="tokens " + _RATE_HELP)
+
+    acct = action("create-account", "create an account (POST /admin/v1/accounts)")
     acct.add_argument("--name", required=True)
     acct.add_argument("--balance", default="0", help="US dollars, e.g. 25.50")
+    account_settings(acct)
     action("list-accounts", "list the accounts with their balances and limits")
+    show = action("show-account", "print an account as GET /admin/v1/accounts/{id} answers it")
+    show.add_argument("--account", required=True, help="account name or id")
+    update = action("update-account", "change an account's name, allowed models or rate limits")
+    update.add_argument("--account", required=True, help="account name or id")
+    update.add_argument("--name", default=None, help="a new name")
+    account_settings(update)
     top = action("top-up", "add money to an account and print its new balance")
-    top.add_argument("--account", required=True, help="account name")
+    top.add_argument("--account", required=True, help="account name or id")
     top.add_argument("--amount", required=True, help="US dollars, e.g. 10.00")
     top.add_argument("--note", default=None, help="kept with the top-up, e.g. an invoice number")
+    top.add_argument("--idempotency-key", default=None, help="the same key again adds nothing")
+    top_ups = action("list-top-ups", "list an account's top-ups (its ledger)")
+    top_ups.add_argument("--account", required=True, help="account name or id")
     key = action("create-key", "create a key for an account and print it (once)")
-    key.add_argument("--account", required=True, help="account name")
+    key.add_argument("--account", required=True, help="account name or id")
     key.add_argument("--name", default="default")
-    key.add_argument("--expires-in-days", type=float, default=None)
+    expiry = key.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-in-days", type=float, default=None)
+    expiry.add_argument("--expires-at", default=None, help=_EXPIRY_HELP)
     key.add_argument("--credit-limit", default=None, help="the key's own limit in US dollars")
     key.add_argument("--limit-reset", default=None, choices=LIMIT_RESETS)
     keys = action("list-keys", "list an account's keys (never their secrets)")
-    keys.add_argument("--account", required=True, help="account name")
-    limit = action("set-key-limit", "change a key's credit limit, its reset or its expiry")
+    keys.add_argument("--account", required=True, help="account name or id")
+    show_key = action("show-key", "print a key as GET /admin/v1/keys/{id} answers it (never its secret)")
+    show_key.add_argument("--key-id", required=True)
+    limit = action(
+        "set-key-limit", "change a key's name, credit limit, its reset or its expiry", "update-key"
+    )
     limit.add_argument("--key-id", required=True)
+    limit.add_argument("--name", default=None, help="a new name")
     limit.add_argument("--credit-limit", default=None, help='US dollars, or "none" for no limit')
     limit.add_argument("--limit-reset", default=None, choices=LIMIT_RESET_CHOICES)
-    limit.add_argument(
-        "--expires-at", default=None, help='Unix ms, ISO 8601 (2026-12-31T23:59:59Z), or "none"'
-    )
+    limit.add_argument("--expires-at", default=None, help=_EXPIRY_HELP)
     rotate = action("rotate-key", "give a key a new secret and print it (once); the old one stops at once")
     rotate.add_argument("--key-id", required=True)
     delete = action("delete-key", "delete a key; it stops working at once")
     delete.add_argument("--key-id", required=True)
+    logs = action("list-logs", "list request logs, newest first (GET /admin/v1/logs)")
+    logs.add_argument("--account", default=None, help="account name or id")
+    logs.add_argument("--key-id", default=None)
+    logs.add_argument("--limit", default=None, help=f"1 to {field.MAX_PAGE} (default {field.DEFAULT_PAGE})")
+    logs.add_argument("--before", default=None, help="the id of the last entry of the previous page")
+    log = action("show-log", "print one request log with its bodies, as GET /admin/v1/logs/{id}")
+    log.add_argument("--id", required=True, help="the request's x-service-request-id")
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
-    actions = {
+    actions: dict[str, Callable[[Store, argparse.Namespace], Awaitable[None]]] = {
         "create-account": _create_account,
         "list-accounts": _list_accounts,
+        "show-account": _show_account,
+        "update-account": _update_account,
         "top-up": _top_up,
+        "list-top-ups": _list_top_ups,
         "create-key": _create_key,
         "list-keys": _list_keys,
+        "show-key": _show_key,
         "set-key-limit": _set_key_limit,
         "rotate-key": _rotate_key,
         "delete-key": _delete_key,
+        "list-logs": _list_logs,
+        "show-log": _show_log,
     }
+    args.configured = frozenset(m.name for m in settings.models)
     _run(lambda store: actions[args.action](store, args), settings)
     return 0
 
 
-# Each action calls the same store method as its /admin/v1 endpoint, with the same checks.
+# Each action calls the same store method as its /admin/v1 endpoint, with the same checks: the
+# options are read by the management API's own field readers (admin_fields), named as options.
+
+
+def _read(given: dict[str, object], readers: Mapping[str, field.Reader]) -> dict[str, Any]:
+    return field.read_fields(given, readers, param=lambda name: "--" + name.replace("_", "-"))
+
+
+def _account_options(args: argparse.Namespace) -> dict[str, object]:
+    """The account settings given on the command line, as the JSON values the readers take."""
+    given: dict[str, object] = {}
+    if args.allowed_models is not None:
+        models = args.allowed_models
+        given["allowed_models"] = None if models == NONE else [m for m in models.split(",") if m]
+    for option in ("rpm_limit", "tpm_limit"):
+        text = getattr(args, option)
+        if text is not None:
+            given[option] = None if text == NONE else int(text) if text.isdigit() else text
+    return given
 
 
 async def _create_account(store: Store, args: argparse.Namespace) -> None:
-    balance = field.money(args.balance, "--balance")
+    given = {"name": args.name, "balance": args.balance, **_account_options(args)}
+    fields = _read(given, {**field.account_fields(args.configured), "balance": field.money})
     try:
-        print((await store.create_account(field.name(args.name, "--name"), balance)).id)
+        print((await store.create_account(fields.pop("name"), fields.pop("balance"), **fields)).id)
     except NameTaken as exc:
         raise AdminError(str(exc)) from None
 
@@ -292,30 +378,81 @@ async def _list_accounts(store: Store, args: argparse.Namespace) -> None:
         print("\t".join(row))
 
 
-async def _top_up(store: Store, args: argparse.Namespace) -> None:
+async def _show_account(store: Store, args: argparse.Namespace) -> None:
+    from .routes.admin import account_json
+
+    _print_json(account_json(await _account(store, args.account)))
+
+
+async def _update_account(store: Store, args: argparse.Namespace) -> None:
+    from .routes.admin import account_json
+
     account = await _account(store, args.account)
-    amount = field.money(args.amount, "--amount", positive=True)
-    done = await store.top_up(account.id, amount, field.note(args.note, "--note"))
+    given = _account_options(args)
+    if args.name is not None:
+        given["name"] = args.name
+    if not given:
+        raise AdminError("nothing to change: give --name, --allowed-models, --rpm-limit or --tpm-limit")
+    changes = cast(AccountChanges, _read(given, field.account_fields(args.configured)))
+    try:
+        updated = await store.update_account(account.id, changes)
+    except NameTaken as exc:
+        raise AdminError(str(exc)) from None
+    if updated is None:
+        raise AdminError(f"no account {args.account!r}")
+    _print_json(account_json(updated))
+
+
+async def _top_up(store: Store, args: argparse.Namespace) -> None:
+    from .idempotency import MAX_KEY_CHARS as MAX_IDEMPOTENCY_KEY_CHARS
+
+    account = await _account(store, args.account)
+    fields = _read({"amount": args.amount, "note": args.note}, field.TOP_UP_FIELDS)
+    key = args.idempotency_key
+    if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+        raise AdminError(f"--idempotency-key must have 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+    try:
+        done = await store.top_up(account.id, fields["amount"], fields["note"], key)
+    except IdempotencyKeyReused:
+        raise AdminError("this --idempotency-key was used for a top-up with another amount or note") from None
     if done is None:
-        raise AdminError(f"no account named {args.account!r}")
+        raise AdminError(f"no account {args.account!r}")
     print(field.money_text(done[0].balance_after))
+
+
+async def _list_top_ups(store: Store, args: argparse.Namespace) -> None:
+    account = await _account(store, args.account)
+    print("id\tcreated_at\tamount\tbalance_after\tnote")
+    for t in await store.list_top_ups(account.id):
+        row = (
+            t.id,
+            rfc3339(t.created_at_ms),
+            field.money_text(t.amount),
+            field.money_text(t.balance_after),
+            _text(t.note),
+        )
+        print("\t".join(row))
 
 
 async def _create_key(store: Store, args: argparse.Namespace) -> None:
     account = await _account(store, args.account)
-    expires = None
-    if args.expires_in_days is not None:
-        expires = time.time_ns() // 1_000_000 + int(args.expires_in_days * 86_400_000)
-    credit_limit = None if args.credit_limit is None else field.money(args.credit_limit, "--credit-limit")
+    given: dict[str, object] = {"name": args.name, "limit_reset": args.limit_reset}
+    if args.credit_limit is not None:
+        given["credit_limit"] = args.credit_limit
+    if args.expires_at is not None:
+        given["expires_at"] = _moment(args.expires_at)
+    elif args.expires_in_days is not None:
+        given["expires_at"] = time.time_ns() // 1_000_000 + int(args.expires_in_days * 86_400_000)
+    fields = _read(given, field.KEY_FIELDS)
     secret = generate_key()
     record = await store.create_key(
         account.id,
-        field.name(args.name, "--name"),
+        fields["name"],
         hash_key(secret),
         display_prefix(secret),
-        expires,
-        credit_limit=credit_limit,
-        limit_reset=args.limit_reset,
+        fields.get("expires_at"),
+        credit_limit=fields.get("credit_limit"),
+        limit_reset=fields["limit_reset"],
     )
     print(f"created key {record.id} for account {account.name!r}", file=sys.stderr)
     print(secret)
@@ -338,19 +475,31 @@ async def _list_keys(store: Store, args: argparse.Namespace) -> None:
         print("\t".join(row))
 
 
+async def _show_key(store: Store, args: argparse.Namespace) -> None:
+    from .routes.admin import key_json
+
+    key = await store.get_key(args.key_id)
+    if key is None:
+        raise AdminError(f"no key with id {args.key_id!r}")
+    _print_json(key_json(key))
+
+
 async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
-    changes: KeyChanges = {}
+    given: dict[str, object] = {}
+    if args.name is not None:
+        given["name"] = args.name
     if args.credit_limit is not None:
-        changes["credit_limit"] = _unless_none(args.credit_limit, lambda v: field.money(v, "--credit-limit"))
+        given["credit_limit"] = None if args.credit_limit == NONE else args.credit_limit
     if args.limit_reset is not None:
-        changes["limit_reset"] = _unless_none(args.limit_reset, str)
+        given["limit_reset"] = None if args.limit_reset == NONE else args.limit_reset
     if args.expires_at is not None:
-        changes["expires_at_ms"] = _unless_none(
-            args.expires_at, lambda v: field.expiry(int(v) if v.isdigit() else v, "--expires-at")
-        )
-    if not changes:
-        raise AdminError("nothing to change: give --credit-limit, --limit-reset or --expires-at")
-    if await store.update_key(args.key_id, changes) is None:
+        given["expires_at"] = None if args.expires_at == NONE else _moment(args.expires_at)
+    if not given:
+        raise AdminError("nothing to change: give --name, --credit-limit, --limit-reset or --expires-at")
+    fields = _read(given, field.KEY_FIELDS)
+    if "expires_at" in fields:
+        fields["expires_at_ms"] = fields.pop("expires_at")
+    if await store.update_key(args.key_id, cast(KeyChanges, fields)) is None:
         raise AdminError(f"no live key with id {args.key_id!r}")
 
 
@@ -366,15 +515,55 @@ async def _delete_key(store: Store, args: argparse.Namespace) -> None:
         raise AdminError(f"no live key with id {args.key_id!r}")
 
 
-async def _account(store: Store, name: str) -> Account:
-    account = await store.find_account(name)
+async def _list_logs(store: Store, args: argparse.Namespace) -> None:
+    account_id = None if args.account is None else (await _account(store, args.account)).id
+    limit = field.page_size(args.limit, "--limit")
+    entries = await store.list_request_logs(
+        account_id=account_id, key_id=args.key_id, before=args.before, limit=limit
+    )
+    print("id\tstarted_at\tstatus\terror_code\tmodel\tcost\tduration_ms\tmethod\tpath\tkey_id")
+    for e in entries:
+        row = (
+            e.id,
+            rfc3339(e.started_at_ms),
+            str(e.status),
+            _text(e.error_code),
+            _text(e.model),
+            "-" if e.cost is None else field.money_text(e.cost),
+            str(e.duration_ms),
+            e.method,
+            e.path,
+            _text(e.key_id),
+        )
+        print("\t".join(row))
+
+
+async def _show_log(store: Store, args: argparse.Namespace) -> None:
+    from .routes.admin import log_with_bodies_json
+
+    entry = await store.get_request_log(args.id)
+    if entry is None:
+        raise AdminError(f"no request log with id {args.id!r}")
+    _print_json(log_with_bodies_json(entry))
+
+
+async def _account(store: Store, ref: str) -> Account:
+    """The account of that name, or of that id."""
+    account = await store.find_account(ref)
+    if account is None and ref.startswith("acct_"):
+        account = await store.get_account(ref)
     if account is None:
-        raise AdminError(f"no account named {name!r}")
+        raise AdminError(f"no account named {ref!r}")
     return account
 
 
-def _unless_none(text: str, parse: Callable[[str], T]) -> T | None:
-    return None if text == NONE else parse(text)
+def _moment(text: str) -> int | str:
+    """--expires-at as the reader takes it: Unix ms (digits) or an ISO 8601 string."""
+    return int(text) if text.isdigit() else text
+
+
+def _print_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, indent=2))
 
 
 def _text(value: object) -> str:

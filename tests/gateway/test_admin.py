@@ -5,6 +5,7 @@ the spec's errors for API keys (403), missing or wrong admin tokens (401) and ba
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from harness import Gateway, chat_model, gateway
+from harness import Gateway, chat_model, gateway, request_logs
 
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
 TOKEN = "admin-" + "0123456789abcdef" * 3
@@ -552,3 +553,89 @@ def test_lists_come_a_page_at_a_time(admin: httpx.Client) -> None:
         after = page["data"][-1]["id"]
     assert len(everyone) == len(set(everyone)) and account["id"] in everyone
     error(admin.get("/accounts", params={"limit": "1001"}), 400, "invalid_request")
+
+
+# ---------------------------------------------------------------- the CLI: every operation of the API
+
+
+def test_cli_sets_what_the_api_sets_on_accounts(agw: Gateway, admin: httpx.Client) -> None:
+    """rpm_limit, tpm_limit and allowed_models, at creation and after, with the API's checks."""
+    name = f"cli-limits-{time.monotonic_ns()}"
+    account_id = cli(
+        agw,
+        "create-account",
+        "--name",
+        name,
+        "--allowed-models",
+        MODEL,
+        "--rpm-limit",
+        "60",
+        "--tpm-limit",
+        "10000",
+    ).strip()
+    account = ok(admin.get(f"/accounts/{account_id}"))
+    assert (account["allowed_models"], account["rpm_limit"], account["tpm_limit"]) == ([MODEL], 60, 10000)
+    shown = json.loads(cli(agw, "show-account", "--account", account_id))
+    assert shown == account
+    changed = json.loads(
+        cli(
+            agw,
+            "update-account",
+            "--account",
+            name,
+            "--name",
+            name + "-2",
+            "--rpm-limit",
+            "none",
+            "--allowed-models",
+            f"{MODEL},{OTHER_MODEL}",
+        )
+    )
+    assert changed == ok(admin.get(f"/accounts/{account_id}"))
+    assert (changed["name"], changed["rpm_limit"], changed["tpm_limit"]) == (name + "-2", None, 10000)
+    assert changed["allowed_models"] == sorted([MODEL, OTHER_MODEL])
+    cli(agw, "update-account", "--account", account_id, "--allowed-models", "none", "--tpm-limit", "5")
+    again = ok(admin.get(f"/accounts/{account_id}"))
+    assert (again["allowed_models"], again["tpm_limit"]) == (None, 5)
+    # A key of the account is limited as the API would limit it.
+    secret = cli(agw, "create-key", "--account", account_id, "--expires-at", "2999-01-01T00:00:00Z").strip()
+    key_id = ok(admin.get(f"/accounts/{account_id}/keys"))["data"][0]["id"]
+    assert json.loads(cli(agw, "show-key", "--key-id", key_id))["expires_at"] == "2999-01-01T00:00:00.000Z"
+    assert chat(agw, secret).headers["x-ratelimit-limit-tokens"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("create-account", "--name", "x", "--rpm-limit", "0"), "`--rpm-limit` must be a positive integer"),
+        (("create-account", "--name", "x", "--tpm-limit", "ten"), "`--tpm-limit` must be a positive integer"),
+        (("create-account", "--name", "x", "--allowed-models", "no/such"), "`--allowed-models` names"),
+        (("update-account", "--account", "nobody-here", "--rpm-limit", "1"), "no account named"),
+        (("update-account", "--account", "x"), "no account named"),
+        (("top-up", "--account", "nobody-here", "--amount", "1", "--idempotency-key", ""), "no account"),
+        (("show-key", "--key-id", "key_nope"), "no key with id"),
+        (("show-log", "--id", "req_nope"), "no request log"),
+        (("list-logs", "--limit", "0"), "`--limit` must be a whole number"),
+        (("set-key-limit", "--key-id", "key_nope", "--name", ""), "`--name` must be a non-empty"),
+    ],
+)
+def test_cli_refuses_what_the_api_refuses(agw: Gateway, args: tuple[str, ...], message: str) -> None:
+    done = run_cli(agw, *args)
+    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_cli_ledger_logs_and_key_names(agw: Gateway, admin: httpx.Client) -> None:
+    account = new_account(admin, "1.00")
+    key = new_key(admin, account["id"])
+    once = ("top-up", "--account", account["id"], "--amount", "0.5", "--idempotency-key", "inv-9")
+    assert cli(agw, *once).strip() == cli(agw, *once).strip() == "1.50"  # the second adds nothing
+    ledger = cli(agw, "list-top-ups", "--account", account["name"]).splitlines()
+    assert len(ledger) == 2 and ledger[1].split("\t")[2:4] == ["0.5", "1.50"]
+    cli(agw, "update-key", "--key-id", key["id"], "--name", "renamed")
+    assert ok(admin.get(f"/keys/{key['id']}"))["name"] == "renamed"
+    request_id = chat(agw, key["key"]).headers["x-service-request-id"]
+    request_logs(admin, key["id"], 1)
+    rows = cli(agw, "list-logs", "--key-id", key["id"]).splitlines()
+    assert rows[1].split("\t")[:3] == [request_id, rows[1].split("\t")[1], "200"]
+    shown = json.loads(cli(agw, "show-log", "--id", request_id))
+    assert shown == ok(admin.get(f"/logs/{request_id}"))

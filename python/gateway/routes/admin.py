@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, cast
 
@@ -34,35 +34,17 @@ from ..store import (
 )
 from .common import json_response, read_body
 
-Reader = Callable[[Any, str], Any]
 # (status, payload) or (status, payload, headers)
 Handler = Callable[[Request], Awaitable[tuple[Any, ...]]]
 PREFIX = "/admin/v1"
 STREAM_SUMMARY_PREFIX = b'{"object":"' + request_log.STREAM_SUMMARY.encode() + b'"'
-
-_KEY_FIELDS: Mapping[str, Reader] = {
-    "name": field.name,
-    "credit_limit": field.optional_money,
-    "limit_reset": field.limit_reset,
-    "expires_at": field.expiry,
-}
-_TOP_UP_FIELDS: Mapping[str, Reader] = {
-    "amount": lambda value, param: field.money(value, param, positive=True),
-    "note": field.note,
-}
 
 
 def routes(state: GatewayState) -> list[Route]:
     store = state.store
     token = admin_token(state.settings)
     body_limit = state.settings.max_request_bytes
-    configured = frozenset(m.name for m in state.settings.models)
-    account_fields: Mapping[str, Reader] = {
-        "name": field.name,
-        "allowed_models": lambda value, param: field.model_names(value, param, configured),
-        "rpm_limit": field.rate_limit,
-        "tpm_limit": field.rate_limit,
-    }
+    account_fields = field.account_fields(frozenset(m.name for m in state.settings.models))
 
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
@@ -85,26 +67,28 @@ def routes(state: GatewayState) -> list[Route]:
     # ---------------------------------------------------------------- accounts
 
     async def create_account(request: Request) -> tuple[int, Any]:
-        fields = _fields(await body(request), {**account_fields, "balance": field.money}, required=("name",))
+        fields = field.read_fields(
+            await body(request), {**account_fields, "balance": field.money}, required=("name",)
+        )
         name = fields.pop("name")
         balance = fields.pop("balance", Decimal(0))
         try:
             account = await store.create_account(name, balance, **fields)
         except NameTaken as exc:
             raise invalid_request(f"An account named {name!r} exists already.", "name") from exc
-        return 201, _account(account)
+        return 201, account_json(account)
 
     async def list_accounts(request: Request) -> tuple[int, Any]:
         after, limit = _paging(request)
         return 200, _page(
-            [_account(a) for a in await store.list_accounts(after=after, limit=limit + 1)], limit
+            [account_json(a) for a in await store.list_accounts(after=after, limit=limit + 1)], limit
         )
 
     async def get_account(request: Request) -> tuple[int, Any]:
-        return 200, _account(await account_of(request))
+        return 200, account_json(await account_of(request))
 
     async def update_account(request: Request) -> tuple[int, Any]:
-        changes = cast(AccountChanges, _fields(await body(request), account_fields))
+        changes = cast(AccountChanges, field.read_fields(await body(request), account_fields))
         account_id = request.path_params["account_id"]
         try:
             account = await store.update_account(account_id, changes)
@@ -114,12 +98,12 @@ def routes(state: GatewayState) -> list[Route]:
             ) from exc
         if account is None:
             raise _no_account(account_id)
-        return 200, _account(account)
+        return 200, account_json(account)
 
     # ---------------------------------------------------------------- top-ups
 
     async def top_up(request: Request) -> tuple[Any, ...]:
-        fields = _fields(await body(request), _TOP_UP_FIELDS, required=("amount",))
+        fields = field.read_fields(await body(request), field.TOP_UP_FIELDS, required=("amount",))
         account_id = request.path_params["account_id"]
         key = idempotency.requested_key(request)
         try:
@@ -133,19 +117,19 @@ def routes(state: GatewayState) -> list[Route]:
             raise _no_account(account_id)
         entry, replayed = done
         if replayed:  # answered as the first time, adding nothing (spec 8's header, as Stripe does)
-            return 201, _top_up(entry), {"Idempotency-Replayed": "true"}
-        return 201, _top_up(entry)
+            return 201, top_up_json(entry), {"Idempotency-Replayed": "true"}
+        return 201, top_up_json(entry)
 
     async def list_top_ups(request: Request) -> tuple[int, Any]:
         account = await account_of(request)
         after, limit = _paging(request)
         entries = await store.list_top_ups(account.id, after=after, limit=limit + 1)
-        return 200, _page([_top_up(t) for t in entries], limit)
+        return 200, _page([top_up_json(t) for t in entries], limit)
 
     # ---------------------------------------------------------------- keys
 
     async def create_key(request: Request) -> tuple[int, Any]:
-        fields = _fields(await body(request), _KEY_FIELDS)
+        fields = field.read_fields(await body(request), field.KEY_FIELDS)
         account = await account_of(request)
         secret = generate_key()
         key = await store.create_key(
@@ -157,35 +141,35 @@ def routes(state: GatewayState) -> list[Route]:
             credit_limit=fields.get("credit_limit"),
             limit_reset=fields.get("limit_reset"),
         )
-        return 201, {**_key(key), "key": secret}
+        return 201, {**key_json(key), "key": secret}
 
     async def list_keys(request: Request) -> tuple[int, Any]:
         account = await account_of(request)
         after, limit = _paging(request)
         keys = await store.list_keys(account.id, after=after, limit=limit + 1)
-        return 200, _page([_key(k) for k in keys], limit)
+        return 200, _page([key_json(k) for k in keys], limit)
 
     async def get_key(request: Request) -> tuple[int, Any]:
         key = await store.get_key(request.path_params["key_id"])
         if key is None:
             raise GatewayError("not_found", f"No key {request.path_params['key_id']!r}.")
-        return 200, _key(key)
+        return 200, key_json(key)
 
     async def update_key(request: Request) -> tuple[int, Any]:
-        fields = _fields(await body(request), _KEY_FIELDS)
+        fields = field.read_fields(await body(request), field.KEY_FIELDS)
         if "expires_at" in fields:
             fields["expires_at_ms"] = fields.pop("expires_at")
         key = await store.update_key(request.path_params["key_id"], cast(KeyChanges, fields))
         if key is None:
             raise _no_live_key(request.path_params["key_id"])
-        return 200, _key(key)
+        return 200, key_json(key)
 
     async def rotate_key(request: Request) -> tuple[int, Any]:
         secret = generate_key()
         key = await store.rotate_key(request.path_params["key_id"], hash_key(secret), display_prefix(secret))
         if key is None:
             raise _no_live_key(request.path_params["key_id"])
-        return 200, {**_key(key), "key": secret}
+        return 200, {**key_json(key), "key": secret}
 
     async def delete_key(request: Request) -> tuple[int, Any]:
         key_id = request.path_params["key_id"]
@@ -193,7 +177,7 @@ def routes(state: GatewayState) -> list[Route]:
         key = await store.get_key(key_id)
         if not deleted or key is None:
             raise _no_live_key(key_id)
-        return 200, _key(key)
+        return 200, key_json(key)
 
     # ---------------------------------------------------------------- request logs
 
@@ -206,18 +190,14 @@ def routes(state: GatewayState) -> list[Route]:
             before=query.get("before"),
             limit=limit + 1,  # one more tells whether another page follows
         )
-        page = [_log_entry(e) for e in entries[:limit]]
+        page = [log_json(e) for e in entries[:limit]]
         return 200, {**_list(page), "has_more": len(entries) > limit}
 
     async def get_log(request: Request) -> tuple[int, Any]:
         entry = await store.get_request_log(request.path_params["log_id"])
         if entry is None:
             raise GatewayError("not_found", f"No request log {request.path_params['log_id']!r}.")
-        return 200, {
-            **_log_entry(entry),
-            "request_body": _body(entry.request_body, entry.request_bytes),
-            "response_body": _body(entry.response_body, entry.response_bytes),
-        }
+        return 200, log_with_bodies_json(entry)
 
     # ---------------------------------------------------------------- channels
 
@@ -279,26 +259,10 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number")
 
 
-def _fields(
-    body: Mapping[str, Any], readers: Mapping[str, Reader], required: Collection[str] = ()
-) -> dict[str, Any]:
-    """Each field of the body read by its reader. Unknown fields are refused, so a misspelt one is
-    never silently ignored; a field left out is left out of the result."""
-    unknown = sorted(body.keys() - readers.keys())
-    if unknown:
-        raise invalid_request(
-            f"Unknown field `{unknown[0]}`; the fields are: {', '.join(readers)}.", unknown[0]
-        )
-    for name in required:
-        if name not in body:
-            raise invalid_request(f"`{name}` is required.", name)
-    return {name: readers[name](value, name) for name, value in body.items()}
-
-
 # ---------------------------------------------------------------- rendering (money as decimal strings)
 
 
-def _account(a: Account) -> dict[str, Any]:
+def account_json(a: Account) -> dict[str, Any]:
     return {
         "id": a.id,
         "object": "account",
@@ -311,7 +275,7 @@ def _account(a: Account) -> dict[str, Any]:
     }
 
 
-def _key(k: ApiKey) -> dict[str, Any]:
+def key_json(k: ApiKey) -> dict[str, Any]:
     return {
         "id": k.id,
         "object": "api_key",
@@ -328,7 +292,7 @@ def _key(k: ApiKey) -> dict[str, Any]:
     }
 
 
-def _top_up(t: TopUp) -> dict[str, Any]:
+def top_up_json(t: TopUp) -> dict[str, Any]:
     return {
         "id": t.id,
         "object": "top_up",
@@ -340,7 +304,7 @@ def _top_up(t: TopUp) -> dict[str, Any]:
     }
 
 
-def _log_entry(e: RequestLog) -> dict[str, Any]:
+def log_json(e: RequestLog) -> dict[str, Any]:
     return {
         "id": e.id,
         "object": "request_log",
@@ -361,7 +325,16 @@ def _log_entry(e: RequestLog) -> dict[str, Any]:
     }
 
 
-def _body(data: bytes | None, size: int) -> dict[str, Any] | None:
+def log_with_bodies_json(e: RequestLog) -> dict[str, Any]:
+    """One request log entry with its kept bodies (GET /admin/v1/logs/{id}, `gateway admin show-log`)."""
+    return {
+        **log_json(e),
+        "request_body": body_json(e.request_body, e.request_bytes),
+        "response_body": body_json(e.response_body, e.response_bytes),
+    }
+
+
+def body_json(data: bytes | None, size: int) -> dict[str, Any] | None:
     """A kept body (None once purged): as text when it is UTF-8 (JSON, SSE), else base64 (audio,
     images, multipart); `truncated` when only the first [logs] max_body_bytes were kept."""
     if data is None:
