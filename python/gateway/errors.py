@@ -44,30 +44,27 @@ ERROR_TABLE: Final[Mapping[str, tuple[int, str]]] = {
 }
 
 
-# code -> error.type as Anthropic's API names it, for answers under /v1/messages: its clients (the
-# anthropic SDKs, the AI SDK's Anthropic provider) read `type`, not `code`. Where the spec's type is
-# already one of Anthropic's words it is the same here.
+# error.type as Anthropic's API names it, for answers under /v1/messages: its clients (the anthropic
+# SDKs, the AI SDK's Anthropic provider) read `type`, not `code`. A spec type that is already one of
+# Anthropic's words stays; the others are translated by MESSAGES_ERROR_TYPES (spec type -> word).
+ANTHROPIC_ERROR_TYPES: Final = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
+        "billing_error",
+        "timeout_error",
+    }
+)
 MESSAGES_ERROR_TYPES: Final[Mapping[str, str]] = {
-    "invalid_request": "invalid_request_error",
-    "model_not_found": "not_found_error",
-    "insufficient_credits": "billing_error",
-    "key_budget_exceeded": "billing_error",
-    "content_filtered": "invalid_request_error",
-    "invalid_api_key": "authentication_error",
-    "key_expired": "authentication_error",
-    "invalid_admin_token": "authentication_error",
-    "model_not_allowed": "permission_error",
-    "forbidden": "permission_error",
-    "not_found": "not_found_error",
-    "method_not_allowed": "invalid_request_error",
-    "idempotency_key_reused": "invalid_request_error",
-    "idempotency_key_in_progress": "invalid_request_error",
-    "request_too_large": "request_too_large",
-    "rate_limited": "rate_limit_error",
-    "provider_overloaded": "overloaded_error",
-    "provider_error": "api_error",
-    "timeout": "timeout_error",
-    "api_error": "api_error",
+    "insufficient_credits": "billing_error",  # insufficient_credits, key_budget_exceeded
+    "content_policy_violation": "invalid_request_error",  # content_filtered (Anthropic's own is a 400)
+    "idempotency_error": "invalid_request_error",  # idempotency_key_reused / _in_progress (409)
 }
 # The answer shapes of errors: the spec's object alone, or dressed for Anthropic's clients.
 ErrorShape = Literal["spec", "messages"]
@@ -117,8 +114,10 @@ def error_object(
     code: str, message: str, param: str | None = None, shape: ErrorShape = "spec"
 ) -> dict[str, Any]:
     """The spec's error object (2.1); with shape "messages", `type` in Anthropic's vocabulary."""
-    # A code missing from the message table would be a gap of ours: Anthropic's catch-all then.
-    type_ = MESSAGES_ERROR_TYPES.get(code, "api_error") if shape == "messages" else ERROR_TABLE[code][1]
+    type_ = ERROR_TABLE[code][1]
+    if shape == "messages" and type_ not in ANTHROPIC_ERROR_TYPES:
+        # A type missing from the table would be a gap of ours: Anthropic's catch-all then.
+        type_ = MESSAGES_ERROR_TYPES.get(type_, "api_error")
     return {"message": message, "type": type_, "param": param, "code": code}
 
 

@@ -6,8 +6,10 @@ content_block_stop), then message_delta with the stop reason and usage, message_
 gateway's `data: [DONE]` as the Rust MessagesStreamRewriter adds it. Every event's JSON carries the
 gateway's id at the top level, and message_start also as message.id.
 
-The chat shape reports usage only at its end, so message_start says 0 tokens and message_delta
-carries the whole usage (input tokens included, which the anthropic client takes from there).
+The chat shape reports usage only at its end, so message_start carries the gateway's own count of
+the prompt (as the family's message_start carries the input tokens) and 0 output tokens, and
+message_delta the whole usage as the upstream reported it (input tokens included, which the
+anthropic client and langchain-anthropic take from there).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ INTERLEAVED_TOOL_CALLS = orjson.dumps(
 class MessagesStreamFromChat(TranslatedStream):
     """A StreamRewriter (routes/streaming.py) for a messages client of a chat model.
 
-    `counted_usage(output_text)` is the gateway's own count, shown in message_delta only when the
-    upstream reported no usage."""
+    `counted_usage(output_text)` is the gateway's own count: its prompt tokens are message_start's
+    input tokens; in message_delta it is shown only when the upstream reported no usage."""
 
     def __init__(self, response_id: str, counted_usage: Callable[[str], Usage]) -> None:
         super().__init__()
@@ -168,7 +170,7 @@ class MessagesStreamFromChat(TranslatedStream):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {**messages_usage(self._counted_usage("")), "output_tokens": 0},
         }
         self._event("message_start", {"message": message}, out)
         self._started = True
