@@ -9,11 +9,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from . import background as background_responses
 from . import jobs
@@ -24,6 +26,7 @@ from .errors import GatewayError, error_response
 from .funds import Funds
 from .housekeeping import purge_expired, tend_leases
 from .providers.http import UpstreamClient
+from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import RateLimiter
 from .registry import ModelRegistry
 from .routes import (
@@ -86,7 +89,8 @@ def create_app(settings: Settings) -> Starlette:
             await state.upstream.close()
             await state.store.close()
 
-    app = Starlette(
+    app = _GatewayApp(
+        state,
         routes=[
             *chat.routes(state),
             *messages.routes(state),
@@ -111,6 +115,19 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.gateway = state
     return app
+
+
+class _GatewayApp(Starlette):
+    """Starlette with the x-ratelimit-* headers added outside everything else, so that every answer
+    carries them, the 500s of Starlette's outermost error handler included."""
+
+    def __init__(self, state: GatewayState, **kwargs: Any) -> None:
+        self._gateway = state
+        super().__init__(**kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        state = self._gateway
+        return RateLimitHeaders(super().build_middleware_stack(), state.store, state.limiter)
 
 
 def _beside(path: Path, suffix: str) -> Path:

@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from .config import ConfigError, Settings
 from .errors import GatewayError
+from .ratelimits import key_slot
 from .store import KeyContext, Store
 
 KEY_PREFIX = "sk-"
@@ -43,7 +44,11 @@ def presented_key(request: Request) -> str | None:
 
 
 async def authenticate(request: Request, store: Store) -> KeyContext:
-    """The caller's key and account, or 401 (spec 5). Runs before anything reaches a model."""
+    """The caller's key and account, or 401 (spec 5). Runs before anything reaches a model. The
+    answer's x-ratelimit-* headers come from what it found (gateway.ratelimit_headers)."""
+    slot = key_slot(request.scope)
+    if slot is not None:
+        slot.checked = True
     token = presented_key(request)
     if not token:
         raise GatewayError(
@@ -57,6 +62,8 @@ async def authenticate(request: Request, store: Store) -> KeyContext:
     expires = ctx.key.expires_at_ms
     if expires is not None and time.time_ns() // 1_000_000 >= expires:
         raise GatewayError("key_expired", "This API key has expired. Create a new key in the console.")
+    if slot is not None:
+        slot.ctx = ctx
     return ctx
 
 

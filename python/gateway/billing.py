@@ -13,6 +13,8 @@ from typing import Any
 
 from .config import ModelConfig
 from .context import Call
+from .estimates import TextEstimate
+from .funds import NotCovered
 from .pricing import Usage, cost
 from .state import GatewayState
 from .store import UsageRecord
@@ -24,16 +26,25 @@ def estimate_usage(
     """The most a text request may consume: its whole prompt and as much output as it may produce
     (the first of the request's `limits` parameters it sets, never more than the model's
     max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearer
-    of the output and reasoning prices."""
-    output = model.max_output_tokens
+    of the output and reasoning prices. It knows which of `limits` the request set, so that a
+    refusal can name the largest value that fits (gateway.estimates)."""
+    output, limit_set = model.max_output_tokens, None
     for name in limits:
         value = positive_int(None if payload is None else payload.get(name))
         if value is not None:
-            output = min(value, output)
+            output, limit_set = min(value, output), name
             break
-    output *= positive_int(None if payload is None else payload.get("n")) or 1
+    choices = positive_int(None if payload is None else payload.get("n")) or 1
+    output *= choices
     reasoning = output if model.prices.reasoning > model.prices.output else 0
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=output, reasoning_tokens=reasoning)
+    return TextEstimate(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=output,
+        reasoning_tokens=reasoning,
+        limits=limits,
+        limit_set=limit_set,
+        choices=choices,
+    )
 
 
 def positive_int(value: Any) -> int | None:
@@ -45,10 +56,15 @@ async def hold(
     state: GatewayState, call: Call, model: ModelConfig, estimate: Usage, now_ms: int | None = None
 ) -> None:
     """Set the estimated cost aside on the account and the key's limit, or refuse the request with
-    insufficient_credits / key_budget_exceeded before it runs (spec 5.4, 7.5.1, 8)."""
+    insufficient_credits / key_budget_exceeded before it runs (spec 5.4, 7.5.1, 8), saying the most
+    it could cost and, for a text request, the largest output limit the money covers. Its tokens
+    are reserved first (gateway.ratelimits: 400 when they can never fit, 429 when not yet)."""
     call.model = model.name
-    state.limiter.reserve(call.rate, estimate.total_tokens)
-    call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
+    state.limiter.reserve(call.rate, estimate, model.type)
+    try:
+        call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
+    except NotCovered as refused:
+        raise refused.explained(model.prices, estimate, state.registry.forwarded_params(model)) from None
 
 
 def release(state: GatewayState, call: Call) -> None:

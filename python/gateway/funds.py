@@ -21,6 +21,12 @@ unused part of the pot, for at most LEASE_IDLE_SECONDS after that process went i
 long as a request costs no more than its estimate; one that costs more (an upstream counting more
 prompt tokens than the gateway, a Responses turn continuing an earlier one) is still charged in
 full, and the balance can go below zero by that excess (then every request is refused).
+
+A refusal says the most the request could cost and the money that was free for it (NotCovered):
+what this process has of its lease that nothing holds, plus what no process has leased. With
+several worker processes the unused leases of the others are not counted (they go back within
+LEASE_IDLE_SECONDS), so near the end of the money that figure can be a little low. For a text
+request billing adds the largest output limit that money covers (NotCovered.explained).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from . import clock
+from .config import Prices
 from .errors import GatewayError
+from .estimates import TextEstimate
+from .pricing import Usage, cost, format_cost
 from .store import KeyContext, Store
 
 ZERO = Decimal(0)
@@ -42,18 +51,79 @@ SMALLEST = Decimal("0.000000001")
 LEASE_IDLE_SECONDS = 2.0
 
 
-def insufficient_credits() -> GatewayError:
-    return GatewayError(
-        "insufficient_credits", "The account's credits do not cover this request. Add credits and retry."
-    )
+# What a client can do about each refusal.
+_REMEDY = {
+    "account": ("insufficient_credits", "Add credits and retry."),
+    "key": ("key_budget_exceeded", "Raise the key's credit limit, wait for its reset, or use another key."),
+}
 
 
-def key_budget_exceeded() -> GatewayError:
-    return GatewayError(
-        "key_budget_exceeded",
-        "This key's credit limit does not cover this request. Raise the limit, wait for its reset,"
-        " or use another key.",
-    )
+class NotCovered(GatewayError):
+    """A hold refused (400 insufficient_credits for the account, key_budget_exceeded for the key's
+    credit limit): the most the request could cost (`amount`) and the money that was free for it
+    (`available`, on the pot that refused it; `usable`: the least of all its pots, what an output
+    limit must fit; see the module's notes on several workers)."""
+
+    def __init__(self, kind: str, amount: Decimal, available: Decimal, usable: Decimal | None = None) -> None:
+        self.kind, self.amount, self.available = kind, amount, available
+        self.usable = available if usable is None else min(usable, available)
+        code, remedy = _REMEDY[kind]
+        super().__init__(code, f"{self._situation()} {remedy}")
+
+    def _situation(self) -> str:
+        where = "the account has" if self.kind == "account" else "this key's credit limit has"
+        left = f"${format_cost(self.available)}" if self.available > 0 else "nothing"
+        return f"This request may cost up to ${format_cost(self.amount)}; {where} {left} available."
+
+    def explained(self, prices: Prices, estimate: Usage, forwarded: frozenset[str]) -> GatewayError:
+        """The same refusal, saying for a text request the largest output limit the available money
+        covers, as `param` (or that not even its prompt is covered, with no param)."""
+        param = estimate.limit_param(forwarded) if isinstance(estimate, TextEstimate) else None
+        if not isinstance(estimate, TextEstimate) or param is None or self.usable <= 0:
+            return self
+        code, remedy = _REMEDY[self.kind]
+        remedy = remedy[0].lower() + remedy[1:]
+        largest = largest_output(prices, estimate, self.usable)
+        if largest < 1:
+            prompt = cost(prices, Usage(prompt_tokens=estimate.prompt_tokens))
+            message = (
+                f"{self._situation()} That does not cover its prompt (${format_cost(prompt)}) with"
+                f" any output: shorten it, or {remedy}"
+            )
+            return GatewayError(code, message)
+        each = f" for each of its {estimate.choices} choices" if estimate.choices > 1 else ""
+        message = (
+            f"{self._situation()} That covers {param} up to {largest}{each} (this request allows"
+            f" {estimate.per_choice} output tokens): lower {param}, or {remedy}"
+        )
+        return GatewayError(code, message, param=param)
+
+
+def largest_output(prices: Prices, estimate: TextEstimate, available: Decimal) -> int:
+    """The largest output limit per choice (below what the request asked for) whose hold, as
+    billing computes it, `available` covers; 0 when not even one token is."""
+
+    def covered(per_choice: int) -> bool:
+        output = per_choice * estimate.choices
+        amount = cost(
+            prices,
+            Usage(
+                prompt_tokens=estimate.prompt_tokens,
+                completion_tokens=output,
+                reasoning_tokens=output if estimate.reasoning_tokens else 0,
+            ),
+        )
+        return amount <= available and (amount > 0 or available > 0)
+
+    # The cost never falls as the output grows (exact prices, then rounding): bisect.
+    low, high = 0, estimate.per_choice - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if covered(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low if low >= 1 and covered(low) else 0
 
 
 @dataclass(slots=True)
@@ -93,7 +163,8 @@ class Funds:
 
     async def hold(self, ctx: KeyContext, amount: Decimal, now_ms: int | None = None) -> Hold:
         """Set `amount` aside on the account and, if the key has a credit limit, on the key; or
-        refuse with insufficient_credits / key_budget_exceeded when either cannot cover it."""
+        refuse with NotCovered (insufficient_credits / key_budget_exceeded) when either cannot
+        cover it."""
         # Refills await the store, and meanwhile other requests may take what a refill brought and
         # idle pots may be given back: look again after each round; every round either holds,
         # refuses or leased more.
@@ -108,14 +179,29 @@ class Funds:
                     pot.held += amount
                     pot.used_at = now
                 return Hold(amount, tuple(pots))
-            await self._refill(short[0], amount, now_ms)
+            if not await self._refill(short[0], amount, now_ms):
+                available = await self._available(pots, now_ms)
+                refused = available.get(short[0].kind, ZERO)
+                raise NotCovered(short[0].kind, amount, refused, min(available.values(), default=ZERO))
 
-    async def _refill(self, pot: Pot, amount: Decimal, now_ms: int | None) -> None:
+    async def _available(self, pots: list[Pot], now_ms: int | None) -> dict[str, Decimal]:
+        """The money free for a request on each of these pots, by kind: what this process has of its
+        lease that nothing holds, plus what no process has leased."""
+        at = clock.now_ms() if now_ms is None else now_ms
+        found = {}
+        for pot in pots:
+            unleased = await self._store.free(pot.kind, pot.pot_id, at)
+            if unleased is not None:  # None: the key has no credit limit (any more)
+                found[pot.kind] = max(ZERO, pot.lease - pot.held + unleased)
+        return found
+
+    async def _refill(self, pot: Pot, amount: Decimal, now_ms: int | None) -> bool:
+        """Lease what `amount` needs on `pot`; False when the store has not that much free."""
         async with pot.refilling:
             if self._pots.get((pot.kind, pot.pot_id)) is not pot:
-                return  # given back while this request waited: the next round takes the new pot
+                return True  # given back while this request waited: the next round takes the new pot
             if pot.covers(amount):  # another request's refill brought enough
-                return
+                return True
             # The store commits the grant whatever happens to this request; a request cancelled
             # meanwhile (its client gone) must not lose it: it then goes back to the store.
             leasing = asyncio.ensure_future(
@@ -133,9 +219,10 @@ class Funds:
                 leasing.add_done_callback(lambda done: self._give_back(pot, done))
                 raise
             if granted.is_zero():
-                raise insufficient_credits() if pot.kind == "account" else key_budget_exceeded()
+                return False
             pot.lease += granted
             pot.used_at = time.monotonic()
+            return True
 
     def _give_back(self, pot: Pot, leasing: asyncio.Future[Decimal]) -> None:
         if leasing.cancelled() or leasing.exception() is not None or leasing.result().is_zero():

@@ -3,13 +3,16 @@ account, each of its keys limited on its own.
 
 Both are token buckets (capacity = the per-minute value, refilled continuously at that rate) held by
 the Rust core in a file shared by every worker process of the gateway (`SharedBuckets`, next to the
-database), so N workers admit what one would, with no external service. A request takes one request
-when it arrives and reserves its estimated tokens (the prompt plus the most output it may produce,
-as the holds estimate it) before it runs; when it ends the reservation is corrected to the tokens
-it used (none when it did not run).
+database), so N workers admit what one would, with no external service. A model request takes one
+request when it arrives and reserves tokens before it runs (reserved_tokens: its prompt plus the
+output it may produce, as OpenAI counts max_tokens; a bounded default when it sets no limit); when
+it ends the reservation is corrected to the tokens it used (none when it did not run), so the
+bucket counts exactly what was used, going into debt when a request used more than it reserved.
 
-A refusal is 429 rate_limited with Retry-After: the whole seconds until the bucket holds what was
-asked for. Every answer to a key with limits carries the x-ratelimit-* headers.
+A 429 rate_limited (with Retry-After: the whole seconds until the bucket holds what was asked for)
+is only sent when waiting can help; a request that can never fit the limit is 400 invalid_request
+naming what fits. Every answer to a key with limits carries the x-ratelimit-* headers
+(gateway.ratelimit_headers adds them).
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final
 
 from ._core import SharedBuckets
-from .errors import GatewayError
+from .errors import GatewayError, invalid_request
+from .estimates import DEFAULT_RESERVED_OUTPUT, TextEstimate, prompt_param
+from .pricing import Usage
 from .store import KeyContext
 
 MINUTE_NS = 60_000_000_000
@@ -54,6 +60,32 @@ class RateState:
         return headers
 
 
+# Where an HTTP request's scope keeps its KeySlot (gateway.ratelimit_headers puts one there).
+SCOPE_KEY: Final = "gateway.key"
+
+
+@dataclass(slots=True)
+class KeySlot:
+    """What is known, while one HTTP request is answered, of the key it presented: whether it was
+    checked, the key when it was valid, and what a model request took from its buckets."""
+
+    checked: bool = False
+    ctx: KeyContext | None = None
+    rate: RateState | None = None
+
+
+def key_slot(scope: MutableMapping[str, Any]) -> KeySlot | None:
+    slot = scope.get(SCOPE_KEY)
+    return slot if isinstance(slot, KeySlot) else None
+
+
+def note_rate(scope: MutableMapping[str, Any], rate: RateState | None) -> None:
+    """A model request's take from its key's buckets: its answer's headers show it."""
+    slot = key_slot(scope)
+    if slot is not None:
+        slot.rate = rate
+
+
 class RateLimiter:
     def __init__(self, path: Path, now_ns: Callable[[], int] = time.time_ns) -> None:
         # Wall-clock time: the table outlives processes and reboots, which a monotonic clock does not.
@@ -77,11 +109,27 @@ class RateLimiter:
                 raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute")
         return state
 
-    def reserve(self, state: RateState | None, tokens: int) -> None:
-        """Reserve the request's estimated tokens, or refuse with 429 (the request it took is given
-        back: it never ran)."""
+    def peek(self, ctx: KeyContext) -> RateState | None:
+        """The key's buckets as they stand, taking nothing (for the headers of an answer that is not
+        a model request). None when the key's account sets no limits."""
+        rpm, tpm = ctx.account.rpm_limit, ctx.account.tpm_limit
+        if rpm is None and tpm is None:
+            return None
+        state = RateState(ctx.key.id, rpm, tpm)
+        now = self._now_ns()
+        if rpm is not None:
+            state.remaining_requests = self._buckets.available(_requests(state), rpm, rpm, MINUTE_NS, now)
+        if tpm is not None:
+            state.remaining_tokens = self._buckets.available(_tokens(state), tpm, tpm, MINUTE_NS, now)
+        return state
+
+    def reserve(self, state: RateState | None, estimate: Usage, model_type: str) -> None:
+        """Reserve the tokens the request may use (reserved_tokens), or refuse it: 400
+        invalid_request when it can never fit the key's limit, 429 when the bucket does not hold them
+        now (then the request it took is given back: it never ran)."""
         if state is None or state.tpm is None:
             return
+        tokens = reserved_tokens(estimate, state.tpm, model_type)
         now = self._now_ns()
         taken = self._buckets.try_take(_tokens(state), state.tpm, state.tpm, MINUTE_NS, tokens, now)
         state.remaining_tokens = taken.remaining
@@ -90,10 +138,11 @@ class RateLimiter:
                 state.remaining_requests = self._buckets.adjust(
                     _requests(state), state.rpm, state.rpm, MINUTE_NS, 1, now
                 )
-            what = f"{state.tpm} tokens per minute"
-            if tokens > state.tpm:
-                what += f"; this request may use up to {tokens} tokens: lower its max_tokens"
-            raise _refused(state, taken.retry_after_ns, what)
+            raise _refused(
+                state,
+                taken.retry_after_ns,
+                f"{state.tpm} tokens per minute; this request reserves {tokens} tokens",
+            )
         state.reserved_tokens = tokens
 
     def correct(self, state: RateState | None, used_tokens: int) -> None:
@@ -110,6 +159,44 @@ class RateLimiter:
                 )
             except OSError:  # the request is done and charged: a lost correction must not fail it
                 log.exception("correcting the tokens of key %s failed", state.key_id)
+
+
+def reserved_tokens(estimate: Usage, tpm: int, model_type: str) -> int:
+    """The tokens a request reserves against a limit of `tpm` a minute, or 400 invalid_request when
+    it can never fit it (waiting cannot help, so it must not be a 429).
+
+    A text request that sets its output limit reserves its prompt plus that limit (for each choice),
+    as OpenAI counts max_tokens; when that is more than the whole limit it is refused, naming the
+    largest value that fits. A request that sets none (and every other kind: images, transcription)
+    reserves its prompt plus DEFAULT_RESERVED_OUTPUT per choice, never more than the model's longest
+    answer nor more than the limit leaves beside the prompt: so it fits whenever its prompt does. A
+    prompt that leaves no room for output (a text request needs at least a token per choice) can
+    never run either."""
+    prompt, output = estimate.prompt_tokens, estimate.completion_tokens
+    text = isinstance(estimate, TextEstimate)
+    choices = estimate.choices if isinstance(estimate, TextEstimate) else 1
+    least = choices if text and output else 0
+    if prompt + least > tpm:
+        where = prompt_param(model_type)
+        room = "leaves no room for output within" if prompt <= tpm else "is more than"
+        raise invalid_request(
+            f"The request's prompt ({where or 'its input'}) alone is {prompt} tokens, which {room}"
+            f" this key's limit of {tpm} tokens per minute: it can never run. Shorten it, or ask for"
+            " a higher limit.",
+            where,
+        )
+    if isinstance(estimate, TextEstimate) and estimate.limit_set is not None:
+        if prompt + output > tpm:
+            each = f" for each of its {choices} choices" if choices > 1 else ""
+            raise invalid_request(
+                f"This request may use up to {prompt + output} tokens ({prompt} of prompt and"
+                f" {output} of output), more than this key's limit of {tpm} tokens per minute: it"
+                f" can never run. Set {estimate.limit_set} to at most {(tpm - prompt) // choices}"
+                f"{each}.",
+                estimate.limit_set,
+            )
+        return prompt + output
+    return prompt + min(output, DEFAULT_RESERVED_OUTPUT * choices, tpm - prompt)
 
 
 def _requests(state: RateState) -> str:

@@ -5,15 +5,19 @@ answer and 429 rate_limited with a correct Retry-After."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.ratelimits import RateLimiter, RateState
+from gateway.estimates import DEFAULT_RESERVED_OUTPUT, TextEstimate
+from gateway.pricing import Usage
+from gateway.ratelimits import RateLimiter, RateState, reserved_tokens
 from gateway.store import Account, ApiKey, KeyContext
 from harness import Gateway, KeyHandle, chat_model, gateway
 
@@ -67,17 +71,19 @@ def test_tokens_are_reserved_then_corrected(tmp_path: Path) -> None:
     limiter = RateLimiter(tmp_path / "rl", clock)
     state = limiter.admit(ctx(10, 1000))
     assert state is not None and state.remaining_tokens == 1000
-    limiter.reserve(state, 800)
+    limiter.reserve(state, Usage(800), "embedding")
     assert state.remaining_tokens == 200
     limiter.correct(state, 300)  # used 300 of the 800 held
     limiter.correct(state, 0)  # once only
     assert state.remaining_tokens == 700
     second = limiter.admit(ctx(10, 1000))
-    err = refusal(lambda: limiter.reserve(second, 900))
+    err = refusal(lambda: limiter.reserve(second, Usage(900), "embedding"))
     # 200 missing at 1000 a minute: 12 s. The request it took is given back (it never ran).
     assert err.headers["retry-after"] == "12" and err.headers["x-ratelimit-remaining-requests"] == "9"
-    too_big = refusal(lambda: limiter.reserve(limiter.admit(ctx(10, 1000)), 5000))
-    assert "lower its max_tokens" in too_big.message
+    # More than the whole limit can never run: not a 429 (waiting cannot help) but a 400.
+    with pytest.raises(GatewayError) as too_big:
+        limiter.reserve(limiter.admit(ctx(10, 1000)), Usage(5000), "embedding")
+    assert too_big.value.code == "invalid_request" and too_big.value.param == "input"
 
 
 def test_two_limiters_on_one_file_share_the_limit(tmp_path: Path) -> None:
@@ -150,22 +156,22 @@ def test_no_headers_without_limits(gw: Gateway, key: KeyHandle) -> None:
     assert r.status_code == 200 and not any(h.startswith("x-ratelimit") for h in r.headers)
 
 
-def test_tokens_per_minute_refuses_then_the_estimate_is_corrected(gw: Gateway) -> None:
-    """A limit of 100 tokens a minute: a request estimated at more is refused before it runs; one
-    that fits reserves its estimate and is corrected to what it used."""
+def test_tokens_per_minute_reserves_what_the_limit_leaves_then_corrects(gw: Gateway) -> None:
+    """A limit of 100 tokens a minute. A request without max_tokens reserves its prompt and what the
+    limit leaves beside it (here all of it: less than its default output), so it runs, where it used
+    to be refused with 429 forever; when it ends the reservation is corrected to what it used."""
     handle = gw.new_key(tpm_limit=100)
     with gw.client(handle.key) as c:
-        r = c.post(CHAT, json={**BODY, "max_tokens": None})  # the model's longest output: too many
-        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
-        assert int(r.headers["retry-after"]) >= 1 and "max_tokens" in r.json()["error"]["message"]
-        ok = c.post(CHAT, json=BODY)
-        assert ok.status_code == 200
-        used = ok.json()["usage"]["total_tokens"]
-        # The next answer shows the correction: 100 - used, less what its own estimate reserves.
-        after = c.post(CHAT, json=BODY)
-    estimate = int(ok.headers["x-ratelimit-remaining-tokens"])
-    assert 100 - estimate >= used
-    assert int(after.headers["x-ratelimit-remaining-tokens"]) <= 100 - used
+        first = c.post(CHAT, json={**BODY, "max_tokens": None})
+        assert first.status_code == 200, first.text
+        used = first.json()["usage"]["total_tokens"]
+        # A plain answer goes out corrected: all 100 were reserved, all but what it used given back.
+        assert 100 - used <= int(first.headers["x-ratelimit-remaining-tokens"]) <= 100 - used + 2
+        after = c.post(CHAT, json=BODY)  # reserves its prompt and max_tokens = 5
+    assert after.status_code == 200, after.text
+    prompt = after.json()["usage"]["prompt_tokens"]
+    # 100 - used - (prompt + 5), plus what refilled meanwhile (100 a minute: under 2 a second).
+    assert 0 <= int(after.headers["x-ratelimit-remaining-tokens"]) <= 100 - used - prompt - 5 + 3
 
 
 def test_state_headers_name_only_the_limits_set() -> None:
@@ -177,3 +183,91 @@ def test_state_headers_name_only_the_limits_set() -> None:
         "x-ratelimit-limit-tokens",
         "x-ratelimit-remaining-tokens",
     }
+
+
+def test_headers_on_answers_that_are_not_model_requests(gw: Gateway) -> None:
+    """Spec 8: every answer to a key with limits carries the headers, not only model requests:
+    model lists, usage lookups, job polls, unknown ids and paths, wrong methods. Those answers take
+    nothing from the key's requests per minute (only model requests count): they show the buckets
+    as they stand, and are not refused when the model requests have used them up."""
+    handle = gw.new_key(rpm_limit=2, tpm_limit=100_000)  # one request back every 30 s
+    with openai.OpenAI(base_url=gw.openai_base, api_key=handle.key, max_retries=0) as client:
+        chat = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5
+        )
+        assert chat.headers["x-ratelimit-remaining-requests"] == "1"
+        listed = client.models.with_raw_response.list()
+        assert listed.headers["x-ratelimit-limit-requests"] == "2"
+        assert listed.headers["x-ratelimit-remaining-requests"] == "1"
+        assert listed.headers["x-ratelimit-limit-tokens"] == "100000"
+    usage_id = chat.parse().id
+    with gw.client(handle.key) as c:
+        deadline = time.monotonic() + 5
+        while (usage := c.get(f"/v1/usage/{usage_id}")).status_code == 404 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert usage.status_code == 200
+        answers = [
+            usage,
+            c.get("/v1/models"),
+            c.get("/model_group/info"),
+            c.get("/model_group/info", params={"model_group": MODEL}),
+            c.get("/model_group/info", params={"model_group": "nope/nope"}),
+            c.get("/v1/usage/chatcmpl-unknown"),
+            c.get("/v1/videos"),
+            c.get("/v1/videos/video_unknown"),
+            c.get("/v1/videos/video_unknown/content"),
+            c.get("/v1/responses/resp_unknown"),
+            c.post("/v1/responses/resp_unknown/cancel"),
+            c.get("/v1/no-such-path"),
+            c.get(CHAT),  # 405
+        ]
+        statuses = [r.status_code for r in answers]
+        assert statuses == [200, 200, 200, 200, 400, 404, 200, 404, 404, 404, 404, 404, 405]
+        for r in answers:
+            assert r.headers["x-ratelimit-limit-requests"] == "2", r.url
+            assert r.headers["x-ratelimit-remaining-requests"] == "1", r.url  # none of them took one
+            assert r.headers["x-ratelimit-limit-tokens"] == "100000", r.url
+            assert int(r.headers["x-ratelimit-remaining-tokens"]) > 99_000, r.url
+        assert c.post(CHAT, json=BODY).headers["x-ratelimit-remaining-requests"] == "0"
+        assert c.post(CHAT, json=BODY).status_code == 429
+        after = c.get("/v1/models")
+        assert after.status_code == 200 and after.headers["x-ratelimit-remaining-requests"] == "0"
+    # No valid key, no headers.
+    with gw.client("sk-not-a-key") as bad, gw.client(None) as none:
+        for r in (bad.get("/v1/models"), bad.get("/v1/no-such-path"), none.get("/v1/models")):
+            assert r.status_code in (401, 404) and not any(h.startswith("x-ratelimit") for h in r.headers)
+
+
+def test_what_a_request_reserves() -> None:
+    """reserved_tokens: the output limit when set (400 naming what fits when it never can), else a
+    bounded default; a prompt with no room for output is 400 naming where the prompt is."""
+
+    def text(output: int, limit_set: str | None = None, choices: int = 1) -> TextEstimate:
+        limits = ("max_completion_tokens", "max_tokens")
+        return TextEstimate(100, output * choices, limits=limits, limit_set=limit_set, choices=choices)
+
+    assert reserved_tokens(text(16_384), 10_000, "chat") == 100 + DEFAULT_RESERVED_OUTPUT
+    assert reserved_tokens(text(16_384), 500, "chat") == 500  # what the limit leaves
+    assert reserved_tokens(text(16_384, choices=3), 10_000, "chat") == 100 + 3 * DEFAULT_RESERVED_OUTPUT
+    assert reserved_tokens(text(5_000, "max_tokens"), 10_000, "chat") == 5_100
+    assert reserved_tokens(text(9_900, "max_tokens"), 10_000, "chat") == 10_000
+    with pytest.raises(GatewayError) as never:
+        reserved_tokens(text(9_901, "max_tokens"), 10_000, "chat")
+    assert never.value.code == "invalid_request" and never.value.param == "max_tokens"
+    assert "at most 9900." in never.value.message
+    with pytest.raises(GatewayError) as never:
+        reserved_tokens(text(4_000, "max_completion_tokens", choices=3), 10_000, "chat")
+    assert never.value.param == "max_completion_tokens" and "at most 3300 for each" in never.value.message
+    for tpm in (100, 50):  # no room for a single output token
+        with pytest.raises(GatewayError) as never:
+            reserved_tokens(text(16_384), tpm, "responses")
+        assert never.value.param == "input"
+    assert reserved_tokens(Usage(prompt_tokens=1_000), 1_000, "embedding") == 1_000
+    with pytest.raises(GatewayError) as never:
+        reserved_tokens(Usage(prompt_tokens=1_001), 1_000, "rerank")
+    assert never.value.param == "documents"
+    # An image request: its prompt and the bounded default of its output tokens.
+    assert (
+        reserved_tokens(Usage(prompt_tokens=10, completion_tokens=16_384, images=1), 100_000, "image")
+        == 1_034
+    )

@@ -16,6 +16,7 @@ from ..auth import authenticate
 from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import request_id
+from ..ratelimits import note_rate
 from ..request_log import BodyCapture
 from ..state import GatewayState
 from ..store import Job
@@ -110,12 +111,11 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
         try:
             call.rate = state.limiter.admit(ctx)
+            note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
             response = await handler(request, call)
         except GatewayError as err:
             billing.release(state, call)
             err.headers[REQUEST_ID_HEADER] = call.request_id
-            if call.rate is not None:
-                err.headers = {**call.rate.headers(), **err.headers}
             _log(state, request, call, err.status, err.body(), error_code=err.code)
             raise
         except Exception:
@@ -127,8 +127,6 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             billing.release(state, call)
             _log(state, request, call, request_log.CLIENT_CLOSED, None)
             raise
-        if call.rate is not None:
-            response.headers.update(call.rate.headers())
         if isinstance(response, HeldStream):  # a stream closes its hold and logs when it ends
             stream = response
             if stream.summary is None:

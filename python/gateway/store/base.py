@@ -298,6 +298,10 @@ class Store(Protocol):
     async def return_lease(self, kind: str, pot_id: str, amount: Decimal) -> None:
         """Give back part of this process's lease on a pot."""
 
+    async def free(self, kind: str, pot_id: str, now_ms: int) -> Decimal | None:
+        """What a pot holds that no process has leased, as `lease` counts it (None: a key without a
+        credit limit). A read for what a refusal says, never for deciding about money."""
+
     async def reclaim_orphans(self) -> int:
         """Apply the settlements that dead processes journaled and return their leases; returns
         how many settlements were new. Safe to call at any time from any process."""

@@ -754,6 +754,9 @@ class SqliteStore:
         owner = self.lease_owner
         await self._write(lambda conn: _add_to_lease(conn, kind, pot_id, owner, -amount))
 
+    async def free(self, kind: str, pot_id: str, now_ms: int) -> Decimal | None:
+        return _free(self._read(), kind, pot_id, now_ms)
+
     async def put_images(self, images: Sequence[StoredImage]) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.executemany(

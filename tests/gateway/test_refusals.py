@@ -1,0 +1,186 @@
+"""Refusals that tell the truth (docs/behaviour.md, "Holds" and "Rate limits"), through the gateway
+and the simulator with the official clients.
+
+A 429 is sent only when waiting can help: a request that can never fit its key's tokens-per-minute
+limit is 400 invalid_request naming the largest output limit that fits, and one that sets no output
+limit reserves what the limit leaves, so it runs. A request the balance or the key's credit limit
+cannot cover says the most it could cost and, for a text request, the largest output limit the money
+covers (`param`), exactly: that value runs, one more does not.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from decimal import Decimal
+
+import anthropic
+import openai
+import pytest
+
+from harness import Gateway
+
+MODEL = "openai/gpt-4o-mini"  # $2.50 in, $10.00 out per million tokens in the test gateway
+MESSAGES_MODEL = "anthropic/claude-sonnet-4-5"
+RESPONSES_MODEL = "openai/gpt-4.1-mini"
+SMALL = [{"role": "user", "content": "Say hi"}]
+
+
+def client(gw: Gateway, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.openai_base, api_key=key, max_retries=0)
+
+
+def largest(message: str, param: str) -> int:
+    found = re.search(rf"{param} (?:to at most|up to) (\d+)", message)
+    assert found, message
+    return int(found.group(1))
+
+
+# ------------------------------------------------------------------ tokens per minute
+
+
+def test_a_small_request_without_max_tokens_runs_under_a_tokens_limit(gw: Gateway) -> None:
+    """tpm_limit = 10000: a chat request without max_tokens (the model's longest answer is 16384
+    tokens) used to get 429 forever; it reserves a bounded default output and runs, again and again."""
+    handle = gw.new_key(tpm_limit=10_000)
+    with client(gw, handle.key) as c:
+        for _ in range(3):
+            raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=SMALL)
+            assert raw.http_response.status_code == 200
+            assert int(raw.headers["x-ratelimit-remaining-tokens"]) > 9_000  # corrected to what it used
+
+
+def test_a_max_tokens_that_can_never_fit_is_400_naming_the_largest_that_fits(gw: Gateway) -> None:
+    handle = gw.new_key(tpm_limit=10_000)
+    with client(gw, handle.key) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=12_000)
+        error = caught.value.body
+        assert isinstance(error, dict)
+        assert error["code"] == "invalid_request" and error["param"] == "max_tokens"
+        fits = largest(error["message"], "max_tokens")
+        # Exactly: one more never fits, the value named runs (the bucket is full).
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=fits + 1)
+        ok = c.chat.completions.with_raw_response.create(model=MODEL, messages=SMALL, max_tokens=fits)
+        assert ok.http_response.status_code == 200
+        # The parameter the request used is the one named.
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.chat.completions.create(model=MODEL, messages=SMALL, max_completion_tokens=12_000)
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "max_completion_tokens"
+
+
+def test_never_fitting_on_the_other_text_shapes(gw: Gateway) -> None:
+    handle = gw.new_key(tpm_limit=10_000)
+    with client(gw, handle.key) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.responses.create(model=RESPONSES_MODEL, input="Say hi", max_output_tokens=12_000)
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "max_output_tokens"
+        # A prompt that alone is more than the limit names where the prompt is.
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.responses.create(model=RESPONSES_MODEL, input="hello " * 12_000)
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input"
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello " * 12_000}])
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "messages"
+    with anthropic.Anthropic(base_url=gw.url, api_key=handle.key, max_retries=0) as a:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            a.messages.create(
+                model=MESSAGES_MODEL, max_tokens=12_000, messages=[{"role": "user", "content": "Say hi"}]
+            )
+        body = refused.value.body
+        assert isinstance(body, dict)
+        assert body["error"]["code"] == "invalid_request" and body["error"]["param"] == "max_tokens"
+
+
+def test_429_only_while_waiting_helps(gw: Gateway) -> None:
+    """Two requests that each fit the limit but not together: the second waits for the first (429
+    with Retry-After), then runs once the first's reservation has been corrected."""
+    handle = gw.new_key(tpm_limit=10_000)
+    slow = [{"role": "user", "content": "wait [sim ttft=1500ms]"}]
+    done = threading.Event()
+
+    def first() -> None:
+        with client(gw, handle.key) as c:
+            c.chat.completions.create(model=MODEL, messages=slow, max_tokens=7_000)
+        done.set()
+
+    runner = threading.Thread(target=first)
+    runner.start()
+    try:
+        time.sleep(0.5)
+        with client(gw, handle.key) as c:
+            with pytest.raises(openai.RateLimitError) as caught:
+                c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=7_000)
+            assert int(caught.value.response.headers["retry-after"]) >= 1
+            assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "rate_limited"
+            assert done.wait(10)
+            ok = c.chat.completions.with_raw_response.create(model=MODEL, messages=SMALL, max_tokens=7_000)
+            assert ok.http_response.status_code == 200
+    finally:
+        runner.join()
+
+
+# ------------------------------------------------------------------ money
+
+
+def test_insufficient_credits_says_what_fits(gw: Gateway) -> None:
+    """$0.15 and a request without max_tokens (it holds the model's 16384-token answer, $0.1639):
+    the refusal says the most it could cost and the largest max_tokens $0.15 covers, exactly."""
+    handle = gw.new_key(balance="0.15")
+    with client(gw, handle.key) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.chat.completions.create(model=MODEL, messages=SMALL)
+        error = caught.value.body
+        assert isinstance(error, dict) and error["code"] == "insufficient_credits"
+        assert error["param"] == "max_tokens"
+        # Its prompt and 16384 tokens at $10 a million, to 4 significant figures.
+        assert "may cost up to $0.1639" in error["message"] and "$0.15 available" in error["message"]
+        fits = largest(error["message"], "max_tokens")
+        # About ($0.15 - the prompt) at $10 a million; exactly: the largest whose hold (rounded to 4
+        # significant figures, as every cost) is within $0.15.
+        assert 14_950 < fits < 15_050
+        with pytest.raises(openai.BadRequestError) as again:
+            c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=fits + 1)
+        assert (
+            isinstance(again.value.body, dict) and largest(again.value.body["message"], "max_tokens") == fits
+        )
+        ok = c.chat.completions.with_raw_response.create(model=MODEL, messages=SMALL, max_tokens=fits)
+        assert ok.http_response.status_code == 200
+    assert gw.wait_balance(handle.account_id, Decimal("0.15") - Decimal(ok.headers["x-service-cost"])) > 0
+
+
+def test_key_budget_exceeded_says_what_fits(gw: Gateway) -> None:
+    handle = gw.new_key(credit_limit="0.05")
+    with client(gw, handle.key) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.responses.create(model=RESPONSES_MODEL, input="Say hi")
+        error = caught.value.body
+        assert isinstance(error, dict) and error["code"] == "key_budget_exceeded"
+        assert error["param"] == "max_output_tokens" and "credit limit has $0.05" in error["message"]
+        fits = largest(error["message"], "max_output_tokens")
+        with pytest.raises(openai.BadRequestError):
+            c.responses.create(model=RESPONSES_MODEL, input="Say hi", max_output_tokens=fits + 1)
+        ok = c.responses.with_raw_response.create(
+            model=RESPONSES_MODEL, input="Say hi", max_output_tokens=fits
+        )
+        assert ok.http_response.status_code == 200
+
+
+def test_not_even_the_prompt_fits_names_no_max_tokens(gw: Gateway) -> None:
+    handle = gw.new_key(balance="0.00001")
+    with client(gw, handle.key) as c, pytest.raises(openai.BadRequestError) as caught:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello " * 50}])
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "insufficient_credits" and error["param"] is None
+    assert "does not cover its prompt" in error["message"]
+
+
+def test_a_non_token_request_says_the_most_it_could_cost(gw: Gateway) -> None:
+    handle = gw.new_key(balance="0.001")
+    with client(gw, handle.key) as c, pytest.raises(openai.BadRequestError) as caught:
+        c.audio.speech.create(model="openai/tts-1", voice="alloy", input="x" * 100)  # $15 a million
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "insufficient_credits" and error["param"] is None
+    assert "may cost up to $0.0015" in error["message"] and "$0.001 available" in error["message"]
