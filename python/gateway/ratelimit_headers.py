@@ -56,17 +56,21 @@ class RateLimitHeaders:
         if slot.rate is not None:
             return slot.rate
         ctx = slot.ctx
+        # The answer matters more than its headers: no failure here may break it.
         if ctx is None and not slot.checked:  # no route looked at the key: look here
             request = Request(scope)
             if presented_key(request):
                 try:
                     ctx = await authenticate(request, self._store)
-                except GatewayError:
+                except GatewayError:  # no valid key: no headers
+                    return None
+                except Exception:
+                    log.exception("looking up the key of %s failed", request.url.path)
                     return None
         if ctx is None:
             return None
         try:
             return self._limiter.peek(ctx)
-        except OSError:  # the answer is more important than its headers
+        except OSError:
             log.exception("reading the rate limits of key %s failed", ctx.key.id)
             return None
