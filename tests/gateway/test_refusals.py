@@ -98,7 +98,7 @@ def test_429_only_while_waiting_helps(gw: Gateway) -> None:
     """Two requests that each fit the limit but not together: the second waits for the first (429
     with Retry-After), then runs once the first's reservation has been corrected."""
     handle = gw.new_key(tpm_limit=10_000)
-    slow = [{"role": "user", "content": "wait [sim ttft=1500ms]"}]
+    slow = [{"role": "user", "content": "wait [sim ttft=3s]"}]
     done = threading.Event()
 
     def first() -> None:
@@ -109,13 +109,13 @@ def test_429_only_while_waiting_helps(gw: Gateway) -> None:
     runner = threading.Thread(target=first)
     runner.start()
     try:
-        time.sleep(0.5)
+        time.sleep(1.0)  # the first has reserved its 7000 tokens and waits for its answer
         with client(gw, handle.key) as c:
             with pytest.raises(openai.RateLimitError) as caught:
                 c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=7_000)
             assert int(caught.value.response.headers["retry-after"]) >= 1
             assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "rate_limited"
-            assert done.wait(10)
+            assert done.wait(15)
             ok = c.chat.completions.with_raw_response.create(model=MODEL, messages=SMALL, max_tokens=7_000)
             assert ok.http_response.status_code == 200
     finally:
