@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.errors import ERROR_TABLE, MESSAGES_ERROR_TYPES, error_object
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, chat_model, gateway, request_logs
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 GPT = "openai/gpt-4o-mini"
@@ -139,6 +139,30 @@ def test_messages_errors_are_anthropics_format_with_the_spec_fields(gw: Gateway,
         error = answer["error"]
         assert (error["type"], error["code"]) == (type_, code), answer
         assert isinstance(error["message"], str) and error["message"] and "param" in error
+
+
+def test_the_log_keeps_the_body_the_client_got(
+    sim_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Spec 7.5.3: the request log has the error answer as it was sent, Anthropic's format here."""
+    token_env, token = "GATEWAY_TEST_ADMIN_TOKEN", "admin-" + "0123456789abcdef" * 3
+    config = chat_model(CLAUDE, "claude-sonnet-4-5", sim_url, type_="messages", provider="anthropic")
+    config += f'\n[admin]\ntoken_env = "{token_env}"\n'
+    with (
+        gateway(tmp_path_factory.mktemp("errlog"), config, env={token_env: token}) as g,
+        g.admin(token) as admin,
+    ):
+        handle = g.new_key()
+        r = httpx.post(
+            g.url + "/v1/messages",
+            json={**message_body("nope/nope", "hi")},
+            headers={"x-api-key": handle.key},
+            timeout=30,
+        )
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        [entry] = request_logs(admin, handle.key_id, 1)
+        full = admin.get(f"/logs/{entry['id']}").json()
+    assert json.loads(full["response_body"]["data"]) == r.json()
 
 
 def test_the_anthropic_client_reads_the_error(gw: Gateway) -> None:

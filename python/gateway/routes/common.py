@@ -103,7 +103,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 request,
                 started_ns=started_ns,
                 status=err.status,
-                response_body=err.body(),
+                response_body=err.body(request.url.path),
                 error_code=err.code,
                 keep_request=False,
             )
@@ -116,7 +116,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         except GatewayError as err:
             billing.release(state, call)
             err.headers[REQUEST_ID_HEADER] = call.request_id
-            _log(state, request, call, err.status, err.body(), error_code=err.code)
+            _log(state, request, call, err.status, err.body(request.url.path), error_code=err.code)
             raise
         except Exception:
             billing.release(state, call)
