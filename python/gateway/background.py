@@ -16,14 +16,13 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Final
 
-from . import jobs
+from . import billing, jobs
 from ._core import InvalidJsonError, RewrittenResponse, count_tokens, rewrite_response
-from .context import Call
 from .clock import now_ms
 from .config import ChannelConfig, ModelConfig
+from .context import Call
 from .errors import GatewayError
-from .pricing import Usage
-from .routes.upstream import reported_usage
+from .pricing import Usage, reported_usage
 from .state import GatewayState
 from .store import JOB_RUNNING, Job
 from .translate import response_output_text
@@ -94,7 +93,7 @@ async def advance(
         ended = now_ms()
         # A cancelled response is charged what the upstream says it used; saying nothing, nothing.
         charged = reported is not None or status != "cancelled"
-        record = jobs.usage_record(job, model, status, usage, ended) if charged else None
+        record = billing.job_usage_record(job, model, status, usage, ended) if charged else None
         await state.store.finish_job(
             job.id, status, error=None, record=record, now_ms=ended, body=rewritten.body
         )

@@ -1,23 +1,30 @@
-"""Where a request's cost is decided and settled: one place for every endpoint.
+"""Where a request's cost is decided and settled: the one place money moves, for every endpoint
+and for jobs alike.
 
-Every model request holds its estimated cost before it runs (gateway.funds) and, when it ends,
-either settles to its actual cost (a usage record and a charge) or, when it is not billed, releases
-the hold; model_endpoint releases whatever a handler left open, so no hold leaks.
+Every model request holds its estimated cost before it runs (gateway.funds). Transports (the routes'
+plain and streamed flows, the job poller) only report what happened: the usage, what a stream
+delivered, how it ended. Billing decides what that costs, settles the hold to it or releases it, and
+builds the usage record; when the request closes (model_endpoint, before its answer is sent) the
+charge, the usage record and the request log entry become durable as one step, and whatever hold a
+handler left open is released then, so no hold leaks.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
+from ._core import count_tokens
 from .config import ModelConfig
 from .context import Call
 from .estimates import TextEstimate
 from .funds import NotCovered
-from .pricing import Usage, cost
+from .pricing import ReportedUsage, Usage, cost, reported_usage
 from .state import GatewayState
-from .store import UsageRecord
+from .store import Job, RequestLog, UsageRecord
 
 
 def estimate_usage(
@@ -68,13 +75,15 @@ async def hold(
 
 
 def release(state: GatewayState, call: Call) -> None:
-    """The request ended without a charge (refused, failed upstream, nothing streamed)."""
+    """The request ended without a charge (refused, failed upstream, nothing delivered)."""
     if call.hold is not None:
         state.funds.release(call.hold, Decimal(0))
     state.limiter.correct(call.rate, 0)
 
 
-def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage) -> UsageRecord:
+def _record(
+    call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage, ended_ms: int | None = None
+) -> UsageRecord:
     return UsageRecord(
         id=response_id,
         request_id=call.request_id,
@@ -86,19 +95,116 @@ def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage
         completion_tokens=usage.completion_tokens,
         cost=cost(model.prices, usage),
         started_at_ms=call.started_ns // 1_000_000,
-        ended_at_ms=time.time_ns() // 1_000_000,
+        ended_at_ms=time.time_ns() // 1_000_000 if ended_ms is None else ended_ms,
     )
 
 
 def settle(
     state: GatewayState, call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage
 ) -> Decimal:
-    """Record the usage and charge its cost, exactly once, and close the hold; survives a killed
-    process from the moment this returns (see store/journal.py). Returns the charged cost."""
+    """Charge the request's usage, exactly once: the hold closes at the actual cost and the usage
+    record is made. It becomes durable with the request's log entry, in one step, when the request
+    closes (`close`, before its answer is sent). Returns the charged cost."""
     record = _record(call, model, response_id, status, usage)
-    state.store.settle(record)
+    call.settlement = record
     call.model, call.charged, call.usage_id = model.name, record.cost, record.id
     if call.hold is not None:
         state.funds.release(call.hold, record.cost)
     state.limiter.correct(call.rate, usage.total_tokens)
     return record.cost
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """What a stream transport reports when a stream ends, however it ends."""
+
+    complete: bool  # the model finished and the client was sent everything
+    reported: ReportedUsage | None  # the upstream's own usage, when it sent one
+    delivered_text: str  # the output the client was sent
+    count_prompt: Callable[[], int]  # the gateway's own count of the prompt
+
+
+def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
+    """Spec 6.1.9: a stream is billed its full prompt plus the output the client was sent; output
+    generated after the stop is not billed, and a stream that sent no output is not billed. A
+    complete stream is billed the upstream's own usage when it sent one."""
+    reported = outcome.reported
+    if outcome.complete and reported is not None:
+        return reported_usage(reported)
+    if not outcome.delivered_text:
+        return Usage()
+    prompt = (
+        reported.prompt_tokens if reported is not None and reported.prompt_tokens else outcome.count_prompt()
+    )
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=count_tokens(outcome.delivered_text, model.tokenizer)
+    )
+
+
+def settle_stream(
+    state: GatewayState, call: Call, model: ModelConfig, response_id: str, outcome: StreamOutcome
+) -> None:
+    """The stream has ended: charge what it delivered (nothing when it delivered no output)."""
+    usage = stream_usage(model, outcome)
+    if usage.total_tokens == 0 and not outcome.complete:
+        release(state, call)
+        if call.progress_noted:
+            state.store.forget_progress(response_id)
+        return
+    settle(state, call, model, response_id, "completed" if outcome.complete else "incomplete", usage)
+
+
+def note_progress(
+    state: GatewayState,
+    call: Call,
+    model: ModelConfig,
+    response_id: str,
+    outcome: StreamOutcome,
+    entry: RequestLog,
+) -> None:
+    """A running stream's settlement so far, made durable so that a killed process still bills what
+    the stream had delivered (store/journal.py); it becomes the settlement only if the process dies."""
+    usage = stream_usage(model, outcome)
+    record = _record(call, model, response_id, "incomplete", usage)
+    state.store.note_progress(record, replace(entry, cost=record.cost, usage_id=record.id))
+    call.progress_noted = True
+
+
+def close(state: GatewayState, call: Call, entry: RequestLog) -> None:
+    """The request has ended and `entry` is its log entry: close whatever hold is still open, and
+    make its settlement durable with the entry, as one step (store/journal.py); a request that was
+    not charged is only logged."""
+    release(state, call)
+    record, call.settlement = call.settlement, None
+    if record is None:
+        state.store.log_request(entry)
+    else:
+        state.store.settle(record, entry)
+
+
+def hand_over_to_job(state: GatewayState, call: Call) -> list[tuple[str, str]]:
+    """The request's hold becomes a job's own (gateway.jobs): taken off this process's leases in
+    memory (the store moves it to the job's lease when it records the job); returns its pots."""
+    hold = call.hold
+    if hold is None:
+        return []
+    state.funds.release(hold, hold.amount)
+    return [(pot.kind, pot.pot_id) for pot in hold.pots]
+
+
+def job_usage_record(job: Job, model: ModelConfig, status: str, usage: Usage, ended_ms: int) -> UsageRecord:
+    """The charge of a job that has ended, under the job's id (GET /v1/usage/{id}); the store
+    applies it as it ends the job and releases the job's hold (Store.finish_job)."""
+    return UsageRecord(
+        id=job.id,
+        request_id=job.request_id,
+        key_id=job.key_id,
+        account_id=job.account_id,
+        model=job.model,
+        status=status,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost=cost(model.prices, usage),
+        started_at_ms=job.created_at_ms,
+        ended_at_ms=ended_ms,
+    )

@@ -10,7 +10,7 @@ from decimal import Decimal
 from .funds import Hold
 from .ratelimits import RateState
 from .routing import Attempt
-from .store import KeyContext
+from .store import KeyContext, UsageRecord
 
 
 @dataclass(slots=True)
@@ -30,5 +30,10 @@ class Call:
     # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
     idempotency: tuple[str, str] | None = None
     attempts: list[Attempt] = field(default_factory=list)  # the channels tried (gateway.routing)
-
-
+    # The charge billing.settle decided, made durable with the log entry when the request closes.
+    settlement: UsageRecord | None = None
+    progress_noted: bool = False  # a running stream journaled its progress (billing.note_progress)
+    # Whether the client leaving cancels the request at once (routes/common.py); a request that has
+    # started a job upstream must run to its end so that the job is recorded.
+    cancel_on_disconnect: bool = True
+    client_gone: bool = False

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ._core import fingerprint
-from .context import Call
 from .clock import now_ms
+from .context import Call
 from .errors import GatewayError, invalid_request
 from .state import GatewayState
 from .store import StoredAnswer

@@ -25,16 +25,16 @@ from typing import Any, Final
 
 import orjson
 
-from .context import Call
+from . import billing
 from .clock import now_ms
 from .config import ChannelConfig, JobSettings, ModelConfig, Settings
+from .context import Call
 from .errors import GatewayError
-from .pricing import Usage, cost
 from .providers import PROVIDERS
 from .providers.base import read_capped, send, upstream_error
 from .providers.http import UPSTREAM_FAILURES
 from .state import GatewayState
-from .store import Job, UsageRecord
+from .store import Job
 
 log = logging.getLogger("gateway.jobs")
 
@@ -59,11 +59,7 @@ async def record(state: GatewayState, call: Call, job: Job) -> None:
     """Record a job the upstream has accepted, its hold (the request's) now the job's own."""
     # Taken off this process's lease in memory first, so that a request cancelled while the write
     # commits (it commits regardless) cannot leave the in-memory lease above the store's.
-    hold = call.hold
-    pots = [] if hold is None else [(pot.kind, pot.pot_id) for pot in hold.pots]
-    if hold is not None:
-        state.funds.release(hold, hold.amount)
-    await state.store.create_job(job, pots)
+    await state.store.create_job(job, billing.hand_over_to_job(state, call))
 
 
 async def drive_jobs(state: GatewayState, kinds: Mapping[str, JobKind]) -> None:
@@ -143,23 +139,6 @@ def reported_error(answer: dict[str, Any], code: str, message: str) -> tuple[str
         code = error["code"] if isinstance(error.get("code"), str) else code
         message = error["message"] if isinstance(error.get("message"), str) else message
     return code, message
-
-
-def usage_record(job: Job, model: ModelConfig, status: str, usage: Usage, ended_ms: int) -> UsageRecord:
-    """The charge of a job that has ended, under the job's id (GET /v1/usage/{id})."""
-    return UsageRecord(
-        id=job.id,
-        request_id=job.request_id,
-        key_id=job.key_id,
-        account_id=job.account_id,
-        model=job.model,
-        status=status,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cost=cost(model.prices, usage),
-        started_at_ms=job.created_at_ms,
-        ended_at_ms=ended_ms,
-    )
 
 
 def channel_of(model: ModelConfig | None, name: str) -> ChannelConfig | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Protocol
 
 import orjson
 
@@ -37,6 +38,29 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class ReportedUsage(Protocol):
+    """An upstream's token counts: the Rust core's StreamUsage, or a pricing.Usage read by a shape
+    translator (gateway.translate)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+
+
+def reported_usage(reported: ReportedUsage) -> Usage:
+    return Usage(
+        prompt_tokens=reported.prompt_tokens,
+        completion_tokens=reported.completion_tokens,
+        cached_tokens=reported.cached_tokens,
+        reasoning_tokens=reported.reasoning_tokens,
+    )
 
 
 def cost(prices: Prices, usage: Usage) -> Decimal:

@@ -15,6 +15,7 @@ from decimal import Decimal
 import orjson
 from starlette.requests import Request
 
+from .context import Call
 from .ids import request_id
 from .routing import Attempt
 from .state import GatewayState
@@ -55,8 +56,8 @@ class BodyCapture:
         return b"".join(self._parts)
 
 
-def record(
-    state: GatewayState,
+def entry(
+    body_limit: int,
     request: Request,
     *,
     started_ns: int,
@@ -72,30 +73,74 @@ def record(
     usage_id: str | None = None,
     attempts: list[Attempt] | None = None,
     keep_request: bool = True,
-) -> None:
-    """Log one request. A request refused for its key has no request id (spec 7.3.1): its entry
-    gets an id of its own and keeps no bodies, since nobody it could belong to may read them."""
-    limit = state.settings.log_max_body_bytes
+) -> RequestLog:
+    """One request's log entry, bodies cut to `body_limit` bytes. A request refused for its key
+    has no request id (spec 7.3.1): its entry gets an id of its own and keeps no bodies, since
+    nobody it could belong to may read them."""
     raw: bytes | None = request.scope.get(BODY_SCOPE_KEY)
     request_bytes = len(raw) if raw is not None else 0
+    return RequestLog(
+        id=log_id or request_id(),
+        key_id=key_id,
+        account_id=account_id,
+        method=request.method,
+        path=request.url.path,
+        model=model,
+        status=status,
+        error_code=error_code,
+        started_at_ms=started_ns // 1_000_000,
+        duration_ms=(time.time_ns() - started_ns) // 1_000_000,
+        cost=cost,
+        usage_id=usage_id,
+        attempts=orjson.dumps(attempts).decode() if attempts else None,
+        request_body=raw[:body_limit] if raw is not None and keep_request else None,
+        request_bytes=request_bytes,
+        response_body=None if response_body is None else response_body[:body_limit],
+        response_bytes=len(response_body or b"") if response_bytes is None else response_bytes,
+    )
+
+
+def entry_for(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    status: int,
+    body: bytes | None,
+    size: int | None = None,
+    error_code: str | None = None,
+) -> RequestLog:
+    """The log entry of an authenticated model request as it stands (gateway.billing.close makes it
+    durable with the request's charge)."""
+    return entry(
+        state.settings.log_max_body_bytes,
+        request,
+        started_ns=call.started_ns,
+        status=status,
+        response_body=body,
+        response_bytes=size,
+        log_id=call.request_id,
+        key_id=call.ctx.key.id,
+        account_id=call.ctx.account.id,
+        model=call.model,
+        error_code=error_code,
+        cost=call.charged,
+        usage_id=call.usage_id,
+        attempts=call.attempts,
+    )
+
+
+def record_refusal(
+    state: GatewayState, request: Request, started_ns: int, status: int, body: bytes, code: str
+) -> None:
+    """Log a request refused for its key (it has no call: no key, account or request id)."""
     state.store.log_request(
-        RequestLog(
-            id=log_id or request_id(),
-            key_id=key_id,
-            account_id=account_id,
-            method=request.method,
-            path=request.url.path,
-            model=model,
+        entry(
+            state.settings.log_max_body_bytes,
+            request,
+            started_ns=started_ns,
             status=status,
-            error_code=error_code,
-            started_at_ms=started_ns // 1_000_000,
-            duration_ms=(time.time_ns() - started_ns) // 1_000_000,
-            cost=cost,
-            usage_id=usage_id,
-            attempts=orjson.dumps(attempts).decode() if attempts else None,
-            request_body=raw[:limit] if raw is not None and keep_request else None,
-            request_bytes=request_bytes,
-            response_body=None if response_body is None else response_body[:limit],
-            response_bytes=len(response_body or b"") if response_bytes is None else response_bytes,
+            response_body=body,
+            error_code=code,
+            keep_request=False,
         )
     )

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import orjson
 
-from . import jobs
+from . import billing, jobs
 from .clock import now_ms
 from .config import ChannelConfig, ModelConfig
 from .errors import GatewayError
@@ -101,7 +101,7 @@ async def _complete(
     reported = int(seconds) if isinstance(seconds, str) and seconds.isdigit() else asked
     rendered = min(reported, asked)  # never more than was asked for, and held
     ended = now_ms()
-    record = jobs.usage_record(job, model, "completed", Usage(seconds=rendered), ended)
+    record = billing.job_usage_record(job, model, "completed", Usage(seconds=rendered), ended)
     await state.store.finish_job(
         job.id,
         "completed",

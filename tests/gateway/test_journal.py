@@ -18,7 +18,7 @@ import pytest
 
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.store import UsageRecord
-from gateway.store.journal import Journal, orphans
+from gateway.store.journal import Journal, Settlement, orphans
 from gateway.store.sqlite import SqliteStore
 from harness import chat_model, free_port, process_tree, running
 
@@ -104,7 +104,7 @@ def test_replay_is_idempotent(tmp_path: Path) -> None:
         directory = store.journal_dir
         stale = Journal(directory)
         for i in range(3):
-            stale.append(record(account.id, i))
+            stale.append(Settlement(record(account.id, i)))
         os.close(stale._fd)  # dies without applying
         again = await open_store(tmp_path / "g.db")
         try:
@@ -119,7 +119,7 @@ def test_replay_is_idempotent(tmp_path: Path) -> None:
 
 def test_a_live_process_journal_is_left_alone(tmp_path: Path) -> None:
     live = Journal(tmp_path)
-    live.append(record("a", 1))
+    live.append(Settlement(record("a", 1)))
     with orphans(tmp_path) as records:
         assert records == []
     assert live.path.exists()

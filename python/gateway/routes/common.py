@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -23,9 +24,9 @@ from ..store import Job
 
 
 class HeldStream(StreamingResponse):
-    """A streamed answer whose end is known however it comes: its body's own clean-up (a
-    settlement) runs then, even for a client gone mid-way, and so do the `on_end` hooks (releasing
-    a hold the body left open, as when the client left before the body began; the request log)."""
+    """A streamed answer whose end is known however it comes: its body's own clean-up (reporting
+    what it delivered to billing) runs then, even for a client gone mid-way, and so do the `on_end`
+    hooks (the upstream connection goes back; the request closes: gateway.billing.close)."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class HeldStream(StreamingResponse):
         self.summary = summary
         self.capture: BodyCapture | None = None
         self.sent = 0
+        self.finished = False  # the body was read to its end (else the client left mid-way)
 
     def when_done(self, hook: Callable[[], None]) -> None:
         self._on_end.append(hook)
@@ -53,6 +55,7 @@ class HeldStream(StreamingResponse):
             if self.capture is not None:
                 self.capture.add(chunk)
             yield chunk
+        self.finished = True
 
     async def collect(self) -> bytes:
         """The whole body, read here rather than sent as it comes (an answer to be kept before it
@@ -88,95 +91,118 @@ REQUEST_ID_HEADER = "x-service-request-id"
 
 def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bool = False) -> Endpoint:
     """Authenticate (401s carry no request id, spec 7.3), then give the call its request id, which
-    every answer from here on carries, errors included. `idempotent` endpoints honour the
-    Idempotency-Key header (gateway.idempotency)."""
-    if idempotent:
-        handler = _idempotent(state, handler)
+    every answer from here on carries, errors included. The handler runs while the client is
+    there: one that leaves is noticed at once and the request cancelled (`_watched`). When the
+    request ends, billing closes it: its charge and its log entry become durable as one step
+    (gateway.billing.close), before the answer goes out. `idempotent` endpoints honour the
+    Idempotency-Key header (gateway.idempotency); an answer is kept only after its charge is
+    durable, so a replayed answer was always paid for."""
 
     async def endpoint(request: Request) -> Response:
         started_ns = time.time_ns()
         try:
             ctx = await authenticate(request, state.store)
         except GatewayError as err:
-            request_log.record(
-                state,
-                request,
-                started_ns=started_ns,
-                status=err.status,
-                response_body=err.body(request.url.path),
-                error_code=err.code,
-                keep_request=False,
+            request_log.record_refusal(
+                state, request, started_ns, err.status, err.body(request.url.path), err.code
             )
             raise
         call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
         try:
             call.rate = state.limiter.admit(ctx)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
-            response = await handler(request, call)
+            key = idempotency.requested_key(request) if idempotent else None
+            body = await read_body(request, state.settings.max_request_bytes)
+            replay = None if key is None else await idempotency.claim(state, request, call, key, body)
+            if replay is not None:
+                replay.headers[REQUEST_ID_HEADER] = call.request_id
+                response: Response = replay
+            else:
+                response = await _watched(request, call, handler)
+                if call.idempotency is not None and isinstance(response, HeldStream):
+                    # Kept whole before it is answered.
+                    headers = dict(response.headers)
+                    response = Response(await response.collect(), response.status_code, headers)
         except GatewayError as err:
-            billing.release(state, call)
             err.headers[REQUEST_ID_HEADER] = call.request_id
-            _log(state, request, call, err.status, err.body(request.url.path), error_code=err.code)
+            _close(state, request, call, err.status, err.body(request.url.path), error_code=err.code)
+            if call.idempotency is not None:
+                await idempotency.keep_error(state, call, err)
             raise
+        except ClientGone:
+            _close(state, request, call, request_log.CLIENT_CLOSED, None)
+            await idempotency.forget(state, call)
+            return Response(status_code=request_log.CLIENT_CLOSED)  # nobody is there to read it
         except Exception:
-            billing.release(state, call)
             # What the app's handler for unexpected errors answers.
-            _log(state, request, call, 500, None, error_code="api_error")
+            _close(state, request, call, 500, None, error_code="api_error")
+            await idempotency.forget(state, call)
             raise
-        except BaseException:  # cancelled: the client left before the answer
-            billing.release(state, call)
-            _log(state, request, call, request_log.CLIENT_CLOSED, None)
+        except BaseException:  # cancelled: the server is stopping
+            _close(state, request, call, request_log.CLIENT_CLOSED, None)
             raise
-        if isinstance(response, HeldStream):  # a stream closes its hold and logs when it ends
+        if isinstance(response, HeldStream):  # a stream closes when it ends
             stream = response
             if stream.summary is None:
                 stream.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
 
-            def log_stream() -> None:
+            def close_stream() -> None:
                 kept = stream.summary() if stream.summary is not None else None
                 if kept is None and stream.capture is not None:
                     kept = stream.capture.body()
-                _log(state, request, call, stream.status_code, kept, stream.sent, call.error_code)
+                # A stream the client did not read to its end: it left (as nginx logs it).
+                status = stream.status_code if stream.finished else request_log.CLIENT_CLOSED
+                _close(state, request, call, status, kept, stream.sent, call.error_code)
 
-            stream.when_done(log_stream)
+            stream.when_done(close_stream)
         else:
-            billing.release(state, call)
-            _log(state, request, call, response.status_code, bytes(response.body))
+            _close(state, request, call, response.status_code, bytes(response.body))
+            if call.idempotency is not None:
+                await idempotency.keep(
+                    state, call, response.status_code, dict(response.headers), bytes(response.body)
+                )
         return response
 
     return endpoint
 
 
-def _idempotent(state: GatewayState, handler: ModelHandler) -> ModelHandler:
-    async def run(request: Request, call: Call) -> Response:
-        key = idempotency.requested_key(request)
-        if key is None:
-            return await handler(request, call)
-        body = await read_body(request, state.settings.max_request_bytes)
-        replay = await idempotency.claim(state, request, call, key, body)
-        if replay is not None:
-            replay.headers[REQUEST_ID_HEADER] = call.request_id
-            return replay
-        try:
-            response = await handler(request, call)
-            if isinstance(response, HeldStream):  # kept whole before it is answered
-                headers = dict(response.headers)
-                response = Response(await response.collect(), response.status_code, headers)
-        except GatewayError as err:
-            await idempotency.keep_error(state, call, err)
-            raise
-        except BaseException:
-            await idempotency.forget(state, call)
-            raise
-        await idempotency.keep(
-            state, call, response.status_code, dict(response.headers), bytes(response.body)
-        )
-        return response
-
-    return run
+class ClientGone(Exception):
+    """The client left before the answer: the request was cancelled."""
 
 
-def _log(
+async def _watched(request: Request, call: Call, handler: ModelHandler) -> Response:
+    """Run the handler while watching the connection (the request's body has been read, so the
+    server's next message can only be the disconnect): a client that leaves cancels the request
+    at once, the upstream call with it, instead of the gateway learning of it only when it writes
+    the answer. A request that has started a job upstream (`call.cancel_on_disconnect` off) runs
+    to its end."""
+    task = asyncio.current_task()
+    watching = True
+
+    def left(_: asyncio.Future[None]) -> None:
+        if watching and call.cancel_on_disconnect and task is not None:
+            call.client_gone = True
+            task.cancel()
+
+    waiter = asyncio.ensure_future(_disconnected(request.receive))
+    waiter.add_done_callback(left)
+    try:
+        return await handler(request, call)
+    except asyncio.CancelledError:
+        if call.client_gone and task is not None and task.uncancel() == 0:
+            raise ClientGone from None
+        raise
+    finally:
+        watching = False
+        waiter.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _close(
     state: GatewayState,
     request: Request,
     call: Call,
@@ -185,22 +211,7 @@ def _log(
     size: int | None = None,
     error_code: str | None = None,
 ) -> None:
-    request_log.record(
-        state,
-        request,
-        started_ns=call.started_ns,
-        status=status,
-        response_body=body,
-        response_bytes=size,
-        log_id=call.request_id,
-        key_id=call.ctx.key.id,
-        account_id=call.ctx.account.id,
-        model=call.model,
-        error_code=error_code,
-        cost=call.charged,
-        usage_id=call.usage_id,
-        attempts=call.attempts,
-    )
+    billing.close(state, call, request_log.entry_for(state, request, call, status, body, size, error_code))
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -20,8 +20,8 @@ from starlette.routing import Route
 
 from .. import billing, safety
 from .._core import MultipartPart, count_tokens, parse_multipart
-from ..context import Call
 from ..config import ModelConfig
+from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost

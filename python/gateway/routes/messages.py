@@ -17,8 +17,8 @@ from .._core import (
     parse_chat_usage,
     parse_messages_usage,
 )
-from ..context import Call
 from ..config import ModelConfig
+from ..context import Call
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage

@@ -16,8 +16,8 @@ from starlette.routing import Route
 
 from .. import billing
 from .._core import count_tokens
-from ..context import Call
 from ..config import ModelConfig
+from ..context import Call
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage

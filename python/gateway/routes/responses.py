@@ -24,12 +24,12 @@ from .._core import (
     count_tokens,
     rewrite_response,
 )
-from ..context import Call
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
+from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
-from ..pricing import Usage, format_cost
+from ..pricing import Usage, format_cost, reported_usage
 from ..routing import json_body
 from ..state import GatewayState
 from ..store import JOB_RUNNING, Job, ResponseState
@@ -37,7 +37,7 @@ from ..stream_errors import responses_error_event
 from ..translate import response_item_text, response_output_text
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
-from .upstream import call_upstream, reported_usage
+from .upstream import call_upstream
 
 # How long a response can be continued, as OpenAI keeps stored responses (30 days).
 STATE_TTL_MS = 30 * 24 * 3600 * 1000
@@ -102,6 +102,9 @@ def routes(state: GatewayState) -> list[Route]:
                 on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
             )
 
+        # A background response is a job upstream: never cancelled by the client leaving, so that
+        # the job the upstream started is recorded (and its hold kept) whatever happens.
+        call.cancel_on_disconnect = not in_background
         answered = await call_upstream(
             state, request, call, model, json_body(upstream), only=only, replayable=not in_background
         )

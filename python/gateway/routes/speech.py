@@ -12,8 +12,8 @@ from starlette.routing import Route
 
 from .. import billing, safety
 from .._core import count_tokens
-from ..context import Call
 from ..config import ChannelConfig
+from ..context import Call
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
@@ -72,7 +72,6 @@ def routes(state: GatewayState) -> list[Route]:
         def ended() -> None:
             upstream.release()
             slot.release()
-            billing.release(state, call)
 
         return HeldStream(audio(), ended, media_type=media_type, headers=headers)
 

@@ -4,6 +4,7 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -12,21 +13,24 @@ from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import billing
-from .._core import count_tokens
-from ..context import Call
+from .. import billing, request_log
 from ..config import ChannelConfig, ModelConfig
+from ..context import Call
 from ..errors import GatewayError
-from ..pricing import Usage
+from ..pricing import ReportedUsage
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
 from ..state import GatewayState
+from ..store import RequestLog
 from ..stream_errors import StreamErrorRenderer, chat_error_event
 from .common import REQUEST_ID_HEADER, HeldStream
-from .upstream import ReportedUsage, open_stream, reported_usage
+from .upstream import open_stream
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# How often a running stream journals what it delivered (see _Progress).
+PROGRESS_CHUNKS = 64
+PROGRESS_SECONDS = 1.0
 
 
 class StreamRewriter(Protocol):
@@ -43,6 +47,9 @@ class StreamRewriter(Protocol):
     def chunks(self) -> int: ...
     @property
     def output_text(self) -> str: ...
+    @property
+    def output_len(self) -> int: ...
+    def output_upto(self, mark: int) -> str: ...
     @property
     def usage(self) -> ReportedUsage | None: ...
     @property
@@ -116,36 +123,61 @@ async def forward_stream(
             slot.release()
             raise
 
+    def outcome(delivered: int, complete: bool) -> billing.StreamOutcome:
+        return billing.StreamOutcome(complete, rewriter.usage, rewriter.output_upto(delivered), count_prompt)
+
     async def body() -> AsyncGenerator[bytes, None]:
         # The error that ends the stream, as (code, message), once the model fails mid-way.
         failure: tuple[str, str] | None = None
+        # A `yield` returns once the client was sent its chunk (a client gone raises there
+        # instead), so `delivered` marks the output the client was sent: what is billed.
+        delivered = 0
+        sent_all = False
+        progress = _Progress(time.monotonic())
         try:
             yield first
+            delivered = rewriter.output_len
+            progress.sent(len(first))
+            billing.note_progress(
+                state, call, model, rid, outcome(delivered, False), progress.entry(state, request, call)
+            )
             if rewriter.error is None and not rewriter.done:
                 async for chunk in upstream:
                     out = rewriter.feed(chunk)
                     if out:
                         yield out
+                        delivered = rewriter.output_len
+                        if progress.sent(len(out)):
+                            billing.note_progress(
+                                state,
+                                call,
+                                model,
+                                rid,
+                                outcome(delivered, False),
+                                progress.entry(state, request, call),
+                            )
                     if rewriter.error is not None:
                         break
                 else:
                     tail = rewriter.finish()
                     if tail:
                         yield tail
+                        delivered = rewriter.output_len
+            sent_all = True
             if rewriter.error is not None:
                 failure = ("provider_error", "The model failed during the stream.")
             elif not rewriter.done:
                 failure = ("provider_error", "The model's stream ended before it was complete.")
         except UPSTREAM_FAILURES as exc:
+            sent_all = True  # everything the model sent was passed on
             if is_timeout(exc):
                 failure = ("timeout", "The model sent nothing within the stream idle window.")
             else:
                 failure = ("provider_error", "The model's stream broke.")
         finally:
             response.release()  # closes the connection when the body was not read to its end
-            _settle(
-                state, call, model, rid, rewriter, count_prompt, complete=failure is None and rewriter.done
-            )
+            complete = sent_all and failure is None and rewriter.done
+            billing.settle_stream(state, call, model, rid, outcome(delivered, complete))
         if failure is not None:
             call.error_code = failure[0]
             yield error_event(*failure, rewriter.chunks)
@@ -171,7 +203,6 @@ async def forward_stream(
         # Also when the body never began (the client left first): the connection goes back now.
         response.release()
         slot.release()
-        billing.release(state, call)
 
     return HeldStream(
         body(),
@@ -182,26 +213,27 @@ async def forward_stream(
     )
 
 
-def _settle(
-    state: GatewayState,
-    call: Call,
-    model: ModelConfig,
-    rid: str,
-    rewriter: StreamRewriter,
-    count_prompt: Callable[[], int],
-    *,
-    complete: bool,
-) -> None:
-    """Spec 6.1.9: a stream is billed for the full prompt plus the output streamed so far; one that
-    produced no output is not billed. The upstream's own usage is used when it sent one."""
-    reported = rewriter.usage
-    if complete and reported is not None:
-        usage = reported_usage(reported)
-    elif rewriter.saw_output:
-        prompt = reported.prompt_tokens if reported is not None and reported.prompt_tokens else count_prompt()
-        usage = Usage(
-            prompt_tokens=prompt, completion_tokens=count_tokens(rewriter.output_text, model.tokenizer)
-        )
-    else:
-        usage = Usage()
-    billing.settle(state, call, model, rid, "completed" if complete else "incomplete", usage)
+class _Progress:
+    """When a running stream journals its progress (billing.note_progress): after its first output,
+    then whenever PROGRESS_CHUNKS chunks or PROGRESS_SECONDS have gone out since the last time, so a
+    killed process bills what its streams delivered up to that bound."""
+
+    __slots__ = ("bytes_sent", "chunks", "last")
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.chunks = 0
+        self.bytes_sent = 0
+
+    def sent(self, size: int) -> bool:
+        """A chunk went out; whether it is time to journal the progress."""
+        self.bytes_sent += size
+        self.chunks += 1
+        if self.chunks < PROGRESS_CHUNKS and time.monotonic() - self.last < PROGRESS_SECONDS:
+            return False
+        self.chunks, self.last = 0, time.monotonic()
+        return True
+
+    def entry(self, state: GatewayState, request: Request, call: Call) -> RequestLog:
+        """The log entry the stream has if its process dies now: cut off by the gateway."""
+        return request_log.entry_for(state, request, call, 200, None, self.bytes_sent, "api_error")

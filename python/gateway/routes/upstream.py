@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import orjson
 from aiohttp import ClientResponse
@@ -15,10 +15,10 @@ from starlette.responses import Response
 
 from .. import billing
 from .._core import InvalidJsonError, StreamUsage, set_json_id
-from ..context import Call
 from ..config import ChannelConfig, ModelConfig
+from ..context import Call
 from ..errors import GatewayError
-from ..pricing import Usage, format_cost
+from ..pricing import Usage, format_cost, reported_usage
 from ..providers import PROVIDERS
 from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES
@@ -28,29 +28,6 @@ from .common import REQUEST_ID_HEADER
 
 # How long before the synchronous window closes an attempt on one channel gives up.
 ATTEMPT_MARGIN_SECONDS = 0.5
-
-
-class ReportedUsage(Protocol):
-    """An upstream's token counts: the Rust core's StreamUsage, or a pricing.Usage read by a shape
-    translator (gateway.translate)."""
-
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
-    @property
-    def cached_tokens(self) -> int: ...
-    @property
-    def reasoning_tokens(self) -> int: ...
-
-
-def reported_usage(reported: ReportedUsage) -> Usage:
-    return Usage(
-        prompt_tokens=reported.prompt_tokens,
-        completion_tokens=reported.completion_tokens,
-        cached_tokens=reported.cached_tokens,
-        reasoning_tokens=reported.reasoning_tokens,
-    )
 
 
 def usage_reader(parse: Callable[[bytes], StreamUsage | None]) -> Callable[[bytes], Usage | None]:

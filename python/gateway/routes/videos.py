@@ -21,8 +21,8 @@ from .. import admin_fields as field
 from .. import billing, jobs, safety, videos
 from .._core import MultipartPart, parse_multipart
 from ..auth import authenticate
-from ..context import Call
 from ..clock import now_ms
+from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..registry import REQUIRED_FIELDS
@@ -72,6 +72,8 @@ def routes(state: GatewayState) -> list[Route]:
                 FormPart(p.name, p.data, p.filename, p.content_type) for p in parts if p.name in keep
             )
         # Never sent twice: a second POST could start a second job the gateway never hears of.
+        # Nor cancelled when the client leaves: a job the upstream started must be recorded.
+        call.cancel_on_disconnect = False
         answered = await call_upstream(state, request, call, model, body, content_type, replayable=False)
         upstream_id = _upstream_id(answered.content)
         job = Job(

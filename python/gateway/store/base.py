@@ -306,10 +306,18 @@ class Store(Protocol):
         """Apply the settlements that dead processes journaled and return their leases; returns
         how many settlements were new. Safe to call at any time from any process."""
 
-    def settle(self, record: UsageRecord) -> None:
-        """Store the usage record and charge its cost, atomically and exactly once, taking the cost
-        off this process's leases on the account and the key as well. Returns at once; from then on
-        the charge survives a killed process. The record is readable moments later."""
+    def settle(self, record: UsageRecord, entry: RequestLog | None = None) -> None:
+        """Store the usage record and the request's log entry and charge its cost, atomically and
+        exactly once, taking the cost off this process's leases on the account and the key as well.
+        Returns at once; from then on the charge and its records survive a killed process (the log
+        entry's bodies excepted). The record is readable moments later."""
+
+    def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
+        """A running stream's settlement so far (what it delivered): applied, with its log entry,
+        only if this process dies before the stream's own settlement. Returns at once."""
+
+    def forget_progress(self, usage_id: str) -> None:
+        """A stream that noted progress ended without a settlement."""
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         """The record, only if it belongs to this key."""

@@ -2,9 +2,16 @@
 a database commit.
 
 Each settlement is appended to this process's journal with one write(2) before the response goes
-out. No fsync: a killed process cannot lose what the kernel already holds (a power cut can; that is
-the same promise as SQLite's synchronous=NORMAL). The store applies settlements in batches off the
-request path and truncates the journal whenever everything written has been applied.
+out: the usage record and the request's log entry (without its bodies) on one line, so that a charge
+and the records that show it are one durable step; whatever is replayed, all of them are. No fsync:
+a killed process cannot lose what the kernel already holds (a power cut can; that is the same
+promise as SQLite's synchronous=NORMAL). The store applies settlements in batches off the request
+path and truncates the journal whenever everything written has been applied.
+
+A stream still running also appends its progress now and again (routes/streaming.py): the
+settlement it would have if it ended there, marked as progress. Progress is never applied while its
+process lives; a replay applies the last progress of a stream whose final settlement never came, so
+a killed process's streams are billed what they had delivered, up to the last progress line.
 
 Every live process holds an exclusive flock on its own journal. At start-up, and then now and
 again, a process replays every journal whose lock it can take (its owner is dead) and deletes it;
@@ -20,22 +27,74 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from .base import UsageRecord
+from .base import RequestLog, UsageRecord
 
 PREFIX = "settlements-"
 SUFFIX = ".jsonl"
+# The request log fields a journal line keeps (bodies are not money: they are not journaled).
+_LOG_FIELDS = (
+    "id",
+    "key_id",
+    "account_id",
+    "method",
+    "path",
+    "model",
+    "status",
+    "error_code",
+    "started_at_ms",
+    "duration_ms",
+    "cost",
+    "usage_id",
+    "attempts",
+    "request_bytes",
+    "response_bytes",
+)
 
 
-def encode(r: UsageRecord) -> bytes:
-    return orjson.dumps(r.as_row()) + b"\n"
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A charge and its records: the usage record and, when the request was logged, its log entry."""
+
+    record: UsageRecord
+    log: RequestLog | None = None
 
 
-def decode(line: bytes) -> UsageRecord:
-    return UsageRecord.from_row(orjson.loads(line))
+def encode(settlement: Settlement, *, progress: bool = False) -> bytes:
+    log = settlement.log
+    line: dict[str, Any] = {
+        "u": settlement.record.as_row(),
+        "l": None
+        if log is None
+        else [str(v) if isinstance(v, Decimal) else v for v in (getattr(log, f) for f in _LOG_FIELDS)],
+    }
+    if progress:
+        line["p"] = 1
+    return orjson.dumps(line) + b"\n"
+
+
+def decode(line: bytes) -> tuple[Settlement, bool]:
+    """A journal line: the settlement and whether it is a stream's progress rather than its end."""
+    data = orjson.loads(line)
+    if isinstance(data, list):  # a line written before log entries were journaled with charges
+        return Settlement(UsageRecord.from_row(data)), False
+    head = data.get("l")
+    log = None
+    if head is not None:
+        fields = dict(zip(_LOG_FIELDS, head, strict=True))
+        cost = fields.pop("cost")
+        log = RequestLog(
+            **fields,
+            cost=None if cost is None else Decimal(cost),
+            request_body=None,
+            response_body=None,
+        )
+    return Settlement(UsageRecord.from_row(data["u"]), log), bool(data.get("p"))
 
 
 class Journal:
@@ -48,12 +107,28 @@ class Journal:
         self._lock = threading.Lock()
         self._written = 0
         self._applied = 0
+        # The latest progress line of each stream still running, by usage id: written again after
+        # a truncation, so that a stream's progress is always in the file until it ends.
+        self._running: dict[str, bytes] = {}
 
-    def append(self, record: UsageRecord) -> None:
-        line = encode(record)
+    def append(self, settlement: Settlement) -> None:
+        line = encode(settlement)
         with self._lock:
             os.write(self._fd, line)
             self._written += 1
+            self._running.pop(settlement.record.id, None)
+
+    def progress(self, settlement: Settlement) -> None:
+        """A running stream's settlement so far: replayed only if its process dies before it ends."""
+        line = encode(settlement, progress=True)
+        with self._lock:
+            os.write(self._fd, line)
+            self._running[settlement.record.id] = line
+
+    def forget(self, usage_id: str) -> None:
+        """A stream that noted progress ended without a settlement (nothing is billed)."""
+        with self._lock:
+            self._running.pop(usage_id, None)
 
     def applied(self, count: int) -> None:
         """`count` more settlements are in the store; when all written ones are, start afresh."""
@@ -61,11 +136,13 @@ class Journal:
             self._applied += count
             if self._applied == self._written:
                 os.ftruncate(self._fd, 0)
+                if self._running:
+                    os.write(self._fd, b"".join(self._running.values()))
 
     def close(self) -> None:
         """Close; the file goes only when everything in it was applied (else the next start replays it)."""
         with self._lock:
-            caught_up = self._applied == self._written
+            caught_up = self._applied == self._written and not self._running
             os.close(self._fd)
         if caught_up:
             self.path.unlink(missing_ok=True)
@@ -86,10 +163,23 @@ def owners(directory: Path) -> set[str]:
 
 @dataclass(slots=True)
 class Orphan:
-    """The journal of a dead process: its name and the settlements it holds."""
+    """The journal of a dead process: its name and the settlements to apply (each stream's last
+    progress stands for a settlement that never came)."""
 
     owner: str
-    records: list[UsageRecord]
+    settlements: list[Settlement]
+
+
+def read_settlements(lines: Iterator[bytes]) -> list[Settlement]:
+    """A journal's settlements, with the last progress of each stream that did not end."""
+    ended: dict[str, Settlement] = {}
+    progress: dict[str, Settlement] = {}
+    for line in lines:
+        if not line.endswith(b"\n"):  # a line cut short by a crash was never acknowledged
+            continue
+        settlement, is_progress = decode(line)
+        (progress if is_progress else ended)[settlement.record.id] = settlement
+    return [*ended.values(), *(s for usage_id, s in progress.items() if usage_id not in ended)]
 
 
 @contextlib.contextmanager
@@ -109,12 +199,8 @@ def orphans(directory: Path) -> Iterator[list[Orphan]]:
                 os.close(fd)
                 continue
             held.append((fd, path))
-            orphan = Orphan(owner_of(path), [])
             with open(fd, "rb", closefd=False) as f:
-                for line in f:
-                    if line.endswith(b"\n"):  # a line cut short by a crash was never acknowledged
-                        orphan.records.append(decode(line))
-            found.append(orphan)
+                found.append(Orphan(owner_of(path), read_settlements(iter(f))))
         yield found
         for _, path in held:
             path.unlink(missing_ok=True)

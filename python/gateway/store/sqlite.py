@@ -293,6 +293,8 @@ class _LogRow:
 
     values: tuple[Any, ...]
     body_bytes: int  # counted in the backlog until written
+    # Only the bodies of an entry written with its settlement (which journals the rest).
+    bodies_only: bool = False
 
 
 _COLUMNS = ", ".join(USAGE_COLUMNS)
@@ -506,7 +508,7 @@ class SqliteStore:
         same core), the request log entries in one statement, then each awaited operation in its
         own savepoint (one failing fails alone). What was queued in the background is thus in place
         for every awaited operation of its batch."""
-        records = [item for item in batch if isinstance(item, UsageRecord)]
+        settlements = [item for item in batch if isinstance(item, journal.Settlement)]
         ops = [item for item in batch if isinstance(item, _Op)]
         logs = [item for item in batch if isinstance(item, _LogRow)]
         outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
@@ -514,12 +516,10 @@ class SqliteStore:
         logged: Exception | None = None
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if records:
-                settled = _in_savepoint(conn, lambda: _settle_many(conn, records, self._owner))
+            if settlements:
+                settled = _in_savepoint(conn, lambda: _settle_many(conn, settlements, self._owner))
             if logs:
-                logged = _in_savepoint(
-                    conn, lambda: conn.executemany(_INSERT_LOG, [row.values for row in logs])
-                )
+                logged = _in_savepoint(conn, lambda: _write_logs(conn, logs))
             for op in ops:
                 outcomes.append((op.future, *_attempt(conn, op.run)))
             conn.execute("COMMIT")
@@ -533,16 +533,16 @@ class SqliteStore:
                 self._log_backlog -= sum(row.body_bytes for row in logs)
         if logged is not None:  # nobody to tell: the entries are lost, the requests are not
             log.error("writing %d request log entries failed: %s", len(logs), logged, exc_info=logged)
-        if records and settled is None and self._journal is not None:
-            self._journal.applied(len(records))
-        elif records:
+        if settlements and settled is None and self._journal is not None:
+            self._journal.applied(len(settlements))
+        elif settlements:
             # A journaled settlement is never dropped: it stays in the journal and is tried again.
             log.error(
-                "applying %d settlements failed, will retry: %s", len(records), settled, exc_info=settled
+                "applying %d settlements failed, will retry: %s", len(settlements), settled, exc_info=settled
             )
             time.sleep(0.1)
-            for record in records:
-                self._queue.put(record)
+            for settlement in settlements:
+                self._queue.put(settlement)
         if self._loop is not None and outcomes:
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
 
@@ -680,13 +680,29 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ writes
 
-    def settle(self, record: UsageRecord) -> None:
+    def settle(self, record: UsageRecord, entry: RequestLog | None = None) -> None:
         if self._journal is None:
             raise RuntimeError("store is not started")
-        self._journal.append(record)  # durable against a killed process from here on
-        self._queue.put(record)
+        settlement = journal.Settlement(record, entry)
+        self._journal.append(settlement)  # durable against a killed process from here on
+        self._queue.put(settlement)
+        if entry is not None and (entry.request_body is not None or entry.response_body is not None):
+            # The bodies follow with the next group commit (they are not journaled).
+            self._queue.put(self._log_row(entry, bodies_only=True))
+
+    def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
+        if self._journal is None:
+            raise RuntimeError("store is not started")
+        self._journal.progress(journal.Settlement(record, entry))
+
+    def forget_progress(self, usage_id: str) -> None:
+        if self._journal is not None:
+            self._journal.forget(usage_id)
 
     def log_request(self, entry: RequestLog) -> None:
+        self._queue.put(self._log_row(entry))
+
+    def _log_row(self, entry: RequestLog, *, bodies_only: bool = False) -> _LogRow:
         bodies = len(entry.request_body or b"") + len(entry.response_body or b"")
         if self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
             # The writer is behind (the machine is saturated): keep the entry, not its bodies,
@@ -700,27 +716,8 @@ class SqliteStore:
                 )
         with self._backlog_lock:
             self._log_backlog += bodies
-        row = (
-            entry.id,
-            entry.key_id,
-            entry.account_id,
-            entry.method,
-            entry.path,
-            entry.model,
-            entry.status,
-            entry.error_code,
-            entry.started_at_ms,
-            entry.duration_ms,
-            None if entry.cost is None else str(entry.cost),
-            entry.usage_id,
-            entry.attempts,
-            entry.request_body,
-            entry.request_bytes,
-            entry.response_body,
-            entry.response_bytes,
-        )
         # Like a settlement, nobody waits for it: it joins the next group commit.
-        self._queue.put(_LogRow(row, bodies))
+        return _LogRow(_log_values(entry), bodies, bodies_only)
 
     async def purge_log_bodies(self, before_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -877,7 +874,12 @@ class SqliteStore:
             if not ended:
                 return False
             if record is not None:
-                _settle_many(conn, [record], None)
+                _settle_many(conn, [journal.Settlement(record)], None)
+                # The request that created the job shows its charge in its log entry from now on.
+                conn.execute(
+                    "UPDATE request_logs SET cost = ?, usage_id = ? WHERE id = ?",
+                    (str(record.cost), record.id, record.request_id),
+                )
             if content is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO video_files (job_id, content_type, expires_at_ms, data)"
@@ -1182,13 +1184,50 @@ class SqliteStore:
         return result
 
 
-def _settle_many(conn: sqlite3.Connection, records: Sequence[UsageRecord], owner: str | None) -> int:
-    """Record and charge each settlement once: one applied again (journal replay, a retried batch)
-    changes nothing. Charges are summed per account, key and lease, so a batch costs a handful of
-    statements. The charges come off the `owner` process's leases too: the money it had set aside
-    is spent. Returns how many settlements were new."""
-    if not records:
+def _log_values(entry: RequestLog) -> tuple[Any, ...]:
+    return (
+        entry.id,
+        entry.key_id,
+        entry.account_id,
+        entry.method,
+        entry.path,
+        entry.model,
+        entry.status,
+        entry.error_code,
+        entry.started_at_ms,
+        entry.duration_ms,
+        None if entry.cost is None else str(entry.cost),
+        entry.usage_id,
+        entry.attempts,
+        entry.request_body,
+        entry.request_bytes,
+        entry.response_body,
+        entry.response_bytes,
+    )
+
+
+_BODIES = _LOG_COLUMNS.index("request_body"), _LOG_COLUMNS.index("response_body")
+
+
+def _write_logs(conn: sqlite3.Connection, logs: Sequence[_LogRow]) -> None:
+    conn.executemany(_INSERT_LOG, [row.values for row in logs if not row.bodies_only])
+    conn.executemany(
+        "UPDATE request_logs SET request_body = ?, response_body = ? WHERE id = ?",
+        [(row.values[_BODIES[0]], row.values[_BODIES[1]], row.values[0]) for row in logs if row.bodies_only],
+    )
+
+
+def _settle_many(
+    conn: sqlite3.Connection, settlements: Sequence[journal.Settlement], owner: str | None
+) -> int:
+    """Record and charge each settlement once, with its request log entry: one applied again
+    (journal replay, a retried batch) changes nothing. Charges are summed per account, key and
+    lease, so a batch costs a handful of statements. The charges come off the `owner` process's
+    leases too: the money it had set aside is spent. Returns how many settlements were new."""
+    if not settlements:
         return 0
+    conn.executemany(_INSERT_LOG, [_log_values(s.log) for s in settlements if s.log is not None])
+    records = [s.record for s in settlements]
     known: set[str] = set()
     for chunk in _chunks(list(dict.fromkeys(r.id for r in records))):
         marks = ", ".join("?" * len(chunk))
@@ -1252,7 +1291,7 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
             return 0
         conn.execute("BEGIN IMMEDIATE")
         try:
-            applied = _settle_many(conn, [r for orphan in found for r in orphan.records], None)
+            applied = _settle_many(conn, [s for orphan in found for s in orphan.settlements], None)
             # Listed inside the transaction: a process that leases after this listing created its
             # journal before, as every lease waits for this transaction's lock.
             alive = journal.owners(journal_dir) - {orphan.owner for orphan in found}
@@ -1262,7 +1301,7 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        records = sum(len(orphan.records) for orphan in found)
+        records = sum(len(orphan.settlements) for orphan in found)
         if records or gone:
             log.warning(
                 "replayed %d journaled settlements (%d new) and returned the leases of %d stopped processes",
@@ -1322,7 +1361,7 @@ def _add_to_lease(conn: sqlite3.Connection, kind: str, pot_id: str, owner: str, 
 
 def _nobody_waits(item: Any) -> bool:
     """True for a journaled settlement or a log entry (no future): its commit may wait for others."""
-    return isinstance(item, UsageRecord | _LogRow)
+    return isinstance(item, journal.Settlement | _LogRow)
 
 
 def _in_savepoint(conn: sqlite3.Connection, work: Callable[[], Any]) -> Exception | None:

@@ -21,6 +21,14 @@ class TranslatedStream:
     def output_text(self) -> str:
         return "".join(self._output)
 
+    @property
+    def output_len(self) -> int:
+        """A mark of the output so far (pieces collected), for `output_upto`."""
+        return len(self._output)
+
+    def output_upto(self, mark: int) -> str:
+        return "".join(self._output[:mark])
+
     def feed(self, chunk: bytes) -> bytes:
         out = self._translate(self._parser.feed(chunk))
         if self._parser.overflowed and self.error is None:

@@ -165,6 +165,16 @@ macro_rules! stream_rewriter {
             fn output_text(&self) -> String {
                 self.0.output_text.clone()
             }
+            /// A mark of how much output text has been collected so far (its length in bytes):
+            /// cheap to take after every chunk, read back with `output_upto`.
+            #[getter]
+            fn output_len(&self) -> usize {
+                self.0.output_text.len()
+            }
+            /// The output text collected up to a mark taken with `output_len`.
+            fn output_upto(&self, mark: usize) -> String {
+                self.0.output_text.get(..mark).unwrap_or(&self.0.output_text).to_owned()
+            }
             #[getter]
             fn usage(&self) -> Option<StreamUsage> {
                 self.0.usage().map(StreamUsage)
