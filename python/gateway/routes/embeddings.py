@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
 from .._core import count_tokens, parse_chat_usage
-from ..context import Call
 from ..config import ModelConfig
+from ..context import Call
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
@@ -38,6 +39,7 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             usage_reader(parse_chat_usage),
             lambda _: _counted_usage(model, inputs),
+            _with_usage,
         )
 
     return [Route("/v1/embeddings", model_endpoint(state, embeddings), methods=["POST"])]
@@ -70,6 +72,18 @@ def _inputs(value: Any) -> list[str | list[int]]:
                 "Every `input` entry must be a non-empty string or array of tokens.", "input"
             )
     return items
+
+
+def _with_usage(body: bytes, usage: Usage) -> bytes:
+    """The answer with `usage` (spec 1.4.1): the upstream's own when it has one (left untouched,
+    unparsed), else OpenAI's embeddings usage with the tokens the gateway counted and billed."""
+    if b'"usage"' in body:
+        return body
+    data = orjson.loads(body)
+    if not isinstance(data, dict):
+        return body
+    data["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}
+    return orjson.dumps(data)
 
 
 def _counted_usage(model: ModelConfig, inputs: list[str | list[int]]) -> Usage:

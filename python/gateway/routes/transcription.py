@@ -16,8 +16,8 @@ from starlette.routing import Route
 from .. import billing
 from .._core import InvalidJsonError, count_tokens, parse_multipart, set_json_id
 from ..audio import wav_seconds
-from ..context import Call
 from ..config import ModelConfig
+from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
@@ -56,6 +56,8 @@ def routes(state: GatewayState) -> list[Route]:
         except (InvalidJsonError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
         usage = reported or _counted(model, upload.data, text)
+        if is_json:
+            body = _with_usage(body, usage)
         charged = billing.settle(state, call, model, rid, "completed", usage)
         headers = {
             REQUEST_ID_HEADER: call.request_id,
@@ -87,6 +89,27 @@ def _read_answer(body: bytes) -> tuple[str, Usage | None]:
     elif isinstance(data, dict) and isinstance(data.get("duration"), int | float):
         reported = Usage(seconds=math.ceil(data["duration"]))
     return (text if isinstance(text, str) else ""), reported
+
+
+def _with_usage(body: bytes, usage: Usage) -> bytes:
+    """A JSON answer without a `usage` object gets OpenAI's, for what the gateway billed (spec
+    1.4.1): by duration when it billed seconds (a WAV's length, or verbose_json's `duration`), else
+    by tokens."""
+    if b'"usage"' in body:
+        return body
+    data = orjson.loads(body)
+    if not isinstance(data, dict):
+        return body
+    if usage.seconds:
+        data["usage"] = {"type": "duration", "seconds": usage.seconds}
+    else:
+        data["usage"] = {
+            "type": "tokens",
+            "input_tokens": usage.prompt_tokens,
+            "output_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        }
+    return orjson.dumps(data)
 
 
 # The lowest bitrate a compressed upload plausibly has (8 kbit/s): its size then bounds its length.
