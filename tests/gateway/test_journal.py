@@ -213,3 +213,43 @@ def _key_id(db: Path) -> str:
     with sqlite3.connect(db) as conn:
         (key_id,) = conn.execute("SELECT id FROM api_keys").fetchone()
     return str(key_id)
+
+
+def _progress(i: int, completion: int) -> Settlement:
+    r = record("a", i)
+    return Settlement(
+        UsageRecord(
+            r.id, r.request_id, r.key_id, r.account_id, r.model, "incomplete", 10, completion, r.cost, 1, 2
+        )
+    )
+
+
+def test_a_dead_process_streams_are_billed_their_last_progress(tmp_path: Path) -> None:
+    """A stream's progress stands for its settlement only when the settlement never came; the last
+    progress wins; a truncation (everything applied) keeps the progress of streams still running."""
+    dead = Journal(tmp_path)
+    dead.progress(_progress(1, 3))
+    dead.progress(_progress(2, 4))
+    dead.progress(_progress(1, 7))  # stream 1 went on
+    dead.append(Settlement(record("a", 2)))  # stream 2 ended: its settlement, not its progress
+    dead.applied(1)  # truncated: only stream 1's latest progress is written again
+    dead.progress(_progress(3, 1))
+    os.close(dead._fd)  # killed
+    with orphans(tmp_path) as found:
+        ((orphan,),) = [found]
+        by_id = {s.record.id: s.record for s in orphan.settlements}
+    assert set(by_id) == {"chatcmpl-1", "chatcmpl-3"}
+    assert by_id["chatcmpl-1"].completion_tokens == 7
+    assert by_id["chatcmpl-1"].status == "incomplete"
+    assert by_id["chatcmpl-3"].completion_tokens == 1
+
+
+def test_a_stream_that_ended_unbilled_leaves_no_progress(tmp_path: Path) -> None:
+    live = Journal(tmp_path)
+    live.progress(_progress(1, 3))
+    live.forget("chatcmpl-1")
+    live.append(Settlement(record("a", 2)))
+    live.applied(1)
+    assert live.path.stat().st_size == 0
+    live.close()
+    assert not live.path.exists()

@@ -153,6 +153,28 @@ USAGE_COLUMNS = (
     "started_at_ms",
     "ended_at_ms",
 )
+# A request log entry's fields in order (RequestLog's): the one layout shared by every backend and
+# the settlement journal, which keeps all but the bodies.
+LOG_COLUMNS = (
+    "id",
+    "key_id",
+    "account_id",
+    "method",
+    "path",
+    "model",
+    "status",
+    "error_code",
+    "started_at_ms",
+    "duration_ms",
+    "cost",
+    "usage_id",
+    "attempts",
+    "request_body",
+    "request_bytes",
+    "response_body",
+    "response_bytes",
+)
+LOG_BODY_COLUMNS = ("request_body", "response_body")
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,28 +33,12 @@ from typing import Any
 
 import orjson
 
-from .base import RequestLog, UsageRecord
+from .base import LOG_BODY_COLUMNS, LOG_COLUMNS, RequestLog, UsageRecord
 
 PREFIX = "settlements-"
 SUFFIX = ".jsonl"
 # The request log fields a journal line keeps (bodies are not money: they are not journaled).
-_LOG_FIELDS = (
-    "id",
-    "key_id",
-    "account_id",
-    "method",
-    "path",
-    "model",
-    "status",
-    "error_code",
-    "started_at_ms",
-    "duration_ms",
-    "cost",
-    "usage_id",
-    "attempts",
-    "request_bytes",
-    "response_bytes",
-)
+_LOG_FIELDS = tuple(c for c in LOG_COLUMNS if c not in LOG_BODY_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from . import journal
 from .base import (
     JOB_LEASE_PREFIX,
     JOB_RUNNING,
+    LOG_COLUMNS,
     USAGE_COLUMNS,
     Account,
     AccountChanges,
@@ -322,25 +323,7 @@ _FIND_KEY = (
     " FROM api_keys k JOIN accounts a ON a.id = k.account_id"
     " WHERE k.key_hash = ? AND k.deleted_at_ms IS NULL"
 )
-_LOG_COLUMNS = (
-    "id",
-    "key_id",
-    "account_id",
-    "method",
-    "path",
-    "model",
-    "status",
-    "error_code",
-    "started_at_ms",
-    "duration_ms",
-    "cost",
-    "usage_id",
-    "attempts",
-    "request_body",
-    "request_bytes",
-    "response_body",
-    "response_bytes",
-)
+_LOG_COLUMNS = LOG_COLUMNS
 _LOG = ", ".join(_LOG_COLUMNS)
 # Job's fields in order.
 _JOB_COLUMNS = (
