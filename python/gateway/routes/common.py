@@ -179,7 +179,12 @@ async def _watched(request: Request, call: Call, handler: ModelHandler) -> Respo
     task = asyncio.current_task()
     watching = True
 
-    def left(_: asyncio.Future[None]) -> None:
+    def left(done: asyncio.Future[None]) -> None:
+        # A receive that failed (its exception taken here, so it is not reported as lost) is a
+        # connection that broke: the client is gone as well.
+        if done.cancelled():
+            return
+        done.exception()
         if watching and call.cancel_on_disconnect and task is not None:
             call.client_gone = True
             task.cancel()
