@@ -81,9 +81,7 @@ def release(state: GatewayState, call: Call) -> None:
     state.limiter.correct(call.rate, 0)
 
 
-def _record(
-    call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage, ended_ms: int | None = None
-) -> UsageRecord:
+def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage: Usage) -> UsageRecord:
     return UsageRecord(
         id=response_id,
         request_id=call.request_id,
@@ -95,7 +93,7 @@ def _record(
         completion_tokens=usage.completion_tokens,
         cost=cost(model.prices, usage),
         started_at_ms=call.started_ns // 1_000_000,
-        ended_at_ms=time.time_ns() // 1_000_000 if ended_ms is None else ended_ms,
+        ended_at_ms=time.time_ns() // 1_000_000,
     )
 
 
