@@ -41,6 +41,35 @@ WORKERS_ENV: Final = "GATEWAY_WORKERS"
 # `gateway serve --host/--port` tell the workers where they listen ("host:port"), for the URLs they
 # hand out (routes/common.public_base).
 LISTEN_ENV: Final = "GATEWAY_LISTEN"
+STORE_BACKENDS: Final = ("sqlite", "postgres")
+_URL_SCHEMES: Final = {
+    "store": ("postgres://", "postgresql://"),
+    "redis": ("redis://", "rediss://", "unix://"),
+}
+
+# Every setting the gateway reads, by table ("" is the file's top level; list entries are named
+# without their index: "models.channels"). A key not listed here is refused at start-up, naming it.
+KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
+    table: frozenset(keys.split())
+    for table, keys in {
+        "": "server store redis limits upstream admin logs routing safety videos background models",
+        "server": "host port workers public_base_url allowed_hosts",
+        "store": "backend path url url_env pool_size",
+        "redis": "url url_env",
+        "limits": "max_request_bytes sync_timeout_seconds stream_idle_timeout_seconds image_url_ttl_seconds",
+        "upstream": "connect_timeout_seconds max_connections",
+        "admin": "token_env",
+        "logs": "max_body_bytes body_retention_days",
+        "routing": "retries retry_backoff_seconds retry_backoff_max_seconds failures_to_cool_down "
+        "cooldown_seconds attempt_timeout_seconds",
+        "safety": "model on_error",
+        "videos": "poll_seconds max_job_seconds file_ttl_seconds",
+        "background": "poll_seconds max_job_seconds file_ttl_seconds",
+        "models": "name type tokenizer max_output_tokens supported_params safety prices channels",
+        "models.prices": "input cached_input output reasoning search character second minute image images",
+        "models.channels": "provider base_url model api_key_env name weight priority max_concurrency",
+    }.items()
+}
 
 
 class ConfigError(ValueError):
@@ -148,7 +177,14 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
+    # The store (gateway.store): "sqlite", one file at store_path, or "postgres" at store_url with a
+    # pool of store_pool_size connections per worker process; a postgres store needs redis_url.
+    store_backend: str = "sqlite"
     store_path: Path = Path("var/gateway.db")
+    store_url: str | None = field(default=None, repr=False)  # may hold a password: never shown
+    store_pool_size: int = 10
+    # Redis (rate limits and shared channel state across instances); None: kept locally.
+    redis_url: str | None = field(default=None, repr=False)
     max_request_bytes: int = 10 * 1024 * 1024
     sync_timeout_seconds: float = 240.0
     stream_idle_timeout_seconds: float = 120.0
@@ -198,6 +234,7 @@ def settings_from_env() -> Settings:
 
 
 def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
+    _known(raw, "")
     server = _table(raw, "server")
     store = _table(raw, "store")
     limits = _table(raw, "limits")
@@ -215,15 +252,23 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
         raise ConfigError(f"models: duplicate names {dupes}")
     safety = _safety_settings(_table(raw, "safety"))
     models = _resolve_safety(models, models_raw, safety)
-    store_path = Path(_get(store, "path", str, "store.path", "var/gateway.db"))
-    if not store_path.is_absolute():
-        store_path = base_dir / store_path
+    backend, store_path, store_url, pool_size = _store(store, base_dir)
+    redis_url = _url(_table(raw, "redis"), "redis")
+    if backend == "postgres" and redis_url is None:
+        raise ConfigError(
+            'redis: [store] backend = "postgres" needs [redis] url or url_env (instances share rate '
+            "limits and channel state through it)"
+        )
     return Settings(
         models=models,
         host=_get(server, "host", str, "server.host", "127.0.0.1"),
         port=_get(server, "port", int, "server.port", 8080),
         workers=_positive(_get(server, "workers", int, "server.workers", 1), "server.workers"),
+        store_backend=backend,
         store_path=store_path,
+        store_url=store_url,
+        store_pool_size=pool_size,
+        redis_url=redis_url,
         max_request_bytes=_positive(
             _get(limits, "max_request_bytes", int, "limits.max_request_bytes", 10 * 1024 * 1024),
             "limits.max_request_bytes",
@@ -264,10 +309,53 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     )
 
 
+def _store(store: Mapping[str, Any], base_dir: Path) -> tuple[str, Path, str | None, int]:
+    """[store]: the backend, the sqlite file (absolute), the postgres URL and pool size."""
+    backend = _get(store, "backend", str, "store.backend", "sqlite")
+    if backend not in STORE_BACKENDS:
+        raise ConfigError(f'store.backend: {backend!r} is not "sqlite" or "postgres"')
+    own = {"sqlite": {"path"}, "postgres": {"url", "url_env", "pool_size"}}[backend]
+    stray = sorted(set(store) - own - {"backend"})
+    if stray:  # e.g. a path under postgres: refused rather than silently unused
+        raise ConfigError(
+            f'store.{stray[0]}: not a setting of backend "{backend}" (it takes: {", ".join(sorted(own))})'
+        )
+    store_path = Path(_get(store, "path", str, "store.path", "var/gateway.db"))
+    if not store_path.is_absolute():
+        store_path = base_dir / store_path
+    if backend == "sqlite":
+        return backend, store_path, None, 10
+    url = _url(store, "store")
+    if url is None:
+        raise ConfigError('store: backend "postgres" needs url or url_env')
+    pool_size = _positive(_get(store, "pool_size", int, "store.pool_size", 10), "store.pool_size")
+    return backend, store_path, url, pool_size
+
+
+def _url(table: Mapping[str, Any], where: str) -> str | None:
+    """`url`, or `url_env` naming the environment variable that holds it (for passwords); exactly
+    one of the two, or neither (None)."""
+    if "url" in table and "url_env" in table:
+        raise ConfigError(f"{where}: give url or url_env, not both")
+    if "url_env" in table:
+        name = _env_name(table, "url_env", f"{where}.url_env")
+        url = os.environ.get(name or "")
+        if not url:
+            raise ConfigError(f"{where}.url_env: the environment variable {name} is not set")
+        source = f"{where}.url_env ({name})"
+    elif "url" in table:
+        url = _get(table, "url", str, f"{where}.url")
+        source = f"{where}.url"
+    else:
+        return None
+    schemes = _URL_SCHEMES[where]
+    if not url.startswith(schemes):
+        # Never the URL itself in the message: it may hold a password.
+        raise ConfigError(f"{source}: must be a URL starting with {' or '.join(schemes)}")
+    return url
+
+
 def _safety_settings(table: Mapping[str, Any]) -> SafetySettings:
-    unknown = set(table) - {"model", "on_error"}
-    if unknown:
-        raise ConfigError(f"safety: unknown settings {sorted(unknown)}")
     model = table.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise ConfigError("safety.model: must be the name of a moderation model")
@@ -327,6 +415,7 @@ def _job_settings(raw: Mapping[str, Any], name: str) -> JobSettings:
 def _model(raw: Any, where: str) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
+    _known(raw, where)
     name = _get(raw, "name", str, f"{where}.name")
     if not _MODEL_NAME.match(name):
         raise ConfigError(f"{where}.name: {name!r} is not of the form <vendor>/<model>")
@@ -366,6 +455,7 @@ def _model(raw: Any, where: str) -> ModelConfig:
 def _channel(raw: Any, where: str, model_name: str, index: int) -> ChannelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
+    _known(raw, where)
     provider = _get(raw, "provider", str, f"{where}.provider")
     if provider not in PROVIDER_KINDS:
         raise ConfigError(f"{where}.provider: {provider!r} is not one of {sorted(PROVIDER_KINDS)}")
@@ -393,21 +483,6 @@ def _channel(raw: Any, where: str, model_name: str, index: int) -> ChannelConfig
 
 
 def _prices(raw: Mapping[str, Any], where: str) -> Prices:
-    known = {
-        "input",
-        "cached_input",
-        "output",
-        "reasoning",
-        "search",
-        "character",
-        "second",
-        "minute",
-        "image",
-        "images",
-    }
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown price fields {sorted(unknown)}")
     input_ = _money(raw.get("input", 0), f"{where}.input")
     output = _money(raw.get("output", 0), f"{where}.output")
     return Prices(
@@ -478,10 +553,23 @@ def _money(value: Any, where: str) -> Decimal:
 
 
 def _table(raw: Mapping[str, Any], key: str, where: str = "") -> Mapping[str, Any]:
+    """The table `key` of `raw` (empty when absent), its keys checked against KNOWN_SETTINGS."""
+    path = f"{where}.{key}" if where else key
     value = raw.get(key, {})
     if not isinstance(value, dict):
-        raise ConfigError(f"{where + '.' if where else ''}{key}: must be a table")
-    return value
+        raise ConfigError(f"{path}: must be a table")
+    return _known(value, path)
+
+
+def _known(table: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """Refuses a key the gateway does not read (a misspelt one would otherwise be ignored)."""
+    known = KNOWN_SETTINGS[re.sub(r"\[\d+\]", "", where)]
+    unknown = sorted(set(table) - known)
+    if unknown:
+        names = ", ".join(f"{where}.{k}" if where else k for k in unknown)
+        plural = "s" if len(unknown) > 1 else ""
+        raise ConfigError(f"unknown setting{plural} {names} (known: {', '.join(sorted(known))})")
+    return table
 
 
 def _get(raw: Mapping[str, Any], key: str, kind: type[T], where: str, default: T | None = None) -> T:

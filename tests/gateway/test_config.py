@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from gateway.cli import SIM_PORT, _on_sim_port
+from gateway.cli import SIM_PORT, _granian, _on_sim_port
 from gateway.config import (
     CONFIG_ENV,
+    KNOWN_SETTINGS,
+    LISTEN_ENV,
     WORKERS_ENV,
     ConfigError,
     load_settings,
@@ -47,7 +55,7 @@ def model(**overrides: object) -> dict[str, object]:
         ),
         ({"models": [model(prices={"input": "abc"})]}, "models[0].prices.input"),
         ({"models": [model(prices={"input": "-1"})]}, "models[0].prices.input"),
-        ({"models": [model(prices={"inptu": "1"})]}, "models[0].prices"),
+        ({"models": [model(prices={"inptu": "1"})]}, "unknown setting models[0].prices.inptu"),
         ({"models": [model(prices={"images": {"1024x1024/": "1"}})]}, "models[0].prices.images"),
         ({"models": [model(prices={"images": {"1024x1024": "x"}})]}, "models[0].prices.images.1024x1024"),
         ({"models": [model(prices={"images": "0.04"})]}, "models[0].prices.images"),
@@ -107,3 +115,213 @@ def test_the_demo_on_another_simulator_port_serves_a_copy_that_reaches_it(tmp_pa
     assert settings.store_path == moved.store_path
     urls = [c.base_url for m in moved.models for c in m.channels]
     assert urls and all(":9934" in url for url in urls)
+
+
+PG = "postgresql://gw:secret@127.0.0.1:5432/test"
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+def test_the_store_is_sqlite_by_default() -> None:
+    s = parse_settings({"models": [model()], "store": {"path": "x.db"}}, Path("/tmp"))
+    assert (s.store_backend, s.store_path, s.store_url, s.redis_url) == (
+        "sqlite",
+        Path("/tmp/x.db"),
+        None,
+        None,
+    )
+    assert parse_settings({"models": [model()]}, Path("/tmp")).store_backend == "sqlite"
+
+
+def test_sqlite_may_use_redis() -> None:
+    s = parse_settings({"models": [model()], "redis": {"url": REDIS}}, Path("/tmp"))
+    assert (s.store_backend, s.redis_url) == ("sqlite", REDIS)
+
+
+def test_postgres_with_urls() -> None:
+    raw = {"models": [model()], "store": {"backend": "postgres", "url": PG}, "redis": {"url": REDIS}}
+    s = parse_settings(raw, Path("/tmp"))
+    assert (s.store_backend, s.store_url, s.store_pool_size, s.redis_url) == ("postgres", PG, 10, REDIS)
+    assert "secret" not in repr(s)  # a password in a URL never reaches a log line through settings
+    raw["store"] = {"backend": "postgres", "url": PG, "pool_size": 4}
+    assert parse_settings(raw, Path("/tmp")).store_pool_size == 4
+
+
+def test_urls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GW_TEST_PG", PG)
+    monkeypatch.setenv("GW_TEST_REDIS", REDIS)
+    raw = {
+        "models": [model()],
+        "store": {"backend": "postgres", "url_env": "GW_TEST_PG"},
+        "redis": {"url_env": "GW_TEST_REDIS"},
+    }
+    s = parse_settings(raw, Path("/tmp"))
+    assert (s.store_url, s.redis_url) == (PG, REDIS)
+
+
+@pytest.mark.parametrize(
+    ("store", "redis", "message"),
+    [
+        ({"backend": "postgres", "url": PG}, None, 'backend = "postgres" needs [redis] url or url_env'),
+        ({"backend": "postgres", "url": PG}, {}, 'backend = "postgres" needs [redis] url or url_env'),
+        ({"backend": "postgres"}, {"url": REDIS}, 'store: backend "postgres" needs url or url_env'),
+        ({"backend": "mysql"}, None, "store.backend: 'mysql' is not"),
+        (
+            {"backend": "postgres", "url": PG, "url_env": "X"},
+            {"url": REDIS},
+            "store: give url or url_env, not both",
+        ),
+        (
+            {"backend": "postgres", "url": PG},
+            {"url": REDIS, "url_env": "X"},
+            "redis: give url or url_env, not both",
+        ),
+        (
+            {"backend": "postgres", "url_env": "GW_TEST_UNSET"},
+            {"url": REDIS},
+            "variable GW_TEST_UNSET is not set",
+        ),
+        (
+            {"backend": "postgres", "url": PG},
+            {"url_env": "GW_TEST_UNSET"},
+            "variable GW_TEST_UNSET is not set",
+        ),
+        ({"backend": "postgres", "url_env": ""}, {"url": REDIS}, "store.url_env: must be the name"),
+        (
+            {"backend": "postgres", "url": PG, "path": "x.db"},
+            {"url": REDIS},
+            'store.path: not a setting of backend "postgres"',
+        ),
+        ({"url": PG}, None, 'store.url: not a setting of backend "sqlite"'),
+        ({"url_env": "X"}, None, 'store.url_env: not a setting of backend "sqlite"'),
+        ({"pool_size": 3}, None, 'store.pool_size: not a setting of backend "sqlite"'),
+        (
+            {"backend": "postgres", "url": PG, "pool_size": 0},
+            {"url": REDIS},
+            "store.pool_size: must be positive",
+        ),
+        (
+            {"backend": "postgres", "url": "redis://x"},
+            {"url": REDIS},
+            "store.url: must be a URL starting with postgres://",
+        ),
+        ({"backend": "postgres", "url": PG}, {"url": PG}, "redis.url: must be a URL starting with redis://"),
+        ({"backend": "postgres", "url": 5}, {"url": REDIS}, "store.url: must be of type str"),
+    ],
+)
+def test_store_and_redis_mistakes_are_refused(
+    monkeypatch: pytest.MonkeyPatch, store: dict[str, object], redis: dict[str, object] | None, message: str
+) -> None:
+    monkeypatch.delenv("GW_TEST_UNSET", raising=False)
+    raw: dict[str, object] = {"models": [model()], "store": store}
+    if redis is not None:
+        raw["redis"] = redis
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        parse_settings(raw, Path("/tmp"))
+    assert "secret" not in str(caught.value)
+
+
+def test_an_empty_url_env_variable_is_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GW_TEST_EMPTY", "")
+    with pytest.raises(
+        ConfigError, match=r"redis\.url_env: the environment variable GW_TEST_EMPTY is not set"
+    ):
+        parse_settings({"models": [model()], "redis": {"url_env": "GW_TEST_EMPTY"}}, Path("/tmp"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"servr": {}}, "unknown setting servr (known: admin, background,"),
+        ({"port": 8080}, "unknown setting port (known:"),
+        ({"server": {"prot": 1}}, "unknown setting server.prot (known: allowed_hosts, host, port,"),
+        ({"server": {"prot": 1, "hots": "x"}}, "unknown settings server.hots, server.prot"),
+        (
+            {"store": {"pth": "x.db"}},
+            "unknown setting store.pth (known: backend, path, pool_size, url, url_env)",
+        ),
+        ({"redis": {"uri": REDIS}}, "unknown setting redis.uri (known: url, url_env)"),
+        ({"limits": {"max_request_byte": 1}}, "unknown setting limits.max_request_byte"),
+        ({"upstream": {"timeout": 1}}, "unknown setting upstream.timeout"),
+        ({"admin": {"token": "x"}}, "unknown setting admin.token (known: token_env)"),
+        ({"logs": {"retention_days": 1}}, "unknown setting logs.retention_days"),
+        ({"routing": {"retry": 1}}, "unknown setting routing.retry"),
+        ({"safety": {"modle": "x"}}, "unknown setting safety.modle (known: model, on_error)"),
+        ({"videos": {"poll": 1}}, "unknown setting videos.poll"),
+        ({"background": {"ttl": 1}}, "unknown setting background.ttl"),
+        ({"models": [model(), model(name="a/c", price={})]}, "unknown setting models[1].price"),
+        ({"models": [model(prices={"outptu": "1"})]}, "unknown setting models[0].prices.outptu"),
+        (
+            {"models": [model(channels=[CHANNEL, {**CHANNEL, "name": "b", "wieght": 2}])]},
+            "unknown setting models[0].channels[1].wieght (known: api_key_env, base_url, max_concurrency,",
+        ),
+    ],
+)
+def test_unknown_settings_are_refused_naming_the_key(raw: dict[str, object], message: str) -> None:
+    raw = {"models": [model()], **raw}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_settings(raw, Path("/tmp"))
+
+
+def test_every_known_table_is_a_table_of_the_file() -> None:
+    """KNOWN_SETTINGS lists the top level's tables and each of them (nothing listed but unread)."""
+    top = KNOWN_SETTINGS[""]
+    nested = {t for t in KNOWN_SETTINGS if t}
+    assert nested == top | {"models.prices", "models.channels"}
+
+
+def test_every_config_in_the_repository_loads() -> None:
+    paths = sorted((ROOT / "config").glob("*.toml"))
+    assert ROOT / "config" / "demo.toml" in paths
+    for path in paths:
+        load_settings(path)
+
+
+def serve(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "gateway.toml"
+    config.write_text(text)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV)},
+    )
+
+
+CHAT_MODEL = """
+[[models]]
+name = "a/b"
+type = "chat"
+[[models.channels]]
+provider = "openai"
+base_url = "http://127.0.0.1:1/v1"
+"""
+
+
+def test_serve_with_a_misspelt_key_exits_naming_it(tmp_path: Path) -> None:
+    done = serve(tmp_path, f"[server]\nprot = 8123\n{CHAT_MODEL}", "--port", "8124")
+    assert done.returncode != 0
+    assert "configuration error: unknown setting server.prot (known: allowed_hosts, host, port" in done.stderr
+
+
+def test_serve_postgres_without_redis_exits(tmp_path: Path) -> None:
+    text = f'[store]\nbackend = "postgres"\nurl = "{PG}"\n{CHAT_MODEL}'
+    done = serve(tmp_path, text)
+    assert done.returncode != 0
+    assert "needs [redis] url or url_env" in done.stderr
+    assert "secret" not in done.stderr
+
+
+def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gateway serve --config X --port P` starts one instance on P (any number share a store)."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"[server]\nport = 8123\nworkers = 2\n{CHAT_MODEL}")
+    for name in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    args = argparse.Namespace(host="0.0.0.0", port=8200, workers=None)
+    command = _granian(str(config), load_settings(config), args)
+    assert json.loads(command[-1]) == {"host": "0.0.0.0", "port": 8200, "workers": 2}
+    assert os.environ[LISTEN_ENV] == "0.0.0.0:8200"
+    s = settings_from_env()
+    assert (s.host, s.port, s.workers) == ("0.0.0.0", 8200, 2)

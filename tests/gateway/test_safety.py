@@ -538,7 +538,7 @@ def test_config_resolves_each_models_moderation_model() -> None:
         (chat("safety = 3"), "", "must be true, false or the name"),
         (chat('safety = "openai/omni-moderation-latest"', "embedding"), "", "is not checked"),
         (chat(), '\n[safety]\non_error = "maybe"\n', "refuse"),
-        (chat(), "\n[safety]\nmodle = 1\n", "unknown settings"),
+        (chat(), "\n[safety]\nmodle = 1\n", "unknown setting safety.modle"),
     ],
 )
 def test_config_errors(models: str, safety: str, message: str) -> None:
