@@ -54,13 +54,13 @@ JOB_KINDS = {"video": video_jobs.KIND, "response": background_responses.KIND}
 
 
 def create_app(settings: Settings) -> Starlette:
-    store = open_store(str(settings.store_path))
+    store = open_store(settings)
     state = GatewayState(
         settings=settings,
         registry=ModelRegistry(settings.models),
         store=store,
         upstream=UpstreamClient(settings),
-        funds=Funds(store, settings.workers),
+        funds=Funds(store),
         limiter=RateLimiter(_beside(settings.store_path, ".ratelimits")),
         router=Router(settings.models, settings.routing, settings.workers),
     )

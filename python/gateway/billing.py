@@ -161,23 +161,23 @@ def note_progress(
     entry: RequestLog,
 ) -> None:
     """A running stream's settlement so far, made durable so that a killed process still bills what
-    the stream had delivered (store/journal.py); it becomes the settlement only if the process dies."""
+    the stream had delivered (Store.note_progress); it becomes the settlement only if the process dies."""
     usage = stream_usage(model, outcome)
     record = _record(call, model, response_id, "incomplete", usage)
     state.store.note_progress(record, replace(entry, cost=record.cost, usage_id=record.id))
     call.progress_noted = True
 
 
-def close(state: GatewayState, call: Call, entry: RequestLog) -> None:
+async def close(state: GatewayState, call: Call, entry: RequestLog) -> None:
     """The request has ended and `entry` is its log entry: close whatever hold is still open, and
-    make its settlement durable with the entry, as one step (store/journal.py); a request that was
+    make its settlement durable with the entry, as one step (Store.settle); a request that was
     not charged is only logged."""
     release(state, call)
     record, call.settlement = call.settlement, None
     if record is None:
         state.store.log_request(entry)
     else:
-        state.store.settle(record, entry)
+        await state.store.settle(record, entry)
 
 
 def hand_over_to_job(state: GatewayState, call: Call) -> list[tuple[str, str]]:

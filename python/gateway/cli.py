@@ -234,7 +234,7 @@ class AdminError(Exception):
 
 def _run(action: Callable[[Store], Awaitable[T]], settings: Settings) -> T:
     async def go() -> T:
-        store = open_store(str(settings.store_path))
+        store = open_store(settings)
         await store.start()
         try:
             return await action(store)

@@ -9,11 +9,13 @@ Holds live in this process's memory, so the hot path touches no database. They a
 leases: money of a pot (an account's balance or a key's limit) that the store has set aside for this
 process, atomically with every other process's leases, so that the leases of all processes never
 exceed what the pot holds (gateway.store: lease). A hold that its lease cannot cover asks the store
-for more; the store grants what the hold needs plus a 1/workers part of what is left free, so a
-single process leases the whole pot at once and a request only waits on the database when a lease
-runs short. A charge takes its cost off the lease (in memory at once, in the store with the
-settlement's commit); idle leases go back after a while; a dead process's leases go back when its
-journal is replayed (store/journal.py), so no hold outlives its process.
+for more; the store grants what the hold needs plus a 1/N part of what is left free, N being the
+number of live lease owners (every worker process of every instance sharing the store:
+Store.live_owners), so a single process leases the whole pot at once and a request only waits on
+the database when a lease runs short. A charge takes its cost off the lease (in memory at once, in
+the store with the settlement); idle leases go back after a while; a dead process's leases go back
+when another reclaims them (SQLite: its journal replayed; PostgreSQL: its heartbeat stopped), so no
+hold outlives its process for longer than that bound.
 
 Exactness: within one process, requests are admitted exactly while the money lasts. Across worker
 processes nothing is overspent, but a request may be refused while another process still holds an
@@ -155,9 +157,8 @@ class Hold:
 
 
 class Funds:
-    def __init__(self, store: Store, workers: int) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._share = workers
         self._pots: dict[tuple[str, str], Pot] = {}
         self._returning: set[asyncio.Future[None]] = set()  # grants of cancelled refills going back
 
@@ -205,13 +206,7 @@ class Funds:
             # The store commits the grant whatever happens to this request; a request cancelled
             # meanwhile (its client gone) must not lose it: it then goes back to the store.
             leasing = asyncio.ensure_future(
-                self._store.lease(
-                    pot.kind,
-                    pot.pot_id,
-                    pot.shortfall(amount),
-                    self._share,
-                    clock.now_ms() if now_ms is None else now_ms,
-                )
+                self._lease(pot, pot.shortfall(amount), clock.now_ms() if now_ms is None else now_ms)
             )
             try:
                 granted = await asyncio.shield(leasing)
@@ -223,6 +218,11 @@ class Funds:
             pot.lease += granted
             pot.used_at = time.monotonic()
             return True
+
+    async def _lease(self, pot: Pot, need: Decimal, now_ms: int) -> Decimal:
+        # The free rest is shared among the live owners: one process alone leases it all.
+        share = await self._store.live_owners()
+        return await self._store.lease(pot.kind, pot.pot_id, need, share, now_ms)
 
     def _give_back(self, pot: Pot, leasing: asyncio.Future[Decimal]) -> None:
         if leasing.cancelled() or leasing.exception() is not None or leasing.result().is_zero():

@@ -74,7 +74,7 @@ def test_limit_used_up_then_reset(
     async def go() -> list[str]:
         store = SqliteStore(tmp_path / "b.db")
         await store.start()
-        funds = Funds(store, workers=1)
+        funds = Funds(store)
         try:
             account = await store.create_account("a", Decimal(100))
             secret = generate_key()
@@ -94,7 +94,7 @@ def test_limit_used_up_then_reset(
                 outcome, held = await _hold(funds, ctx, Decimal(cost), spent_at)
                 outcomes.append(outcome)
                 assert held is not None
-                store.settle(_record(f"r{i}", ctx, Decimal(cost), spent_at))
+                await store.settle(_record(f"r{i}", ctx, Decimal(cost), spent_at))
                 funds.release(held, Decimal(cost))
                 # An awaited write queued behind the settlement: the one writer applies them in order.
                 await store.purge_responses(0)

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from gateway.auth import display_prefix, generate_key, hash_key
-from gateway.store import UsageRecord
-from gateway.store.journal import Journal, Settlement, orphans
+from gateway.store import Settlement, UsageRecord
 from gateway.store.sqlite import SqliteStore
+from gateway.store.sqlite.journal import Journal, orphans
 from harness import chat_model, free_port, process_tree, running
 
 
@@ -61,7 +61,7 @@ def test_settlements_of_a_killed_process_are_replayed_once(tmp_path: Path) -> No
             blocker = sqlite3.connect({str(db)!r}, isolation_level=None)
             blocker.execute("BEGIN EXCLUSIVE")
             for i in range(50):
-                store.settle(UsageRecord(f"chatcmpl-{{i}}", "r", "k", {account_id!r}, "m", "completed",
+                await store.settle(UsageRecord(f"chatcmpl-{{i}}", "r", "k", {account_id!r}, "m", "completed",
                                          10, 5, Decimal("0.001"), 1, 2))
             print("journaled", flush=True)
             os._exit(0)
@@ -98,7 +98,7 @@ def test_replay_is_idempotent(tmp_path: Path) -> None:
         store = await open_store(tmp_path / "g.db")
         account = await store.create_account("a", Decimal(1))
         for i in range(3):
-            store.settle(record(account.id, i))
+            await store.settle(record(account.id, i))
         await store.close()  # applied and the journal removed
         # The same settlements journaled again by a process that then died:
         directory = store.journal_dir

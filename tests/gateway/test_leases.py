@@ -41,7 +41,7 @@ def test_two_processes_share_one_balance(tmp_path: Path) -> None:
         assert sum(leases(db).values()) == 10
 
         # A charge of 2 held on a's lease: the balance and a's lease both lose it.
-        a.settle(UsageRecord("u1", "r", "key_x", acct, "m", "completed", 1, 1, Decimal(2), NOW, NOW))
+        await a.settle(UsageRecord("u1", "r", "key_x", acct, "m", "completed", 1, 1, Decimal(2), NOW, NOW))
         await a.purge_responses(0)  # queued behind the settlement in a's writer
         assert leases(db) == {a.lease_owner: Decimal("3.5"), b.lease_owner: Decimal("4.5")}
         assert (await a.get_account(acct)).balance == 8  # type: ignore[union-attr]
@@ -100,7 +100,7 @@ def test_a_refill_cancelled_midway_gives_its_grant_back(tmp_path: Path) -> None:
     async def go() -> tuple[dict[str, Decimal], Decimal]:
         store = SqliteStore(db)
         await store.start()
-        funds = Funds(store, workers=1)
+        funds = Funds(store)
         try:
             account = await store.create_account("acct", Decimal(10))
             secret = generate_key()

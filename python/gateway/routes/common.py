@@ -38,7 +38,7 @@ class HeldStream(StreamingResponse):
         self._content = content
         self._tee = self._copy(content)
         super().__init__(self._tee, **kwargs)
-        self._on_end = [on_end] if on_end is not None else []
+        self._on_end: list[Callable[[], Awaitable[None] | None]] = [on_end] if on_end is not None else []
         # What the request log keeps of it: `summary()` when given (a text stream: what it said,
         # not every event), else the bytes `capture` keeps.
         self.summary = summary
@@ -46,7 +46,7 @@ class HeldStream(StreamingResponse):
         self.sent = 0
         self.finished = False  # the body was read to its end (else the client left mid-way)
 
-    def when_done(self, hook: Callable[[], None]) -> None:
+    def when_done(self, hook: Callable[[], Awaitable[None] | None]) -> None:
         self._on_end.append(hook)
 
     async def _copy(self, content: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
@@ -81,7 +81,9 @@ class HeldStream(StreamingResponse):
         await self._content.aclose()
         hooks, self._on_end = self._on_end, []
         for hook in hooks:
-            hook()
+            done = hook()
+            if done is not None:
+                await done
 
 
 ModelHandler = Callable[[Request, Call], Awaitable[Response]]
@@ -125,38 +127,38 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                     response = Response(await response.collect(), response.status_code, headers)
         except GatewayError as err:
             err.headers[REQUEST_ID_HEADER] = call.request_id
-            _close(state, request, call, err.status, err.body(request.url.path), error_code=err.code)
+            await _close(state, request, call, err.status, err.body(request.url.path), error_code=err.code)
             if call.idempotency is not None:
                 await idempotency.keep_error(state, call, err)
             raise
         except ClientGone:
-            _close(state, request, call, request_log.CLIENT_CLOSED, None)
+            await _close(state, request, call, request_log.CLIENT_CLOSED, None)
             await idempotency.forget(state, call)
             return Response(status_code=request_log.CLIENT_CLOSED)  # nobody is there to read it
         except Exception:
             # What the app's handler for unexpected errors answers.
-            _close(state, request, call, 500, None, error_code="api_error")
+            await _close(state, request, call, 500, None, error_code="api_error")
             await idempotency.forget(state, call)
             raise
         except BaseException:  # cancelled: the server is stopping
-            _close(state, request, call, request_log.CLIENT_CLOSED, None)
+            await _close(state, request, call, request_log.CLIENT_CLOSED, None)
             raise
         if isinstance(response, HeldStream):  # a stream closes when it ends
             stream = response
             if stream.summary is None:
                 stream.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
 
-            def close_stream() -> None:
+            async def close_stream() -> None:
                 kept = stream.summary() if stream.summary is not None else None
                 if kept is None and stream.capture is not None:
                     kept = stream.capture.body()
                 # A stream the client did not read to its end: it left (as nginx logs it).
                 status = stream.status_code if stream.finished else request_log.CLIENT_CLOSED
-                _close(state, request, call, status, kept, stream.sent, call.error_code)
+                await _close(state, request, call, status, kept, stream.sent, call.error_code)
 
             stream.when_done(close_stream)
         else:
-            _close(state, request, call, response.status_code, bytes(response.body))
+            await _close(state, request, call, response.status_code, bytes(response.body))
             if call.idempotency is not None:
                 await idempotency.keep(
                     state, call, response.status_code, dict(response.headers), bytes(response.body)
@@ -207,7 +209,7 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def _close(
+async def _close(
     state: GatewayState,
     request: Request,
     call: Call,
@@ -216,7 +218,9 @@ def _close(
     size: int | None = None,
     error_code: str | None = None,
 ) -> None:
-    billing.close(state, call, request_log.entry_for(state, request, call, status, body, size, error_code))
+    await billing.close(
+        state, call, request_log.entry_for(state, request, call, status, body, size, error_code)
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -1,6 +1,21 @@
-"""Persistence behind one interface (`Store`), one module per backend."""
+"""Persistence behind one interface cut by role (store/base.py), one package per backend: sqlite
+(embedded, the default) and postgres (several instances sharing one database)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from .base import (
+    Accounts,
+    Blobs,
+    Idempotency,
+    Jobs,
+    Ledger,
+    RequestLogs,
+    ResponseStates,
+    Store,
+)
+from .records import (
     JOB_RUNNING,
     LIMIT_RESETS,
     Account,
@@ -14,27 +29,38 @@ from .base import (
     NameTaken,
     RequestLog,
     ResponseState,
-    Store,
+    Settlement,
     StoredAnswer,
     StoredImage,
     TopUp,
     UsageRecord,
 )
 
+if TYPE_CHECKING:
+    from ..config import Settings
+
 __all__ = [
     "JOB_RUNNING",
     "LIMIT_RESETS",
     "Account",
     "AccountChanges",
+    "Accounts",
     "ApiKey",
+    "Blobs",
+    "Idempotency",
     "IdempotencyClaim",
     "IdempotencyKeyReused",
     "Job",
+    "Jobs",
     "KeyChanges",
     "KeyContext",
+    "Ledger",
     "NameTaken",
     "RequestLog",
+    "RequestLogs",
     "ResponseState",
+    "ResponseStates",
+    "Settlement",
     "Store",
     "StoredAnswer",
     "StoredImage",
@@ -44,7 +70,14 @@ __all__ = [
 ]
 
 
-def open_store(path: str) -> Store:
+def open_store(settings: Settings) -> Store:
+    """The backend `[store] backend` names (not yet started)."""
+    if settings.store_backend == "postgres":
+        from .postgres import PostgresStore
+
+        if settings.store_url is None:
+            raise ValueError("store.url is required for the postgres backend")
+        return PostgresStore(settings.store_url, pool_size=settings.store_pool_size)
     from .sqlite import SqliteStore
 
-    return SqliteStore(path)
+    return SqliteStore(settings.store_path)

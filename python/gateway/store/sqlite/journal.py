@@ -33,7 +33,8 @@ from typing import Any
 
 import orjson
 
-from .base import LOG_BODY_COLUMNS, LOG_COLUMNS, RequestLog, UsageRecord
+from ..records import LOG_BODY_COLUMNS, LOG_COLUMNS, RequestLog, Settlement
+from .rows import usage_record, usage_row
 
 PREFIX = "settlements-"
 SUFFIX = ".jsonl"
@@ -41,18 +42,10 @@ SUFFIX = ".jsonl"
 _LOG_FIELDS = tuple(c for c in LOG_COLUMNS if c not in LOG_BODY_COLUMNS)
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """A charge and its records: the usage record and, when the request was logged, its log entry."""
-
-    record: UsageRecord
-    log: RequestLog | None = None
-
-
 def encode(settlement: Settlement, *, progress: bool = False) -> bytes:
     log = settlement.log
     line: dict[str, Any] = {
-        "u": settlement.record.as_row(),
+        "u": usage_row(settlement.record),
         "l": None
         if log is None
         else [str(v) if isinstance(v, Decimal) else v for v in (getattr(log, f) for f in _LOG_FIELDS)],
@@ -66,7 +59,7 @@ def decode(line: bytes) -> tuple[Settlement, bool]:
     """A journal line: the settlement and whether it is a stream's progress rather than its end."""
     data = orjson.loads(line)
     if isinstance(data, list):  # a line written before log entries were journaled with charges
-        return Settlement(UsageRecord.from_row(data)), False
+        return Settlement(usage_record(data)), False
     head = data.get("l")
     log = None
     if head is not None:
@@ -78,7 +71,7 @@ def decode(line: bytes) -> tuple[Settlement, bool]:
             request_body=None,
             response_body=None,
         )
-    return Settlement(UsageRecord.from_row(data["u"]), log), bool(data.get("p"))
+    return Settlement(usage_record(data["u"]), log), bool(data.get("p"))
 
 
 class Journal:
@@ -138,6 +131,25 @@ def owner_of(path: Path) -> str:
 
 def _journals(directory: Path) -> list[Path]:
     return sorted(directory.glob(PREFIX + "*" + SUFFIX)) if directory.is_dir() else []
+
+
+def live_count(directory: Path) -> int:
+    """How many processes sharing the store are alive: the journals whose lock is held."""
+    alive = 0
+    for path in _journals(directory):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            alive += 1
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return alive
 
 
 def owners(directory: Path) -> set[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .base import KeyContext
+from ..records import KeyContext
 
 # Past this many keys the cache starts again empty: memory stays bounded whatever the key count.
 MAX_CACHED_KEYS = 100_000

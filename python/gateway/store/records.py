@@ -1,0 +1,278 @@
+"""What the gateway keeps: the records every store backend reads and writes (gateway.store.base
+says what each role of a store does with them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Final, TypedDict
+
+# How often a key's spending against its own credit limit starts again from zero (spec 2.4, 8).
+LIMIT_RESETS: Final = ("daily", "weekly", "monthly")
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    id: str
+    name: str
+    balance: Decimal
+    # None: every configured model is allowed.
+    allowed_models: frozenset[str] | None = None
+    # Requests and tokens per minute allowed on each of the account's keys (spec 8); None: no limit.
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    created_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    id: str
+    account_id: str
+    name: str
+    prefix: str  # the first characters of the key, for people to recognise it; never enough to use it
+    created_at_ms: int
+    expires_at_ms: int | None = None
+    # The key's own spending limit in US dollars (spec 5.4); None: only the account's balance limits it.
+    credit_limit: Decimal | None = None
+    # One of LIMIT_RESETS, or None: what the key spent counts against credit_limit for ever.
+    limit_reset: str | None = None
+    deleted_at_ms: int | None = None
+    # What the key spent in the period that starts at spent_period_ms (see gateway.budget).
+    spent: Decimal = Decimal(0)
+    spent_period_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopUp:
+    """Money added to an account: one entry of its ledger, never changed afterwards."""
+
+    id: str
+    account_id: str
+    amount: Decimal
+    note: str | None
+    created_at_ms: int
+    balance_after: Decimal  # the account's balance right after this top-up
+
+
+class AccountChanges(TypedDict, total=False):
+    """A partial update of an account: a field left out stays as it is, None clears it."""
+
+    name: str
+    allowed_models: frozenset[str] | None
+    rpm_limit: int | None
+    tpm_limit: int | None
+
+
+class KeyChanges(TypedDict, total=False):
+    """A partial update of a key's settings: a field left out stays as it is, None clears it."""
+
+    name: str
+    credit_limit: Decimal | None
+    limit_reset: str | None
+    expires_at_ms: int | None
+
+
+# What a lease sets money aside from: an account's balance, or a key's own credit limit.
+POT_KINDS: Final = ("account", "key")
+
+
+class NameTaken(Exception):
+    """Another account has this name already."""
+
+
+class IdempotencyKeyReused(Exception):
+    """A top-up with this idempotency key exists already, with another amount or note."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyContext:
+    """Who is calling: the key and its account, as found at authentication."""
+
+    key: ApiKey
+    account: Account
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """Spec 2.3. `id` is the response body's id; the record belongs to the key that made the request."""
+
+    id: str
+    request_id: str
+    key_id: str
+    account_id: str
+    model: str
+    status: str  # completed | incomplete | failed
+    prompt_tokens: int
+    completion_tokens: int
+    cost: Decimal
+    started_at_ms: int
+    ended_at_ms: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def duration_ms(self) -> int:
+        return self.ended_at_ms - self.started_at_ms
+
+
+USAGE_COLUMNS = (
+    "id",
+    "request_id",
+    "key_id",
+    "account_id",
+    "model",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost",
+    "started_at_ms",
+    "ended_at_ms",
+)
+# A request log entry's fields in order (RequestLog's): the one layout shared by every backend and
+# the settlement journal, which keeps all but the bodies.
+LOG_COLUMNS = (
+    "id",
+    "key_id",
+    "account_id",
+    "method",
+    "path",
+    "model",
+    "status",
+    "error_code",
+    "started_at_ms",
+    "duration_ms",
+    "cost",
+    "usage_id",
+    "attempts",
+    "request_body",
+    "request_bytes",
+    "response_body",
+    "response_bytes",
+)
+LOG_BODY_COLUMNS = ("request_body", "response_body")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLog:
+    """One model request as the console's Logs show it (spec 1.4.3, 7.3, 7.5.3), failures included.
+    `id` is the request id (x-service-request-id); a request refused for its key has none of its
+    own (spec 7.3.1) and no key, account or bodies here. Bodies are kept up to a size limit
+    (`*_bytes` give the whole sizes) and purged after the retention period; the rest stays."""
+
+    id: str
+    key_id: str | None
+    account_id: str | None
+    method: str
+    path: str
+    model: str | None
+    status: int
+    error_code: str | None
+    started_at_ms: int
+    duration_ms: int
+    cost: Decimal | None  # what was charged; None when nothing was
+    usage_id: str | None  # the usage record's id (the response body's id) when one was written
+    # The channels it was tried on, as a JSON array of {channel, started_at_ms, duration_ms,
+    # error, status}; None when it reached no model.
+    attempts: str | None
+    request_body: bytes | None
+    request_bytes: int
+    response_body: bytes | None
+    response_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """An answer kept for an idempotent request (spec 8), replayed byte for byte."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyClaim:
+    """What to do with a request that carries an Idempotency-Key: `run` it (this request now holds
+    the key), `replay` the stored `answer`, refuse it as `in_progress` (the first still runs) or as
+    `reused` (the key was used with another body)."""
+
+    outcome: str
+    answer: StoredAnswer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredImage:
+    """An image the gateway serves at its own URL until it expires (spec 2.4). The token, in the URL,
+    is the only thing needed to fetch it; key_id is the key whose request made it."""
+
+    token: str
+    data: bytes
+    content_type: str
+    expires_at_ms: int
+    key_id: str
+
+
+# The owner of the lease that holds a job's estimated cost until the job ends (see
+# SqliteStore.create_job): not a process, so never reclaimed with dead processes' leases.
+JOB_LEASE_PREFIX = "job:"
+# The states of a job that has not ended; every other state is final.
+JOB_RUNNING = ("queued", "in_progress")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """An asynchronous job the gateway follows upstream, with the money it holds until it ends
+    (spec 1.4.4): a video (`kind` "video", spec 2.2, 3.1) or a background response, as deep
+    research runs (`kind` "response"). Times are Unix milliseconds."""
+
+    id: str
+    kind: str  # video | response
+    key_id: str
+    account_id: str
+    request_id: str  # the creating request's x-service-request-id
+    model: str
+    channel: str  # the name of the channel that runs it
+    upstream_id: str
+    # queued | in_progress, then completed | failed; a response may also end cancelled | incomplete
+    status: str
+    progress: int
+    hold: Decimal  # the estimate held on the account (and key limit) while it runs
+    created_at_ms: int
+    completed_at_ms: int | None = None
+    expires_at_ms: int | None = None  # when a finished video's file stops being served
+    error: str | None = None  # JSON {"code", "message"} once failed
+    cost: Decimal | None = None  # charged once it ended
+    # A video: what was asked for.
+    prompt: str | None = None
+    seconds: str | None = None
+    size: str | None = None
+    # A response: the Response object as its client sees it, as of the latest poll; the gateway id
+    # of the response it continues; the gateway's own count of its input (used only when the
+    # upstream reports no usage).
+    body: bytes | None = None
+    previous_id: str | None = None
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseState:
+    """Where a stateful response (Responses API) lives upstream: the next turn that names `id` as its
+    previous_response_id must go to the channel at `channel_url` and name `upstream_id` there.
+    Scoped to the account that made it."""
+
+    id: str
+    account_id: str
+    model: str
+    channel_url: str
+    upstream_id: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A charge and its records: the usage record and, when the request was logged, its log entry.
+    Applied as one step by every backend."""
+
+    record: UsageRecord
+    log: RequestLog | None = None

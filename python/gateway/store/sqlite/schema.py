@@ -1,0 +1,240 @@
+"""The SQLite schema: numbered migrations (PRAGMA user_version), applied once at start-up."""
+
+from __future__ import annotations
+
+import sqlite3
+
+# Each entry migrates the schema from version i to i + 1 (PRAGMA user_version). Append, never edit.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE accounts (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        balance TEXT NOT NULL,
+        allowed_models TEXT,
+        created_at_ms INTEGER NOT NULL
+    );
+    CREATE TABLE api_keys (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id),
+        name TEXT NOT NULL,
+        key_hash BLOB NOT NULL UNIQUE,
+        prefix TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER,
+        deleted_at_ms INTEGER
+    );
+    CREATE TABLE usage_records (
+        id TEXT PRIMARY KEY,
+        request_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        account_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        status TEXT NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cost TEXT NOT NULL,
+        started_at_ms INTEGER NOT NULL,
+        ended_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX usage_records_account ON usage_records(account_id, ended_at_ms);
+    """,
+    # Image bytes live in the database, not in files, so any instance sharing it can serve them.
+    """
+    CREATE TABLE images (
+        token TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        content_type TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX images_expiry ON images(expires_at_ms);
+    """,
+    """
+    CREATE TABLE response_states (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        channel_url TEXT NOT NULL,
+        upstream_id TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX response_states_expiry ON response_states(expires_at_ms);
+    """,
+    # Accounts, keys and money: a key's own credit limit (decimal text) and its reset period, an
+    # account's rate limits, and the ledger of top-ups with the balance each one left.
+    """
+    ALTER TABLE api_keys ADD COLUMN credit_limit TEXT;
+    ALTER TABLE api_keys ADD COLUMN limit_reset TEXT;
+    ALTER TABLE accounts ADD COLUMN rpm_limit INTEGER;
+    ALTER TABLE accounts ADD COLUMN tpm_limit INTEGER;
+    CREATE INDEX api_keys_account ON api_keys(account_id);
+    CREATE TABLE top_ups (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id),
+        amount TEXT NOT NULL,
+        note TEXT,
+        created_at_ms INTEGER NOT NULL,
+        balance_after TEXT NOT NULL
+    );
+    CREATE INDEX top_ups_account ON top_ups(account_id);
+    """,
+    # What each key spent in its current credit-limit period (gateway.budget).
+    """
+    ALTER TABLE api_keys ADD COLUMN spent TEXT NOT NULL DEFAULT '0';
+    ALTER TABLE api_keys ADD COLUMN spent_period_ms INTEGER NOT NULL DEFAULT 0;
+    """,
+    # Money each live process has set aside for its holds (gateway.funds): one row per process and
+    # pot, the pot being an account's balance or a key's credit limit. Owner: the process's journal.
+    """
+    CREATE TABLE leases (
+        kind TEXT NOT NULL,
+        pot_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        amount TEXT NOT NULL,
+        PRIMARY KEY (kind, pot_id, owner)
+    );
+    CREATE INDEX leases_owner ON leases(owner);
+    """,
+    # Every model request, failures included (RequestLog); `seq` orders them for paging.
+    """
+    CREATE TABLE request_logs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        key_id TEXT,
+        account_id TEXT,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        model TEXT,
+        status INTEGER NOT NULL,
+        error_code TEXT,
+        started_at_ms INTEGER NOT NULL,
+        duration_ms INTEGER NOT NULL,
+        cost TEXT,
+        usage_id TEXT,
+        request_body BLOB,
+        request_bytes INTEGER NOT NULL,
+        response_body BLOB,
+        response_bytes INTEGER NOT NULL
+    );
+    CREATE INDEX request_logs_account ON request_logs(account_id, seq);
+    CREATE INDEX request_logs_key ON request_logs(key_id, seq);
+    CREATE INDEX request_logs_started ON request_logs(started_at_ms);
+    """,
+    # A top-up sent again with the same Idempotency-Key adds nothing (docs/admin.md).
+    """
+    ALTER TABLE top_ups ADD COLUMN idempotency_key TEXT;
+    CREATE UNIQUE INDEX top_ups_idempotency ON top_ups(account_id, idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    """,
+    # Idempotency-Key on the model endpoints that honour it (spec 8): per API key, the request
+    # that holds the key (`running`, until its lease ends) or the answer kept for it (`done`).
+    """
+    CREATE TABLE idempotency (
+        key_id TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        state TEXT NOT NULL,
+        lease_until_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        status INTEGER,
+        headers TEXT,
+        body BLOB,
+        PRIMARY KEY (key_id, idempotency_key)
+    );
+    CREATE INDEX idempotency_expiry ON idempotency(expires_at_ms);
+    """,
+    # The channels a request was tried on (gateway.routing), as a JSON array.
+    """
+    ALTER TABLE request_logs ADD COLUMN attempts TEXT;
+    """,
+    # Asynchronous video jobs (VideoJob) and, once completed, their files until they expire. The
+    # poll lease keeps two processes from polling one job at once.
+    """
+    CREATE TABLE video_jobs (
+        id TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        account_id TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        upstream_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        progress INTEGER NOT NULL,
+        prompt TEXT NOT NULL,
+        seconds TEXT NOT NULL,
+        size TEXT,
+        hold TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        completed_at_ms INTEGER,
+        expires_at_ms INTEGER,
+        error TEXT,
+        cost TEXT,
+        next_poll_at_ms INTEGER NOT NULL,
+        lease_until_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX video_jobs_key ON video_jobs(key_id, created_at_ms);
+    CREATE INDEX video_jobs_due ON video_jobs(next_poll_at_ms) WHERE status IN ('queued', 'in_progress');
+    CREATE TABLE video_files (
+        job_id TEXT PRIMARY KEY,
+        content_type TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    """,
+    # Video jobs become jobs of any kind (Job): videos, and background responses (deep research),
+    # which keep their latest Response object. The poll lease and the hold work alike for both.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        account_id TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        upstream_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        progress INTEGER NOT NULL,
+        hold TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        completed_at_ms INTEGER,
+        expires_at_ms INTEGER,
+        error TEXT,
+        cost TEXT,
+        prompt TEXT,
+        seconds TEXT,
+        size TEXT,
+        body BLOB,
+        previous_id TEXT,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        next_poll_at_ms INTEGER NOT NULL,
+        lease_until_ms INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO jobs (id, kind, key_id, account_id, request_id, model, channel, upstream_id, status,
+        progress, hold, created_at_ms, completed_at_ms, expires_at_ms, error, cost, prompt, seconds,
+        size, next_poll_at_ms, lease_until_ms)
+    SELECT id, 'video', key_id, account_id, request_id, model, channel, upstream_id, status,
+        progress, hold, created_at_ms, completed_at_ms, expires_at_ms, error, cost, prompt, seconds,
+        size, next_poll_at_ms, lease_until_ms FROM video_jobs;
+    DROP TABLE video_jobs;
+    CREATE INDEX jobs_key ON jobs(key_id, kind, created_at_ms);
+    CREATE INDEX jobs_due ON jobs(next_poll_at_ms) WHERE status IN ('queued', 'in_progress');
+    """,
+)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the schema up to date, in one transaction (concurrent starts serialise on it)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        for i in range(version, len(MIGRATIONS)):
+            for statement in MIGRATIONS[i].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={i + 1}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,218 @@
+"""The SQLite store's writer: one thread per process that takes whatever has queued and commits it
+as one transaction (group commit), each kind of item in its own savepoint so that one failing
+cannot undo the others. Settlements and request log entries are queued with nobody waiting (a
+settlement is journaled first); other writes are awaited operations."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..records import RequestLog, Settlement
+from .ledger import _settle_many
+from .rows import _BODIES, _INSERT_LOG, _log_values
+
+WriteOp = Callable[[sqlite3.Connection], Any]
+log = logging.getLogger("gateway.store")
+# How long the writer lets settlements gather before committing them (usage records appear this
+# much later; charges are safe in the journal from the start).
+SETTLEMENT_LINGER_SECONDS = 0.01
+# Request log bodies waiting for the writer beyond this are not kept (their entries are).
+MAX_LOG_BACKLOG_BYTES = 4 * 1024 * 1024
+
+_STOP = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """An operation someone awaits: committed at once, its outcome set on `future`."""
+
+    run: WriteOp
+    future: asyncio.Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _LogRow:
+    """A request log entry's column values, written with the next group commit."""
+
+    values: tuple[Any, ...]
+    body_bytes: int  # counted in the backlog until written
+    # Only the bodies of an entry written with its settlement (which journals the rest).
+    bodies_only: bool = False
+
+
+class Writer:
+    def __init__(self, owner: Callable[[], str | None], applied: Callable[[int], None]) -> None:
+        """`owner()` names the process whose leases settlements spend; `applied(n)` is told when n
+        more settlements are in the store (the journal may then be truncated)."""
+        self._owner = owner
+        self._applied = applied
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Bytes of request log bodies queued and not yet written (see log_row).
+        self._log_backlog = 0
+        self._backlog_lock = threading.Lock()
+        self._bodies_dropped = 0
+
+    def start(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=self._write_loop, args=(conn,), name="gateway-sqlite-writer", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    async def stop(self) -> None:
+        """Commit what has queued, then end the thread."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    def put(self, item: Settlement | _LogRow) -> None:
+        """Queue a journaled settlement or a log entry for the next group commit."""
+        self._queue.put(item)
+
+    async def write(self, op: WriteOp, on_commit: Callable[[asyncio.Future[Any]], None] | None = None) -> Any:
+        """Run `op` in the writer's next transaction and return its result once committed. With
+        `on_commit`, the commit is seen through even when the caller is cancelled meanwhile (it
+        commits regardless), and `on_commit(future)` runs when it is done."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if on_commit is not None:
+            future.add_done_callback(on_commit)
+        self._queue.put(_Op(op, future))
+        return await (asyncio.shield(future) if on_commit is not None else future)
+
+    def log_row(self, entry: RequestLog, *, bodies_only: bool = False) -> _LogRow:
+        bodies = len(entry.request_body or b"") + len(entry.response_body or b"")
+        if self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
+            # The writer is behind (the machine is saturated): keep the entry, not its bodies,
+            # rather than let memory grow without bound.
+            entry = replace(entry, request_body=None, response_body=None)
+            bodies = 0
+            self._bodies_dropped += 1
+            if self._bodies_dropped in (1, 1000) or self._bodies_dropped % 100_000 == 0:
+                log.warning(
+                    "request log writes are behind: %d entries kept without bodies", self._bodies_dropped
+                )
+        with self._backlog_lock:
+            self._log_backlog += bodies
+        # Like a settlement, nobody waits for it: it joins the next group commit.
+        return _LogRow(_log_values(entry), bodies, bodies_only)
+
+    def _write_loop(self, conn: sqlite3.Connection) -> None:
+        stop = False
+        while not stop:
+            batch = [self._queue.get()]
+            # A journaled settlement is durable already and nobody awaits it: let more gather for a
+            # moment so that one commit covers many, which keeps the writer's work (on the core the
+            # event loop shares) off the request path. Anything awaited is committed at once.
+            deadline = time.monotonic() + SETTLEMENT_LINGER_SECONDS
+            while len(batch) < 512 and _nobody_waits(batch[-1]):
+                wait = deadline - time.monotonic()
+                try:
+                    batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if _STOP in batch:
+                stop = True
+                batch = [item for item in batch if item is not _STOP]
+            if batch:
+                self._commit_batch(conn, batch)
+        conn.close()
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        """One transaction for the whole batch: the settlements together (a handful of statements
+        for any number of them, since every statement is a GIL hand-off with the event loop on the
+        same core), the request log entries in one statement, then each awaited operation in its
+        own savepoint (one failing fails alone). What was queued in the background is thus in place
+        for every awaited operation of its batch."""
+        settlements = [item for item in batch if isinstance(item, Settlement)]
+        ops = [item for item in batch if isinstance(item, _Op)]
+        logs = [item for item in batch if isinstance(item, _LogRow)]
+        outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        settled: Exception | None = None
+        logged: Exception | None = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if settlements:
+                settled = _in_savepoint(conn, lambda: _settle_many(conn, settlements, self._owner()))
+            if logs:
+                logged = _in_savepoint(conn, lambda: _write_logs(conn, logs))
+            for op in ops:
+                outcomes.append((op.future, *_attempt(conn, op.run)))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            outcomes = [(op.future, False, exc) for op in ops]
+            settled = logged = exc
+        if logs:
+            with self._backlog_lock:
+                self._log_backlog -= sum(row.body_bytes for row in logs)
+        if logged is not None:  # nobody to tell: the entries are lost, the requests are not
+            log.error("writing %d request log entries failed: %s", len(logs), logged, exc_info=logged)
+        if settlements and settled is None:
+            self._applied(len(settlements))
+        elif settlements:
+            # A journaled settlement is never dropped: it stays in the journal and is tried again.
+            log.error(
+                "applying %d settlements failed, will retry: %s", len(settlements), settled, exc_info=settled
+            )
+            time.sleep(0.1)
+            for settlement in settlements:
+                self._queue.put(settlement)
+        if self._loop is not None and outcomes:
+            self._loop.call_soon_threadsafe(_resolve_all, outcomes)
+
+
+def _write_logs(conn: sqlite3.Connection, logs: Sequence[_LogRow]) -> None:
+    conn.executemany(_INSERT_LOG, [row.values for row in logs if not row.bodies_only])
+    conn.executemany(
+        "UPDATE request_logs SET request_body = ?, response_body = ? WHERE id = ?",
+        [(row.values[_BODIES[0]], row.values[_BODIES[1]], row.values[0]) for row in logs if row.bodies_only],
+    )
+
+
+def _nobody_waits(item: Any) -> bool:
+    """True for a journaled settlement or a log entry (no future): its commit may wait for others."""
+    return isinstance(item, Settlement | _LogRow)
+
+
+def _in_savepoint(conn: sqlite3.Connection, work: Callable[[], Any]) -> Exception | None:
+    """Run `work` so that its failure undoes it alone; returns the failure."""
+    ok, value = _attempt(conn, lambda _: work())
+    return None if ok else value
+
+
+def _attempt(conn: sqlite3.Connection, op: WriteOp) -> tuple[bool, Any]:
+    conn.execute("SAVEPOINT item")
+    try:
+        result = op(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO item")
+        conn.execute("RELEASE item")
+        return False, exc
+    conn.execute("RELEASE item")
+    return True, result
+
+
+def _resolve_all(outcomes: list[tuple[Any, bool, Any]]) -> None:
+    for future, ok, value in outcomes:
+        if future is None or future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
