@@ -41,6 +41,9 @@ ERROR_TABLE: Final[Mapping[str, tuple[int, str]]] = {
     # timeout is 408 for an idle stream and 504 past the synchronous window; 504 is its default.
     "timeout": (504, "api_error"),
     "api_error": (500, "api_error"),
+    # Added beyond the spec's table: a service the gateway itself needs (its database, Redis) is
+    # unreachable; nothing ran and nothing was charged; retry after Retry-After.
+    "service_unavailable": (503, "api_error"),
 }
 
 
@@ -138,3 +141,17 @@ def error_response(err: GatewayError, headers: Mapping[str, str] | None = None, 
 
 def invalid_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError("invalid_request", message, param=param)
+
+
+class ServiceUnavailable(GatewayError):
+    """A service the gateway needs (the store's database, Redis) cannot be reached: 503
+    `service_unavailable` with Retry-After, raised by the backends, rendered like any error."""
+
+    def __init__(self, service: str, retry_after: int = 1) -> None:
+        super().__init__(
+            "service_unavailable",
+            f"The gateway cannot reach its {service} at the moment; nothing was run or charged."
+            " Retry shortly.",
+            headers={"Retry-After": str(retry_after)},
+        )
+        self.service = service
