@@ -55,7 +55,7 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "": "server store redis limits upstream admin logs routing safety videos background models",
         "server": "host port workers public_base_url allowed_hosts",
         "store": "backend path url url_env pool_size",
-        "redis": "url url_env",
+        "redis": "url url_env prefix",
         "limits": "max_request_bytes sync_timeout_seconds stream_idle_timeout_seconds image_url_ttl_seconds",
         "upstream": "connect_timeout_seconds max_connections",
         "admin": "token_env",
@@ -185,6 +185,9 @@ class Settings:
     store_pool_size: int = 10
     # Redis (rate limits and shared channel state across instances); None: kept locally.
     redis_url: str | None = field(default=None, repr=False)
+    # Every Redis key the gateway writes starts with this (and a colon): deployments sharing one
+    # Redis keep apart by prefix.
+    redis_prefix: str = "gateway"
     max_request_bytes: int = 10 * 1024 * 1024
     sync_timeout_seconds: float = 240.0
     stream_idle_timeout_seconds: float = 120.0
@@ -253,7 +256,11 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
     safety = _safety_settings(_table(raw, "safety"))
     models = _resolve_safety(models, models_raw, safety)
     backend, store_path, store_url, pool_size = _store(store, base_dir)
-    redis_url = _url(_table(raw, "redis"), "redis")
+    redis = _table(raw, "redis")
+    redis_url = _url(redis, "redis")
+    redis_prefix = _get(redis, "prefix", str, "redis.prefix", "gateway")
+    if not redis_prefix or not all(c.isalnum() or c in "-_.:" for c in redis_prefix):
+        raise ConfigError("redis.prefix: letters, digits, '-', '_', '.' and ':' only, not empty")
     if backend == "postgres" and redis_url is None:
         raise ConfigError(
             'redis: [store] backend = "postgres" needs [redis] url or url_env (instances share rate '
@@ -269,6 +276,7 @@ def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
         store_url=store_url,
         store_pool_size=pool_size,
         redis_url=redis_url,
+        redis_prefix=redis_prefix,
         max_request_bytes=_positive(
             _get(limits, "max_request_bytes", int, "limits.max_request_bytes", 10 * 1024 * 1024),
             "limits.max_request_bytes",

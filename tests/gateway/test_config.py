@@ -239,7 +239,7 @@ def test_an_empty_url_env_variable_is_not_set(monkeypatch: pytest.MonkeyPatch) -
             {"store": {"pth": "x.db"}},
             "unknown setting store.pth (known: backend, path, pool_size, url, url_env)",
         ),
-        ({"redis": {"uri": REDIS}}, "unknown setting redis.uri (known: url, url_env)"),
+        ({"redis": {"uri": REDIS}}, "unknown setting redis.uri (known: prefix, url, url_env)"),
         ({"limits": {"max_request_byte": 1}}, "unknown setting limits.max_request_byte"),
         ({"upstream": {"timeout": 1}}, "unknown setting upstream.timeout"),
         ({"admin": {"token": "x"}}, "unknown setting admin.token (known: token_env)"),
