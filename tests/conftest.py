@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -52,3 +55,61 @@ def key(gw: Gateway) -> KeyHandle:
 def sim(sim_url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=sim_url, timeout=10) as client:
         yield client
+
+
+# The services of the scaled-out set-up (issue 14), as they run here and in CI.
+REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REQUIRE_SERVICES = os.environ.get("GATEWAY_REQUIRE_SERVICES") == "1"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The test Redis. Tests that need it are skipped when it does not answer, unless
+    GATEWAY_REQUIRE_SERVICES=1 (CI), which makes that a failure. Tests share it: each uses keys of
+    its own (a unique prefix, or unique model names)."""
+    parts = urlsplit(REDIS_URL)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=2) as s:
+            s.sendall(b"PING\r\n")
+            answered = s.recv(64).startswith(b"+PONG")
+    except OSError:
+        answered = False
+    if not answered:
+        reason = f"Redis at {REDIS_URL} does not answer PING"
+        if REQUIRE_SERVICES:
+            pytest.fail(reason + " (GATEWAY_REQUIRE_SERVICES=1)")
+        pytest.skip(reason)
+    return REDIS_URL
+
+
+POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A database of its own for the session (gateway_test_<random>, created through the test
+    PostgreSQL's `test` database and dropped at the end). Tests that need it are skipped when
+    PostgreSQL does not answer, unless GATEWAY_REQUIRE_SERVICES=1 (CI), which makes that a failure."""
+    import asyncio
+
+    import asyncpg
+
+    name = "gateway_test_" + os.urandom(6).hex()
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(POSTGRES_URL, timeout=5)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(admin(f"CREATE DATABASE {name}"))
+    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
+        reason = f"PostgreSQL at {POSTGRES_URL} is unusable: {exc}"
+        if REQUIRE_SERVICES:
+            pytest.fail(reason + " (GATEWAY_REQUIRE_SERVICES=1)")
+        pytest.skip(reason)
+    parts = urlsplit(POSTGRES_URL)
+    yield parts._replace(path="/" + name).geturl()
+    asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

@@ -28,6 +28,7 @@ from .housekeeping import purge_expired, tend_leases
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import RateLimiter
+from .redis_client import connect as connect_redis
 from .registry import ModelRegistry
 from .routes import (
     admin,
@@ -45,6 +46,7 @@ from .routes import (
     videos,
 )
 from .routing import Router
+from .shared_channels import SharedChannels
 from .state import GatewayState
 from .store import open_store
 
@@ -55,6 +57,8 @@ JOB_KINDS = {"video": video_jobs.KIND, "response": background_responses.KIND}
 
 def create_app(settings: Settings) -> Starlette:
     store = open_store(settings)
+    # The process's one Redis client (gateway.redis_client), for the state instances share.
+    redis = connect_redis(settings.redis_url) if settings.redis_url else None
     state = GatewayState(
         settings=settings,
         registry=ModelRegistry(settings.models),
@@ -62,7 +66,12 @@ def create_app(settings: Settings) -> Starlette:
         upstream=UpstreamClient(settings),
         funds=Funds(store),
         limiter=RateLimiter(_beside(settings.store_path, ".ratelimits")),
-        router=Router(settings.models, settings.routing, settings.workers),
+        router=Router(
+            settings.models,
+            settings.routing,
+            settings.workers,
+            shared=None if redis is None else SharedChannels(redis, f"{settings.redis_prefix}:channel:"),
+        ),
     )
 
     @asynccontextmanager
@@ -86,8 +95,11 @@ def create_app(settings: Settings) -> Starlette:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await state.router.close()
             await state.upstream.close()
             await state.store.close()
+            if redis is not None:
+                await redis.aclose()
 
     app = _GatewayApp(
         state,

@@ -17,8 +17,11 @@ failure cools it down again. A model's last usable channel is never cooled down:
 to send the request, refusing it outright would only turn upstream errors into 429s. Likewise an
 upstream 429 makes its channel busy for its Retry-After while another channel can serve.
 
-Health lives in each worker process's memory: every worker learns it from its own traffic, and a
-concurrency cap is split evenly among the workers (at least 1 each).
+Embedded (no Redis), health lives in each worker process's memory: every worker learns it from its
+own traffic, and a concurrency cap is split evenly among the workers (at least 1 each). With Redis
+(gateway.shared_channels) the caps, the breakers and the busy marks are shared by every process of
+every instance, and each process's ChannelHealth mirrors what Redis last answered; while Redis is
+unreachable the router runs on that local view as in the embedded case.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import orjson
 
 from .config import ChannelConfig, ModelConfig, RoutingSettings
 from .errors import GatewayError
+from .shared_channels import FRESH_SECONDS, Lease, SharedChannels, SharedState, Unavailable
 
 T = TypeVar("T")
 # The request's body as one channel receives it: only the upstream's model name differs.
@@ -81,6 +85,9 @@ class ChannelHealth:
     tripped: bool = False  # cooled down and not yet probed back
     probing: bool = False  # the half-open probe is under way
     busy_until: float = 0.0  # an upstream 429's Retry-After
+    probe_until: float = 0.0  # with Redis: another process's probe is under way until then
+    seen_at: float = -math.inf  # with Redis: when it last told this channel's state (monotonic)
+    keys: tuple[str, str] = ("", "")  # with Redis: the channel's breaker hash and slots zset
     error_rate: float = 0.0  # moving average over recent attempts
     latency_ms: float | None = None  # moving average of answered attempts
     attempts: int = 0
@@ -95,37 +102,71 @@ class ChannelHealth:
             return "at_capacity"
         return "healthy"
 
-    def usable(self, now: float, pinned: bool = False) -> bool:
+    def usable(self, now: float, pinned: bool = False, capped: bool = True) -> bool:
         """Whether a request may go here now. A `pinned` request (its state lives on this channel)
-        passes a cooling breaker: it has nowhere else to go."""
-        if self.cap is not None and self.in_flight >= self.cap:
+        passes a cooling breaker: it has nowhere else to go. `capped`: this worker's share of the
+        cap applies (without Redis, or while it is unreachable)."""
+        if capped and self.cap is not None and self.in_flight >= self.cap:
             return False
         if now < self.busy_until:
             return False
         if self.tripped and not pinned:
-            return now >= self.cool_until and not self.probing
+            return now >= self.cool_until and now >= self.probe_until and not self.probing
         return True
+
+    def mirror(self, now: float, shared: SharedState) -> None:
+        """Take the breaker state Redis answered as this worker's own."""
+        self.tripped = shared.tripped
+        self.cool_until = now + shared.cool_left
+        self.busy_until = now + shared.busy_left
+        # Another process's probe may end any moment: ask again soon rather than at its lease's end.
+        self.probe_until = now + min(shared.probe_left, FRESH_SECONDS)
+        self.failures_in_a_row = shared.fails
+        self.seen_at = now
 
     def free_in(self, now: float) -> float:
         """Seconds until this channel may take a request again, as far as timers tell."""
         return max(self.busy_until - now, self.cool_until - now if self.tripped else 0.0, 0.0)
 
-    def report(self, now: float) -> dict[str, Any]:
+    def report(self, now: float, shared: tuple[SharedState, int] | None = None) -> dict[str, Any]:
+        """Its health for the admin API: with `shared` (Redis's breaker state and slots in use),
+        the deployment's view of the breaker, cap and requests in flight; the moving averages and
+        counts are always this worker's."""
+        if shared is None:
+            cap, in_flight, fails, tripped = self.cap, self.in_flight, self.failures_in_a_row, self.tripped
+            cool_left, state = max(self.cool_until - now, 0.0), self.state(now)
+        else:
+            breaker, in_flight = shared
+            cap, fails, tripped, cool_left = (
+                self.channel.max_concurrency,
+                breaker.fails,
+                breaker.tripped,
+                breaker.cool_left,
+            )
+            if tripped:
+                state = "cooling_down" if cool_left > 0 else "half_open"
+            elif breaker.busy_left > 0:
+                state = "busy"
+            elif cap is not None and in_flight >= cap:
+                state = "at_capacity"
+            else:
+                state = "healthy"
         return {
             "name": self.channel.name,
             "provider": self.channel.provider,
             "base_url": self.channel.base_url,
             "weight": self.channel.weight,
             "priority": self.channel.priority,
-            "max_concurrency": self.cap,
-            "state": self.state(now),
-            "in_flight": self.in_flight,
-            "failures_in_a_row": self.failures_in_a_row,
+            "max_concurrency": cap,
+            "state": state,
+            "in_flight": in_flight,
+            "failures_in_a_row": fails,
             "error_rate": round(self.error_rate, 4),
             "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 1),
             "attempts": self.attempts,
             "failures": self.failures,
-            "cooldown_remaining_seconds": round(max(self.cool_until - now, 0.0), 3) if self.tripped else 0,
+            "cooldown_remaining_seconds": round(cool_left, 3) if tripped else 0,
+            "shared": shared is not None,
         }
 
 
@@ -133,16 +174,22 @@ class Slot:
     """A channel taken for one attempt. A stream keeps it until it ends: `release()`, which is
     safe to call more than once."""
 
-    __slots__ = ("_health", "channel")
+    __slots__ = ("_health", "_lease", "_shared", "channel")
 
-    def __init__(self, health: ChannelHealth) -> None:
+    def __init__(
+        self, health: ChannelHealth, lease: Lease | None = None, shared: SharedChannels | None = None
+    ) -> None:
         self._health: ChannelHealth | None = health
+        self._lease = lease
+        self._shared = shared
         self.channel = health.channel
 
     def release(self) -> None:
         if self._health is not None:
             self._health.in_flight -= 1
             self._health = None
+            if self._lease is not None and self._shared is not None:
+                self._shared.release(self._lease)
 
 
 class Router:
@@ -153,10 +200,12 @@ class Router:
         workers: int = 1,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        shared: SharedChannels | None = None,
     ) -> None:
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
+        self._shared = shared
         self._health = {
             m.name: [
                 ChannelHealth(c, None if c.max_concurrency is None else max(1, c.max_concurrency // workers))
@@ -164,10 +213,36 @@ class Router:
             ]
             for m in models
         }
+        if shared is not None:
+            for name, channels in self._health.items():
+                for h in channels:
+                    h.keys = shared.keys(name, h.channel.name)
 
     def health(self) -> dict[str, list[dict[str, Any]]]:
+        """Every channel's health as this worker sees it."""
         now = self._clock()
         return {name: [h.report(now) for h in channels] for name, channels in self._health.items()}
+
+    async def report(self) -> dict[str, list[dict[str, Any]]]:
+        """Every channel's health for the admin API: with Redis, the breakers, caps and requests in
+        flight of the whole deployment; without it (or while it is unreachable), this worker's."""
+        shared = self._shared
+        if shared is None or not shared.up:
+            return self.health()
+        every = [h for channels in self._health.values() for h in channels]
+        try:
+            states = await shared.read([h.keys for h in every])
+        except Unavailable:
+            return self.health()
+        now = self._clock()
+        seen = dict(zip((id(h) for h in every), states, strict=True))
+        return {
+            name: [h.report(now, seen[id(h)]) for h in channels] for name, channels in self._health.items()
+        }
+
+    async def close(self) -> None:
+        if self._shared is not None:
+            await self._shared.close()
 
     async def run(
         self,
@@ -187,17 +262,22 @@ class Router:
         refused: list[ChannelHealth] = []  # not to be tried again by this request
         same_channel_retries = 0
         last: GatewayError | None = None
+        shared = self._shared
         for _ in range(1 + self._settings.retries):
-            health = self._choose(channels, tried, refused, last, pinned)
+            capped = shared is None or not shared.up
+            health = self._choose(channels, tried, refused, last, pinned, capped)
             if health in tried:
                 # Only the channels already tried are left: back off before trying one again.
                 same_channel_retries += 1
                 await self._sleep(self._backoff(same_channel_retries))
-                if not health.usable(self._clock(), pinned):
-                    health = self._choose(channels, tried, refused, last, pinned)
+                if not health.usable(self._clock(), pinned, capped):
+                    health = self._choose(channels, tried, refused, last, pinned, capped)
+            lease = None
+            if shared is not None and not capped:
+                health, lease = await self._take(shared, health, channels, tried, refused, last, pinned)
             tried.append(health)
             try:
-                return await self._try(health, every, attempt, attempts), Slot(health)
+                return await self._try(health, every, attempt, attempts, lease), Slot(health, lease, shared)
             except GatewayError as err:
                 if err.retry is None or err.retry == "never":
                     raise
@@ -207,6 +287,45 @@ class Router:
         assert last is not None
         raise last
 
+    async def _take(
+        self,
+        shared: SharedChannels,
+        health: ChannelHealth,
+        channels: list[ChannelHealth],
+        tried: list[ChannelHealth],
+        refused: list[ChannelHealth],
+        last: GatewayError | None,
+        pinned: bool,
+    ) -> tuple[ChannelHealth, Lease | None]:
+        """The chosen channel's slot (and probe) from Redis; when Redis refuses it (at its cap
+        across the deployment, cooled down or busy by another process's traffic), the next choice
+        without it, until one is granted or none is left (provider_overloaded, or the last error).
+        Redis unreachable: this attempt goes by the local view (no lease)."""
+        passed = list(refused)
+        while True:
+            now = self._clock()
+            capped = health.channel.max_concurrency is not None
+            if (
+                not capped
+                and now - health.seen_at < FRESH_SECONDS
+                and not health.tripped
+                and not health.failures_in_a_row
+                and now >= health.busy_until
+            ):
+                # Seen healthy just now and no cap to count: no need to ask Redis again.
+                return health, shared.lease(health.keys, False)
+            try:
+                got = await shared.acquire(health.keys, health.channel.max_concurrency, pinned)
+            except Unavailable:
+                if not health.usable(self._clock(), pinned):
+                    health = self._choose(channels, tried, refused, last, pinned)
+                return health, None
+            health.mirror(self._clock(), got.state)
+            if got.lease is not None:
+                return health, got.lease
+            passed.append(health)
+            health = self._choose(channels, tried, passed, last, pinned, capped=False)
+
     def _choose(
         self,
         channels: list[ChannelHealth],
@@ -214,9 +333,10 @@ class Router:
         refused: list[ChannelHealth],
         last: GatewayError | None,
         pinned: bool,
+        capped: bool = True,
     ) -> ChannelHealth:
         now = self._clock()
-        usable = [h for h in channels if h.usable(now, pinned) and h not in refused]
+        usable = [h for h in channels if h.usable(now, pinned, capped) and h not in refused]
         fresh = [h for h in usable if h not in tried]
         pool = fresh or usable
         if not pool:
@@ -240,9 +360,10 @@ class Router:
         every: list[ChannelHealth],
         attempt: Callable[[ChannelConfig], Awaitable[T]],
         attempts: list[Attempt],
+        lease: Lease | None = None,
     ) -> T:
         now = self._clock()
-        probe = health.tripped
+        probe = health.tripped if lease is None else lease.probe
         if probe:
             health.probing = True
         health.in_flight += 1
@@ -255,22 +376,26 @@ class Router:
             record.duration_ms = int((self._clock() - now) * 1000)
             record.error, record.status = err.code, err.status
             health.in_flight -= 1
-            if err.retry is not None:
+            if err.retry is None:  # the upstream answered (the request was at fault): the channel works
+                self._answered(health, record.duration_ms, lease)
+                if lease is not None and self._shared is not None:
+                    self._shared.release(lease)
+            elif lease is None or not await self._failed_shared(health, every, err, lease):
                 self._failed(health, every, err)
-            else:  # the upstream answered (the request was at fault): the channel works
-                self._answered(health, record.duration_ms)
             raise
         except BaseException:
             health.in_flight -= 1
             health.probing = False
             record.duration_ms = int((self._clock() - now) * 1000)
             record.error = "cancelled"
+            if lease is not None and self._shared is not None:
+                self._shared.release(lease)
             raise
         record.duration_ms = int((self._clock() - now) * 1000)
-        self._answered(health, record.duration_ms)
+        self._answered(health, record.duration_ms, lease)
         return result
 
-    def _answered(self, health: ChannelHealth, duration_ms: int) -> None:
+    def _answered(self, health: ChannelHealth, duration_ms: int, lease: Lease | None = None) -> None:
         health.failures_in_a_row = 0
         health.tripped = health.probing = False
         health.error_rate *= 1 - _EWMA
@@ -279,6 +404,8 @@ class Router:
             if health.latency_ms is None
             else health.latency_ms * (1 - _EWMA) + duration_ms * _EWMA
         )
+        if lease is not None and (lease.trouble or lease.probe) and self._shared is not None:
+            self._shared.answered(lease)  # the breaker closes for every process
 
     def _failed(self, health: ChannelHealth, every: list[ChannelHealth], err: GatewayError) -> None:
         now = self._clock()
@@ -289,8 +416,7 @@ class Router:
         others_usable = any(h is not health and not h.tripped and h.busy_until <= now for h in every)
         if err.code == "provider_overloaded":  # the upstream is at capacity, not broken
             if others_usable:
-                after = err.headers.get("retry-after", "1")
-                health.busy_until = now + min(float(after) if after.isdigit() else 1.0, _MAX_BUSY_SECONDS)
+                health.busy_until = now + _busy_seconds(err)
             return
         health.failures_in_a_row += 1
         if (was_probe or health.failures_in_a_row >= self._settings.failures_to_cool_down) and others_usable:
@@ -299,8 +425,36 @@ class Router:
         else:
             health.tripped = False
 
+    async def _failed_shared(
+        self, health: ChannelHealth, every: list[ChannelHealth], err: GatewayError, lease: Lease
+    ) -> bool:
+        """The failure counted in Redis, by the same rules as _failed, for every process; False
+        when Redis is unreachable (the caller counts it locally)."""
+        assert self._shared is not None
+        try:
+            shared = await self._shared.failed(
+                lease,
+                [h.keys[0] for h in every if h is not health],
+                _busy_seconds(err) if err.code == "provider_overloaded" else None,
+                self._settings.failures_to_cool_down,
+                self._settings.cooldown_seconds,
+            )
+        except Unavailable:
+            return False
+        health.failures += 1
+        health.error_rate = health.error_rate * (1 - _EWMA) + _EWMA
+        health.probing = False
+        health.mirror(self._clock(), shared)
+        return True
+
     def _backoff(self, retry: int) -> float:
         """Full jitter over an exponential ceiling (retry 1: up to the base, then doubling)."""
         settings = self._settings
         ceiling = min(settings.retry_backoff_max_seconds, settings.retry_backoff_seconds * 2 ** (retry - 1))
         return random.uniform(0, ceiling)
+
+
+def _busy_seconds(err: GatewayError) -> float:
+    """How long an upstream 429 keeps its channel busy: its Retry-After, at most a minute."""
+    after = err.headers.get("retry-after", "1")
+    return min(float(after) if after.isdigit() else 1.0, _MAX_BUSY_SECONDS)

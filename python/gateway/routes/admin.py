@@ -202,9 +202,9 @@ def routes(state: GatewayState) -> list[Route]:
     # ---------------------------------------------------------------- channels
 
     async def list_channels(request: Request) -> tuple[int, Any]:
-        """Each model's channels and their health as the worker answering sees it (gateway.routing:
-        health is learnt per worker process)."""
-        health = state.router.health()
+        """Each model's channels and their health (gateway.routing): with Redis, the breakers, caps
+        and requests in flight of every instance; without it, as the worker answering sees it."""
+        health = await state.router.report()
         models = [
             {"object": "model_channels", "model": name, "channels": channels}
             for name, channels in health.items()
