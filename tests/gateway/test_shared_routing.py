@@ -4,7 +4,9 @@ whole processes, the simulator upstream, a Redis key prefix of each test's own (
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -173,3 +175,36 @@ def test_a_killed_instance_slots_come_back_within_the_lease(
             for f in held:
                 with pytest.raises(httpx.HTTPError):
                     f.result()
+
+
+def test_without_redis_a_gateway_routes_on_its_own_view_and_comes_back(tmp_path: Path, sim_url: str) -> None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()  # a private Redis, started and killed here (never the shared one)
+    args = [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"]
+    servers = [subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        with gateways(tmp_path, sim_url, f"redis://127.0.0.1:{port}/0", count=1) as (g,):
+            key = g.new_key().key
+            assert post(g, key, chat("test/capped")) == 200
+            assert channels(g, "test/capped")["only"]["shared"] is True
+            servers[0].kill()
+            servers[0].wait()
+            started = time.monotonic()
+            assert [post(g, key, chat("test/capped")) for _ in range(3)] == [200, 200, 200]
+            assert time.monotonic() - started < 3  # no hang
+            shown = channels(g, "test/capped")["only"]
+            assert (shown["shared"], shown["in_flight"], shown["max_concurrency"]) == (False, 0, 2)
+            servers.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + 10
+            while not channels(g, "test/capped")["only"]["shared"]:
+                assert time.monotonic() < deadline, "never went back to the shared state"
+                post(g, key, chat("test/capped"))
+                time.sleep(0.2)
+            assert post(g, key, chat("test/capped")) == 200
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
