@@ -1,0 +1,28 @@
+"""How the PostgreSQL store fails when the database is out of reach."""
+
+from __future__ import annotations
+
+import asyncpg
+
+
+class StoreUnavailable(Exception):
+    """The database could not be reached (refused, reset, shut down, timed out, out of connections):
+    the operation did not happen, or, for a settlement, has not committed yet (it stays queued and
+    commits when the database is back). Raised by every store method in place of the driver's
+    connection errors; the app answers it with a 503."""
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True for the errors that mean the database is out of reach rather than a refused statement."""
+    if isinstance(
+        exc,
+        StoreUnavailable
+        | OSError
+        | TimeoutError
+        | asyncpg.PostgresConnectionError  # class 08, and a connection that dropped
+        | asyncpg.exceptions.OperatorInterventionError  # 57: shut down, starting up, cancelled
+        | asyncpg.exceptions.InsufficientResourcesError,  # 53: too many connections, disk full
+    ):
+        return True
+    # The driver's own "connection is closed" / "connection was closed in the middle of operation".
+    return isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc)

@@ -1,0 +1,322 @@
+"""Rows and the money statements of the PostgreSQL store: how records map to columns, and the
+settlement and lease arithmetic shared by the writer, jobs and reclaims.
+
+Lock order, kept by every transaction that changes money so that none can deadlock with another:
+the lease owner's row (lease only, FOR KEY SHARE), then accounts (by id), then keys (by id), then
+lease rows, which are only ever changed under their pot's lock (or are a dead owner's or a job's,
+which nobody else touches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import orjson
+
+from ...budget import period_start_ms
+from .. import Account, ApiKey, Job, RequestLog, Settlement, TopUp, UsageRecord
+
+# Column lists in the order of the records' fields, so that a row maps back with Record(*row).
+USAGE_COLUMNS = tuple(f.name for f in dataclasses.fields(UsageRecord))
+LOG_COLUMNS = tuple(f.name for f in dataclasses.fields(RequestLog))
+LOG_BODIES = ("request_body", "response_body")
+JOB_COLUMNS = tuple(f.name for f in dataclasses.fields(Job))
+ACCOUNT_COLUMNS = ("id", "name", "balance", "allowed_models", "rpm_limit", "tpm_limit", "created_at_ms")
+KEY_COLUMNS = (
+    "id",
+    "account_id",
+    "name",
+    "prefix",
+    "created_at_ms",
+    "expires_at_ms",
+    "credit_limit",
+    "limit_reset",
+    "deleted_at_ms",
+    "spent",
+    "spent_period_ms",
+)
+TOP_UP_COLUMNS = ("id", "account_id", "amount", "note", "created_at_ms", "balance_after")
+
+ACCOUNT = ", ".join(ACCOUNT_COLUMNS)
+KEY = ", ".join(KEY_COLUMNS)
+TOP_UP = ", ".join(TOP_UP_COLUMNS)
+USAGE = ", ".join(USAGE_COLUMNS)
+LOG = ", ".join(LOG_COLUMNS)
+JOB = ", ".join(JOB_COLUMNS)
+# Every log column, the bodies read as NULL (lists never carry them).
+LOG_WITHOUT_BODIES = ", ".join(f"NULL::bytea AS {c}" if c in LOG_BODIES else c for c in LOG_COLUMNS)
+
+
+def marks(count: int, start: int = 1) -> str:
+    return ", ".join(f"${i}" for i in range(start, start + count))
+
+
+INSERT_LOG = (
+    f"INSERT INTO request_logs ({LOG}) VALUES ({marks(len(LOG_COLUMNS))}) ON CONFLICT (id) DO NOTHING"
+)
+# Usage records as arrays, one per column: a batch is one statement.
+_USAGE_TYPES = ("text",) * 6 + ("bigint", "bigint", "numeric", "bigint", "bigint")
+INSERT_USAGE = (
+    f"INSERT INTO usage_records ({USAGE}) SELECT * FROM unnest("
+    + ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(_USAGE_TYPES))
+    + ") ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+
+
+# A row as the driver returns it (asyncpg.Record), or a slice of one.
+Row = asyncpg.Record | Sequence[Any]
+
+
+# ---------------------------------------------------------------------- mapping
+
+
+def account(row: Row) -> Account:
+    models: list[str] | None = row[3]
+    return Account(
+        id=row[0],
+        name=row[1],
+        balance=row[2],
+        allowed_models=None if models is None else frozenset(models),
+        rpm_limit=row[4],
+        tpm_limit=row[5],
+        created_at_ms=row[6],
+    )
+
+
+def key(row: Row) -> ApiKey:
+    return ApiKey(*row)
+
+
+def top_up(row: Row) -> TopUp:
+    return TopUp(*row)
+
+
+def usage(row: Row) -> UsageRecord:
+    return UsageRecord(*row)
+
+
+def request_log(row: Row) -> RequestLog:
+    return RequestLog(*row)
+
+
+def job(row: Row) -> Job:
+    return Job(*row)
+
+
+def models_value(models: frozenset[str] | None) -> list[str] | None:
+    return None if models is None else sorted(models)
+
+
+def log_values(entry: RequestLog) -> tuple[Any, ...]:
+    return tuple(getattr(entry, c) for c in LOG_COLUMNS)
+
+
+def job_values(value: Job) -> tuple[Any, ...]:
+    return tuple(getattr(value, c) for c in JOB_COLUMNS)
+
+
+def usage_arrays(records: Iterable[UsageRecord]) -> list[list[Any]]:
+    columns: list[list[Any]] = [[] for _ in USAGE_COLUMNS]
+    for record in records:
+        for i, c in enumerate(USAGE_COLUMNS):
+            columns[i].append(getattr(record, c))
+    return columns
+
+
+def encode_progress(settlement: Settlement) -> bytes:
+    """A stream's settlement so far, for the stream_progress table (log entry without bodies)."""
+    entry = settlement.log
+    return orjson.dumps(
+        {
+            "u": [_plain(getattr(settlement.record, c)) for c in USAGE_COLUMNS],
+            "l": None
+            if entry is None
+            else [None if c in LOG_BODIES else _plain(getattr(entry, c)) for c in LOG_COLUMNS],
+        }
+    )
+
+
+def decode_progress(data: bytes) -> Settlement:
+    value = orjson.loads(data)
+    record = dict(zip(USAGE_COLUMNS, value["u"], strict=True))
+    record["cost"] = Decimal(record["cost"])
+    entry = None
+    if value["l"] is not None:
+        fields = dict(zip(LOG_COLUMNS, value["l"], strict=True))
+        fields["cost"] = None if fields["cost"] is None else Decimal(fields["cost"])
+        entry = RequestLog(**fields)
+    return Settlement(UsageRecord(**record), entry)
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Decimal) else value
+
+
+def count(status: str) -> int:
+    """The row count of a command's status ("UPDATE 3" -> 3)."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+# ---------------------------------------------------------------------- money
+
+
+async def settle_many(conn: asyncpg.Connection, settlements: Sequence[Settlement], owner: str | None) -> int:
+    """Record and charge each settlement once, with its request log entry, in the caller's
+    transaction: one applied again (a retried batch, a reclaim) changes nothing, as the usage record
+    is inserted only if its id is new and only what was inserted is charged. Charges are summed per
+    account and key (a handful of statements for any batch); they come off the `owner` process's
+    leases too (the money it had set aside is spent). Returns how many settlements were new."""
+    if not settlements:
+        return 0
+    logs = [log_values(s.log) for s in settlements if s.log is not None]
+    if logs:
+        await conn.executemany(INSERT_LOG, logs)
+    candidates: dict[str, UsageRecord] = {}
+    for s in settlements:
+        candidates.setdefault(s.record.id, s.record)
+    inserted = {row[0] for row in await conn.fetch(INSERT_USAGE, *usage_arrays(candidates.values()))}
+    fresh = [r for usage_id, r in candidates.items() if usage_id in inserted]
+    charged = [r for r in fresh if not r.cost.is_zero()]
+    per_account: dict[str, Decimal] = {}
+    per_key: dict[str, Decimal] = {}
+    for r in charged:
+        per_account[r.account_id] = per_account.get(r.account_id, Decimal(0)) + r.cost
+        per_key[r.key_id] = per_key.get(r.key_id, Decimal(0)) + r.cost
+    if per_account:
+        ids = sorted(per_account)
+        await conn.execute("SELECT 1 FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE", ids)
+        await conn.execute(
+            "UPDATE accounts AS a SET balance = a.balance - t.total"
+            " FROM unnest($1::text[], $2::numeric[]) AS t(id, total) WHERE a.id = t.id",
+            ids,
+            [per_account[i] for i in ids],
+        )
+    limited = await _count_key_spend(conn, charged, sorted(per_key))
+    if owner is not None and per_account:
+        pots = [("account", i, per_account[i]) for i in sorted(per_account)]
+        pots += [("key", i, per_key[i]) for i in sorted(limited)]
+        await conn.execute(
+            "UPDATE leases AS l SET amount = greatest(0, l.amount - t.amount)"
+            " FROM unnest($1::text[], $2::text[], $3::numeric[]) AS t(kind, pot_id, amount)"
+            " WHERE l.kind = t.kind AND l.pot_id = t.pot_id AND l.owner = $4",
+            [p[0] for p in pots],
+            [p[1] for p in pots],
+            [p[2] for p in pots],
+            owner,
+        )
+        await conn.execute(
+            "DELETE FROM leases AS l USING unnest($1::text[], $2::text[]) AS t(kind, pot_id)"
+            " WHERE l.kind = t.kind AND l.pot_id = t.pot_id AND l.owner = $3 AND l.amount <= 0",
+            [p[0] for p in pots],
+            [p[1] for p in pots],
+            owner,
+        )
+    return len(fresh)
+
+
+async def _count_key_spend(
+    conn: asyncpg.Connection, charged: Sequence[UsageRecord], key_ids: list[str]
+) -> set[str]:
+    """Add each cost to what its key spent in the credit-limit period the request ended in (only keys
+    with a limit keep the count); a cost from a period already over no longer counts. Returns the
+    keys with a limit."""
+    if not key_ids:
+        return set()
+    rows = await conn.fetch(
+        "SELECT id, limit_reset, spent, spent_period_ms FROM api_keys"
+        " WHERE id = ANY($1::text[]) AND credit_limit IS NOT NULL ORDER BY id FOR UPDATE",
+        key_ids,
+    )
+    state: dict[str, tuple[str | None, Decimal, int]] = {row[0]: (row[1], row[2], row[3]) for row in rows}
+    for r in charged:
+        if r.key_id not in state:
+            continue
+        reset, spent, current = state[r.key_id]
+        period = period_start_ms(reset, r.ended_at_ms)
+        if period < current:
+            continue
+        state[r.key_id] = (reset, (spent if period == current else Decimal(0)) + r.cost, period)
+    if state:
+        ids = sorted(state)
+        await conn.execute(
+            "UPDATE api_keys AS k SET spent = t.spent, spent_period_ms = t.period"
+            " FROM unnest($1::text[], $2::numeric[], $3::bigint[]) AS t(id, spent, period) WHERE k.id = t.id",
+            ids,
+            [state[i][1] for i in ids],
+            [state[i][2] for i in ids],
+        )
+    return set(state)
+
+
+async def add_to_lease(conn: asyncpg.Connection, kind: str, pot_id: str, owner: str, delta: Decimal) -> None:
+    """Grow (or, with a negative delta, shrink) an owner's lease on a pot whose lock the caller holds;
+    a lease never goes below zero, and an empty one is deleted."""
+    if delta > 0:
+        await conn.execute(
+            "INSERT INTO leases (kind, pot_id, owner, amount) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (kind, pot_id, owner) DO UPDATE SET amount = leases.amount + excluded.amount",
+            kind,
+            pot_id,
+            owner,
+            delta,
+        )
+    elif delta < 0:
+        where = "kind = $1 AND pot_id = $2 AND owner = $3"
+        await conn.execute(
+            f"UPDATE leases SET amount = greatest(0, amount + $4) WHERE {where}", kind, pot_id, owner, delta
+        )
+        await conn.execute(f"DELETE FROM leases WHERE {where} AND amount <= 0", kind, pot_id, owner)
+
+
+async def lock_pot(conn: asyncpg.Connection, kind: str, pot_id: str) -> asyncpg.Record | None:
+    """Lock a pot's row for a change of its leases; the row (None: no such account or key)."""
+    if kind == "account":
+        row: asyncpg.Record | None = await conn.fetchrow(
+            "SELECT balance FROM accounts WHERE id = $1 FOR UPDATE", pot_id
+        )
+    elif kind == "key":
+        row = await conn.fetchrow(
+            "SELECT credit_limit, limit_reset, spent, spent_period_ms FROM api_keys WHERE id = $1 FOR UPDATE",
+            pot_id,
+        )
+    else:
+        raise ValueError(f"unknown pot kind {kind!r}")
+    return row
+
+
+async def free(
+    conn: asyncpg.Connection, kind: str, pot_id: str, now_ms: int, *, lock: bool
+) -> Decimal | None:
+    """What a pot holds that no owner has leased: the account's balance, or what is left of the key's
+    credit limit in the period containing `now_ms` (None: the key has no limit). With `lock`, the
+    pot's row is locked for the caller's transaction first."""
+    if lock:
+        row = await lock_pot(conn, kind, pot_id)
+    elif kind == "account":
+        row = await conn.fetchrow("SELECT balance FROM accounts WHERE id = $1", pot_id)
+    elif kind == "key":
+        row = await conn.fetchrow(
+            "SELECT credit_limit, limit_reset, spent, spent_period_ms FROM api_keys WHERE id = $1", pot_id
+        )
+    else:
+        raise ValueError(f"unknown pot kind {kind!r}")
+    if row is None:
+        if kind == "key":  # no such key: nothing to lease
+            return Decimal(0)
+        total = Decimal(0)
+    elif kind == "account":
+        total = row[0]
+    else:
+        limit, reset, spent, period = row
+        if limit is None:
+            return None
+        total = limit - (spent if period == period_start_ms(reset, now_ms) else Decimal(0))
+    leased = await conn.fetchval(
+        "SELECT coalesce(sum(amount), 0) FROM leases WHERE kind = $1 AND pot_id = $2", kind, pot_id
+    )
+    result: Decimal = total - leased
+    return result

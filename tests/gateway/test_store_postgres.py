@@ -1,0 +1,253 @@
+"""What only the PostgreSQL store has: owners and their reclaim across instances, the key cache's
+cross-instance invalidation, concurrent migrations, and recovery when the database goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+from test_store_contract import account_and_key, balance, log_entry, record
+
+from gateway.store.postgres import PostgresStore, StoreUnavailable
+from gateway.store.postgres import store as store_module
+from gateway.store.postgres.migrate import migrations
+
+
+@asynccontextmanager
+async def stores(url: str, count: int) -> AsyncIterator[list[PostgresStore]]:
+    opened = [PostgresStore(url, pool_size=4) for _ in range(count)]
+    for store in opened:
+        await store.start()
+    try:
+        yield opened
+    finally:
+        for store in opened:
+            await store.close()
+
+
+async def admin(url: str, sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def until(check: Any, timeout: float = 3.0) -> float:
+    """Seconds until the async predicate holds (fails after `timeout`)."""
+    started = time.monotonic()
+    while not await check():
+        assert time.monotonic() - started < timeout, "not within the time allowed"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
+async def play_dead(url: str, store: PostgresStore) -> None:
+    """The process stops (its heartbeat task with it) and its last heartbeat is old."""
+    assert store._control_task is not None
+    store._control_task.cancel()
+    await admin(
+        url, "UPDATE owners SET heartbeat_at = now() - interval '1 minute' WHERE id = $1", store.lease_owner
+    )
+
+
+def test_a_dead_owners_streams_are_billed_and_its_leases_returned(postgres_url: str) -> None:
+    async def main() -> None:
+        async with stores(postgres_url, 3) as (dead, b, c):
+            account_id, key_id = await account_and_key(b, "10", credit_limit="8")
+            assert await dead.live_owners() >= 3
+            now = store_module.now_ms()
+            assert await dead.lease("account", account_id, Decimal(1), 1, now) == Decimal(10)
+            assert await dead.lease("key", key_id, Decimal(1), 1, now) == Decimal(8)
+            running = record(account_id, key_id, "0.4", status="incomplete")
+            ended = record(account_id, key_id, "0.25")
+            forgotten = record(account_id, key_id, "0.5")
+            dead.note_progress(running, log_entry(running, status=499, error_code="api_error"))
+            dead.note_progress(ended, log_entry(ended))
+            dead.note_progress(forgotten, log_entry(forgotten))
+            dead.forget_progress(forgotten.id)
+            await dead.settle(ended, log_entry(ended))  # its own settlement: progress not applied
+            rows = await admin(
+                postgres_url, "SELECT usage_id FROM stream_progress WHERE owner = $1", dead.lease_owner
+            )
+            assert [row[0] for row in rows] == [running.id]
+            assert await b.reclaim_orphans() == 0  # alive: nothing to do
+            await play_dead(postgres_url, dead)
+            # Two reclaimers at once: the stream is billed once.
+            assert sorted(await asyncio.gather(b.reclaim_orphans(), c.reclaim_orphans())) == [0, 1]
+            assert await balance(b, account_id) == Decimal("9.35")
+            assert await b.free("account", account_id, now) == Decimal("9.35")  # its leases are back
+            assert await b.free("key", key_id, now) == Decimal("7.35")
+            usage = await c.get_usage(running.id, key_id)
+            assert usage is not None and usage.status == "incomplete" and usage.cost == Decimal("0.4")
+            entry = await c.get_request_log(running.request_id)
+            assert entry is not None and entry.status == 499 and entry.request_body is None
+            assert await c.reclaim_orphans() == 0
+            owners = await admin(postgres_url, "SELECT id FROM owners WHERE id = $1", dead.lease_owner)
+            assert owners == []
+            c._live = (0.0, 1)  # read afresh: the live ones count, the dead one no more
+            assert await c.live_owners() == 2
+
+    asyncio.run(main())
+
+
+def test_key_changes_reach_other_instances_within_a_second(postgres_url: str) -> None:
+    async def main() -> None:
+        async with stores(postgres_url, 2) as (a, b):
+            account = await a.create_account("acct-" + os.urandom(6).hex(), Decimal(1))
+            secrets = [os.urandom(32) for _ in range(3)]
+            keys = [await a.create_key(account.id, "k", s, "sk-a", None) for s in secrets]
+            assert (await b.find_key(secrets[0])) is not None  # cached by b now
+            assert await a.delete_key(keys[0].id)
+            assert await until(lambda: _gone(b, secrets[0]), 1.0) < 1.0
+
+            # Without the listener (its connection lost and not back), the poll still sees it.
+            async def no_listener() -> None:
+                return None
+
+            b._open_control = no_listener  # type: ignore[method-assign]
+            assert b._control is not None
+            await admin(postgres_url, "SELECT pg_terminate_backend($1)", b._control.get_server_pid())
+            await asyncio.sleep(1.5)  # the watch notices, and stays without a listener
+            assert b._control is None
+            assert (await b.find_key(secrets[1])) is not None
+            await a.update_account(account.id, {"rpm_limit": 3})
+            await asyncio.sleep(0)
+            assert await until(lambda: _limited(b, secrets[1]), 2.5) < 2.5
+
+    asyncio.run(main())
+
+
+async def _gone(store: PostgresStore, secret: bytes) -> bool:
+    return await store.find_key(secret) is None
+
+
+async def _limited(store: PostgresStore, secret: bytes) -> bool:
+    found = await store.find_key(secret)
+    return found is not None and found.account.rpm_limit == 3
+
+
+def test_instances_starting_together_migrate_once(postgres_url: str) -> None:
+    name = "gateway_test_" + os.urandom(6).hex()
+    url = urlsplit(postgres_url)._replace(path="/" + name).geturl()
+
+    async def main() -> None:
+        await admin(postgres_url, f"CREATE DATABASE {name}")
+        try:
+            opened = [PostgresStore(url, pool_size=2) for _ in range(4)]
+            await asyncio.gather(*(store.start() for store in opened))
+            for store in opened:
+                await store.close()
+            applied = await admin(url, "SELECT version, name FROM schema_migrations ORDER BY version")
+            assert [(row[0], row[1]) for row in applied] == [(m.version, m.name) for m in migrations()]
+        finally:
+            await admin(postgres_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    asyncio.run(main())
+
+
+def test_broken_connections_are_replaced(postgres_url: str) -> None:
+    async def main() -> None:
+        async with stores(postgres_url, 1) as (store,):
+            account_id, key_id = await account_and_key(store, "5")
+            await admin(
+                postgres_url,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            # A call may meet a connection that died; the next ones get new connections.
+            failures = 0
+            for _ in range(5):
+                try:
+                    await store.get_account(account_id)
+                    break
+                except StoreUnavailable:
+                    failures += 1
+            assert failures < 5
+            r = record(account_id, key_id, "1")
+            await store.settle(r)  # the writer's connection is replaced too
+            assert await balance(store, account_id) == Decimal(4)
+
+    asyncio.run(main())
+
+
+class Proxy:
+    """A TCP relay to PostgreSQL that can be cut (every connection dropped, new ones refused)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def open(self) -> None:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.writers):
+            writer.transport.abort()
+        await self.server.wait_closed()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self.writers -= {writer, up_writer}
+
+
+def test_database_away_then_back(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "SETTLE_WAIT_SECONDS", 0.5)
+    parts = urlsplit(postgres_url)
+
+    async def main() -> None:
+        proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+        await proxy.open()
+        url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}").geturl()
+        async with stores(url, 1) as (store,):
+            account_id, key_id = await account_and_key(store, "10")
+            await proxy.cut()
+            r = record(account_id, key_id, "1.5")
+            with pytest.raises(StoreUnavailable):
+                await store.settle(r, log_entry(r))  # not committed: the request cannot succeed
+            with pytest.raises(StoreUnavailable):
+                await store.get_account(account_id)
+            with pytest.raises(StoreUnavailable):
+                await store.lease("account", account_id, Decimal(1), 1, 0)
+            await proxy.open()  # the database is back: the queued charge commits, calls work
+            direct = await asyncpg.connect(postgres_url)
+            try:
+
+                async def charged() -> bool:
+                    value = await direct.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
+                    return bool(value == Decimal("8.5"))
+
+                await until(charged, 5.0)
+            finally:
+                await direct.close()
+            assert await store.get_usage(r.id, key_id) == r
+            assert await balance(store, account_id) == Decimal("8.5")
+        await proxy.cut()
+
+    asyncio.run(main())
