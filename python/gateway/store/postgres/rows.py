@@ -188,7 +188,10 @@ async def settle_many(conn: asyncpg.Connection, settlements: Sequence[Settlement
         per_key[r.key_id] = per_key.get(r.key_id, Decimal(0)) + r.cost
     if per_account:
         ids = sorted(per_account)
-        await conn.execute("SELECT 1 FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE", ids)
+        if len(ids) > 1:  # several rows: locked in id order first (one cannot deadlock)
+            await conn.execute(
+                "SELECT 1 FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE", ids
+            )
         await conn.execute(
             "UPDATE accounts AS a SET balance = a.balance - t.total"
             " FROM unnest($1::text[], $2::numeric[]) AS t(id, total) WHERE a.id = t.id",
@@ -199,20 +202,18 @@ async def settle_many(conn: asyncpg.Connection, settlements: Sequence[Settlement
     if owner is not None and per_account:
         pots = [("account", i, per_account[i]) for i in sorted(per_account)]
         pots += [("key", i, per_key[i]) for i in sorted(limited)]
+        # One statement: a lease the charge uses up is deleted, the others shrink (both parts see
+        # the amounts as they were, and touch different rows).
         await conn.execute(
-            "UPDATE leases AS l SET amount = greatest(0, l.amount - t.amount)"
-            " FROM unnest($1::text[], $2::text[], $3::numeric[]) AS t(kind, pot_id, amount)"
-            " WHERE l.kind = t.kind AND l.pot_id = t.pot_id AND l.owner = $4",
+            "WITH t AS (SELECT * FROM unnest($1::text[], $2::text[], $3::numeric[])"
+            " AS t(kind, pot_id, amount)),"
+            " spent AS (DELETE FROM leases AS l USING t WHERE l.kind = t.kind AND l.pot_id = t.pot_id"
+            " AND l.owner = $4 AND l.amount <= t.amount)"
+            " UPDATE leases AS l SET amount = l.amount - t.amount FROM t"
+            " WHERE l.kind = t.kind AND l.pot_id = t.pot_id AND l.owner = $4 AND l.amount > t.amount",
             [p[0] for p in pots],
             [p[1] for p in pots],
             [p[2] for p in pots],
-            owner,
-        )
-        await conn.execute(
-            "DELETE FROM leases AS l USING unnest($1::text[], $2::text[]) AS t(kind, pot_id)"
-            " WHERE l.kind = t.kind AND l.pot_id = t.pot_id AND l.owner = $3 AND l.amount <= 0",
-            [p[0] for p in pots],
-            [p[1] for p in pots],
             owner,
         )
     return len(fresh)

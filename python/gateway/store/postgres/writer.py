@@ -64,6 +64,8 @@ class Writer:
         self._logs: deque[tuple[tuple[Any, ...], int]] = deque()
         self._progress: dict[str, bytes] = {}
         self._forgets: set[str] = set()
+        # Streams whose progress may be in the database: their settlement deletes it.
+        self._noted: set[str] = set()
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -104,6 +106,7 @@ class Writer:
         self._wake.set()
 
     def progress(self, settlement: Settlement) -> None:
+        self._noted.add(settlement.record.id)
         self._progress[settlement.record.id] = rows.encode_progress(settlement)
         self._wake.set()
 
@@ -185,6 +188,8 @@ class Writer:
             )
             self._failing_since = None
         self._log_backlog -= sum(bodies for _, bodies in batch.logs)
+        self._noted -= batch.forgets
+        self._noted.difference_update(s.record.id for s, _ in batch.settlements)
         for _, future in batch.settlements:
             if not future.done():
                 future.set_result(None)
@@ -210,7 +215,7 @@ class Writer:
             if batch.logs:
                 await conn.executemany(rows.INSERT_LOG, [values for values, _ in batch.logs])
             await rows.settle_many(conn, settled, self.owner)
-            ended = batch.forgets | {s.record.id for s in settled}
+            ended = batch.forgets | {s.record.id for s in settled if s.record.id in self._noted}
             if ended:
                 await conn.execute(
                     "DELETE FROM stream_progress WHERE owner = $1 AND usage_id = ANY($2::text[])",
