@@ -21,6 +21,7 @@ from . import background as background_responses
 from . import jobs
 from . import videos as video_jobs
 from ._core import count_tokens
+from .buckets import FileBuckets
 from .config import Settings, settings_from_env
 from .errors import GatewayError, error_response
 from .funds import Funds
@@ -28,6 +29,7 @@ from .housekeeping import purge_expired, tend_leases
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import RateLimiter
+from .redis_buckets import RedisBuckets
 from .redis_client import connect as connect_redis
 from .registry import ModelRegistry
 from .routes import (
@@ -65,7 +67,11 @@ def create_app(settings: Settings) -> Starlette:
         store=store,
         upstream=UpstreamClient(settings),
         funds=Funds(store),
-        limiter=RateLimiter(_beside(settings.store_path, ".ratelimits")),
+        limiter=RateLimiter(
+            FileBuckets(_beside(settings.store_path, ".ratelimits"))
+            if redis is None
+            else RedisBuckets(redis, f"{settings.redis_prefix}:rl:")
+        ),
         router=Router(
             settings.models,
             settings.routing,
@@ -96,6 +102,7 @@ def create_app(settings: Settings) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await state.router.close()
+            await state.limiter.drain()
             await state.upstream.close()
             await state.store.close()
             if redis is not None:

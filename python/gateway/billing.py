@@ -67,7 +67,7 @@ async def hold(
     it could cost and, for a text request, the largest output limit the money covers. Its tokens
     are reserved first (gateway.ratelimits: 400 when they can never fit, 429 when not yet)."""
     call.model = model.name
-    state.limiter.reserve(call.rate, estimate, model.type)
+    await state.limiter.reserve(call.rate, estimate, model.type)
     try:
         call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
     except NotCovered as refused:

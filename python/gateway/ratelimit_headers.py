@@ -54,6 +54,7 @@ class RateLimitHeaders:
 
     async def _state(self, scope: Scope, slot: KeySlot) -> RateState | None:
         if slot.rate is not None:
+            await self._limiter.corrected(slot.rate)  # a plain answer shows its corrected tokens
             return slot.rate
         ctx = slot.ctx
         # The answer matters more than its headers: no failure here may break it.
@@ -70,7 +71,7 @@ class RateLimitHeaders:
         if ctx is None:
             return None
         try:
-            return self._limiter.peek(ctx)
-        except OSError:
-            log.exception("reading the rate limits of key %s failed", ctx.key.id)
+            return await self._limiter.peek(ctx)
+        except OSError as exc:  # the buckets cannot be reached (Redis down): no headers
+            log.warning("reading the rate limits of key %s failed: %s", ctx.key.id, exc)
             return None

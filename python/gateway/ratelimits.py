@@ -1,9 +1,10 @@
 """Per-key rate limits (spec 8): requests per minute and tokens per minute, values set on the
 account, each of its keys limited on its own.
 
-Both are token buckets (capacity = the per-minute value, refilled continuously at that rate) held by
-the Rust core in a file shared by every worker process of the gateway (`SharedBuckets`, next to the
-database), so N workers admit what one would, with no external service. A model request takes one
+Both are token buckets (capacity = the per-minute value, refilled continuously at that rate) in a
+store every process shares (gateway.buckets): the Rust core's file next to the SQLite database for
+one machine (`FileBuckets`), or Redis for many instances (`gateway.redis_buckets`), so N workers
+admit what one would. A model request takes one
 request when it arrives and reserves tokens before it runs (reserved_tokens: its prompt plus the
 output it may produce, as OpenAI counts max_tokens; a bounded default when it sets no limit); when
 it ends the reservation is corrected to the tokens it used (none when it did not run), so the
@@ -12,29 +13,29 @@ bucket counts exactly what was used, going into debt when a request used more th
 A 429 rate_limited (with Retry-After: the whole seconds until the bucket holds what was asked for)
 is only sent when waiting can help; a request that can never fit the limit is 400 invalid_request
 naming what fits. Every answer to a key with limits carries the x-ratelimit-* headers
-(gateway.ratelimit_headers adds them).
+(gateway.ratelimit_headers adds them). When the store cannot be reached (Redis down), a key with
+limits is answered 503 service_unavailable with Retry-After; a key without limits is not affected.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
-from ._core import SharedBuckets
-from .errors import GatewayError, invalid_request
+from .buckets import BucketStore, FileBuckets
+from .errors import GatewayError, ServiceUnavailable, invalid_request
 from .estimates import DEFAULT_RESERVED_OUTPUT, TextEstimate, prompt_param
 from .pricing import Usage
 from .store import KeyContext
 
 MINUTE_NS = 60_000_000_000
 log = logging.getLogger("gateway.ratelimits")
-# Slots in the shared table: two per key in use (a few MB of sparse file at most).
-SLOTS = 65_536
+# Retry-After of a 503 when the buckets cannot be reached: a restarted Redis is back within seconds.
+UNAVAILABLE_RETRY_SECONDS = 1
 
 
 @dataclass(slots=True)
@@ -48,6 +49,8 @@ class RateState:
     remaining_tokens: int = 0
     reserved_tokens: int = 0
     corrected: bool = False
+    # The correction under way in the store (Redis) when it was not made at once (RateLimiter.correct).
+    correcting: asyncio.Task[None] | None = None
 
     def headers(self) -> dict[str, str]:
         headers = {}
@@ -87,78 +90,126 @@ def note_rate(scope: MutableMapping[str, Any], rate: RateState | None) -> None:
 
 
 class RateLimiter:
-    def __init__(self, path: Path, now_ns: Callable[[], int] = time.time_ns) -> None:
-        # Wall-clock time: the table outlives processes and reboots, which a monotonic clock does not.
-        self._buckets = SharedBuckets(path, SLOTS)
+    """The rate limits of keys over a bucket store (gateway.buckets). `now_ns` is a clock for tests;
+    without one each store reads its own (the wall clock: the file outlives processes and reboots,
+    which a monotonic clock does not; Redis's clock for Redis, one clock for every instance)."""
+
+    def __init__(self, buckets: BucketStore, now_ns: Callable[[], int] | None = None) -> None:
+        self._buckets = buckets
+        self._file = buckets if isinstance(buckets, FileBuckets) else None
         self._now_ns = now_ns
+        self._corrections: set[asyncio.Task[None]] = set()
 
-    def admit(self, ctx: KeyContext) -> RateState | None:
-        """Take one request from the key's requests bucket, or refuse with 429. None when the key's
-        account sets no limits."""
+    def _now(self) -> int | None:
+        return None if self._now_ns is None else self._now_ns()
+
+    async def admit(self, ctx: KeyContext) -> RateState | None:
+        """Take one request from the key's requests bucket, or refuse with 429 (503 when the
+        buckets cannot be reached). None when the key's account sets no limits."""
         rpm, tpm = ctx.account.rpm_limit, ctx.account.tpm_limit
         if rpm is None and tpm is None:
             return None
         state = RateState(ctx.key.id, rpm, tpm)
-        now = self._now_ns()
-        if tpm is not None:
-            state.remaining_tokens = self._buckets.available(_tokens(state), tpm, tpm, MINUTE_NS, now)
-        if rpm is not None:
-            taken = self._buckets.try_take(_requests(state), rpm, rpm, MINUTE_NS, 1, now)
-            state.remaining_requests = taken.remaining
-            if not taken.allowed:
-                raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute")
+        now = self._now()
+        try:
+            if tpm is not None:
+                state.remaining_tokens = await self._buckets.available(
+                    _tokens(state), tpm, tpm, MINUTE_NS, now
+                )
+            if rpm is not None:
+                taken = await self._buckets.try_take(_requests(state), rpm, rpm, MINUTE_NS, 1, now)
+                state.remaining_requests = taken.remaining
+                if not taken.allowed:
+                    raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute")
+        except OSError as exc:
+            raise _unavailable(state, exc) from exc
         return state
 
-    def peek(self, ctx: KeyContext) -> RateState | None:
+    async def peek(self, ctx: KeyContext) -> RateState | None:
         """The key's buckets as they stand, taking nothing (for the headers of an answer that is not
-        a model request). None when the key's account sets no limits."""
+        a model request). None when the key's account sets no limits. Raises OSError when the
+        buckets cannot be reached."""
         rpm, tpm = ctx.account.rpm_limit, ctx.account.tpm_limit
         if rpm is None and tpm is None:
             return None
         state = RateState(ctx.key.id, rpm, tpm)
-        now = self._now_ns()
+        now = self._now()
         if rpm is not None:
-            state.remaining_requests = self._buckets.available(_requests(state), rpm, rpm, MINUTE_NS, now)
+            state.remaining_requests = await self._buckets.available(
+                _requests(state), rpm, rpm, MINUTE_NS, now
+            )
         if tpm is not None:
-            state.remaining_tokens = self._buckets.available(_tokens(state), tpm, tpm, MINUTE_NS, now)
+            state.remaining_tokens = await self._buckets.available(_tokens(state), tpm, tpm, MINUTE_NS, now)
         return state
 
-    def reserve(self, state: RateState | None, estimate: Usage, model_type: str) -> None:
+    async def reserve(self, state: RateState | None, estimate: Usage, model_type: str) -> None:
         """Reserve the tokens the request may use (reserved_tokens), or refuse it: 400
         invalid_request when it can never fit the key's limit, 429 when the bucket does not hold them
-        now (then the request it took is given back: it never ran)."""
+        now (then the request it took is given back: it never ran), 503 when the buckets cannot be
+        reached."""
         if state is None or state.tpm is None:
             return
         tokens = reserved_tokens(estimate, state.tpm, model_type)
-        now = self._now_ns()
-        taken = self._buckets.try_take(_tokens(state), state.tpm, state.tpm, MINUTE_NS, tokens, now)
-        state.remaining_tokens = taken.remaining
-        if not taken.allowed:
-            if state.rpm is not None:
-                state.remaining_requests = self._buckets.adjust(
-                    _requests(state), state.rpm, state.rpm, MINUTE_NS, 1, now
+        now = self._now()
+        try:
+            taken = await self._buckets.try_take(_tokens(state), state.tpm, state.tpm, MINUTE_NS, tokens, now)
+            state.remaining_tokens = taken.remaining
+            if not taken.allowed:
+                if state.rpm is not None:
+                    state.remaining_requests = await self._buckets.adjust(
+                        _requests(state), state.rpm, state.rpm, MINUTE_NS, 1, now
+                    )
+                raise _refused(
+                    state,
+                    taken.retry_after_ns,
+                    f"{state.tpm} tokens per minute; this request reserves {tokens} tokens",
                 )
-            raise _refused(
-                state,
-                taken.retry_after_ns,
-                f"{state.tpm} tokens per minute; this request reserves {tokens} tokens",
-            )
+        except OSError as exc:
+            raise _unavailable(state, exc) from exc
         state.reserved_tokens = tokens
 
     def correct(self, state: RateState | None, used_tokens: int) -> None:
         """The request has ended having used `used_tokens`: give back the rest of its reservation
-        (or take what it used beyond it). Once per request."""
+        (or take what it used beyond it). Once per request; never fails the request (it is done
+        and charged). Not awaited, as it runs where the request ends (billing, a stream's end): the
+        file corrects at once; Redis as a task of its own, which `corrected(state)` waits for (the
+        headers of a plain answer show the corrected bucket)."""
         if state is None or state.tpm is None or state.corrected or not state.reserved_tokens:
             return
         state.corrected = True
         delta = state.reserved_tokens - used_tokens
-        if delta:
+        if not delta:
+            return
+        if self._file is not None:
             try:
-                state.remaining_tokens = self._buckets.adjust(
-                    _tokens(state), state.tpm, state.tpm, MINUTE_NS, delta, self._now_ns()
+                state.remaining_tokens = self._file.adjust_now(
+                    _tokens(state), state.tpm, state.tpm, MINUTE_NS, delta, self._now()
                 )
-            except OSError:  # the request is done and charged: a lost correction must not fail it
+            except OSError:
                 log.exception("correcting the tokens of key %s failed", state.key_id)
+            return
+        task = asyncio.create_task(self._correct(state, state.tpm, delta, self._now()))
+        state.correcting = task
+        self._corrections.add(task)
+        task.add_done_callback(self._corrections.discard)
+
+    async def _correct(self, state: RateState, tpm: int, delta: int, now: int | None) -> None:
+        try:
+            state.remaining_tokens = await self._buckets.adjust(
+                _tokens(state), tpm, tpm, MINUTE_NS, delta, now
+            )
+        except OSError as exc:  # the bucket keeps the reservation: it refills within the minute
+            log.warning("correcting the tokens of key %s failed: %s", state.key_id, exc)
+
+    async def corrected(self, state: RateState) -> None:
+        """Wait for the request's correction when it is under way."""
+        if state.correcting is not None:
+            await asyncio.shield(state.correcting)
+
+    async def drain(self) -> None:
+        """Wait for every correction under way (at shutdown, before the store's client closes)."""
+        while self._corrections:
+            await asyncio.gather(*self._corrections, return_exceptions=True)
 
 
 def reserved_tokens(estimate: Usage, tpm: int, model_type: str) -> int:
@@ -205,6 +256,13 @@ def _requests(state: RateState) -> str:
 
 def _tokens(state: RateState) -> str:
     return state.key_id + ":tokens"
+
+
+def _unavailable(state: RateState, exc: OSError) -> GatewayError:
+    """Nothing can be admitted while the buckets cannot be reached: the request is refused before
+    it runs, so it is never charged, and may be sent again in a moment."""
+    log.warning("the rate limits of key %s cannot be checked: %s", state.key_id, exc)
+    return ServiceUnavailable("rate-limit store", UNAVAILABLE_RETRY_SECONDS)
 
 
 def _refused(state: RateState, retry_after_ns: int, what: str) -> GatewayError:

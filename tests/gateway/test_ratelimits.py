@@ -1,12 +1,18 @@
 """Per-key rate limits (spec 8): requests and tokens per minute from the account, held across
-worker processes through the Rust core's shared buckets, with the x-ratelimit-* headers on every
-answer and 429 rate_limited with a correct Retry-After."""
+worker processes through a shared bucket store (the Rust core's file, or Redis: the limiter's tests
+run on both), with the x-ratelimit-* headers on every answer and 429 rate_limited with a correct
+Retry-After."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import time
+import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,12 +20,15 @@ import httpx
 import openai
 import pytest
 
+from gateway.buckets import BucketStore, FileBuckets
 from gateway.errors import GatewayError
 from gateway.estimates import DEFAULT_RESERVED_OUTPUT, TextEstimate
 from gateway.pricing import Usage
 from gateway.ratelimits import RateLimiter, RateState, reserved_tokens
+from gateway.redis_buckets import RedisBuckets
+from gateway.redis_client import connect
 from gateway.store import Account, ApiKey, KeyContext
-from harness import Gateway, KeyHandle, chat_model, gateway
+from harness import Gateway, KeyHandle, chat_model, free_port, gateway, wait_until_listening
 
 MODEL = "openai/gpt-4o-mini"
 CHAT = "/v1/chat/completions"
@@ -39,64 +48,103 @@ def ctx(rpm: int | None, tpm: int | None, key_id: str = "key_1") -> KeyContext:
     return KeyContext(ApiKey(key_id, "acct_1", "k", "sk-xxxx", 0), account)
 
 
-def refusal(call: object) -> GatewayError:
+async def refusal(call: Awaitable[object]) -> GatewayError:
     with pytest.raises(GatewayError) as caught:
-        call()  # type: ignore[operator]
+        await call
     assert caught.value.code == "rate_limited" and caught.value.status == 429
     return caught.value
 
 
-def test_requests_per_minute_with_an_injected_clock(tmp_path: Path) -> None:
-    clock = Clock()
-    limiter = RateLimiter(tmp_path / "rl", clock)
-    for left in (2, 1, 0):
-        state = limiter.admit(ctx(3, None))
-        assert state is not None and state.headers() == {
-            "x-ratelimit-limit-requests": "3",
-            "x-ratelimit-remaining-requests": str(left),
-        }
-    err = refusal(lambda: limiter.admit(ctx(3, None)))
-    assert err.headers["retry-after"] == "20"  # 3 a minute: one every 20 s
-    clock.ns += 19 * SECOND
-    refusal(lambda: limiter.admit(ctx(3, None)))
-    clock.ns += SECOND
-    assert limiter.admit(ctx(3, None)) is not None
-    # Another key of the same account has its own bucket; no limits, no state.
-    assert limiter.admit(ctx(3, None, key_id="key_2")) is not None
-    assert limiter.admit(ctx(None, None)) is None
+@pytest.fixture(params=["file", "redis"])
+def store_kind(request: pytest.FixtureRequest) -> str | None:
+    """Where the limiter's buckets live: None for the file, else the test Redis's URL."""
+    return None if request.param == "file" else str(request.getfixturevalue("redis_url"))
 
 
-def test_tokens_are_reserved_then_corrected(tmp_path: Path) -> None:
-    clock = Clock()
-    limiter = RateLimiter(tmp_path / "rl", clock)
-    state = limiter.admit(ctx(10, 1000))
-    assert state is not None and state.remaining_tokens == 1000
-    limiter.reserve(state, Usage(800), "embedding")
-    assert state.remaining_tokens == 200
-    limiter.correct(state, 300)  # used 300 of the 800 held
-    limiter.correct(state, 0)  # once only
-    assert state.remaining_tokens == 700
-    second = limiter.admit(ctx(10, 1000))
-    err = refusal(lambda: limiter.reserve(second, Usage(900), "embedding"))
-    # 200 missing at 1000 a minute: 12 s. The request it took is given back (it never ran).
-    assert err.headers["retry-after"] == "12" and err.headers["x-ratelimit-remaining-requests"] == "9"
-    # More than the whole limit can never run: not a 429 (waiting cannot help) but a 400.
-    with pytest.raises(GatewayError) as too_big:
-        limiter.reserve(limiter.admit(ctx(10, 1000)), Usage(5000), "embedding")
-    assert too_big.value.code == "invalid_request" and too_big.value.param == "input"
+@asynccontextmanager
+async def bucket_stores(redis_url: str | None, tmp_path: Path) -> AsyncIterator[Callable[[], BucketStore]]:
+    """Opens the test's bucket store (each call another handle on the same buckets): the file, or
+    Redis under a prefix of the test's own, removed afterwards."""
+    if redis_url is None:
+        yield lambda: FileBuckets(tmp_path / "rl")
+        return
+    client = connect(redis_url)
+    prefix = f"test:rl:{uuid.uuid4().hex}:"
+    try:
+        yield lambda: RedisBuckets(client, prefix)
+    finally:
+        keys = [k async for k in client.scan_iter(match=prefix + "*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
 
 
-def test_two_limiters_on_one_file_share_the_limit(tmp_path: Path) -> None:
-    clock = Clock()
-    first, second = RateLimiter(tmp_path / "rl", clock), RateLimiter(tmp_path / "rl", clock)
-    admitted = 0
-    for i in range(10):
-        try:
-            (first if i % 2 else second).admit(ctx(4, None))
-            admitted += 1
-        except GatewayError:
-            pass
-    assert admitted == 4
+def test_requests_per_minute_with_an_injected_clock(store_kind: str | None, tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = Clock()
+        async with bucket_stores(store_kind, tmp_path) as open_store:
+            limiter = RateLimiter(open_store(), clock)
+            for left in (2, 1, 0):
+                state = await limiter.admit(ctx(3, None))
+                assert state is not None and state.headers() == {
+                    "x-ratelimit-limit-requests": "3",
+                    "x-ratelimit-remaining-requests": str(left),
+                }
+            err = await refusal(limiter.admit(ctx(3, None)))
+            assert err.headers["retry-after"] == "20"  # 3 a minute: one every 20 s
+            clock.ns += 19 * SECOND
+            await refusal(limiter.admit(ctx(3, None)))
+            clock.ns += SECOND
+            assert await limiter.admit(ctx(3, None)) is not None
+            # Another key of the same account has its own bucket; no limits, no state.
+            assert await limiter.admit(ctx(3, None, key_id="key_2")) is not None
+            assert await limiter.admit(ctx(None, None)) is None
+
+    asyncio.run(go())
+
+
+def test_tokens_are_reserved_then_corrected(store_kind: str | None, tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = Clock()
+        async with bucket_stores(store_kind, tmp_path) as open_store:
+            limiter = RateLimiter(open_store(), clock)
+            state = await limiter.admit(ctx(10, 1000))
+            assert state is not None and state.remaining_tokens == 1000
+            await limiter.reserve(state, Usage(800), "embedding")
+            assert state.remaining_tokens == 200
+            limiter.correct(state, 300)  # used 300 of the 800 held
+            limiter.correct(state, 0)  # once only
+            await limiter.corrected(state)
+            assert state.remaining_tokens == 700
+            second = await limiter.admit(ctx(10, 1000))
+            err = await refusal(limiter.reserve(second, Usage(900), "embedding"))
+            # 200 missing at 1000 a minute: 12 s. The request it took is given back (it never ran).
+            assert err.headers["retry-after"] == "12"
+            assert err.headers["x-ratelimit-remaining-requests"] == "9"
+            # More than the whole limit can never run: not a 429 (waiting cannot help) but a 400.
+            with pytest.raises(GatewayError) as too_big:
+                await limiter.reserve(await limiter.admit(ctx(10, 1000)), Usage(5000), "embedding")
+            assert too_big.value.code == "invalid_request" and too_big.value.param == "input"
+            await limiter.drain()
+
+    asyncio.run(go())
+
+
+def test_two_limiters_on_one_store_share_the_limit(store_kind: str | None, tmp_path: Path) -> None:
+    async def go() -> int:
+        clock = Clock()
+        async with bucket_stores(store_kind, tmp_path) as open_store:
+            first, second = RateLimiter(open_store(), clock), RateLimiter(open_store(), clock)
+            admitted = 0
+            for i in range(10):
+                try:
+                    await (first if i % 2 else second).admit(ctx(4, None))
+                    admitted += 1
+                except GatewayError:
+                    pass
+            return admitted
+
+    assert asyncio.run(go()) == 4
 
 
 def burst(url: str, key: str, count: int, body: dict[str, object]) -> list[httpx.Response]:
@@ -113,22 +161,57 @@ def burst(url: str, key: str, count: int, body: dict[str, object]) -> list[httpx
 BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "limit me"}]}
 
 
+def redis_toml(url: str | None) -> str:
+    """The [redis] section of a gateway whose buckets are in Redis (under a prefix of its own)."""
+    return "" if url is None else f'[redis]\nurl = "{url}"\nprefix = "test-{uuid.uuid4().hex}"\n'
+
+
 @pytest.mark.slow
-def test_two_worker_processes_admit_the_limit_once(sim_url: str, tmp_path: Path) -> None:
-    with gateway(tmp_path, chat_model(MODEL, "gpt-4o-mini", sim_url), server_toml="workers = 2") as gw2:
-        handle = gw2.new_key(rpm_limit=10)
-        answers = burst(gw2.url, handle.key, 30, BODY)
-    assert Counter(r.status_code for r in answers) == {200: 10, 429: 20}
+def test_two_worker_processes_admit_the_limit_once(
+    store_kind: str | None, sim_url: str, tmp_path: Path
+) -> None:
+    """60 requests at once to a key with 30 a minute, through the 2 worker processes of a gateway
+    (on the file, or on Redis as instances share it): 30 admitted, and one more for every 2 s the
+    burst took (30 a minute refill one every 2 s); the rest 429."""
+    models = redis_toml(store_kind) + chat_model(MODEL, "gpt-4o-mini", sim_url)
+    with gateway(tmp_path, models, server_toml="workers = 2") as gw2:
+        handle = gw2.new_key(rpm_limit=30)
+        started = time.monotonic()
+        answers = burst(gw2.url, handle.key, 60, BODY)
+        took = time.monotonic() - started
+    counts = Counter(r.status_code for r in answers)
+    assert set(counts) == {200, 429}
+    assert 30 <= counts[200] <= 30 + int(took / 2), (counts, took)
     refused = next(r for r in answers if r.status_code == 429)
     assert (
         refused.json()["error"]["code"] == "rate_limited"
         and refused.json()["error"]["type"] == "rate_limit_error"
     )
-    assert refused.headers["retry-after"] == "6"  # 10 a minute, all taken at once
+    assert refused.headers["retry-after"] in {"1", "2"}  # one request back every 2 s
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-def test_headers_on_every_kind_of_answer(gw: Gateway) -> None:
+@pytest.fixture(scope="module")
+def redis_gw(redis_url: str, sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway whose buckets are in Redis, with the models the tests below ask for."""
+    models = redis_toml(redis_url) + chat_model(MODEL, "gpt-4o-mini", sim_url)
+    models += chat_model(
+        "openai/text-embedding-3-small", "text-embedding-3-small", sim_url, type_="embedding"
+    )
+    models += chat_model("openai/gpt-4.1-mini", "gpt-4.1-mini", sim_url, type_="responses")
+    with gateway(tmp_path_factory.mktemp("redis-gw"), models) as g:
+        yield g
+
+
+@pytest.fixture(params=["file", "redis"])
+def limits_gw(request: pytest.FixtureRequest) -> Gateway:
+    """The session's gateway (buckets in the file), then one with its buckets in Redis."""
+    chosen: Gateway = request.getfixturevalue("gw" if request.param == "file" else "redis_gw")
+    return chosen
+
+
+def test_headers_on_every_kind_of_answer(limits_gw: Gateway) -> None:
+    gw = limits_gw
     handle = gw.new_key(rpm_limit=100, tpm_limit=100_000)
     with gw.client(handle.key) as c:
         plain = c.post(CHAT, json=BODY)
@@ -156,10 +239,11 @@ def test_no_headers_without_limits(gw: Gateway, key: KeyHandle) -> None:
     assert r.status_code == 200 and not any(h.startswith("x-ratelimit") for h in r.headers)
 
 
-def test_tokens_per_minute_reserves_what_the_limit_leaves_then_corrects(gw: Gateway) -> None:
+def test_tokens_per_minute_reserves_what_the_limit_leaves_then_corrects(limits_gw: Gateway) -> None:
     """A limit of 100 tokens a minute. A request without max_tokens reserves its prompt and what the
     limit leaves beside it (here all of it: less than its default output), so it runs, where it used
     to be refused with 429 forever; when it ends the reservation is corrected to what it used."""
+    gw = limits_gw
     handle = gw.new_key(tpm_limit=100)
     with gw.client(handle.key) as c:
         first = c.post(CHAT, json={**BODY, "max_tokens": None})
@@ -185,11 +269,12 @@ def test_state_headers_name_only_the_limits_set() -> None:
     }
 
 
-def test_headers_on_answers_that_are_not_model_requests(gw: Gateway) -> None:
+def test_headers_on_answers_that_are_not_model_requests(limits_gw: Gateway) -> None:
     """Spec 8: every answer to a key with limits carries the headers, not only model requests:
     model lists, usage lookups, job polls, unknown ids and paths, wrong methods. Those answers take
     nothing from the key's requests per minute (only model requests count): they show the buckets
     as they stand, and are not refused when the model requests have used them up."""
+    gw = limits_gw
     handle = gw.new_key(rpm_limit=2, tpm_limit=100_000)  # one request back every 30 s
     with openai.OpenAI(base_url=gw.openai_base, api_key=handle.key, max_retries=0) as client:
         chat = client.chat.completions.with_raw_response.create(
@@ -271,3 +356,58 @@ def test_what_a_request_reserves() -> None:
         reserved_tokens(Usage(prompt_tokens=10, completion_tokens=16_384, images=1), 100_000, "image")
         == 1_034
     )
+
+
+@contextmanager
+def throwaway_redis(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A Redis of the test's own (the shared one must keep running for other tests), no persistence."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until_listening(port, proc)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_redis_going_away_and_coming_back(redis_url: str, sim_url: str, tmp_path: Path) -> None:
+    """Redis killed mid-traffic: a key with limits is answered 503 service_unavailable with
+    Retry-After, nothing charged; a key without limits keeps working; when Redis is back on the same
+    address the gateway admits again by itself, without a restart."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    models = redis_toml(url) + chat_model(MODEL, "gpt-4o-mini", sim_url)
+    with throwaway_redis(port) as first, gateway(tmp_path, models, server_toml="workers = 2") as gw2:
+        limited, free = gw2.new_key(rpm_limit=1000, tpm_limit=100_000), gw2.new_key()
+        with gw2.client(limited.key) as lc, gw2.client(free.key) as fc:
+            ran = lc.post(CHAT, json=BODY)
+            assert ran.status_code == 200
+            assert fc.post(CHAT, json=BODY).status_code == 200
+            first.kill()
+            first.wait()
+            balance = Decimal(100) - Decimal(ran.headers["x-service-cost"])
+            assert gw2.wait_balance(limited.account_id, balance) == balance
+            for _ in range(4):  # both workers, old connections and new
+                down = lc.post(CHAT, json=BODY)
+                assert down.status_code == 503, down.text
+                assert down.json()["error"]["code"] == "service_unavailable"
+                assert down.json()["error"]["type"] == "api_error"
+                assert int(down.headers["retry-after"]) >= 1
+                assert "x-service-request-id" in down.headers
+                assert fc.post(CHAT, json=BODY).status_code == 200
+            assert gw2.balance(limited.account_id) == balance  # nothing charged
+            with throwaway_redis(port):
+                deadline = time.monotonic() + 10
+                while (back := lc.post(CHAT, json=BODY)).status_code != 200 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert back.status_code == 200, back.text
+                assert int(back.headers["x-ratelimit-remaining-requests"]) < 1000
+                for _ in range(4):
+                    assert lc.post(CHAT, json=BODY).status_code == 200

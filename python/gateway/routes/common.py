@@ -111,7 +111,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             raise
         call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
         try:
-            call.rate = state.limiter.admit(ctx)
+            call.rate = await state.limiter.admit(ctx)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
             key = idempotency.requested_key(request) if idempotent else None
             body = await read_body(request, state.settings.max_request_bytes)
