@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
             run(args.host, args.port)
             return 0
+        if args.command == "admin" and args.action == "migrate-store":
+            return _migrate_store(args)
         settings = load_settings(args.config)
         if args.command == "serve":
             _serve(args.config, settings, args)
@@ -316,6 +318,42 @@ def _admin_args(admin: argparse.ArgumentParser) -> None:
     logs.add_argument("--before", default=None, help="the id of the last entry of the previous page")
     log = action("show-log", "print one request log with its bodies, as GET /admin/v1/logs/{id}")
     log.add_argument("--id", required=True, help="the request's x-service-request-id")
+    move = actions.add_parser(
+        "migrate-store",
+        help="copy a stopped embedded (SQLite) deployment's data into an empty PostgreSQL database",
+    )
+    move.set_defaults(action="migrate-store")
+    move.add_argument(
+        "--from", dest="source", required=True, help="the SQLite database, or a config file using it"
+    )
+    move.add_argument(
+        "--to", dest="target", required=True, help="a postgresql:// URL, or a config file using it"
+    )
+
+
+def _migrate_store(args: argparse.Namespace) -> int:
+    """`gateway admin migrate-store --from X --to Y` (docs/deploy.md)."""
+    from .store.move import MoveError, run
+
+    source, target = Path(args.source), args.target
+    if source.suffix == ".toml":
+        settings = load_settings(source)
+        if settings.store_backend != "sqlite":
+            raise AdminError(f"--from {source}: its store is not SQLite")
+        source = settings.store_path
+    if target.endswith(".toml"):
+        settings = load_settings(target)
+        if settings.store_url is None:
+            raise AdminError(f"--to {target}: its store is not PostgreSQL")
+        target = settings.store_url
+    if not target.startswith(("postgres://", "postgresql://")):
+        raise AdminError("--to: a postgresql:// URL or a config file whose store is PostgreSQL")
+    try:
+        moved = run(source, target)
+    except MoveError as exc:
+        raise AdminError(str(exc)) from None
+    print(json.dumps({"rows": moved.rows, "balances": str(moved.balances), "charged": str(moved.charged)}))
+    return 0
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:

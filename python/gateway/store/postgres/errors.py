@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import asyncpg
 
+from ...errors import ServiceUnavailable
 
-class StoreUnavailable(Exception):
+
+class StoreUnavailable(ServiceUnavailable):
     """The database could not be reached (refused, reset, shut down, timed out, out of connections):
     the operation did not happen, or, for a settlement, has not committed yet (it stays queued and
     commits when the database is back). Raised by every store method in place of the driver's
-    connection errors; the app answers it with a 503."""
+    connection errors; being the gateway's 503 `service_unavailable`, a request that meets it gets
+    that answer in the spec's format (and is logged, released, never charged twice)."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("database")
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail or self.message
 
 
 def unavailable(exc: BaseException) -> bool:
