@@ -94,15 +94,17 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
     headers = {"authorization": f"Bearer {key}"}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "move me"}]}
     ids = []
-    with running(["serve", "--config", str(lite)], port):
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as c:
-            for _ in range(3):
-                r = c.post("/v1/chat/completions", json=body)
-                assert r.status_code == 200, r.text
-                ids.append(r.json()["id"])
-            # Refused while the gateway runs: its journal is live.
-            busy = migrate_store(db, target_db)
-            assert busy.returncode == 1 and "stop every gateway process" in busy.stderr
+    with (
+        running(["serve", "--config", str(lite)], port),
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as c,
+    ):
+        for _ in range(3):
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            ids.append(r.json()["id"])
+        # Refused while the gateway runs: its journal is live.
+        busy = migrate_store(db, target_db)
+        assert busy.returncode == 1 and "stop every gateway process" in busy.stderr
     with sqlite3.connect(db) as conn:
         (balance,) = conn.execute("SELECT balance FROM accounts WHERE name = 'acme'").fetchone()
         (charged,) = conn.execute("SELECT COUNT(*) FROM usage_records").fetchone()
@@ -124,7 +126,10 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
 
     # A gateway on PostgreSQL serves the same key, balance and records.
     port2 = free_port()
-    store = f'[store]\nbackend = "postgres"\nurl = "{target_db}"\n[redis]\nurl = "{redis_url}"\nprefix = "mv{port2}"'
+    store = (
+        f'[store]\nbackend = "postgres"\nurl = "{target_db}"\n'
+        f'[redis]\nurl = "{redis_url}"\nprefix = "mv{port2}"'
+    )
     pg = config(tmp_path, "pg", sim_url, store, port2)
     with running(["serve", "--config", str(pg)], port2) as proc:
         wait_until_listening(port2, proc)
