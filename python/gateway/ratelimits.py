@@ -200,6 +200,8 @@ class RateLimiter:
             )
         except OSError as exc:  # the bucket keeps the reservation: it refills within the minute
             log.warning("correcting the tokens of key %s failed: %s", state.key_id, exc)
+        except Exception:  # never the answer's failure: it is done and charged
+            log.exception("correcting the tokens of key %s failed", state.key_id)
 
     async def corrected(self, state: RateState) -> None:
         """Wait for the request's correction when it is under way."""
