@@ -159,6 +159,7 @@ class Hold:
 class Funds:
     def __init__(self, store: Store) -> None:
         self._store = store
+        self._epoch = 0  # the store's lease_epoch the pots below were leased under
         self._pots: dict[tuple[str, str], Pot] = {}
         self._returning: set[asyncio.Future[None]] = set()  # grants of cancelled refills going back
 
@@ -170,6 +171,11 @@ class Funds:
         # idle pots may be given back: look again after each round; every round either holds,
         # refuses or leased more.
         while True:
+            if self._store.lease_epoch != self._epoch:
+                # This process was reclaimed as dead after a stall: the store took its leases back.
+                # What it believed it leased is gone; holds from now on lease afresh.
+                self._epoch = self._store.lease_epoch
+                self._pots.clear()
             pots = [self._pot("account", ctx.account.id)]
             if ctx.key.credit_limit is not None:
                 pots.append(self._pot("key", ctx.key.id))

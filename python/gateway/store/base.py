@@ -113,6 +113,12 @@ class Ledger(Protocol):
     def lease_owner(self) -> str:
         """This process's name on its leases."""
 
+    @property
+    def lease_epoch(self) -> int:
+        """Changes whenever this process's leases were taken from it (a network store reclaimed it
+        as dead after a stall longer than its liveness bound, while it was alive): what it believes
+        it leased is gone, and its holds must lease afresh (gateway.funds)."""
+
     async def lease(self, kind: str, pot_id: str, need: Decimal, share: int, now_ms: int) -> Decimal:
         """Set money of a pot aside for this process's holds (gateway.funds), atomically with every
         other process's leases: the pot is an account's balance (`kind` "account") or a key's own

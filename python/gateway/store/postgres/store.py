@@ -127,6 +127,7 @@ class PostgresStore:
         self._control: asyncpg.Connection | None = None
         self._control_task: asyncio.Task[None] | None = None
         self._live: tuple[float, int] = (0.0, 1)  # (monotonic time read, live owners)
+        self._lease_epoch = 0  # bumped when this process was reclaimed while alive
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -188,6 +189,10 @@ class PostgresStore:
         if not self._started:
             raise RuntimeError("store is not started")
         return self._owner
+
+    @property
+    def lease_epoch(self) -> int:
+        return self._lease_epoch
 
     # ------------------------------------------------------------------ connections
 
@@ -317,6 +322,7 @@ class PostgresStore:
                 "this process's heartbeat was late enough for it to be reclaimed as dead: its leases"
                 " were returned; registering again"
             )
+            self._lease_epoch += 1
             await self._register()
 
     async def live_owners(self) -> int:
@@ -483,6 +489,7 @@ class PostgresStore:
             # This owner's row stays while it leases: a reclaim cannot delete it meanwhile.
             if await conn.fetchval("SELECT 1 FROM owners WHERE id = $1 FOR KEY SHARE", owner) is None:
                 log.error("this process was reclaimed as dead while alive; registering again")
+                self._lease_epoch += 1
                 await conn.execute(
                     "INSERT INTO owners (id, host, pid) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
                     owner,

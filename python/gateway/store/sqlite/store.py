@@ -119,6 +119,10 @@ class SqliteStore:
 
         return await asyncio.to_thread(reclaim)
 
+    @property
+    def lease_epoch(self) -> int:
+        return 0  # a live process's journal lock cannot be taken: its leases are never reclaimed
+
     async def live_owners(self) -> int:
         # The processes sharing this database are the ones whose journal is locked (alive).
         return max(1, await asyncio.to_thread(journal.live_count, self.journal_dir))
