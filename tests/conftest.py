@@ -3,12 +3,25 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from harness import Gateway, KeyHandle, chat_model, free_port, gateway, running
+from harness import (
+    BACKENDS,
+    POSTGRES_URL,
+    REDIS_URL,
+    Gateway,
+    KeyHandle,
+    chat_model,
+    free_port,
+    gateway,
+    postgres_database,
+    running,
+)
 
 
 @pytest.fixture(scope="session")
@@ -18,9 +31,9 @@ def sim_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="session")
-def gw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """One gateway for the session, with two chat model families that accept different parameters."""
+def session_models(sim_url: str) -> str:
+    """The session gateway's models: two chat model families that accept different parameters, and
+    one model of every other type."""
     models = chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url) + chat_model(
         "meta/llama-3.1-8b",
         "llama-3.1-8b",
@@ -41,8 +54,20 @@ def gw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatew
     models += chat_model("openai/gpt-image-1", "gpt-image-1", sim_url, type_="image")
     models += chat_model("openai/dall-e-3", "dall-e-3", sim_url, type_="image")
     models += chat_model("openai/gpt-4o-transcribe", "gpt-4o-transcribe", sim_url, type_="transcription")
-    with gateway(tmp_path_factory.mktemp("gw"), models) as g:
+    return models
+
+
+@pytest.fixture(scope="session")
+def sqlite_gw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway for the session on SQLite, with session_models."""
+    with gateway(tmp_path_factory.mktemp("gw"), session_models(sim_url)) as g:
         yield g
+
+
+@pytest.fixture(scope="session")
+def gw(sqlite_gw: Gateway) -> Gateway:
+    """The session gateway (a suite that runs on both backends overrides this: see backend_gw)."""
+    return sqlite_gw
 
 
 @pytest.fixture
@@ -57,16 +82,22 @@ def sim(sim_url: str) -> Iterator[httpx.Client]:
         yield client
 
 
-# The services of the scaled-out set-up (issue 14), as they run here and in CI.
-REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# The services of the scaled-out set-up (issue 14), as they run here and in CI (addresses in harness.py).
 REQUIRE_SERVICES = os.environ.get("GATEWAY_REQUIRE_SERVICES") == "1"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A service a test needs is missing: the test is skipped, or fails under
+    GATEWAY_REQUIRE_SERVICES=1 (set by .ci/run), where a missing service must not pass unnoticed."""
+    if REQUIRE_SERVICES:
+        pytest.fail(reason + " (GATEWAY_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    """The test Redis. Tests that need it are skipped when it does not answer, unless
-    GATEWAY_REQUIRE_SERVICES=1 (CI), which makes that a failure. Tests share it: each uses keys of
-    its own (a unique prefix, or unique model names)."""
+    """The test Redis (skipped or failed by `unavailable` when it does not answer PING). Tests share
+    it: each uses keys of its own (a unique prefix, or unique model names)."""
     parts = urlsplit(REDIS_URL)
     try:
         with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=2) as s:
@@ -75,41 +106,54 @@ def redis_url() -> str:
     except OSError:
         answered = False
     if not answered:
-        reason = f"Redis at {REDIS_URL} does not answer PING"
-        if REQUIRE_SERVICES:
-            pytest.fail(reason + " (GATEWAY_REQUIRE_SERVICES=1)")
-        pytest.skip(reason)
+        unavailable(f"Redis at {REDIS_URL} does not answer PING")
     return REDIS_URL
-
-
-POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A database of its own for the session (gateway_test_<random>, created through the test
-    PostgreSQL's `test` database and dropped at the end). Tests that need it are skipped when
-    PostgreSQL does not answer, unless GATEWAY_REQUIRE_SERVICES=1 (CI), which makes that a failure."""
-    import asyncio
-
-    import asyncpg
-
-    name = "gateway_test_" + os.urandom(6).hex()
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(POSTGRES_URL, timeout=5)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
+    """A database of its own for the session (harness.postgres_database: made through the test
+    PostgreSQL's `test` database, dropped at the end); skipped or failed by `unavailable` when
+    PostgreSQL cannot be used."""
     try:
-        asyncio.run(admin(f"CREATE DATABASE {name}"))
-    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL at {POSTGRES_URL} is unusable: {exc}"
-        if REQUIRE_SERVICES:
-            pytest.fail(reason + " (GATEWAY_REQUIRE_SERVICES=1)")
-        pytest.skip(reason)
-    parts = urlsplit(POSTGRES_URL)
-    yield parts._replace(path="/" + name).geturl()
-    asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        import asyncpg
+    except ImportError:
+        unavailable("asyncpg is not installed")
+    with ExitStack() as stack:
+        try:
+            url = stack.enter_context(postgres_database())
+        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            unavailable(f"PostgreSQL at {POSTGRES_URL} is unusable: {exc}")
+        yield url
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store backend a suite runs on: "sqlite", or "postgres" with Redis (skipped or failed by
+    `unavailable` without them). Suites that run on both take this, or `backend_gw`."""
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_url")
+        request.getfixturevalue("redis_url")
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def postgres_gw(
+    postgres_url: str, redis_url: str, sim_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """The session gateway's twin on PostgreSQL and Redis (a database and a Redis prefix of its own)."""
+    with gateway(tmp_path_factory.mktemp("gw-postgres"), session_models(sim_url), backend="postgres") as g:
+        yield g
+
+
+@pytest.fixture(scope="session")
+def backend_gw(backend: str, request: pytest.FixtureRequest) -> Gateway:
+    """The session gateway on `backend`: sqlite_gw or postgres_gw. A suite that runs on both
+    backends overrides `gw` with it:
+
+        @pytest.fixture
+        def gw(backend_gw: Gateway) -> Gateway:
+            return backend_gw
+    """
+    chosen: Gateway = request.getfixturevalue(f"{backend}_gw")
+    return chosen

@@ -1,26 +1,43 @@
-"""Real processes for tests: the simulator and the gateway under Granian, on free loopback ports."""
+"""Real processes for tests: the simulator and the gateway under Granian, on free loopback ports,
+on either store backend: an SQLite file, or a fresh PostgreSQL database with Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import re
 import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
 from gateway.auth import display_prefix, generate_key, hash_key
-from gateway.store.sqlite import SqliteStore
+from gateway.config import Settings, load_settings
+from gateway.store import Store, TopUp, open_store
+
+T = TypeVar("T")
+
+# The services of the scaled-out set-up (issue 14), as they run here and in CI: PostgreSQL with trust
+# auth and a database `test` (each gateway gets a database of its own, made from there) and Redis.
+POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+BACKENDS = ("sqlite", "postgres")
+# Columns that hold money: a query returns them as Decimal on either backend (SQLite keeps decimal
+# text, PostgreSQL numeric).
+MONEY_COLUMNS = frozenset({"balance", "balance_after", "amount", "cost", "hold", "credit_limit", "spent"})
 
 
 def free_port() -> int:
@@ -103,15 +120,235 @@ model = "{upstream}"
 """
 
 
+# ------------------------------------------------------------------ where a gateway keeps its data
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """A gateway's store: an SQLite file, or a PostgreSQL database plus the Redis prefix that keeps
+    its Redis keys apart from every other gateway's. One spec is one deployment: gateways started
+    one after the other on the same spec (a restart) share the data."""
+
+    backend: str
+    path: Path | None = None  # sqlite
+    url: str | None = None  # postgres
+    redis_prefix: str | None = None  # postgres
+
+    def toml(self) -> str:
+        """The config file's [store] (and [redis]) tables."""
+        if self.backend == "sqlite":
+            return f'[store]\npath = "{self.path}"\n'
+        return (
+            f'[store]\nbackend = "postgres"\nurl = "{self.url}"\n'
+            f'[redis]\nurl = "{REDIS_URL}"\nprefix = "{self.redis_prefix}"\n'
+        )
+
+    def settings(self) -> Settings:
+        """Settings for opening this store from the test process (a small pool: tests read little)."""
+        if self.backend == "sqlite":
+            assert self.path is not None
+            return Settings(models=(), store_path=self.path)
+        assert self.url is not None and self.redis_prefix is not None
+        return Settings(
+            models=(),
+            store_backend="postgres",
+            store_url=self.url,
+            store_pool_size=2,
+            redis_url=REDIS_URL,
+            redis_prefix=self.redis_prefix,
+        )
+
+
+@contextmanager
+def store_spec(tmp: Path, backend: str = "sqlite") -> Iterator[StoreSpec]:
+    """A new, empty store on `backend`: `tmp`/gateway.db, or a PostgreSQL database of its own
+    (gw_<hex>, made from the `test` database) and a Redis prefix of its own, both removed afterwards."""
+    if backend == "sqlite":
+        yield StoreSpec("sqlite", path=tmp / "gateway.db")
+        return
+    if backend != "postgres":
+        raise ValueError(f"unknown backend {backend!r}")
+    with postgres_database() as url:
+        prefix = "gwtest-" + urlsplit(url).path.rsplit("_", 1)[-1]
+        try:
+            yield StoreSpec("postgres", url=url, redis_prefix=prefix)
+        finally:
+            _forget_redis_prefix(prefix)
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """The URL of a new, empty PostgreSQL database (gw_<hex>, made through POSTGRES_URL's `test`),
+    dropped afterwards with whatever is still connected to it."""
+    name = "gw_" + os.urandom(6).hex()
+    asyncio.run(_create_database(name))
+    try:
+        yield _database_url(name)
+    finally:
+        asyncio.run(_drop_database(name))
+
+
+def _database_url(name: str) -> str:
+    """POSTGRES_URL with another database."""
+    return urlsplit(POSTGRES_URL)._replace(path="/" + name).geturl()
+
+
+async def _create_database(name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL, timeout=5)
+    try:
+        for attempt in range(20):
+            try:
+                await conn.execute(f'CREATE DATABASE "{name}"')
+                return
+            except asyncpg.exceptions.ObjectInUseError:  # template1 busy: another CREATE DATABASE
+                if attempt == 19:
+                    raise
+                await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+
+
+async def _drop_database(name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
+            " AND pid <> pg_backend_pid()",
+            name,
+        )
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def _forget_redis_prefix(prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=prefix + ":*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except redis.RedisError:
+        pass  # only tidiness: the prefix is never used again
+    finally:
+        client.close()
+
+
+def with_store(settings: Settings, work: Callable[[Store], Awaitable[T]]) -> T:
+    """`work` on the store the settings name, opened for it and closed after (in asyncio.run)."""
+
+    async def go() -> T:
+        store = open_store(settings)
+        await store.start()
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def query(settings: Settings, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """A read-only SQL query on the store the settings name, written with `?` placeholders. Rows
+    come back as tuples, each value as its driver gives it, except money columns (MONEY_COLUMNS, by
+    the name the query gives them): Decimal on both backends."""
+    if settings.store_backend == "sqlite":
+        uri = f"file:{settings.store_path}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            cursor = conn.execute(sql, args)
+            names = [d[0] for d in cursor.description or ()]
+            rows = cursor.fetchall()
+        finally:
+            conn.close()
+    else:
+        assert settings.store_url is not None
+        names, rows = _run(_pg_query(settings.store_url, _numbered(sql), args))
+    money = [name.lower() in MONEY_COLUMNS for name in names]
+    return [
+        tuple(Decimal(v) if is_money and v is not None else v for v, is_money in zip(row, money, strict=True))
+        for row in rows
+    ]
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, also from a coroutine (a store-level test's): then on a thread of its own, the
+    caller's loop waiting as it would for a read from SQLite."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
+
+
+def _numbered(sql: str) -> str:
+    """`?` placeholders as asyncpg's $1, $2, ... (outside quoted strings)."""
+    parts = re.split(r"('(?:[^']|'')*')", sql)
+    count = 0
+
+    def number(_: re.Match[str]) -> str:
+        nonlocal count
+        count += 1
+        return f"${count}"
+
+    return "".join(part if i % 2 else re.sub(r"\?", number, part) for i, part in enumerate(parts))
+
+
+async def _pg_query(url: str, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction(readonly=True):
+            statement = await conn.prepare(sql)
+            names = [a.name for a in statement.get_attributes()]
+            rows = await statement.fetch(*args)
+    finally:
+        await conn.close()
+    return names, [tuple(r) for r in rows]
+
+
+# ------------------------------------------------------------------ a running gateway
+
+
 @dataclass
 class Gateway:
     url: str
-    db_path: Path
     proc: subprocess.Popen[bytes]
+    settings: Settings  # as read from its config file
+    config_path: Path
+
+    @property
+    def backend(self) -> str:
+        return self.settings.store_backend
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file, for the tests that are about SQLite itself."""
+        assert self.backend == "sqlite", "db_path: this gateway's store is not SQLite"
+        return self.settings.store_path
+
+    @property
+    def store_settings(self) -> Settings:
+        """The settings that open this gateway's store from the test process."""
+        return dataclasses.replace(self.settings, store_pool_size=2)
 
     @property
     def openai_base(self) -> str:
         return self.url + "/v1"
+
+    def with_store(self, work: Callable[[Store], Awaitable[T]]) -> T:
+        return with_store(self.store_settings, work)
+
+    def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """A read-only query on this gateway's store (see `query`)."""
+        return query(self.settings, sql, *args)
 
     def new_key(
         self,
@@ -123,14 +360,16 @@ class Gateway:
         tpm_limit: int | None = None,
     ) -> KeyHandle:
         limit = None if credit_limit is None else Decimal(credit_limit)
-        return asyncio.run(
-            _new_key(self.db_path, Decimal(balance), expires_at_ms, limit, limit_reset, rpm_limit, tpm_limit)
+        return new_key(
+            self.store_settings, Decimal(balance), expires_at_ms, limit, limit_reset, rpm_limit, tpm_limit
         )
 
     def balance(self, account_id: str) -> Decimal:
-        with sqlite3.connect(self.db_path) as conn:
-            (value,) = conn.execute("SELECT balance FROM accounts WHERE id = ?", (account_id,)).fetchone()
-        return Decimal(value)
+        # A plain read, not a store: opening one reclaims dead processes' leases and journals, the
+        # gateway's own work, which tests of killed gateways must see it do.
+        ((value,),) = self.query("SELECT balance FROM accounts WHERE id = ?", account_id)
+        assert isinstance(value, Decimal)
+        return value
 
     def wait_balance(self, account_id: str, expected: Decimal, seconds: float = 5.0) -> Decimal:
         """The balance once it equals `expected` (settlements land moments after the response), or
@@ -140,16 +379,17 @@ class Gateway:
             time.sleep(0.02)
         return value
 
-    def delete_key(self, key_id: str) -> None:
-        async def go() -> None:
-            store = SqliteStore(self.db_path)
-            await store.start()
-            try:
-                await store.delete_key(key_id)
-            finally:
-                await store.close()
+    def top_up(self, account_id: str, amount: str) -> None:
+        async def go(store: Store) -> tuple[TopUp, bool] | None:
+            return await store.top_up(account_id, Decimal(amount), "test")
 
-        asyncio.run(go())
+        assert self.with_store(go) is not None
+
+    def delete_key(self, key_id: str) -> None:
+        async def go(store: Store) -> bool:
+            return await store.delete_key(key_id)
+
+        self.with_store(go)
 
     def client(self, key: str | None) -> httpx.Client:
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -168,18 +408,18 @@ class KeyHandle:
     account_id: str
 
 
-async def _new_key(
-    db_path: Path,
+def new_key(
+    settings: Settings,
     balance: Decimal,
-    expires_at_ms: int | None,
+    expires_at_ms: int | None = None,
     credit_limit: Decimal | None = None,
     limit_reset: str | None = None,
     rpm_limit: int | None = None,
     tpm_limit: int | None = None,
 ) -> KeyHandle:
-    store = SqliteStore(db_path)
-    await store.start()
-    try:
+    """A new account with `balance` and one key, in the store the settings name."""
+
+    async def go(store: Store) -> KeyHandle:
         account = await store.create_account(
             "acct-" + os.urandom(6).hex(), balance, rpm_limit=rpm_limit, tpm_limit=tpm_limit
         )
@@ -194,8 +434,8 @@ async def _new_key(
             limit_reset=limit_reset,
         )
         return KeyHandle(key=key, key_id=record.id, account_id=account.id)
-    finally:
-        await store.close()
+
+    return with_store(settings, go)
 
 
 @contextmanager
@@ -206,22 +446,33 @@ def gateway(
     server_toml: str = "",
     env: dict[str, str] | None = None,
     routing_toml: str = "retry_backoff_seconds = 0.01",
+    backend: str = "sqlite",
+    store: StoreSpec | None = None,
 ) -> Iterator[Gateway]:
+    """A gateway on `backend` with a new store, removed afterwards; or on `store`, which outlives it
+    (a restart: the next gateway on the same spec finds the same data)."""
+    if store is None:
+        with (
+            store_spec(tmp, backend) as spec,
+            gateway(tmp, models_toml, limits_toml, server_toml, env, routing_toml, store=spec) as g,
+        ):
+            yield g
+        return
     port = free_port()
-    db = tmp / "gateway.db"
     config = tmp / "gateway.toml"
     config.write_text(
-        f'[server]\nport = {port}\n{server_toml}\n[store]\npath = "{db}"\n'
+        f"[server]\nport = {port}\n{server_toml}\n{store.toml()}"
         f"[routing]\n{routing_toml}\n[limits]\n{limits_toml}\n{models_toml}"
     )
+    settings = load_settings(config)
     with running(["serve", "--config", str(config)], port, env) as proc:
-        yield Gateway(url=f"http://127.0.0.1:{port}", db_path=db, proc=proc)
+        yield Gateway(url=f"http://127.0.0.1:{port}", proc=proc, settings=settings, config_path=config)
 
 
-def job_leases(gw: Gateway) -> list[tuple[str, str]]:
+def job_leases(gw: Gateway) -> list[tuple[str, Decimal]]:
     """(owner, amount) of every lease held by an asynchronous job (gateway.jobs)."""
-    with sqlite3.connect(gw.db_path) as conn:
-        return conn.execute("SELECT owner, amount FROM leases WHERE owner LIKE 'job:%'").fetchall()
+    rows = gw.query("SELECT owner, amount FROM leases WHERE owner LIKE 'job:%'")
+    return [(owner, amount) for owner, amount in rows]
 
 
 def request_logs(admin: httpx.Client, key_id: str, count: int, **query: str) -> list[dict[str, Any]]:

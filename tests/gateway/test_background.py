@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -17,7 +16,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from harness import Gateway, KeyHandle, gateway, job_leases, process_tree
+from harness import Gateway, KeyHandle, gateway, job_leases, process_tree, store_spec
 
 DEEP = "openai/o4-mini-deep-research"
 SLOW = "openai/o3-deep-research"
@@ -55,8 +54,9 @@ def models(sim_url: str, render: str = "600ms") -> str:
 
 
 @pytest.fixture(scope="module")
-def bgw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with gateway(tmp_path_factory.mktemp("background"), models(sim_url)) as g:
+def bgw(sim_url: str, tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[Gateway]:
+    """The module's gateway, one on each store backend (tests/conftest.py)."""
+    with gateway(tmp_path_factory.mktemp("background"), models(sim_url), backend=backend) as g:
         yield g
 
 
@@ -84,7 +84,7 @@ def wait_until_ended(oai: openai.OpenAI, response_id: str, seconds: float = 10) 
         time.sleep(0.05)
 
 
-def held_by(gw: Gateway, job_id: str) -> list[str]:
+def held_by(gw: Gateway, job_id: str) -> list[Decimal]:
     return [amount for owner, amount in job_leases(gw) if owner == f"job:{job_id}"]
 
 
@@ -96,7 +96,7 @@ def test_a_background_response_through_every_state_with_the_official_client(bgw:
     assert created.output == [] and created.usage is None
     # Held, not charged: the estimate (1000 output tokens at $4000/M, and the input) is set aside.
     (held,) = held_by(bgw, created.id)
-    assert Decimal(4) < Decimal(held) < Decimal("4.1")
+    assert Decimal(4) < held < Decimal("4.1")
     assert bgw.balance(handle.account_id) == Decimal(10)
 
     seen: list[str] = [str(created.status)]
@@ -208,27 +208,25 @@ def test_a_model_without_background_answers_at_once(bgw: Gateway, key: KeyHandle
     assert Decimal(r.headers["x-service-cost"]) > 0
 
 
-def test_a_background_response_survives_a_killed_gateway(sim_url: str, tmp_path: Path) -> None:
+def test_a_background_response_survives_a_killed_gateway(sim_url: str, tmp_path: Path, backend: str) -> None:
     """kill -9 while it runs: the next gateway on the same store finishes it, charges it once and
     leaves no hold behind."""
     config = models(sim_url, render="2s")
-    with gateway(tmp_path, config) as first:
-        handle = first.new_key(balance="10")
-        created = client(first, handle.key).responses.create(
-            model=DEEP, input="through a crash", background=True
-        )
-        for pid in process_tree(first.proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        first.proc.wait()
-    with gateway(tmp_path, config) as second:
-        done = wait_until_ended(client(second, handle.key), created.id)
-        assert done.status == "completed"
-        expected = Decimal(10) - cost_of(done)
-        assert second.wait_balance(handle.account_id, expected) == expected
-        time.sleep(0.5)  # further polls change nothing
-        assert second.balance(handle.account_id) == expected
-        with sqlite3.connect(second.db_path) as conn:
-            (charges,) = conn.execute(
-                "SELECT COUNT(*) FROM usage_records WHERE id = ?", (created.id,)
-            ).fetchone()
-        assert charges == 1 and job_leases(second) == []
+    with store_spec(tmp_path, backend) as store:
+        with gateway(tmp_path, config, store=store) as first:
+            handle = first.new_key(balance="10")
+            created = client(first, handle.key).responses.create(
+                model=DEEP, input="through a crash", background=True
+            )
+            for pid in process_tree(first.proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            first.proc.wait()
+        with gateway(tmp_path, config, store=store) as second:
+            done = wait_until_ended(client(second, handle.key), created.id)
+            assert done.status == "completed"
+            expected = Decimal(10) - cost_of(done)
+            assert second.wait_balance(handle.account_id, expected) == expected
+            time.sleep(0.5)  # further polls change nothing
+            assert second.balance(handle.account_id) == expected
+            ((charges,),) = second.query("SELECT COUNT(*) FROM usage_records WHERE id = ?", created.id)
+            assert charges == 1 and job_leases(second) == []

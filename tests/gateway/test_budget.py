@@ -19,9 +19,8 @@ from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.budget import FOREVER, period_start_ms
 from gateway.errors import GatewayError
 from gateway.funds import Funds, Hold
-from gateway.store import KeyContext, UsageRecord
-from gateway.store.sqlite import SqliteStore
-from harness import Gateway
+from gateway.store import KeyContext, UsageRecord, open_store
+from harness import Gateway, StoreSpec, store_spec
 
 MS = st.integers(min_value=0, max_value=4_102_444_800_000)  # 1970 to 2100
 
@@ -65,14 +64,14 @@ def test_boundaries_exactly() -> None:
     ],
 )
 def test_limit_used_up_then_reset(
-    tmp_path: Path, reset: str | None, inside: str, after_reset: str | None
+    tmp_path: Path, backend: str, reset: str | None, inside: str, after_reset: str | None
 ) -> None:
     """Holds against a key limit of 0.05 with an injected clock: 0.02 and 0.03 fit and are spent;
     then nothing fits until the period resets, while the account is far from empty."""
     spent_at = utc("2026-11-23T10:00:00")
 
-    async def go() -> list[str]:
-        store = SqliteStore(tmp_path / "b.db")
+    async def go(spec: StoreSpec) -> list[str]:
+        store = open_store(spec.settings())
         await store.start()
         funds = Funds(store)
         try:
@@ -111,7 +110,8 @@ def test_limit_used_up_then_reset(
             await store.close()
 
     expected = ["ok", "ok", "key_budget_exceeded"] + (["ok"] if after_reset else [])
-    assert asyncio.run(go()) == expected
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(spec)) == expected
 
 
 async def _hold(funds: Funds, ctx: KeyContext, amount: Decimal, now_ms: int) -> tuple[str, Hold | None]:
@@ -123,6 +123,12 @@ async def _hold(funds: Funds, ctx: KeyContext, amount: Decimal, now_ms: int) -> 
 
 def _record(rid: str, ctx: KeyContext, cost: Decimal, at_ms: int) -> UsageRecord:
     return UsageRecord(rid, "req", ctx.key.id, ctx.account.id, "m", "completed", 1, 1, cost, at_ms, at_ms)
+
+
+@pytest.fixture
+def gw(backend_gw: Gateway) -> Gateway:
+    """The gateway tests run on both store backends (tests/conftest.py)."""
+    return backend_gw
 
 
 def test_through_the_gateway(gw: Gateway) -> None:

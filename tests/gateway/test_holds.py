@@ -8,7 +8,6 @@ balance of K times that cost allows exactly K requests, however they interleave.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections import Counter
 from decimal import Decimal
@@ -54,20 +53,22 @@ def burst(url: str, key: str, count: int) -> list[httpx.Response]:
     return asyncio.run(go())
 
 
-def usage_total(db: Path, account_id: str) -> tuple[int, Decimal]:
-    with sqlite3.connect(db) as conn:
-        costs = [
-            Decimal(c)
-            for (c,) in conn.execute("SELECT cost FROM usage_records WHERE account_id = ?", (account_id,))
-        ]
+@pytest.fixture
+def gw(backend_gw: Gateway) -> Gateway:
+    """These tests run on both store backends (tests/conftest.py)."""
+    return backend_gw
+
+
+def usage_total(gw: Gateway, account_id: str) -> tuple[int, Decimal]:
+    costs = [c for (c,) in gw.query("SELECT cost FROM usage_records WHERE account_id = ?", account_id)]
     return len(costs), sum(costs, Decimal(0))
 
 
-def wait_records(db: Path, account_id: str, count: int) -> int:
+def wait_records(gw: Gateway, account_id: str, count: int) -> int:
     """How many usage records the account has once it has `count` (they land moments after the
     answers), or when time runs out."""
     deadline = time.monotonic() + 5
-    while (found := usage_total(db, account_id)[0]) != count and time.monotonic() < deadline:
+    while (found := usage_total(gw, account_id)[0]) != count and time.monotonic() < deadline:
         time.sleep(0.02)
     return found
 
@@ -85,7 +86,7 @@ def test_exactly_k_of_200_fit_the_balance(gw: Gateway) -> None:
     assert refused.status_code == 400 and refused.json()["error"]["type"] == "insufficient_credits"
     assert gw.wait_balance(handle.account_id, Decimal(0)) == 0
     # The usage records add up to the balance's change, to the last digit.
-    assert usage_total(gw.db_path, handle.account_id) == (K, K * cost)
+    assert usage_total(gw, handle.account_id) == (K, K * cost)
 
 
 def test_exactly_k_of_200_fit_the_key_limit(gw: Gateway) -> None:
@@ -94,7 +95,7 @@ def test_exactly_k_of_200_fit_the_key_limit(gw: Gateway) -> None:
     answers = burst(gw.url, handle.key, CONCURRENT)
     assert outcomes(answers) == {"ok": K, "key_budget_exceeded": CONCURRENT - K}
     assert gw.wait_balance(handle.account_id, 100 - K * cost) == 100 - K * cost
-    assert usage_total(gw.db_path, handle.account_id) == (K, K * cost)
+    assert usage_total(gw, handle.account_id) == (K, K * cost)
 
 
 def test_a_request_whose_estimate_exceeds_the_balance_is_refused_before_it_runs(gw: Gateway) -> None:
@@ -109,7 +110,7 @@ def test_a_request_whose_estimate_exceeds_the_balance_is_refused_before_it_runs(
         # A smaller request still fits.
         small = {**BODY, "max_tokens": OUTPUT - 2}
         assert c.post("/v1/chat/completions", json=small).status_code == 200
-    assert wait_records(gw.db_path, handle.account_id, 1) == 1
+    assert wait_records(gw, handle.account_id, 1) == 1
 
 
 def test_failed_requests_release_their_holds(gw: Gateway) -> None:
@@ -126,11 +127,13 @@ def test_failed_requests_release_their_holds(gw: Gateway) -> None:
 
 
 @pytest.mark.slow
-def test_two_workers_never_overspend_and_idle_leases_come_back(sim_url: str, tmp_path: Path) -> None:
+def test_two_workers_never_overspend_and_idle_leases_come_back(
+    sim_url: str, tmp_path: Path, backend: str
+) -> None:
     """With two worker processes, each leases part of the balance: a burst never overspends;
     once the burst is over the idle leases go back, and what is left is spent exactly."""
     models = chat_model(MODEL, "gpt-4o-mini", sim_url)
-    with gateway(tmp_path, models, server_toml="workers = 2") as gw2:
+    with gateway(tmp_path, models, server_toml="workers = 2", backend=backend) as gw2:
         cost = one_cost(gw2)
         handle = gw2.new_key(balance=str(K * cost))
         first = outcomes(burst(gw2.url, handle.key, CONCURRENT))
@@ -152,4 +155,4 @@ def test_two_workers_never_overspend_and_idle_leases_come_back(sim_url: str, tmp
                 waited = True
         assert first["ok"] + more == K, (first, more)
         assert gw2.wait_balance(handle.account_id, Decimal(0)) == 0
-        assert usage_total(gw2.db_path, handle.account_id) == (K, K * cost)
+        assert usage_total(gw2, handle.account_id) == (K, K * cost)

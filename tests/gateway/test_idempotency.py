@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import time
 from collections import Counter
 from decimal import Decimal
@@ -19,9 +18,8 @@ import pytest
 
 from gateway import idempotency
 from gateway.context import Call
-from gateway.store import Account, ApiKey, KeyContext
-from gateway.store.sqlite import SqliteStore
-from harness import Gateway, KeyHandle
+from gateway.store import Account, ApiKey, KeyContext, Store, open_store
+from harness import Gateway, KeyHandle, store_spec
 
 IMAGES = "/v1/images/generations"
 SPEECH = "/v1/audio/speech"
@@ -32,11 +30,14 @@ def sim_calls(sim: httpx.Client, path: str, marker: str) -> int:
     return sum(1 for e in sim.get("/_sim/requests").json() if e["path"] == path and marker in str(e))
 
 
-def records(db: Path, account_id: str) -> int:
-    with sqlite3.connect(db) as conn:
-        (count,) = conn.execute(
-            "SELECT COUNT(*) FROM usage_records WHERE account_id = ?", (account_id,)
-        ).fetchone()
+@pytest.fixture
+def gw(backend_gw: Gateway) -> Gateway:
+    """These tests run on both store backends (tests/conftest.py)."""
+    return backend_gw
+
+
+def records(gw: Gateway, account_id: str) -> int:
+    ((count,),) = gw.query("SELECT COUNT(*) FROM usage_records WHERE account_id = ?", account_id)
     return int(count)
 
 
@@ -76,7 +77,7 @@ def test_fifty_identical_requests_run_once_and_charge_once(
     assert all(r.content == first.content for r in answers if r.status_code == 200)  # byte for byte
     assert sim_calls(sim, IMAGES, prompt) == 1
     time.sleep(0.3)
-    assert records(gw.db_path, key.account_id) == 1
+    assert records(gw, key.account_id) == 1
     cost = Decimal(first.headers["x-service-cost"])
     assert gw.balance(key.account_id) == 100 - cost
 
@@ -131,8 +132,7 @@ def test_credit_refusals_are_not_kept(gw: Gateway) -> None:
     poor = gw.new_key(balance="0")
     body = {"model": GPT_IMAGE, "prompt": "a coin " + os.urandom(4).hex()}
     assert post(gw, poor.key, IMAGES, body, "c").json()["error"]["code"] == "insufficient_credits"
-    with sqlite3.connect(gw.db_path) as conn:
-        conn.execute("UPDATE accounts SET balance = '100' WHERE id = ?", (poor.account_id,))
+    gw.top_up(poor.account_id, "100")
     assert post(gw, poor.key, IMAGES, body, "c").status_code == 200
 
 
@@ -178,16 +178,15 @@ def _call(key_id: str) -> Call:
 
 
 class _State:
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
 
 @pytest.mark.parametrize(
     ("size", "kept"), [(idempotency.MAX_STORED_BYTES, True), (idempotency.MAX_STORED_BYTES + 1, False)]
 )
-def test_answers_over_8_mb_are_not_kept(tmp_path: Path, size: int, kept: bool) -> None:
-    async def go() -> str:
-        store = SqliteStore(tmp_path / "i.db")
+def test_answers_over_8_mb_are_not_kept(tmp_path: Path, backend: str, size: int, kept: bool) -> None:
+    async def go(store: Store) -> str:
         await store.start()
         try:
             call = _call("key_a")
@@ -200,12 +199,12 @@ def test_answers_over_8_mb_are_not_kept(tmp_path: Path, size: int, kept: bool) -
         finally:
             await store.close()
 
-    assert asyncio.run(go()) == ("replay" if kept else "run")
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(open_store(spec.settings()))) == ("replay" if kept else "run")
 
 
-def test_a_crashed_request_lease_runs_out_and_entries_expire(tmp_path: Path) -> None:
-    async def go() -> list[str]:
-        store = SqliteStore(tmp_path / "l.db")
+def test_a_crashed_request_lease_runs_out_and_entries_expire(tmp_path: Path, backend: str) -> None:
+    async def go(store: Store) -> list[str]:
         await store.start()
         try:
             claim = store.claim_idempotency
@@ -219,4 +218,5 @@ def test_a_crashed_request_lease_runs_out_and_entries_expire(tmp_path: Path) -> 
         finally:
             await store.close()
 
-    assert asyncio.run(go()) == ["run", "in_progress", "reused", "run"]
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(open_store(spec.settings()))) == ["run", "in_progress", "reused", "run"]

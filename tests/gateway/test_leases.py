@@ -1,34 +1,66 @@
-"""Leases in the embedded store (gateway.funds): processes sharing one database never lease more
-than a pot holds; a charge comes off the lease it was held on; a dead process's leases go back."""
+"""Leases in the store (gateway.funds), on both backends: processes sharing one database never lease
+more than a pot holds; a charge comes off the lease it was held on; a dead process's leases go back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import sqlite3
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from gateway.auth import display_prefix, generate_key, hash_key
+from gateway.config import Settings
 from gateway.funds import Funds
-from gateway.store import UsageRecord
+from gateway.store import Store, UsageRecord, open_store
 from gateway.store.sqlite import SqliteStore
+from harness import query, store_spec
 
 NOW = 1_795_000_000_000
 
 
-def leases(db: Path) -> dict[str, Decimal]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT owner, amount FROM leases WHERE kind = 'account'").fetchall()
-    return {owner: Decimal(amount) for owner, amount in rows}
+@pytest.fixture
+def settings(tmp_path: Path, backend: str) -> Iterator[Settings]:
+    """Settings that open a new store on each backend (tests/conftest.py)."""
+    with store_spec(tmp_path, backend) as spec:
+        yield spec.settings()
 
 
-def test_two_processes_share_one_balance(tmp_path: Path) -> None:
-    db = tmp_path / "l.db"
+def leases(settings: Settings) -> dict[str, Decimal]:
+    rows = query(settings, "SELECT owner, amount FROM leases WHERE kind = 'account'")
+    return {owner: amount for owner, amount in rows}
 
+
+async def die(store: Store) -> None:
+    """The process behind `store` dies, as the other processes see it. SQLite: its journal's lock
+    goes with it (the file stays). PostgreSQL: its heartbeat stops, and the last one is older than
+    OWNER_TIMEOUT_SECONDS (set back in the database rather than waited for)."""
+    if isinstance(store, SqliteStore):
+        assert store._journal is not None
+        os.close(store._journal._fd)
+        store._journal = None
+        return
+    from gateway.store.postgres import OWNER_TIMEOUT_SECONDS, PostgresStore
+
+    assert isinstance(store, PostgresStore) and store._control_task is not None
+    store._control_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await store._control_task
+    store._control_task = None
+    async with store._acquire() as conn:
+        await conn.execute(
+            "UPDATE owners SET heartbeat_at = now() - make_interval(secs => $1) WHERE id = $2",
+            OWNER_TIMEOUT_SECONDS + 1,
+            store.lease_owner,
+        )
+
+
+def test_two_processes_share_one_balance(settings: Settings) -> None:
     async def go() -> None:
-        a, b = SqliteStore(db), SqliteStore(db)
+        a, b = open_store(settings), open_store(settings)
         await a.start()
         await b.start()
         account = await a.create_account("acct", Decimal(10))
@@ -38,36 +70,33 @@ def test_two_processes_share_one_balance(tmp_path: Path) -> None:
         assert await b.lease("account", acct, Decimal(1), 2, NOW) == Decimal("2.75")
         assert await a.lease("account", acct, Decimal(5), 2, NOW) == 0  # only 1.75 is free
         assert await b.lease("account", acct, Decimal("1.75"), 2, NOW) == Decimal("1.75")
-        assert sum(leases(db).values()) == 10
+        assert sum(leases(settings).values()) == 10
 
         # A charge of 2 held on a's lease: the balance and a's lease both lose it.
         await a.settle(UsageRecord("u1", "r", "key_x", acct, "m", "completed", 1, 1, Decimal(2), NOW, NOW))
         await a.purge_responses(0)  # queued behind the settlement in a's writer
-        assert leases(db) == {a.lease_owner: Decimal("3.5"), b.lease_owner: Decimal("4.5")}
+        assert leases(settings) == {a.lease_owner: Decimal("3.5"), b.lease_owner: Decimal("4.5")}
         assert (await a.get_account(acct)).balance == 8  # type: ignore[union-attr]
 
         # b returns part of its lease; a can then lease it.
         await b.return_lease("account", acct, Decimal("0.5"))
         assert await a.lease("account", acct, Decimal("0.5"), 2, NOW) == Decimal("0.5")
 
-        # a dies (its journal lock goes with it, its file stays): b reclaims a's leases.
-        assert a._journal is not None
-        os.close(a._journal._fd)
-        a._journal = None
+        # a dies: b reclaims a's leases.
+        await die(a)
         await b.reclaim_orphans()
-        assert leases(db) == {b.lease_owner: Decimal(4)}
+        assert leases(settings) == {b.lease_owner: Decimal(4)}
         assert await b.lease("account", acct, Decimal(4), 2, NOW) == Decimal(4)
         await b.close()
-        assert leases(db) == {}  # a clean stop returns every lease
+        assert leases(settings) == {}  # a clean stop returns every lease
+        await a.close()  # what is left of the dead process (its connections)
 
     asyncio.run(go())
 
 
-def test_a_key_limit_is_a_pot_of_its_own(tmp_path: Path) -> None:
-    db = tmp_path / "k.db"
-
+def test_a_key_limit_is_a_pot_of_its_own(settings: Settings) -> None:
     async def go() -> None:
-        store = SqliteStore(db)
+        store = open_store(settings)
         await store.start()
         try:
             account = await store.create_account("acct", Decimal(100))
@@ -92,13 +121,12 @@ def test_a_key_limit_is_a_pot_of_its_own(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
-def test_a_refill_cancelled_midway_gives_its_grant_back(tmp_path: Path) -> None:
+def test_a_refill_cancelled_midway_gives_its_grant_back(settings: Settings) -> None:
     """A request whose client leaves while its refill is in the store's queue: the grant, committed
     anyway, goes back, so the balance is not locked away until the process ends."""
-    db = tmp_path / "c.db"
 
     async def go() -> tuple[dict[str, Decimal], Decimal]:
-        store = SqliteStore(db)
+        store = open_store(settings)
         await store.start()
         funds = Funds(store)
         try:
@@ -114,9 +142,9 @@ def test_a_refill_cancelled_midway_gives_its_grant_back(tmp_path: Path) -> None:
                 await waiting
             for _ in range(100):  # the grant lands, then goes back
                 await asyncio.sleep(0.01)
-                if not leases(db):
+                if not leases(settings):
                     break
-            after = leases(db)
+            after = leases(settings)
             held = await funds.hold(ctx, Decimal(10))  # the whole balance is there to lease again
             return after, held.amount
         finally:
@@ -126,9 +154,11 @@ def test_a_refill_cancelled_midway_gives_its_grant_back(tmp_path: Path) -> None:
     assert after == {} and amount == 10
 
 
-def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(tmp_path: Path) -> None:
-    async def go() -> tuple[bool, bool]:
-        store = SqliteStore(tmp_path / "g.db")
+def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(
+    settings: Settings, backend: str
+) -> None:
+    async def go() -> tuple[bool, bool, bool]:
+        store = open_store(settings)
         await store.start()
         try:
             account = await store.create_account("acct", Decimal(10))
@@ -140,10 +170,17 @@ def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(tmp_p
             deleting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await deleting
-            await store.purge_responses(0)  # a write queued behind the delete: it has committed
+            await store.purge_responses(0)  # a write after the delete (SQLite: queued behind it)
             await asyncio.sleep(0.01)
-            return deleting.cancelled(), await store.find_key(hash_key(secret)) is None
+            record = await store.get_key(key.id)
+            assert record is not None
+            deleted = record.deleted_at_ms is not None
+            return deleting.cancelled(), deleted, await store.find_key(hash_key(secret)) is None
         finally:
             await store.close()
 
-    assert asyncio.run(go()) == (True, True)
+    cancelled, deleted, forgotten = asyncio.run(go())
+    # Either way the cache says what the store holds. SQLite's writer commits a queued change
+    # whatever happens to its caller; on PostgreSQL a change cancelled this early never began.
+    assert cancelled and forgotten == deleted
+    assert deleted or backend == "postgres"

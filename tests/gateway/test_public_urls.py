@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import ConfigError, parse_settings
+from gateway.config import ConfigError, load_settings, parse_settings
 from harness import Gateway, chat_model, free_port, running
 
 ATTACKER = "attacker.invalid"
@@ -38,7 +38,7 @@ def ugw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
         f'[store]\npath = "{tmp / "gateway.db"}"\n[videos]\npoll_seconds = 0.1\n{models}'
     )
     with running(["serve", "--config", str(config), "--port", str(port)], port) as proc:
-        yield Gateway(url=f"http://127.0.0.1:{port}", db_path=tmp / "gateway.db", proc=proc)
+        yield Gateway(f"http://127.0.0.1:{port}", proc, load_settings(config), config)
 
 
 def generate(

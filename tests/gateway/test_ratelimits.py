@@ -28,7 +28,7 @@ from gateway.ratelimits import RateLimiter, RateState, reserved_tokens
 from gateway.redis_buckets import RedisBuckets
 from gateway.redis_client import connect
 from gateway.store import Account, ApiKey, KeyContext
-from harness import Gateway, KeyHandle, chat_model, free_port, gateway, wait_until_listening
+from harness import Gateway, chat_model, free_port, gateway, wait_until_listening
 
 MODEL = "openai/gpt-4o-mini"
 CHAT = "/v1/chat/completions"
@@ -203,10 +203,12 @@ def redis_gw(redis_url: str, sim_url: str, tmp_path_factory: pytest.TempPathFact
         yield g
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "postgres"])
 def limits_gw(request: pytest.FixtureRequest) -> Gateway:
-    """The session's gateway (buckets in the file), then one with its buckets in Redis."""
-    chosen: Gateway = request.getfixturevalue("gw" if request.param == "file" else "redis_gw")
+    """The session's gateway (SQLite, buckets in the file), one with its buckets in Redis, and the
+    session's gateway on PostgreSQL (buckets in Redis, as every instance there: tests/conftest.py)."""
+    name = {"file": "gw", "redis": "redis_gw", "postgres": "postgres_gw"}[request.param]
+    chosen: Gateway = request.getfixturevalue(name)
     return chosen
 
 
@@ -233,8 +235,9 @@ def test_headers_on_every_kind_of_answer(limits_gw: Gateway) -> None:
     ]
 
 
-def test_no_headers_without_limits(gw: Gateway, key: KeyHandle) -> None:
-    with gw.client(key.key) as c:
+def test_no_headers_without_limits(limits_gw: Gateway) -> None:
+    key = limits_gw.new_key()
+    with limits_gw.client(key.key) as c:
         r = c.post(CHAT, json=BODY)
     assert r.status_code == 200 and not any(h.startswith("x-ratelimit") for h in r.headers)
 

@@ -27,6 +27,12 @@ RESPONSES_MODEL = "openai/gpt-4.1-mini"
 SMALL = [{"role": "user", "content": "Say hi"}]
 
 
+@pytest.fixture
+def gw(backend_gw: Gateway) -> Gateway:
+    """These tests run on both store backends (tests/conftest.py)."""
+    return backend_gw
+
+
 def client(gw: Gateway, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.openai_base, api_key=key, max_retries=0)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -18,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from harness import Gateway, KeyHandle, gateway, job_leases, process_tree
+from harness import Gateway, KeyHandle, gateway, job_leases, process_tree, store_spec
 
 SORA = "openai/sora-2"
 BROKEN = "openai/sora-broken"
@@ -66,8 +65,9 @@ def key(vgw: Gateway) -> KeyHandle:
 
 
 @pytest.fixture(scope="module")
-def vgw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with gateway(tmp_path_factory.mktemp("videos"), video_models(sim_url)) as g:
+def vgw(sim_url: str, tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[Gateway]:
+    """The module's gateway, one on each store backend (tests/conftest.py)."""
+    with gateway(tmp_path_factory.mktemp("videos"), video_models(sim_url), backend=backend) as g:
         yield g
 
 
@@ -93,7 +93,7 @@ def test_a_job_through_every_state_with_the_official_client(vgw: Gateway) -> Non
     assert created.status == "queued" and created.id.startswith("video_") and created.progress == 0
     assert created.model == SORA and created.seconds == "4"
     # Held, not charged: the balance moves when the job completes.
-    assert [amount for _, amount in job_leases(vgw) if _ == f"job:{created.id}"] == ["0.4"]
+    assert [amount for _, amount in job_leases(vgw) if _ == f"job:{created.id}"] == [Decimal("0.4")]
     assert vgw.balance(handle.account_id) == Decimal(10)
 
     seen = [created.status]
@@ -229,40 +229,38 @@ def test_an_idempotency_key_makes_one_job_and_one_hold(vgw: Gateway, sim: httpx.
     assert vgw.wait_balance(handle.account_id, Decimal("9.6")) == Decimal("9.6")
 
 
-def test_a_job_survives_a_killed_gateway(sim_url: str, tmp_path: Path) -> None:
+def test_a_job_survives_a_killed_gateway(sim_url: str, tmp_path: Path, backend: str) -> None:
     """kill -9 while the job renders: the next gateway on the same store finishes it, charges it
     once and leaves no hold behind."""
     models = video_models(sim_url, render="2s")
-    with gateway(tmp_path, models) as first:
-        handle = first.new_key(balance="5")
-        with first.client(handle.key) as c:
-            job = c.post(VIDEOS, json={"model": SORA, "prompt": "through a crash", "seconds": "4"}).json()
-        for pid in process_tree(first.proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        first.proc.wait()
-    with gateway(tmp_path, models) as second:
-        done = wait_for(second, handle.key, job["id"])
-        assert done["status"] == "completed"
-        assert second.wait_balance(handle.account_id, Decimal("4.6")) == Decimal("4.6")
-        time.sleep(0.5)  # further polls change nothing
-        assert second.balance(handle.account_id) == Decimal("4.6")
-        with sqlite3.connect(second.db_path) as conn:
-            (charges,) = conn.execute(
-                "SELECT COUNT(*) FROM usage_records WHERE id = ?", (job["id"],)
-            ).fetchone()
-        assert charges == 1 and job_leases(second) == []
+    with store_spec(tmp_path, backend) as store:
+        with gateway(tmp_path, models, store=store) as first:
+            handle = first.new_key(balance="5")
+            with first.client(handle.key) as c:
+                job = c.post(VIDEOS, json={"model": SORA, "prompt": "through a crash", "seconds": "4"}).json()
+            for pid in process_tree(first.proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            first.proc.wait()
+        with gateway(tmp_path, models, store=store) as second:
+            done = wait_for(second, handle.key, job["id"])
+            assert done["status"] == "completed"
+            assert second.wait_balance(handle.account_id, Decimal("4.6")) == Decimal("4.6")
+            time.sleep(0.5)  # further polls change nothing
+            assert second.balance(handle.account_id) == Decimal("4.6")
+            ((charges,),) = second.query("SELECT COUNT(*) FROM usage_records WHERE id = ?", job["id"])
+            assert charges == 1 and job_leases(second) == []
 
 
-def test_the_hold_outlives_the_process_that_placed_it(sim_url: str, tmp_path: Path) -> None:
+def test_the_hold_outlives_the_process_that_placed_it(sim_url: str, tmp_path: Path, backend: str) -> None:
     """The job's hold is its own lease in the store: a restarted gateway cannot spend it twice."""
     models = video_models(sim_url, render="3s")
-    with gateway(tmp_path, models) as first:
-        handle = first.new_key(balance="1")
-        with first.client(handle.key) as c:
-            assert (
-                c.post(VIDEOS, json={"model": SORA, "prompt": "hold it", "seconds": "8"}).status_code == 200
-            )
-    with gateway(tmp_path, models) as second, second.client(handle.key) as c:
-        # 0.80 is held by the running job: another 0.40 job does not fit in what is left.
-        r = c.post(VIDEOS, json={"model": SORA, "prompt": "too much", "seconds": "4"})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "insufficient_credits"
+    with store_spec(tmp_path, backend) as store:
+        with gateway(tmp_path, models, store=store) as first:
+            handle = first.new_key(balance="1")
+            with first.client(handle.key) as c:
+                body = {"model": SORA, "prompt": "hold it", "seconds": "8"}
+                assert c.post(VIDEOS, json=body).status_code == 200
+        with gateway(tmp_path, models, store=store) as second, second.client(handle.key) as c:
+            # 0.80 is held by the running job: another 0.40 job does not fit in what is left.
+            r = c.post(VIDEOS, json={"model": SORA, "prompt": "too much", "seconds": "4"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "insufficient_credits"
