@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.jobs import POLL_LEASE_MS
 from harness import Gateway, KeyHandle, gateway, job_leases, process_tree, store_spec
 
 SORA = "openai/sora-2"
@@ -242,7 +243,9 @@ def test_a_job_survives_a_killed_gateway(sim_url: str, tmp_path: Path, backend: 
                 os.kill(pid, signal.SIGKILL)
             first.proc.wait()
         with gateway(tmp_path, models, store=store) as second:
-            done = wait_for(second, handle.key, job["id"])
+            # Killed while polling, the first gateway still held the job's poll lease: the second
+            # takes the job over once that lease has run out (docs/behaviour.md: within a minute).
+            done = wait_for(second, handle.key, job["id"], seconds=POLL_LEASE_MS / 1000 + 15)
             assert done["status"] == "completed"
             assert second.wait_balance(handle.account_id, Decimal("4.6")) == Decimal("4.6")
             time.sleep(0.5)  # further polls change nothing
