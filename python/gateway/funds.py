@@ -265,10 +265,30 @@ class Funds:
         for pot in idle:
             # Forgotten first: a request from now on starts a new pot and leases afresh.
             del self._pots[(pot.kind, pot.pot_id)]
+        failed: Exception | None = None
         for pot in idle:
-            if pot.lease > 0:
+            if pot.lease <= 0:
+                continue
+            try:
                 await self._store.return_lease(pot.kind, pot.pot_id, pot.lease)
+            except Exception as exc:
+                failed = exc
+                self._keep(pot)
+        if failed is not None:
+            raise failed
         return len(idle)
+
+    def _keep(self, pot: Pot) -> None:
+        """A lease that could not be given back (the store out of reach) is still this process's in
+        the store: it stays this process's here too, to be used or given back at a later pass.
+        Forgotten, it would stay set aside in the store, held by nothing, until this process ends."""
+        if self._store.lease_epoch != self._epoch:
+            return  # this process was reclaimed meanwhile: the store took its leases back
+        current = self._pots.get((pot.kind, pot.pot_id))
+        if current is None:
+            self._pots[(pot.kind, pot.pot_id)] = pot
+        else:  # a request leased afresh meanwhile: the store's lease is the sum of both
+            current.lease += pot.lease
 
     def _pot(self, kind: str, pot_id: str) -> Pot:
         pot = self._pots.get((kind, pot_id))

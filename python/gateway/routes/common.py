@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
 from ..context import Call
-from ..errors import GatewayError, invalid_request
+from ..errors import GatewayError, ServiceUnavailable, invalid_request
 from ..ids import request_id
 from ..ratelimits import note_rate
 from ..request_log import BodyCapture
@@ -158,7 +158,12 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
 
             stream.when_done(close_stream)
         else:
-            await _close(state, request, call, response.status_code, bytes(response.body))
+            try:
+                await _close(state, request, call, response.status_code, bytes(response.body))
+            except ServiceUnavailable as err:
+                # The charge could not be made durable in time (the store is away): it stays queued
+                # and is made when the store is back, so the answer must not say nothing was charged.
+                raise _charge_queued(err, call) from None
             if call.idempotency is not None:
                 await idempotency.keep(
                     state, call, response.status_code, dict(response.headers), bytes(response.body)
@@ -166,6 +171,18 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         return response
 
     return endpoint
+
+
+def _charge_queued(err: ServiceUnavailable, call: Call) -> GatewayError:
+    queued = GatewayError(
+        "service_unavailable",
+        f"The gateway cannot reach its {err.service} at the moment. This request ran and its charge"
+        " is queued: it is charged once, when the service is back (its usage record then appears"
+        " under the request id).",
+        headers=dict(err.headers),
+    )
+    queued.headers[REQUEST_ID_HEADER] = call.request_id
+    return queued
 
 
 class ClientGone(Exception):
