@@ -16,6 +16,7 @@ from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.config import Settings
 from gateway.funds import Funds
 from gateway.store import Store, UsageRecord, open_store
+from gateway.store.leasing import SPARE_MIN_HOLDS, grant
 from gateway.store.sqlite import SqliteStore
 from harness import query, store_spec
 
@@ -65,17 +66,19 @@ def test_two_processes_share_one_balance(settings: Settings) -> None:
         await b.start()
         account = await a.create_account("acct", Decimal(10))
         acct = account.id
-        # Each grants what is needed plus half of the rest (two workers).
-        assert await a.lease("account", acct, Decimal(1), 2, NOW) == Decimal("5.5")
-        assert await b.lease("account", acct, Decimal(1), 2, NOW) == Decimal("2.75")
-        assert await a.lease("account", acct, Decimal(5), 2, NOW) == 0  # only 1.75 is free
-        assert await b.lease("account", acct, Decimal("1.75"), 2, NOW) == Decimal("1.75")
+        # Plentiful: each grants what is needed plus half of the rest (two workers).
+        assert await a.lease("account", acct, Decimal("0.1"), 2, NOW) == Decimal("5.05")
+        assert await b.lease("account", acct, Decimal("0.1"), 2, NOW) == Decimal("2.525")
+        assert await a.lease("account", acct, Decimal(5), 2, NOW) == 0  # only 2.425 is free
+        # Scarce (the spare would cover fewer than 16 more holds): exactly what is needed.
+        assert await b.lease("account", acct, Decimal("0.4"), 2, NOW) == Decimal("0.4")
+        assert await b.lease("account", acct, Decimal("2.025"), 2, NOW) == Decimal("2.025")
         assert sum(leases(settings).values()) == 10
 
         # A charge of 2 held on a's lease: the balance and a's lease both lose it.
         await a.settle(UsageRecord("u1", "r", "key_x", acct, "m", "completed", 1, 1, Decimal(2), NOW, NOW))
         await a.purge_responses(0)  # queued behind the settlement in a's writer
-        assert leases(settings) == {a.lease_owner: Decimal("3.5"), b.lease_owner: Decimal("4.5")}
+        assert leases(settings) == {a.lease_owner: Decimal("3.05"), b.lease_owner: Decimal("4.95")}
         assert (await a.get_account(acct)).balance == 8  # type: ignore[union-attr]
 
         # b returns part of its lease; a can then lease it.
@@ -85,8 +88,8 @@ def test_two_processes_share_one_balance(settings: Settings) -> None:
         # a dies: b reclaims a's leases.
         await die(a)
         await b.reclaim_orphans()
-        assert leases(settings) == {b.lease_owner: Decimal(4)}
-        assert await b.lease("account", acct, Decimal(4), 2, NOW) == Decimal(4)
+        assert leases(settings) == {b.lease_owner: Decimal("4.45")}
+        assert await b.lease("account", acct, Decimal("3.55"), 2, NOW) == Decimal("3.55")
         await b.close()
         assert leases(settings) == {}  # a clean stop returns every lease
         await a.close()  # what is left of the dead process (its connections)
@@ -184,3 +187,17 @@ def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(
     # whatever happens to its caller; on PostgreSQL a change cancelled this early never began.
     assert cancelled and forgotten == deleted
     assert deleted or backend == "postgres"
+
+
+def test_a_lease_grants_a_spare_only_while_the_pot_is_plentiful() -> None:
+    """Near the end of a pot every process leases exactly what its hold needs, so no request is
+    refused while money sits unused in another process's lease (gateway.store.leasing)."""
+    # Alone, a process takes the whole pot: one process is exact with any lease.
+    assert grant(Decimal(10), Decimal(1), 1) == Decimal(10)
+    # Plentiful: the need plus a share of the rest.
+    assert grant(Decimal(100), Decimal(1), 2) == Decimal("50.5")
+    # Scarce: the rest's share would cover fewer than SPARE_MIN_HOLDS holds.
+    assert SPARE_MIN_HOLDS == 16
+    assert grant(Decimal(10), Decimal(1), 2) == Decimal(1)
+    assert grant(Decimal(33), Decimal(1), 2) == Decimal(17)  # a spare of exactly 16 holds
+    assert grant(Decimal("0.5"), Decimal(1), 3) == 0  # does not fit

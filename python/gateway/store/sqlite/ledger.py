@@ -16,8 +16,6 @@ from . import journal
 from .rows import _COLUMNS, _INSERT_LOG, _KEY, _key, _log_values, usage_row
 
 log = logging.getLogger("gateway.store")
-# Leases are granted in whole nano-dollars beyond what the hold needs.
-LEASE_QUANTUM = Decimal("0.000000001")
 
 
 def _settle_many(conn: sqlite3.Connection, settlements: Sequence[Settlement], owner: str | None) -> int:

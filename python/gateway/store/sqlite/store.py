@@ -18,13 +18,14 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
-from decimal import ROUND_DOWN, Decimal
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from ...clock import now_ms
+from .. import leasing
 from ..records import (
     JOB_LEASE_PREFIX,
     Account,
@@ -46,7 +47,7 @@ from ..records import (
 )
 from . import journal
 from .key_cache import KeyCache
-from .ledger import LEASE_QUANTUM, _add_to_lease, _free, _reclaim, _settle_many
+from .ledger import _add_to_lease, _free, _reclaim, _settle_many
 from .rows import (
     _ACCOUNT,
     _ACCOUNT_COLUMNS,
@@ -328,12 +329,10 @@ class SqliteStore:
             free = _free(conn, kind, pot_id, now_ms)
             if free is None:  # the key has no limit (any more): only the account's balance counts
                 return need
-            if free < need:
-                return Decimal(0)
-            rest = free - need
-            grant = need + (rest if share == 1 else (rest / share).quantize(LEASE_QUANTUM, ROUND_DOWN))
-            _add_to_lease(conn, kind, pot_id, owner, grant)
-            return grant
+            granted = leasing.grant(free, need, share)
+            if granted:
+                _add_to_lease(conn, kind, pot_id, owner, granted)
+            return granted
 
         granted: Decimal = await self._write(op)
         return granted
