@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,7 +17,9 @@ import asyncpg
 import pytest
 from test_store_contract import account_and_key, balance, log_entry, record
 
-from gateway.store.postgres import PostgresStore, StoreUnavailable
+from gateway.budget import period_start_ms
+from gateway.store import Settlement
+from gateway.store.postgres import PostgresStore, StoreUnavailable, rows
 from gateway.store.postgres import store as store_module
 from gateway.store.postgres.migrate import migrations
 
@@ -95,6 +98,94 @@ def test_a_dead_owners_streams_are_billed_and_its_leases_returned(postgres_url: 
             assert owners == []
             c._live = (0.0, 1)  # read afresh: the live ones count, the dead one no more
             assert await c.live_owners() == 2
+
+    asyncio.run(main())
+
+
+DAY_MS = 86_400_000
+
+
+def test_the_databases_periods_are_budgets(postgres_url: str) -> None:
+    """gateway_period_start_ms (migrations/0002, counting key spend in a settlement) is
+    gateway.budget.period_start_ms: around every boundary and at random moments, 1970 to 2100."""
+    chosen = random.Random(14)
+    moments = [chosen.randrange(0, 4_102_444_800_000) for _ in range(3000)]
+    for start in (period_start_ms("monthly", m) for m in moments[:300]):
+        moments += [start - 1, start, start + 1]
+    resets: list[str | None] = [None, "daily", "weekly", "monthly"]
+    pairs = [(reset, at) for reset in resets for at in moments]
+
+    async def main() -> Any:
+        async with stores(postgres_url, 1):  # migrated
+            return await admin(
+                postgres_url,
+                "SELECT gateway_period_start_ms(r, t) FROM unnest($1::text[], $2::bigint[])"
+                " WITH ORDINALITY AS x(r, t, i) ORDER BY i",
+                [r for r, _ in pairs],
+                [t for _, t in pairs],
+            )
+
+    found = asyncio.run(main())
+    assert [row[0] for row in found] == [period_start_ms(r, t) for r, t in pairs]
+
+
+def test_one_batch_across_periods_counts_as_one_by_one(postgres_url: str) -> None:
+    """A batch (one statement) with charges from the key's period, an earlier and a later one, a
+    duplicate and a free request: the key's spend, the balance and the leases as settling each in
+    turn gives (gateway.budget's rule), every log entry kept once."""
+
+    async def main() -> None:
+        async with stores(postgres_url, 1) as (store,):
+            account_id, key_id = await account_and_key(store, "10", credit_limit="8")
+            await store.update_key(key_id, {"limit_reset": "daily"})
+            now = store_module.now_ms()
+            today = period_start_ms("daily", now)
+            await admin(
+                postgres_url,
+                "UPDATE api_keys SET spent = 1, spent_period_ms = $1 WHERE id = $2",
+                today,
+                key_id,
+            )
+            assert await store.lease("account", account_id, Decimal(1), 1, now) == Decimal(10)
+            assert await store.lease("key", key_id, Decimal(1), 1, now) == Decimal(7)
+            at = today + DAY_MS // 2
+            batch = [
+                record(account_id, key_id, "0.5", ended_at_ms=at),
+                record(account_id, key_id, "0.25", ended_at_ms=at - DAY_MS),  # over: not counted
+                record(account_id, key_id, "0.125", ended_at_ms=at + DAY_MS),  # a new day: starts again
+                record(account_id, key_id, "0.0625", ended_at_ms=at),  # today is over now
+                record(account_id, key_id, "0", ended_at_ms=at + DAY_MS),
+                record(account_id, key_id, "0.03125", ended_at_ms=at + DAY_MS),
+            ]
+            batch.append(batch[2])  # the same settlement twice: recorded and charged once
+            async with store._acquire() as conn:
+                new = await rows.settle_many(
+                    conn, [Settlement(r, log_entry(r)) for r in batch], store.lease_owner
+                )
+            assert new == 6
+            charged = sum((r.cost for r in batch[:6]), Decimal(0))
+            assert await balance(store, account_id) == Decimal(10) - charged
+            key = await store.get_key(key_id)
+            assert key is not None
+            assert (key.spent, key.spent_period_ms) == (Decimal("0.15625"), today + DAY_MS)
+            leases = await admin(
+                postgres_url,
+                "SELECT kind, amount FROM leases WHERE owner = $1 ORDER BY kind",
+                store.lease_owner,
+            )
+            assert [(r[0], r[1]) for r in leases] == [
+                ("account", Decimal(10) - charged),
+                ("key", Decimal(7) - charged),
+            ]
+            logged = await admin(
+                postgres_url,
+                "SELECT count(*), count(DISTINCT id) FROM request_logs WHERE key_id = $1",
+                key_id,
+            )
+            assert tuple(logged[0]) == (6, 6)
+            async with store._acquire() as conn:  # again (a retried batch): nothing changes
+                assert await rows.settle_many(conn, [Settlement(r, log_entry(r)) for r in batch], None) == 0
+            assert await balance(store, account_id) == Decimal(10) - charged
 
     asyncio.run(main())
 

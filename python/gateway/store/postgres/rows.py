@@ -4,7 +4,8 @@ settlement and lease arithmetic shared by the writer, jobs and reclaims.
 Lock order, kept by every transaction that changes money so that none can deadlock with another:
 the lease owner's row (lease only, FOR KEY SHARE), then accounts (by id), then keys (by id), then
 lease rows, which are only ever changed under their pot's lock (or are a dead owner's or a job's,
-which nobody else touches).
+which nobody else touches). The settlement and lease functions of migrations/0002 (gateway_settle,
+gateway_lease) take their locks in the same order.
 """
 
 from __future__ import annotations
@@ -55,16 +56,19 @@ def marks(count: int, start: int = 1) -> str:
     return ", ".join(f"${i}" for i in range(start, start + count))
 
 
-INSERT_LOG = (
-    f"INSERT INTO request_logs ({LOG}) VALUES ({marks(len(LOG_COLUMNS))}) ON CONFLICT (id) DO NOTHING"
-)
-# Usage records as arrays, one per column: a batch is one statement.
+# The PostgreSQL types of the usage record's and the log entry's columns, in their order.
 _USAGE_TYPES = ("text",) * 6 + ("bigint", "bigint", "numeric", "bigint", "bigint")
-INSERT_USAGE = (
-    f"INSERT INTO usage_records ({USAGE}) SELECT * FROM unnest("
-    + ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(_USAGE_TYPES))
-    + ") ON CONFLICT (id) DO NOTHING RETURNING id"
+_LOG_TYPES = (
+    ("text",) * 6
+    + ("integer", "text", "bigint", "bigint", "numeric", "text", "text")
+    + (
+        "bytea",
+        "bigint",
+        "bytea",
+        "bigint",
+    )
 )
+assert len(_USAGE_TYPES) == len(USAGE_COLUMNS) and len(_LOG_TYPES) == len(LOG_COLUMNS)
 
 
 # A row as the driver returns it (asyncpg.Record), or a slice of one.
@@ -164,93 +168,57 @@ def count(status: str) -> int:
 # ---------------------------------------------------------------------- money
 
 
+# A settlement batch as one statement, its own transaction when called alone (migrations/0002): the
+# owner, stream progress (ids, data), usage records and log entries (a column each, in the records'
+# field order) and the streams whose progress goes.
+_SETTLE_TYPES = ("text", "text[]", "bytea[]", *(t + "[]" for t in _USAGE_TYPES + _LOG_TYPES), "text[]")
+SETTLE = "SELECT gateway_settle({})".format(", ".join(f"${i}::{t}" for i, t in enumerate(_SETTLE_TYPES, 1)))
+
+
 async def settle_many(conn: asyncpg.Connection, settlements: Sequence[Settlement], owner: str | None) -> int:
     """Record and charge each settlement once, with its request log entry, in the caller's
     transaction: one applied again (a retried batch, a reclaim) changes nothing, as the usage record
     is inserted only if its id is new and only what was inserted is charged. Charges are summed per
-    account and key (a handful of statements for any batch); they come off the `owner` process's
-    leases too (the money it had set aside is spent). Returns how many settlements were new."""
+    account and key; they come off the `owner` process's leases too (the money it had set aside is
+    spent). One round trip (gateway_settle). Returns how many settlements were new."""
     if not settlements:
         return 0
-    logs = [log_values(s.log) for s in settlements if s.log is not None]
-    if logs:
-        await conn.executemany(INSERT_LOG, logs)
-    candidates: dict[str, UsageRecord] = {}
-    for s in settlements:
-        candidates.setdefault(s.record.id, s.record)
-    inserted = {row[0] for row in await conn.fetch(INSERT_USAGE, *usage_arrays(candidates.values()))}
-    fresh = [r for usage_id, r in candidates.items() if usage_id in inserted]
-    charged = [r for r in fresh if not r.cost.is_zero()]
-    per_account: dict[str, Decimal] = {}
-    per_key: dict[str, Decimal] = {}
-    for r in charged:
-        per_account[r.account_id] = per_account.get(r.account_id, Decimal(0)) + r.cost
-        per_key[r.key_id] = per_key.get(r.key_id, Decimal(0)) + r.cost
-    if per_account:
-        ids = sorted(per_account)
-        if len(ids) > 1:  # several rows: locked in id order first (one cannot deadlock)
-            await conn.execute(
-                "SELECT 1 FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE", ids
-            )
-        await conn.execute(
-            "UPDATE accounts AS a SET balance = a.balance - t.total"
-            " FROM unnest($1::text[], $2::numeric[]) AS t(id, total) WHERE a.id = t.id",
-            ids,
-            [per_account[i] for i in ids],
-        )
-    limited = await _count_key_spend(conn, charged, sorted(per_key))
-    if owner is not None and per_account:
-        pots = [("account", i, per_account[i]) for i in sorted(per_account)]
-        pots += [("key", i, per_key[i]) for i in sorted(limited)]
-        # One statement: a lease the charge uses up is deleted, the others shrink (both parts see
-        # the amounts as they were, and touch different rows).
-        await conn.execute(
-            "WITH t AS (SELECT * FROM unnest($1::text[], $2::text[], $3::numeric[])"
-            " AS t(kind, pot_id, amount)),"
-            " spent AS (DELETE FROM leases AS l USING t WHERE l.kind = t.kind AND l.pot_id = t.pot_id"
-            " AND l.owner = $4 AND l.amount <= t.amount)"
-            " UPDATE leases AS l SET amount = l.amount - t.amount FROM t"
-            " WHERE l.kind = t.kind AND l.pot_id = t.pot_id AND l.owner = $4 AND l.amount > t.amount",
-            [p[0] for p in pots],
-            [p[1] for p in pots],
-            [p[2] for p in pots],
-            owner,
-        )
-    return len(fresh)
+    return await settle_batch(conn, owner, settlements=settlements)
 
 
-async def _count_key_spend(
-    conn: asyncpg.Connection, charged: Sequence[UsageRecord], key_ids: list[str]
-) -> set[str]:
-    """Add each cost to what its key spent in the credit-limit period the request ended in (only keys
-    with a limit keep the count); a cost from a period already over no longer counts. Returns the
-    keys with a limit."""
-    if not key_ids:
-        return set()
-    rows = await conn.fetch(
-        "SELECT id, limit_reset, spent, spent_period_ms FROM api_keys"
-        " WHERE id = ANY($1::text[]) AND credit_limit IS NOT NULL ORDER BY id FOR UPDATE",
-        key_ids,
+async def settle_batch(
+    conn: asyncpg.Connection,
+    owner: str | None,
+    *,
+    progress: dict[str, bytes] | None = None,
+    logs: Sequence[tuple[Any, ...]] = (),
+    settlements: Sequence[Settlement] = (),
+    ended: Iterable[str] = (),
+) -> int:
+    """A writer's batch as one statement (gateway_settle, migrations/0002): the latest `progress` of
+    running streams (usage id -> encode_progress) kept for `owner`; the log entries `logs`
+    (log_values), then those of `settlements`, inserted in that order; the settlements recorded and
+    charged as settle_many says; the progress of the `ended` streams deleted. Returns how many
+    settlements were new."""
+    entries = list(logs) + [log_values(s.log) for s in settlements if s.log is not None]
+    progress = progress or {}
+    result: int = await conn.fetchval(
+        SETTLE,
+        owner,
+        list(progress),
+        list(progress.values()),
+        *usage_arrays(s.record for s in settlements),
+        *_columns(entries, len(LOG_COLUMNS)),
+        list(ended),
     )
-    state: dict[str, tuple[str | None, Decimal, int]] = {row[0]: (row[1], row[2], row[3]) for row in rows}
-    for r in charged:
-        if r.key_id not in state:
-            continue
-        reset, spent, current = state[r.key_id]
-        period = period_start_ms(reset, r.ended_at_ms)
-        if period < current:
-            continue
-        state[r.key_id] = (reset, (spent if period == current else Decimal(0)) + r.cost, period)
-    if state:
-        ids = sorted(state)
-        await conn.execute(
-            "UPDATE api_keys AS k SET spent = t.spent, spent_period_ms = t.period"
-            " FROM unnest($1::text[], $2::numeric[], $3::bigint[]) AS t(id, spent, period) WHERE k.id = t.id",
-            ids,
-            [state[i][1] for i in ids],
-            [state[i][2] for i in ids],
-        )
-    return set(state)
+    return result
+
+
+def _columns(values: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as columns: the i-th list holds every row's i-th value."""
+    if not values:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*values, strict=True)]
 
 
 async def add_to_lease(conn: asyncpg.Connection, kind: str, pot_id: str, owner: str, delta: Decimal) -> None:

@@ -9,7 +9,8 @@ Money, as on SQLite: exact decimals (`numeric`, Python Decimal), every charge on
 the pot's row lock (`SELECT ... FOR UPDATE`) against what every owner's leases leave free.
 
 Settlements (writer.py): `settle` returns once the charge, the usage record and the log entry have
-committed, grouped with the other settlements of the moment into one transaction. If the database
+committed durably, grouped with the other settlements of the moment into one transaction of one
+statement (one round trip: gateway_settle, migrations/0002). If the database
 is away the settlement stays queued in this process and is retried until it commits; `settle`
 waits for that up to SETTLE_WAIT_SECONDS and then raises StoreUnavailable (the request answers 503
 rather than succeed without a durable charge), while the settlement still commits when the database
@@ -33,6 +34,11 @@ the leases it thought it had are gone.
 
 Key lookups are cached per process and invalidated across instances within a second (keys.py).
 
+Round trips on the request path: none for a key already cached and a hold its lease covers (the
+usual request, gateway.funds); one for its settlement (above); one for a lease that runs short
+(gateway_lease, migrations/0002), plus one at most every second to count the live owners. Pooled
+connections go back without the pool's reset query (see _keep_session).
+
 Faults: every method raises StoreUnavailable (errors.py) when the database is out of reach; the
 pool replaces broken connections by itself, so calls succeed again as soon as the database is back,
 without a restart.
@@ -47,7 +53,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from decimal import ROUND_DOWN, Decimal
+from decimal import Decimal
 from typing import Any, TypeVar, cast
 
 import asyncpg
@@ -94,8 +100,11 @@ ACQUIRE_TIMEOUT_SECONDS = 10.0
 COMMAND_TIMEOUT_SECONDS = 30.0
 # How long close() waits for queued writes while the database is away.
 CLOSE_TIMEOUT_SECONDS = 10.0
-# Leases are granted in whole nano-dollars beyond what the hold needs.
-_LEASE_QUANTUM = Decimal("0.000000001")
+# A lease granted (and whether this process had to register again): migrations/0002.
+_LEASE = (
+    "SELECT granted, registered FROM gateway_lease($1::text, $2::text, $3::integer, $4::text, $5::text,"
+    " $6::numeric, $7::integer, $8::bigint)"
+)
 _RUNNING = f"status IN ({', '.join(repr(s) for s in JOB_RUNNING)})"
 _FIND_KEY = (
     f"SELECT {', '.join('k.' + c for c in rows.KEY_COLUMNS)},"
@@ -109,6 +118,14 @@ _KEYS_CHANGED = (
     f" SELECT pg_notify('{CHANNEL}', '')"
 )
 _SERVER_SETTINGS = {"application_name": "gateway", "jit": "off"}
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A connection going back to the pool is not reset: the pool's default reset (RESET ALL,
+    UNLISTEN *, CLOSE ALL, advisory unlocks) is a round trip after every call, and pooled
+    connections never change session state (no SET, LISTEN, cursors or session advisory locks: the
+    listener is its own connection, migrations take a transaction's lock). A transaction left open
+    is still rolled back by the pool before this runs."""
 
 
 def _new_id(prefix: str) -> str:
@@ -146,6 +163,7 @@ class PostgresStore:
                 max_size=self.pool_size,
                 command_timeout=COMMAND_TIMEOUT_SECONDS,
                 server_settings=_SERVER_SETTINGS,
+                reset=_keep_session,
             )
             await self._register()
         except Exception as exc:
@@ -218,6 +236,21 @@ class PostgresStore:
             try:
                 async with self._acquire() as conn, conn.transaction():
                     return await work(conn)
+            except asyncpg.TransactionRollbackError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def _statement(self, sql: str, *args: Any) -> asyncpg.Record:
+        """The one row of one statement run as its own transaction (one round trip), again when
+        PostgreSQL aborted it for a deadlock or a serialization failure, as `_tx`."""
+        for attempt in range(5):
+            try:
+                async with self._acquire() as conn:
+                    row: asyncpg.Record | None = await conn.fetchrow(sql, *args)
+                assert row is not None
+                return row
             except asyncpg.TransactionRollbackError:
                 if attempt == 4:
                     raise
@@ -483,30 +516,18 @@ class PostgresStore:
     # ------------------------------------------------------------------ leases
 
     async def lease(self, kind: str, pot_id: str, need: Decimal, share: int, now_ms: int) -> Decimal:
-        owner = self.lease_owner
-
-        async def grant(conn: asyncpg.Connection) -> Decimal:
-            # This owner's row stays while it leases: a reclaim cannot delete it meanwhile.
-            if await conn.fetchval("SELECT 1 FROM owners WHERE id = $1 FOR KEY SHARE", owner) is None:
-                log.error("this process was reclaimed as dead while alive; registering again")
-                self._lease_epoch += 1
-                await conn.execute(
-                    "INSERT INTO owners (id, host, pid) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
-                    owner,
-                    socket.gethostname(),
-                    os.getpid(),
-                )
-            free = await rows.free(conn, kind, pot_id, now_ms, lock=True)
-            if free is None:  # the key has no limit (any more): only the account's balance counts
-                return need
-            if free < need:
-                return Decimal(0)
-            rest = free - need
-            granted = need + (rest if share <= 1 else (rest / share).quantize(_LEASE_QUANTUM, ROUND_DOWN))
-            await rows.add_to_lease(conn, kind, pot_id, owner, granted)
-            return granted
-
-        return await self._tx(grant)
+        """One round trip (gateway_lease, migrations/0002): the owner's row held, the pot locked,
+        `need` and a `share`-th part of what is left free granted (whole nano-dollars)."""
+        if kind not in ("account", "key"):
+            raise ValueError(f"unknown pot kind {kind!r}")
+        granted, registered = await self._statement(
+            _LEASE, self.lease_owner, socket.gethostname(), os.getpid(), kind, pot_id, need, share, now_ms
+        )
+        if registered:
+            log.error("this process was reclaimed as dead while alive; registered again")
+            self._lease_epoch += 1
+        result: Decimal = granted
+        return result
 
     async def return_lease(self, kind: str, pot_id: str, amount: Decimal) -> None:
         owner = self.lease_owner

@@ -8,6 +8,13 @@ settlement's future. While one commit is in flight the next batch gathers, so un
 commit carries many settlements (about a commit's time of them, a millisecond or two), and an
 unloaded request waits for exactly one commit, with no added linger.
 
+A batch is one statement, `SELECT gateway_settle(...)` (migrations/0002, rows.settle_batch), its
+columns sent as arrays: one round trip, and its own transaction, instead of BEGIN, a statement per
+step and COMMIT (measured by benches/pg_settle.py: a settlement at concurrency 1 took 1.4 ms in six
+or seven round trips, 0.53 ms in one). The commit stays durable: nothing sets synchronous_commit
+off, so a settlement is on the database's disk (WAL flushed) before its request is answered; a
+database that crashes loses no charge it had acknowledged.
+
 A batch that fails because the database is out of reach is kept and retried, with backoff, until it
 commits: a settlement is never dropped (its usage id makes a retry that had in fact committed change
 nothing). A batch refused by the database (a bug, never expected) is retried item by item so that
@@ -204,24 +211,16 @@ class Writer:
             )
 
     async def _commit(self, conn: asyncpg.Connection, batch: _Batch) -> None:
+        """The whole batch in one statement, one round trip: its own transaction (rows.settle_batch)."""
         settled = [s for s, _ in batch.settlements]
-        async with conn.transaction():
-            if batch.progress:
-                await conn.executemany(
-                    "INSERT INTO stream_progress (owner, usage_id, settlement) VALUES ($1, $2, $3)"
-                    " ON CONFLICT (owner, usage_id) DO UPDATE SET settlement = excluded.settlement",
-                    [(self.owner, usage_id, data) for usage_id, data in batch.progress.items()],
-                )
-            if batch.logs:
-                await conn.executemany(rows.INSERT_LOG, [values for values, _ in batch.logs])
-            await rows.settle_many(conn, settled, self.owner)
-            ended = batch.forgets | {s.record.id for s in settled if s.record.id in self._noted}
-            if ended:
-                await conn.execute(
-                    "DELETE FROM stream_progress WHERE owner = $1 AND usage_id = ANY($2::text[])",
-                    self.owner,
-                    list(ended),
-                )
+        await rows.settle_batch(
+            conn,
+            self.owner,
+            progress=batch.progress,
+            logs=[values for values, _ in batch.logs],
+            settlements=settled,
+            ended=batch.forgets | {s.record.id for s in settled if s.record.id in self._noted},
+        )
 
     async def _isolate(self, batch: _Batch, exc: Exception) -> None:
         """The database refused the batch: commit its items one by one, so that only what it
