@@ -16,17 +16,24 @@ retry once it has waited or added credits (docs/behaviour.md).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ._core import fingerprint
 from .clock import now_ms
 from .context import Call
-from .errors import GatewayError, invalid_request
+from .errors import GatewayError, ServiceUnavailable, invalid_request
 from .state import GatewayState
 from .store import StoredAnswer
 
 HEADER = "idempotency-key"
+# Answers being kept in the background (keep_when_possible), held here until they are.
+_KEEPING: set[asyncio.Future[None]] = set()
+log = logging.getLogger("gateway.idempotency")
 REPLAYED_HEADER = "idempotency-replayed"
 MAX_KEY_CHARS = 255
 MAX_STORED_BYTES = 8 * 1024 * 1024
@@ -81,6 +88,33 @@ async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, 
         return
     kept = tuple((k, v) for k, v in headers.items() if k.lower() not in PER_REQUEST_HEADERS)
     await _finish(state, call, StoredAnswer(status, kept, body))
+
+
+def keep_when_possible(
+    state: GatewayState, call: Call, status: int, headers: dict[str, str], body: bytes
+) -> None:
+    """Keep the answer of a request that ran and was charged although the store cannot take the
+    answer now (it is unreachable): retried in the background until it can, while the key's claim
+    lasts, so that a retry with the key replays this answer instead of running, and being charged,
+    again."""
+    if call.idempotency is None:
+        return
+    held = call.idempotency
+    deadline = time.monotonic() + state.settings.sync_timeout_seconds + LEASE_MARGIN_MS / 1000
+
+    async def retry() -> None:
+        while time.monotonic() < deadline:
+            call.idempotency = held
+            try:
+                await keep(state, call, status, headers, body)
+                return
+            except ServiceUnavailable:
+                await asyncio.sleep(1.0)
+        log.error("the answer of %s could not be kept for its Idempotency-Key", call.request_id)
+
+    task = asyncio.ensure_future(retry())
+    _KEEPING.add(task)
+    task.add_done_callback(_KEEPING.discard)
 
 
 async def keep_error(state: GatewayState, call: Call, err: GatewayError) -> None:

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 
 from gateway import idempotency
 from gateway.context import Call
+from gateway.errors import ServiceUnavailable
 from gateway.store import Account, ApiKey, KeyContext, Store, open_store
 from harness import Gateway, KeyHandle, store_spec
 
@@ -220,3 +222,44 @@ def test_a_crashed_request_lease_runs_out_and_entries_expire(tmp_path: Path, bac
 
     with store_spec(tmp_path, backend) as spec:
         assert asyncio.run(go(open_store(spec.settings()))) == ["run", "in_progress", "reused", "run"]
+
+
+def test_an_answer_the_store_cannot_take_now_is_kept_once_it_can(tmp_path: Path, backend: str) -> None:
+    """A request that ran and was charged while the store could not keep its answer (unreachable):
+    the answer is kept in the background once the store is back, so a retry with the key replays it
+    instead of running, and being charged, again."""
+
+    async def go(store: Store) -> str:
+        await store.start()
+        real = store.finish_idempotency
+        failures = 2
+
+        async def away(*args: Any, **kwargs: Any) -> None:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise ServiceUnavailable("database")
+            await real(*args, **kwargs)
+
+        try:
+            assert (
+                await store.claim_idempotency("key_a", "k1", "fp", 1_000, 60_000, 86_400_000)
+            ).outcome == "run"
+            call = _call("key_a")
+            call.idempotency = ("k1", "fp")
+            state = SimpleNamespace(store=store, settings=SimpleNamespace(sync_timeout_seconds=5.0))
+            store.finish_idempotency = away  # type: ignore[method-assign]
+            idempotency.keep_when_possible(state, call, 200, {"content-type": "audio/wav"}, b"RIFF")  # type: ignore[arg-type]
+            for _ in range(100):  # two failed tries a second apart, then kept
+                if not idempotency._KEEPING:
+                    break
+                await asyncio.sleep(0.05)
+            assert not failures and not idempotency._KEEPING
+            outcome = await store.claim_idempotency("key_a", "k1", "fp", 2_000, 60_000, 86_400_000)
+            return outcome.outcome
+        finally:
+            store.finish_idempotency = real  # type: ignore[method-assign]
+            await store.close()
+
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(open_store(spec.settings()))) == "replay"

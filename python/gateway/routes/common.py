@@ -158,16 +158,22 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
 
             stream.when_done(close_stream)
         else:
+            answer = (state, call, response.status_code, dict(response.headers), bytes(response.body))
             try:
                 await _close(state, request, call, response.status_code, bytes(response.body))
             except ServiceUnavailable as err:
                 # The charge could not be made durable in time (the store is away): it stays queued
-                # and is made when the store is back, so the answer must not say nothing was charged.
+                # and is made when the store is back, so the answer must not say nothing was charged,
+                # and a retry with its Idempotency-Key must replay it, not run and charge again.
+                idempotency.keep_when_possible(*answer)
                 raise _charge_queued(err, call) from None
             if call.idempotency is not None:
-                await idempotency.keep(
-                    state, call, response.status_code, dict(response.headers), bytes(response.body)
-                )
+                held = call.idempotency
+                try:
+                    await idempotency.keep(*answer)
+                except ServiceUnavailable:  # charged and answered: the answer is kept later
+                    call.idempotency = held
+                    idempotency.keep_when_possible(*answer)
         return response
 
     return endpoint
