@@ -10,6 +10,9 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = Path(__file__).resolve().parent / "targets.toml"
+PATHS = ("floor", "gateway", "gateway-pg", "litellm", "portkey")
+# Targets that are floors (the measured figure must reach them); every other one is a ceiling.
+AT_LEAST = frozenset({"throughput_vs_litellm_c64", "pg_throughput_vs_embedded_c64"})
 
 
 def machine() -> str:
@@ -35,6 +38,8 @@ def check_targets(rows: list[dict[str, Any]]) -> list[tuple[str, float, float | 
     gw64 = row(rows, "gateway", "chat", 64)
     ll64 = row(rows, "litellm", "chat", 64)
     stream1 = row(rows, "gateway", "chat_stream", 1)
+    pg1 = row(rows, "gateway-pg", "chat", 1)
+    pg64 = row(rows, "gateway-pg", "chat", 64)
     rss = max((r["rss_mb"] for r in rows if r["path"] == "gateway" and r.get("rss_mb")), default=None)
     measured: dict[str, float | None] = {
         "added_p50_ms_c1": gw1["added_p50_ms"] if gw1 else None,
@@ -42,13 +47,17 @@ def check_targets(rows: list[dict[str, Any]]) -> list[tuple[str, float, float | 
         "throughput_vs_litellm_c64": gw64["rps"] / ll64["rps"] if gw64 and ll64 and ll64["rps"] else None,
         "stream_added_us_per_chunk": stream1["added_us_per_chunk"] if stream1 else None,
         "rss_mb": rss,
+        "pg_throughput_vs_embedded_c64": pg64["rps"] / gw64["rps"] if pg64 and gw64 and gw64["rps"] else None,
+        "pg_added_p50_ms_c1_over_embedded": pg1["added_p50_ms"] - gw1["added_p50_ms"]
+        if pg1 and gw1 and "added_p50_ms" in pg1 and "added_p50_ms" in gw1
+        else None,
     }
     out = []
     for name, limit in targets.items():
         value = measured.get(name)
         if value is None:
             ok = None
-        elif name == "throughput_vs_litellm_c64":
+        elif name in AT_LEAST:
             ok = value >= limit
         else:
             ok = value <= limit
@@ -68,7 +77,7 @@ def write(result: dict[str, Any], stamp: str) -> Path:
     RESULTS.mkdir(exist_ok=True)
     rows = result["rows"]
     (RESULTS / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
-    paths = [p for p in ("floor", "gateway", "litellm", "portkey") if any(r["path"] == p for r in rows)]
+    paths = [p for p in PATHS if any(r["path"] == p for r in rows)]
     lines = [
         f"# Benchmark results — {result['date']}",
         "",
@@ -160,7 +169,7 @@ def chart(rows: list[dict[str, Any]], out: Path) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric, title in ((axes[0], "p50_ms", "p50 latency"), (axes[1], "p99_ms", "p99 latency")):
-        for path in ("floor", "gateway", "litellm", "portkey"):
+        for path in PATHS:
             pts = sorted(
                 (r["concurrency"], r[metric]) for r in rows if r["path"] == path and r["workload"] == "chat"
             )

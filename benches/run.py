@@ -1,6 +1,6 @@
 """`make bench` / `make bench-quick`: every path against the same simulator, in one run, as ratios.
 
-Usage: python benches/run.py [--quick] [--paths floor,gateway,litellm,portkey] [--no-micro]
+Usage: python benches/run.py [--quick] [--paths floor,gateway,gateway-pg,litellm,portkey] [--no-micro]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def measure(
         else None,
     }
     print(
-        f"  {target.name:8} {workload:12} c={concurrency:<4} {row['rps']:>9,.0f} req/s  p50 {result.p50_ms:8.2f} ms"
+        f"  {target.name:10} {workload:12} c={concurrency:<4} {row['rps']:>9,.0f} req/s  p50 {result.p50_ms:8.2f} ms"
         f"  p99 {result.p99_ms:8.2f} ms  failures {result.failures}",
         flush=True,
     )
@@ -74,18 +74,20 @@ def measure(
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--quick", action="store_true", help="gateway and LiteLLM, chat, concurrency 1 and 64"
+        "--quick",
+        action="store_true",
+        help="gateway (embedded and on PostgreSQL) and LiteLLM, chat at 1 and 64",
     )
     parser.add_argument("--paths", default=None)
     parser.add_argument("--no-micro", action="store_true")
     args = parser.parse_args()
 
     if args.quick:
-        paths = ["floor", "gateway", "litellm"]
+        paths = ["floor", "gateway", "gateway-pg", "litellm"]
         plan = {"chat": [1, 64], "chat_stream": [1]}
         seconds, warmup = 5.0, 2.0
     else:
-        paths = ["floor", "gateway", "litellm", "portkey"]
+        paths = ["floor", "gateway", "gateway-pg", "litellm", "portkey"]
         plan = {"chat": [1, 16, 64, 256], "chat_stream": [1, 16, 64], "embeddings": [1, 64]}
         seconds, warmup = 8.0, 3.0
     if args.paths:
@@ -108,27 +110,17 @@ def main() -> int:
         starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]] = {
             "floor": lambda: contextlib.nullcontext(servers.floor(sim)),
             "gateway": lambda: servers.gateway(sim, Path(tmp), SERVER_CPU),
+            "gateway-pg": lambda: servers.gateway_pg(sim, Path(tmp), SERVER_CPU),
             "litellm": lambda: servers.litellm(sim, Path(tmp), SERVER_CPU),
             "portkey": lambda: servers.portkey(sim, Path(tmp), SERVER_CPU),
         }
         for path in paths:
             print(f"{path}:", flush=True)
-            with starters[path]() as target:
-                versions[path] = target.version
-                time.sleep(0.5)
-                for workload, concurrencies in plan.items():
-                    for c in concurrencies:
-                        rows.append(measure(target, workload, c, seconds, warmup))
-                try:
-                    t = load.stream_timing(
-                        target.url("chat_paced"),
-                        body("chat_paced", target.model["chat_paced"]),
-                        target.headers,
-                    )
-                except load.StreamFailed as exc:
-                    notes.append(f"{path}: stream timing not measured, {exc}.")
-                else:
-                    timings.append({"path": path, **t.__dict__})
+            try:
+                run_path(path, starters[path], plan, seconds, warmup, rows, timings, versions, notes)
+            except servers.Unavailable as exc:  # raised while starting, before any measurement
+                print(f"  skipped: {exc}", flush=True)
+                notes.append(f"{path}: not measured, {exc}; its rows are missing.")
     for r in rows:
         if r["failures"]:
             notes.append(
@@ -156,6 +148,35 @@ def main() -> int:
             f"  target {name}: limit {limit:g}, measured {value if value is None else round(value, 3)} -> {status}"
         )
     return 0
+
+
+def run_path(
+    path: str,
+    start: Callable[[], AbstractContextManager[servers.Target]],
+    plan: dict[str, list[int]],
+    seconds: float,
+    warmup: float,
+    rows: list[dict[str, Any]],
+    timings: list[dict[str, Any]],
+    versions: dict[str, str],
+    notes: list[str],
+) -> None:
+    with start() as target:
+        versions[path] = target.version
+        time.sleep(0.5)
+        for workload, concurrencies in plan.items():
+            for c in concurrencies:
+                rows.append(measure(target, workload, c, seconds, warmup))
+        try:
+            t = load.stream_timing(
+                target.url("chat_paced"),
+                body("chat_paced", target.model["chat_paced"]),
+                target.headers,
+            )
+        except load.StreamFailed as exc:
+            notes.append(f"{path}: stream timing not measured, {exc}.")
+        else:
+            timings.append({"path": path, **t.__dict__})
 
 
 def add_differences(rows: list[dict[str, Any]]) -> None:

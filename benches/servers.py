@@ -2,6 +2,7 @@
 
 floor    the client straight to the simulator
 gateway  this gateway as a user runs it: auth, billing, usage records, embedded SQLite store
+gateway-pg  the same gateway as several instances run it: PostgreSQL store and Redis (one instance)
 litellm  LiteLLM's proxy (own virtual environment), no database
 portkey  Portkey's open-source gateway (npm), when Node.js is present
 """
@@ -122,10 +123,9 @@ def floor(sim: str) -> Target:
     )
 
 
-@contextmanager
-def gateway(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
-    port = free_port()
-    db = workdir / "gateway.db"
+def _gateway_config(sim: str, port: int, workers: int, services: str) -> str:
+    """The gateway's settings for the bench: its port and workers, `services` ([store], [redis])
+    and one priced model per workload on the simulator."""
     models = "".join(
         f"""
 [[models]]
@@ -141,17 +141,19 @@ model = "{upstream}"
 """
         for workload, upstream in UPSTREAM_MODEL.items()
     )
-    config = workdir / "gateway.toml"
-    config.write_text(f'[server]\nport = {port}\nworkers = {workers}\n[store]\npath = "{db}"\n{models}')
-    key = asyncio.run(_mint_key(db))
+    return f"[server]\nport = {port}\nworkers = {workers}\n{services}{models}"
+
+
+@contextmanager
+def _serve(name: str, config: Path, port: int, key: str, cpu: str, workdir: Path) -> Iterator[Target]:
     with process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
         port,
         cpu,
-        workdir / "gateway.log",
+        workdir / f"{name}.log",
     ) as proc:
         yield Target(
-            "gateway",
+            name,
             f"http://127.0.0.1:{port}/v1",
             {"content-type": "application/json", "authorization": f"Bearer {key}"},
             proc.pid,
@@ -160,12 +162,99 @@ model = "{upstream}"
         )
 
 
-async def _mint_key(db: Path) -> str:
+@contextmanager
+def gateway(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
+    port = free_port()
+    db = workdir / "gateway.db"
+    config = workdir / "gateway.toml"
+    config.write_text(_gateway_config(sim, port, workers, f'[store]\npath = "{db}"\n'))
+    key = asyncio.run(_mint_key(config))
+    with _serve("gateway", config, port, key, cpu, workdir) as target:
+        yield target
+
+
+# The services of the gateway-pg path: the machine's PostgreSQL (a fresh database made through its
+# `test` database, dropped afterwards) and Redis (keys under a prefix of the run's own, deleted).
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class Unavailable(Exception):
+    """A service a path needs does not answer: the path is skipped, saying why."""
+
+
+@contextmanager
+def gateway_pg(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
+    """The `gateway` path's gateway (same workers, models and kind of key) on PostgreSQL + Redis."""
+    run = secrets.token_hex(4)
+    database = f"gw_bench_{run}"
+    prefix = f"bench-{run}"
+    asyncio.run(_check_redis())
+    asyncio.run(_postgres(f'CREATE DATABASE "{database}"'))
+    try:
+        url = POSTGRES_URL.rsplit("/", 1)[0] + "/" + database
+        port = free_port()
+        config = workdir / "gateway-pg.toml"
+        services = f'[store]\nbackend = "postgres"\nurl = "{url}"\n[redis]\nurl = "{REDIS_URL}"\nprefix = "{prefix}"\n'
+        config.write_text(_gateway_config(sim, port, workers, services))
+        key = asyncio.run(_mint_key(config))
+        with _serve("gateway-pg", config, port, key, cpu, workdir) as target:
+            yield target
+    finally:
+        try:
+            asyncio.run(_postgres(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        except Exception as exc:  # PostgreSQL went away meanwhile: the rows measured stand
+            print(f"  could not drop the database {database}: {exc}", flush=True)
+        asyncio.run(_forget_redis(prefix))
+
+
+async def _postgres(sql: str) -> None:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(POSTGRES_URL, timeout=5)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise Unavailable(f"PostgreSQL at {POSTGRES_URL} is unusable ({exc})") from None
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def _check_redis() -> None:
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        await client.ping()
+    except (OSError, redis.RedisError) as exc:
+        raise Unavailable(f"Redis at {REDIS_URL} does not answer ({exc})") from None
+    finally:
+        await client.aclose()
+
+
+async def _forget_redis(prefix: str) -> None:
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    except (OSError, redis.RedisError):
+        pass  # they expire by themselves
+    finally:
+        await client.aclose()
+
+
+async def _mint_key(config: Path) -> str:
+    """An account with plenty of money and a key on it, through the store the config names."""
     sys.path.insert(0, str(ROOT / "python"))
     from gateway.auth import display_prefix, generate_key, hash_key
-    from gateway.store.sqlite import SqliteStore
+    from gateway.config import load_settings
+    from gateway.store import open_store
 
-    store = SqliteStore(db)
+    store = open_store(load_settings(config))
     await store.start()
     try:
         account = await store.create_account("bench-" + secrets.token_hex(4), Decimal(1_000_000))
