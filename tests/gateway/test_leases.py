@@ -201,3 +201,28 @@ def test_a_lease_grants_a_spare_only_while_the_pot_is_plentiful() -> None:
     assert grant(Decimal(10), Decimal(1), 2) == Decimal(1)
     assert grant(Decimal(33), Decimal(1), 2) == Decimal(17)  # a spare of exactly 16 holds
     assert grant(Decimal("0.5"), Decimal(1), 3) == 0  # does not fit
+
+
+def test_every_backend_grants_by_the_one_rule(settings: Settings) -> None:
+    """The store's lease (SQLite in Python, PostgreSQL in its gateway_lease function) grants what
+    store/leasing.py says, for pots plentiful and scarce, one owner and many."""
+    cases = [
+        (Decimal(free), Decimal(need), share)
+        for free in ("10", "33", "100", "0.000123", "7.5")
+        for need in ("1", "0.1", "0.0000137", "8")
+        for share in (1, 2, 6)
+    ]
+
+    async def go() -> list[Decimal]:
+        store = open_store(settings)
+        await store.start()
+        try:
+            got = []
+            for free, need, share in cases:
+                account = await store.create_account("acct-" + os.urandom(4).hex(), free)
+                got.append(await store.lease("account", account.id, need, share, NOW))
+            return got
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == [grant(free, need, share) for free, need, share in cases]

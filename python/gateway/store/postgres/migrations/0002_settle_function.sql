@@ -179,6 +179,7 @@ DECLARE
     v_spent numeric;
     v_period bigint;
     v_free numeric;
+    v_spare numeric;
 BEGIN
     granted := 0;
     registered := false;
@@ -208,8 +209,14 @@ BEGIN
     IF v_free < p_need THEN
         RETURN;
     END IF;
-    granted := p_need + CASE WHEN p_share <= 1 THEN v_free - p_need
-        ELSE div((v_free - p_need) * 1000000000, p_share) * 0.000000001 END;
+    -- The rule of gateway/store/leasing.py (grant), which a test holds this to: alone, the whole
+    -- pot; else the need plus a share of the rest, only while that share covers 16 more holds.
+    IF p_share <= 1 THEN
+        granted := v_free;
+    ELSE
+        v_spare := div((v_free - p_need) * 1000000000, p_share) * 0.000000001;
+        granted := p_need + CASE WHEN v_spare >= p_need * 16 THEN v_spare ELSE 0 END;
+    END IF;
     IF granted > 0 THEN
         INSERT INTO leases (kind, pot_id, owner, amount) VALUES (p_kind, p_pot_id, p_owner, granted)
         ON CONFLICT (kind, pot_id, owner) DO UPDATE SET amount = leases.amount + excluded.amount;
