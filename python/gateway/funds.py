@@ -17,10 +17,11 @@ the store with the settlement); idle leases go back after a while; a dead proces
 when another reclaims them (SQLite: its journal replayed; PostgreSQL: its heartbeat stopped), so no
 hold outlives its process for longer than that bound.
 
-Exactness: within one process, requests are admitted exactly while the money lasts. Across worker
-processes nothing is overspent, but a request may be refused while another process still holds an
-unused part of the pot, for at most LEASE_IDLE_SECONDS after that process went idle. Both hold as
-long as a request costs no more than its estimate; one that costs more (an upstream counting more
+Exactness: requests are admitted exactly while the money lasts, within one process and across
+processes and instances: near the end of a pot every lease is exactly what its hold needs
+(store/leasing.py), so a request is refused only when the pot's money is held by running requests
+(a rest a charge left of its hold below its estimate excepted: it stays in its process's lease for
+at most LEASE_IDLE_SECONDS idle). This holds as long as a request costs no more than its estimate; one that costs more (an upstream counting more
 prompt tokens than the gateway, a Responses turn continuing an earlier one) is still charged in
 full, and the balance can go below zero by that excess (then every request is refused).
 
