@@ -21,9 +21,10 @@ Exactness: requests are admitted exactly while the money lasts, within one proce
 processes and instances: near the end of a pot every lease is exactly what its hold needs
 (store/leasing.py), so a request is refused only when the pot's money is held by running requests
 (a rest a charge left of its hold below its estimate excepted: it stays in its process's lease for
-at most LEASE_IDLE_SECONDS idle). This holds as long as a request costs no more than its estimate; one that costs more (an upstream counting more
-prompt tokens than the gateway, a Responses turn continuing an earlier one) is still charged in
-full, and the balance can go below zero by that excess (then every request is refused).
+at most LEASE_IDLE_SECONDS idle). This holds as long as a request costs no more than its
+estimate; one that costs more (an upstream counting more prompt tokens than the gateway, a
+Responses turn continuing an earlier one) is still charged in full, and the balance can go below
+zero by that excess (then every request is refused).
 
 A refusal says the most the request could cost and the money that was free for it (NotCovered):
 what this process has of its lease that nothing holds, plus what no process has leased. With
