@@ -34,5 +34,9 @@ def unavailable(exc: BaseException) -> bool:
         | asyncpg.exceptions.InsufficientResourcesError,  # 53: too many connections, disk full
     ):
         return True
-    # The driver's own "connection is closed" / "connection was closed in the middle of operation".
+    # The driver's own "connection is closed" / "connection was closed in the middle of operation",
+    # and a connection left in a broken state by a server going away mid-operation ("cannot switch
+    # to state ...; another operation is in progress"): the pool replaces such a connection.
+    if isinstance(exc, asyncpg.exceptions._base.InternalClientError):
+        return True
     return isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc)

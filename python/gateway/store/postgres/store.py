@@ -221,7 +221,12 @@ class PostgresStore:
             raise RuntimeError("store is not started")
         try:
             async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
-                yield cast(asyncpg.Connection, conn)  # a proxy with a connection's methods
+                try:
+                    yield cast(asyncpg.Connection, conn)  # a proxy with a connection's methods
+                except asyncpg.exceptions._base.InternalClientError:
+                    # Left mid-operation by a server that went away: never handed out again.
+                    conn.terminate()
+                    raise
         except StoreUnavailable:
             raise
         except Exception as exc:
