@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,7 +21,7 @@ from . import background as background_responses
 from . import jobs
 from . import videos as video_jobs
 from ._core import count_tokens
-from .buckets import FileBuckets
+from .buckets import BucketStore, FileBuckets
 from .config import Settings, settings_from_env
 from .errors import GatewayError, error_response
 from .funds import Funds
@@ -29,8 +29,6 @@ from .housekeeping import purge_expired, tend_leases
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import RateLimiter
-from .redis_buckets import RedisBuckets
-from .redis_client import connect as connect_redis
 from .registry import ModelRegistry
 from .routes import (
     admin,
@@ -48,36 +46,49 @@ from .routes import (
     videos,
 )
 from .routing import Router
-from .shared_channels import SharedChannels
 from .state import GatewayState
 from .store import open_store
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from .shared_channels import SharedChannels
 
 log = logging.getLogger("gateway")
 # The kinds of asynchronous job the poller follows (gateway.jobs), by Job.kind.
 JOB_KINDS = {"video": video_jobs.KIND, "response": background_responses.KIND}
 
 
+def _shared_state(settings: Settings) -> tuple[Redis | None, BucketStore, SharedChannels | None]:
+    """Where rate-limit buckets and channel state live: in Redis when one is configured (every
+    instance shares them), else the Rust core's file beside the database and each process's memory.
+    Redis's modules are imported only then: they cost a process about 20 MB."""
+    if not settings.redis_url:
+        return None, FileBuckets(_beside(settings.store_path, ".ratelimits")), None
+    from .redis_buckets import RedisBuckets
+    from .redis_client import connect
+    from .shared_channels import SharedChannels
+
+    # The process's one Redis client (gateway.redis_client), for the state instances share.
+    redis = connect(settings.redis_url)
+    return (
+        redis,
+        RedisBuckets(redis, f"{settings.redis_prefix}:rl:"),
+        SharedChannels(redis, f"{settings.redis_prefix}:channel:"),
+    )
+
+
 def create_app(settings: Settings) -> Starlette:
     store = open_store(settings)
-    # The process's one Redis client (gateway.redis_client), for the state instances share.
-    redis = connect_redis(settings.redis_url) if settings.redis_url else None
+    redis, buckets, shared = _shared_state(settings)
     state = GatewayState(
         settings=settings,
         registry=ModelRegistry(settings.models),
         store=store,
         upstream=UpstreamClient(settings),
         funds=Funds(store),
-        limiter=RateLimiter(
-            FileBuckets(_beside(settings.store_path, ".ratelimits"))
-            if redis is None
-            else RedisBuckets(redis, f"{settings.redis_prefix}:rl:")
-        ),
-        router=Router(
-            settings.models,
-            settings.routing,
-            settings.workers,
-            shared=None if redis is None else SharedChannels(redis, f"{settings.redis_prefix}:channel:"),
-        ),
+        limiter=RateLimiter(buckets),
+        router=Router(settings.models, settings.routing, settings.workers, shared=shared),
     )
 
     @asynccontextmanager

@@ -36,11 +36,11 @@ import socket
 import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+if TYPE_CHECKING:  # redis is imported only by a gateway that uses it (it costs ~20 MB a process)
+    from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
 
 log = logging.getLogger("gateway.routing")
 T = TypeVar("T")
@@ -262,9 +262,12 @@ class SharedChannels:
         op_timeout: float = OP_TIMEOUT_SECONDS,
         reconnect_seconds: float = RECONNECT_SECONDS,
     ) -> None:
+        from redis.exceptions import RedisError
+
         self.redis = redis
         self.prefix = prefix
         self.up = True
+        self._errors = (RedisError, OSError, TimeoutError)
         self._lease_ms = max(1, int(lease_seconds * 1000))
         self._renew_seconds = renew_seconds
         self._op_timeout = op_timeout
@@ -386,7 +389,7 @@ class SharedChannels:
         try:
             async with asyncio.timeout(self._op_timeout):
                 return await call
-        except (RedisError, OSError, TimeoutError) as exc:
+        except self._errors as exc:
             self._down(exc)
             raise Unavailable(str(exc)) from exc
 
@@ -408,7 +411,7 @@ class SharedChannels:
             try:
                 async with asyncio.timeout(self._op_timeout):
                     await self.redis.ping()
-            except (RedisError, OSError, TimeoutError):
+            except self._errors:
                 continue
             self.up = True
             log.warning("Redis answers again: channel caps and cool-downs are shared again")
