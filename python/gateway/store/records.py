@@ -3,9 +3,12 @@ says what each role of a store does with them)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final, TypedDict
+
+from ..clock import now_ms
 
 # How often a key's spending against its own credit limit starts again from zero (spec 2.4, 8).
 LIMIT_RESETS: Final = ("daily", "weekly", "monthly")
@@ -276,3 +279,48 @@ class Settlement:
 
     record: UsageRecord
     log: RequestLog | None = None
+
+
+def new_id(prefix: str) -> str:
+    """A new record's id: its kind's prefix and 24 random hex digits."""
+    return prefix + os.urandom(12).hex()
+
+
+def new_account(
+    name: str,
+    balance: Decimal,
+    allowed_models: frozenset[str] | None,
+    rpm_limit: int | None,
+    tpm_limit: int | None,
+) -> Account:
+    """An account as every backend creates it (Accounts.create_account)."""
+    return Account(
+        id=new_id("acct_"),
+        name=name,
+        balance=balance,
+        allowed_models=allowed_models,
+        rpm_limit=rpm_limit,
+        tpm_limit=tpm_limit,
+        created_at_ms=now_ms(),
+    )
+
+
+def new_key(
+    account_id: str,
+    name: str,
+    prefix: str,
+    expires_at_ms: int | None,
+    credit_limit: Decimal | None,
+    limit_reset: str | None,
+) -> ApiKey:
+    """A key as every backend creates it (Accounts.create_key); its secret is stored as a hash."""
+    return ApiKey(
+        id=new_id("key_"),
+        account_id=account_id,
+        name=name,
+        prefix=prefix,
+        created_at_ms=now_ms(),
+        expires_at_ms=expires_at_ms,
+        credit_limit=credit_limit,
+        limit_reset=limit_reset,
+    )

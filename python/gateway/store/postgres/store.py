@@ -79,7 +79,7 @@ from .. import (
     TopUp,
     UsageRecord,
 )
-from ..records import JOB_LEASE_PREFIX
+from ..records import JOB_LEASE_PREFIX, new_account, new_id, new_key
 from . import rows
 from .errors import StoreUnavailable, unavailable
 from .keys import CHANNEL, KeyCache
@@ -126,10 +126,6 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     connections never change session state (no SET, LISTEN, cursors or session advisory locks: the
     listener is its own connection, migrations take a transaction's lock). A transaction left open
     is still rolled back by the pool before this runs."""
-
-
-def _new_id(prefix: str) -> str:
-    return prefix + os.urandom(12).hex()
 
 
 class PostgresStore:
@@ -829,15 +825,7 @@ class PostgresStore:
         rpm_limit: int | None = None,
         tpm_limit: int | None = None,
     ) -> Account:
-        account = Account(
-            id=_new_id("acct_"),
-            name=name,
-            balance=balance,
-            allowed_models=allowed_models,
-            rpm_limit=rpm_limit,
-            tpm_limit=tpm_limit,
-            created_at_ms=now_ms(),
-        )
+        account = new_account(name, balance, allowed_models, rpm_limit, tpm_limit)
         with _unique_name(name):
             await self._execute(
                 f"INSERT INTO accounts ({rows.ACCOUNT}) VALUES ({rows.marks(len(rows.ACCOUNT_COLUMNS))})",
@@ -903,7 +891,7 @@ class PostgresStore:
                 account_id,
             )
             entry = TopUp(
-                id=_new_id("topup_"),
+                id=new_id("topup_"),
                 account_id=account_id,
                 amount=amount,
                 note=note,
@@ -964,16 +952,7 @@ class PostgresStore:
         credit_limit: Decimal | None = None,
         limit_reset: str | None = None,
     ) -> ApiKey:
-        key = ApiKey(
-            id=_new_id("key_"),
-            account_id=account_id,
-            name=name,
-            prefix=prefix,
-            created_at_ms=now_ms(),
-            expires_at_ms=expires_at_ms,
-            credit_limit=credit_limit,
-            limit_reset=limit_reset,
-        )
+        key = new_key(account_id, name, prefix, expires_at_ms, credit_limit, limit_reset)
         await self._execute(
             "INSERT INTO api_keys (id, account_id, name, key_hash, prefix, created_at_ms, expires_at_ms,"
             " credit_limit, limit_reset) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",

@@ -44,6 +44,9 @@ from ..records import (
     StoredImage,
     TopUp,
     UsageRecord,
+    new_account,
+    new_id,
+    new_key,
 )
 from . import journal
 from .key_cache import KeyCache
@@ -73,10 +76,6 @@ from .rows import (
 )
 from .schema import migrate
 from .writer import WriteOp, Writer
-
-
-def _new_id(prefix: str) -> str:
-    return prefix + os.urandom(12).hex()
 
 
 class SqliteStore:
@@ -598,15 +597,7 @@ class SqliteStore:
         rpm_limit: int | None = None,
         tpm_limit: int | None = None,
     ) -> Account:
-        account = Account(
-            id=_new_id("acct_"),
-            name=name,
-            balance=balance,
-            allowed_models=allowed_models,
-            rpm_limit=rpm_limit,
-            tpm_limit=tpm_limit,
-            created_at_ms=now_ms(),
-        )
+        account = new_account(name, balance, allowed_models, rpm_limit, tpm_limit)
 
         def op(conn: sqlite3.Connection) -> Account:
             with _unique_name(name):
@@ -665,7 +656,7 @@ class SqliteStore:
                         raise IdempotencyKeyReused(idempotency_key)
                     return entry, True
             entry = TopUp(
-                id=_new_id("topup_"),
+                id=new_id("topup_"),
                 account_id=account_id,
                 amount=amount,
                 note=note,
@@ -703,16 +694,7 @@ class SqliteStore:
         credit_limit: Decimal | None = None,
         limit_reset: str | None = None,
     ) -> ApiKey:
-        key = ApiKey(
-            id=_new_id("key_"),
-            account_id=account_id,
-            name=name,
-            prefix=prefix,
-            created_at_ms=now_ms(),
-            expires_at_ms=expires_at_ms,
-            credit_limit=credit_limit,
-            limit_reset=limit_reset,
-        )
+        key = new_key(account_id, name, prefix, expires_at_ms, credit_limit, limit_reset)
 
         def op(conn: sqlite3.Connection) -> ApiKey:
             conn.execute(
