@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -89,6 +90,7 @@ class HeldStream(StreamingResponse):
 ModelHandler = Callable[[Request, Call], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 REQUEST_ID_HEADER = "x-service-request-id"
+log = logging.getLogger("gateway.requests")
 
 
 def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bool = False) -> Endpoint:
@@ -154,7 +156,12 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                     kept = stream.capture.body()
                 # A stream the client did not read to its end: it left (as nginx logs it).
                 status = stream.status_code if stream.finished else request_log.CLIENT_CLOSED
-                await _close(state, request, call, status, kept, stream.sent, call.error_code)
+                try:
+                    await _close(state, request, call, status, kept, stream.sent, call.error_code)
+                except ServiceUnavailable:
+                    # The stream has gone out; its settlement stays queued and is made once the
+                    # store is back (docs/behaviour.md, "Faults"): nothing more to tell anyone.
+                    log.warning("the settlement of stream %s waits for the store", call.request_id)
 
             stream.when_done(close_stream)
         else:
