@@ -108,6 +108,24 @@ def test_streamed_completion_same_id_on_every_chunk(gw: Gateway, key: KeyHandle,
     assert all(c.choices for c in chunks)
 
 
+def test_usage_record_answers_the_moment_a_stream_ends(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI
+) -> None:
+    """Streams carry no cost header: their users ask /v1/usage/{id} as soon as the stream ends (spec
+    4, note 3), before the settlement's group commit has necessarily been applied."""
+    with gw.client(key.key) as c:
+        for n in range(10):
+            stream = oai.chat.completions.create(
+                model="openai/gpt-4o-mini",
+                messages=[{"role": "user", "content": f"usage at once {n} [sim tokens=3]"}],
+                stream=True,
+            )
+            usage_id = [chunk.id for chunk in stream][-1]
+            r = c.get(f"/v1/usage/{usage_id}")
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 3
+
+
 def test_stream_include_usage_last_chunk_and_billing(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
     before = gw.balance(key.account_id)
     with oai.chat.completions.with_streaming_response.create(

@@ -9,6 +9,7 @@ records' costs = balance + the request log's costs, with every hold back.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -180,6 +181,59 @@ def test_kill_9_mid_stream_bills_what_was_delivered(sim_url: str, tmp_path: Path
         assert logged == [(cost, rid)]
         ((balance,),) = g.query("SELECT balance FROM accounts WHERE id = ?", key.account_id)
         assert balance == Decimal(10) - cost
+
+
+def _slow_commits(url: str, seconds: float) -> None:
+    """Every usage record inserted from now on takes `seconds` before its transaction can commit."""
+
+    async def run() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
+                f" $$BEGIN PERFORM pg_sleep({seconds}); RETURN NEW; END$$;"
+                " CREATE TRIGGER slow_commit AFTER INSERT ON usage_records"
+                " FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def test_postgres_answer_before_its_commit_survives_kill_9(
+    sim_url: str, tmp_path: Path, postgres_url: str, redis_url: str
+) -> None:
+    """On PostgreSQL an answer waits until its settlement has been handed to the database, not for
+    the commit (store/postgres/writer.py): the gateway killed in between, the database still commits
+    the charge, its usage record and its log entry."""
+    with instance(tmp_path, sim_url, backend="postgres") as g:
+        key = g.new_key("10")
+        headers = {"authorization": f"Bearer {key.key}"}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}]}
+        with httpx.Client(base_url=g.url, timeout=30) as c:
+            for _ in range(3):  # the writer's connections open
+                assert c.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+            assert g.settings.store_url is not None
+            _slow_commits(g.settings.store_url, 2.0)
+            answer = c.post("/v1/chat/completions", json=body, headers=headers)
+        assert answer.status_code == 200
+        usage_id = answer.json()["id"]
+        # Answered while its settlement was still committing ...
+        assert not g.query("SELECT id FROM usage_records WHERE id = ?", usage_id)
+        g.kill()  # ... and the gateway gone before the commit.
+        deadline = time.monotonic() + 15
+        while not (found := g.query("SELECT cost FROM usage_records WHERE id = ?", usage_id)):
+            assert time.monotonic() < deadline, "the charge of an answered request was lost"
+            time.sleep(0.1)
+        ((cost,),) = found
+        assert cost > 0
+        assert g.query("SELECT cost FROM request_logs WHERE usage_id = ?", usage_id) == [(cost,)]
+        ((charged,),) = g.query("SELECT sum(cost) AS cost FROM usage_records WHERE key_id = ?", key.key_id)
+        ((balance,),) = g.query("SELECT balance FROM accounts WHERE id = ?", key.account_id)
+        assert balance == Decimal(10) - charged
 
 
 @pytest.mark.slow

@@ -200,10 +200,23 @@ async def settle_batch(
     (log_values), then those of `settlements`, inserted in that order; the settlements recorded and
     charged as settle_many says; the progress of the `ended` streams deleted. Returns how many
     settlements were new."""
+    args = settle_args(owner, progress=progress, logs=logs, settlements=settlements, ended=ended)
+    result: int = await conn.fetchval(SETTLE, *args)
+    return result
+
+
+def settle_args(
+    owner: str | None,
+    *,
+    progress: dict[str, bytes] | None = None,
+    logs: Sequence[tuple[Any, ...]] = (),
+    settlements: Sequence[Settlement] = (),
+    ended: Iterable[str] = (),
+) -> tuple[Any, ...]:
+    """The arguments of SETTLE for a batch (settle_batch)."""
     entries = list(logs) + [log_values(s.log) for s in settlements if s.log is not None]
     progress = progress or {}
-    result: int = await conn.fetchval(
-        SETTLE,
+    return (
         owner,
         list(progress),
         list(progress.values()),
@@ -211,7 +224,6 @@ async def settle_batch(
         *_columns(entries, len(LOG_COLUMNS)),
         list(ended),
     )
-    return result
 
 
 def _columns(values: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:

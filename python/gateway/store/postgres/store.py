@@ -9,8 +9,9 @@ Money, as on SQLite: exact decimals (`numeric`, Python Decimal), every charge on
 the pot's row lock (`SELECT ... FOR UPDATE`) against what every owner's leases leave free.
 
 Settlements (writer.py): `settle` returns once the charge, the usage record and the log entry have
-committed durably, grouped with the other settlements of the moment into one transaction of one
-statement (one round trip: gateway_settle, migrations/0002). If the database
+been handed to the database (written to its connection; the commit follows, and a killed gateway
+process cannot stop it), grouped with the other settlements of the moment into one transaction of
+one statement (one round trip: gateway_settle, migrations/0002). If the database
 is away the settlement stays queued in this process and is retried until it commits; `settle`
 waits for that up to SETTLE_WAIT_SECONDS and then raises StoreUnavailable (the request answers 503
 rather than succeed without a durable charge), while the settlement still commits when the database
@@ -151,6 +152,11 @@ class PostgresStore:
             conn = await asyncpg.connect(self.url, server_settings=_SERVER_SETTINGS)
             try:
                 await migrate(conn)
+                settings = dict(_SERVER_SETTINGS)
+                if conn.get_server_version().major >= 14:
+                    # A statement whose client has gone still runs to its commit, whatever the
+                    # server's default: a settlement's caller may have been released (writer.py).
+                    settings["client_connection_check_interval"] = "0"
             finally:
                 await conn.close()
             self._pool = await asyncpg.create_pool(
@@ -158,7 +164,7 @@ class PostgresStore:
                 min_size=1,
                 max_size=self.pool_size,
                 command_timeout=COMMAND_TIMEOUT_SECONDS,
-                server_settings=_SERVER_SETTINGS,
+                server_settings=settings,
                 reset=_keep_session,
             )
             await self._register()
@@ -170,7 +176,15 @@ class PostgresStore:
                 raise StoreUnavailable(f"PostgreSQL is out of reach: {exc}") from exc
             raise
         self._started = True
-        self._writer = Writer(self._acquire, self._owner)
+        self._writer = Writer(
+            lambda: asyncpg.connect(
+                self.url,
+                server_settings=settings,
+                command_timeout=COMMAND_TIMEOUT_SECONDS,
+                timeout=ACQUIRE_TIMEOUT_SECONDS,
+            ),
+            self._owner,
+        )
         self._writer.start()
         await self._open_control()
         self._control_task = asyncio.get_running_loop().create_task(
@@ -258,12 +272,19 @@ class PostgresStore:
                 await asyncio.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    async def _caught_up(self) -> None:
+        """A read sees this process's settlements, even those whose commit is still under way."""
+        if self._writer is not None:
+            await self._writer.committed()
+
     async def _fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        await self._caught_up()
         async with self._acquire() as conn:
             row: asyncpg.Record | None = await conn.fetchrow(sql, *args)
             return row
 
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        await self._caught_up()
         async with self._acquire() as conn:
             found: list[asyncpg.Record] = await conn.fetch(sql, *args)
             return found
@@ -455,10 +476,11 @@ class PostgresStore:
 
     async def settle(self, record: UsageRecord, entry: RequestLog | None = None) -> None:
         """Store the usage record and the request's log entry and charge its cost, atomically and
-        exactly once, taking the cost off this process's leases too; returns once committed.
-        StoreUnavailable when it could not commit within SETTLE_WAIT_SECONDS: it stays queued and
-        commits when the database is back."""
-        future = self._writer_or_fail().settle(Settlement(record, entry))
+        exactly once, taking the cost off this process's leases too; returns once handed to the
+        database (writer.py: its commit follows whatever happens to this process; reads of this
+        process wait for it). StoreUnavailable when it could not be handed over within
+        SETTLE_WAIT_SECONDS: it stays queued and commits when the database is back."""
+        future = await self._writer_or_fail().settle(Settlement(record, entry))
         try:
             await asyncio.wait_for(asyncio.shield(future), SETTLE_WAIT_SECONDS)
         except TimeoutError:
