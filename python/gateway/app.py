@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from . import background as background_responses
-from . import jobs
+from . import console, jobs
 from . import videos as video_jobs
 from ._core import count_tokens
 from .buckets import BucketStore, FileBuckets
@@ -135,6 +135,7 @@ def create_app(settings: Settings) -> Starlette:
             *models.routes(state),
             *usage.routes(state),
             *admin.routes(state),
+            *console.routes(state),
         ],
         exception_handlers={
             GatewayError: _gateway_error,

@@ -43,12 +43,22 @@ def presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+# An ASGI scope entry, set only by the gateway's own console when it runs a playground request in
+# process under the account's playground key (clients cannot set scope entries): its KeyContext.
+CONSOLE_CALL = "gateway.console_call"
+
+
 async def authenticate(request: Request, store: Store) -> KeyContext:
     """The caller's key and account, or 401 (spec 5). Runs before anything reaches a model. The
     answer's x-ratelimit-* headers come from what it found (gateway.ratelimit_headers)."""
     slot = key_slot(request.scope)
     if slot is not None:
         slot.checked = True
+    console_ctx: KeyContext | None = request.scope.get(CONSOLE_CALL)
+    if console_ctx is not None:  # the console's playground, in process (gateway.console.playground)
+        if slot is not None:
+            slot.ctx = console_ctx
+        return console_ctx
     token = presented_key(request)
     if not token:
         raise GatewayError(

@@ -25,6 +25,8 @@ ERROR_TABLE: Final[Mapping[str, tuple[int, str]]] = {
     "key_expired": (401, "authentication_error"),
     # Added beyond the spec's table: the management API's admin token is missing or wrong.
     "invalid_admin_token": (401, "authentication_error"),
+    # Added beyond the spec's table: a console script called without a signed-in session.
+    "not_signed_in": (401, "authentication_error"),
     "model_not_allowed": (403, "permission_error"),
     "forbidden": (403, "permission_error"),
     "not_found": (404, "not_found_error"),

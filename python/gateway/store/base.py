@@ -13,10 +13,16 @@ from .records import (
     Account,
     AccountChanges,
     ApiKey,
+    ChatMessage,
+    ConsoleSession,
+    ConsoleUser,
+    Conversation,
     IdempotencyClaim,
     Job,
     KeyChanges,
     KeyContext,
+    LogQuery,
+    LogStats,
     RequestLog,
     ResponseState,
     StoredAnswer,
@@ -166,9 +172,21 @@ class RequestLogs(Protocol):
         """Keep the entry. Returns at once; written with the next group commit."""
 
     async def list_request_logs(
-        self, *, account_id: str | None, key_id: str | None, before: str | None, limit: int
+        self,
+        *,
+        account_id: str | None,
+        key_id: str | None,
+        before: str | None,
+        limit: int,
+        query: LogQuery | None = None,
     ) -> list[RequestLog]:
-        """Newest first, without bodies; `before` is the id of the last entry of the previous page."""
+        """Newest first, without bodies; `before` is the id of the last entry of the previous page.
+        `query` narrows it further (its account_id and key_id, when set, must match the others)."""
+
+    async def log_stats(self, account_id: str | None, since_ms: int, until_ms: int, bucket_ms: int) -> LogStats:
+        """The requests of one account (every account: None) started in [since_ms, until_ms): per
+        bucket of `bucket_ms` from since_ms (every bucket, empty ones too) and per model. Fast on
+        millions of entries (an index on account and start time)."""
 
     async def get_request_log(self, log_id: str) -> RequestLog | None:
         """One entry, with its bodies unless they were purged."""
@@ -280,7 +298,73 @@ class Idempotency(Protocol):
         """Delete every idempotency entry expired at `now_ms`; returns how many were deleted."""
 
 
-class Store(Accounts, Ledger, RequestLogs, Blobs, ResponseStates, Jobs, Idempotency, Protocol):
+class Console(Protocol):
+    """The console's own records: its users, their sessions, and playground conversations."""
+
+    async def create_console_user(
+        self,
+        email: str,
+        role: str,
+        account_id: str | None,
+        invite_hash: bytes | None,
+        invite_expires_at_ms: int | None,
+    ) -> ConsoleUser:
+        """A new user (email lower-cased); NameTaken if a user has this email already."""
+
+    async def get_console_user(self, user_id: str) -> ConsoleUser | None: ...
+
+    async def find_console_user(self, email: str) -> ConsoleUser | None:
+        """The user with this email (compared lower-cased)."""
+
+    async def find_console_invite(self, invite_hash: bytes, now_ms: int) -> ConsoleUser | None:
+        """The user whose open invitation has this token hash and has not expired at now_ms."""
+
+    async def list_console_users(self, account_id: str | None = None) -> list[ConsoleUser]:
+        """Every user (of one account), oldest first."""
+
+    async def set_console_password(self, user_id: str, password_hash: str) -> bool:
+        """Set the password and close the invitation (single use); False if there is no such user."""
+
+    async def set_console_invite(self, user_id: str, invite_hash: bytes, expires_at_ms: int) -> bool:
+        """Open a new invitation (a password reset by the operator): the old password stops working
+        and every session of the user ends. False if there is no such user."""
+
+    async def delete_console_user(self, user_id: str) -> bool:
+        """Delete the user and end their sessions (their conversations stay with the account)."""
+
+    async def create_console_session(self, session: ConsoleSession) -> None: ...
+
+    async def get_console_session(self, session_id: bytes) -> ConsoleSession | None: ...
+
+    async def touch_console_session(self, session_id: bytes, seen_at_ms: int) -> None:
+        """Note the session's latest request (idle expiry counts from it)."""
+
+    async def delete_console_session(self, session_id: bytes) -> None: ...
+
+    async def purge_console_sessions(self, now_ms: int, idle_ms: int) -> int:
+        """Delete sessions past their absolute expiry or idle for idle_ms; returns how many."""
+
+    async def create_conversation(self, conversation: Conversation) -> None: ...
+
+    async def list_conversations(self, account_id: str) -> list[Conversation]:
+        """The account's conversations, most recently updated first."""
+
+    async def get_conversation(
+        self, conversation_id: str, account_id: str
+    ) -> tuple[Conversation, list[ChatMessage]] | None:
+        """The conversation with its messages in order, if it is this account's."""
+
+    async def rename_conversation(self, conversation_id: str, account_id: str, title: str) -> bool: ...
+
+    async def delete_conversation(self, conversation_id: str, account_id: str) -> bool:
+        """Delete the conversation and its messages, if it is this account's."""
+
+    async def add_chat_message(self, message: ChatMessage, account_id: str) -> bool:
+        """Append a message (and bump its conversation's updated_at); False if the conversation is
+        not this account's."""
+
+
+class Store(Accounts, Ledger, RequestLogs, Blobs, ResponseStates, Jobs, Idempotency, Console, Protocol):
     """A whole backend: every role, opened and closed."""
 
     async def start(self) -> None:

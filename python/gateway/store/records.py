@@ -281,6 +281,105 @@ class Settlement:
     log: RequestLog | None = None
 
 
+# ---------------------------------------------------------------------- the console (gateway.console)
+
+CONSOLE_ROLES: Final = ("member", "operator")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleUser:
+    """Someone who signs in to the console with an email and a password: a `member` of one account
+    (sees and manages only it) or an `operator` (every account; account_id None). A new user has no
+    password until they follow their invitation (a single-use link whose token is kept hashed)."""
+
+    id: str
+    email: str  # lower-cased, unique
+    role: str  # one of CONSOLE_ROLES
+    account_id: str | None
+    password_hash: str | None  # argon2id (PHC string); None until the invitation is used
+    invite_hash: bytes | None  # sha256 of the invitation token while one is open
+    invite_expires_at_ms: int | None
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSession:
+    """A signed-in browser. The cookie holds a random token; only its sha256 (`id`) is kept. An
+    operator signed in with the admin token has no user (user_id None, role "operator")."""
+
+    id: bytes
+    user_id: str | None
+    role: str
+    account_id: str | None  # a member's account
+    csrf: str  # the token every state-changing request must carry
+    created_at_ms: int
+    seen_at_ms: int  # the last request: idle expiry counts from here
+    expires_at_ms: int  # absolute expiry
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A playground conversation, kept until its account's members delete it (spec 8)."""
+
+    id: str
+    account_id: str
+    user_id: str | None
+    title: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One turn of a conversation; an assistant's answer carries what it cost and which request
+    (its request log id) it was."""
+
+    id: str
+    conversation_id: str
+    role: str  # "user" or "assistant"
+    content: str
+    model: str | None
+    request_id: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost: Decimal | None
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogQuery:
+    """Which request log entries a list shows (newest first): every field narrows it; None is any."""
+
+    account_id: str | None = None
+    key_id: str | None = None
+    model: str | None = None
+    # An exact status (404), or a class: 2, 4 or 5 for 2xx, 4xx, 5xx (as `status_class`).
+    status: int | None = None
+    status_class: int | None = None
+    path: str | None = None  # the endpoint, e.g. "/v1/chat/completions"
+    since_ms: int | None = None  # started at or after
+    until_ms: int | None = None  # started before
+    request_id: str | None = None  # exactly this request id (x-service-request-id) or usage id
+
+
+@dataclass(frozen=True, slots=True)
+class LogBucket:
+    """One bar of the console's charts: requests started in [start_ms, start_ms + width)."""
+
+    start_ms: int
+    requests: int
+    errors: int  # status 400 and above (499: the client left)
+    cost: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class LogStats:
+    """A period's requests for the console's overview: per bucket, and spend per model."""
+
+    buckets: tuple[LogBucket, ...]
+    by_model: tuple[tuple[str, int, Decimal], ...]  # (model, requests, cost), costliest first
+
+
 def new_id(prefix: str) -> str:
     """A new record's id: its kind's prefix and 24 random hex digits."""
     return prefix + os.urandom(12).hex()

@@ -1,0 +1,71 @@
+"""Server-rendered pages: Jinja2 templates (autoescaped: every value a page shows is text, never
+markup, prompts and model output included) and the console's security headers on every answer."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from ..clock import rfc3339
+from ..errors import GatewayError
+from .security import SECURITY_HEADERS, Viewer
+
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,  # every template, whatever its name
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def money(value: Decimal | str | None, places: int = 6) -> str:
+    """US dollars for people: "$12.345678"; amounts under a cent keep their digits ("$0.0000138")."""
+    if value is None:
+        return "—"
+    amount = Decimal(value)
+    if amount != 0 and abs(amount) < Decimal("0.01"):
+        return f"${amount.normalize():f}"
+    return f"${amount.quantize(Decimal(1).scaleb(-places)):f}".rstrip("0").rstrip(".").replace("$-", "-$")
+
+
+def when(ms: int | None) -> str:
+    return "—" if ms is None else rfc3339(ms)
+
+
+_env.filters["money"] = money
+_env.filters["when"] = when
+
+
+def page(
+    request: Request, template: str, viewer: Viewer | None, status: int = 200, **context: Any
+) -> HTMLResponse:
+    """A whole page: `template` with the viewer (for the navigation and the CSRF token)."""
+    html = _env.get_template(template).render(
+        request=request,
+        viewer=viewer,
+        csrf=viewer.session.csrf if viewer is not None else "",
+        path=request.url.path,
+        **context,
+    )
+    return HTMLResponse(html, status_code=status)
+
+
+def error_page(request: Request, err: GatewayError, viewer: Viewer | None) -> Response:
+    response = page(request, "error.html", viewer, status=err.status, error=err)
+    response.headers.update(err.headers)
+    return response
+
+
+def with_security_headers(response: Response) -> Response:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
