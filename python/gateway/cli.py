@@ -417,13 +417,13 @@ async def _list_accounts(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _show_account(store: Store, args: argparse.Namespace) -> None:
-    from .routes.admin import account_json
+    from .management import account_json
 
     _print_json(account_json(await _account(store, args.account)))
 
 
 async def _update_account(store: Store, args: argparse.Namespace) -> None:
-    from .routes.admin import account_json
+    from .management import account_json
 
     account = await _account(store, args.account)
     given = _account_options(args)
@@ -514,7 +514,7 @@ async def _list_keys(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _show_key(store: Store, args: argparse.Namespace) -> None:
-    from .routes.admin import key_json
+    from .management import key_json
 
     key = await store.get_key(args.key_id)
     if key is None:
@@ -577,7 +577,7 @@ async def _list_logs(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _show_log(store: Store, args: argparse.Namespace) -> None:
-    from .routes.admin import log_with_bodies_json
+    from .management import log_with_bodies_json
 
     entry = await store.get_request_log(args.id)
     if entry is None:

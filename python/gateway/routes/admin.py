@@ -6,45 +6,52 @@ decimal string in both directions; a JSON number is read from its digits, never 
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
-from .. import budget, idempotency, request_log
-from ..auth import admin_token, authenticate_admin, display_prefix, generate_key, hash_key
-from ..clock import now_ms, rfc3339
+from .. import idempotency, management
+from ..auth import admin_token, authenticate_admin
 from ..errors import GatewayError, invalid_request
-from ..state import GatewayState
-from ..store import (
-    Account,
-    AccountChanges,
-    ApiKey,
-    IdempotencyKeyReused,
-    KeyChanges,
-    NameTaken,
-    RequestLog,
-    TopUp,
+from ..management import (  # the renderers live with the operations; imported from here too
+    account_json,
+    body_json,
+    key_json,
+    log_json,
+    log_with_bodies_json,
+    top_up_json,
 )
+from ..state import GatewayState
+from ..store import Account
 from .common import json_response, read_body
+
+__all__ = [
+    "PREFIX",
+    "account_json",
+    "body_json",
+    "key_json",
+    "log_json",
+    "log_with_bodies_json",
+    "routes",
+    "top_up_json",
+]
 
 # (status, payload) or (status, payload, headers)
 Handler = Callable[[Request], Awaitable[tuple[Any, ...]]]
 PREFIX = "/admin/v1"
-STREAM_SUMMARY_PREFIX = b'{"object":"' + request_log.STREAM_SUMMARY.encode() + b'"'
 
 
 def routes(state: GatewayState) -> list[Route]:
     store = state.store
     token = admin_token(state.settings)
     body_limit = state.settings.max_request_bytes
-    account_fields = field.account_fields(frozenset(m.name for m in state.settings.models))
+    configured = frozenset(m.name for m in state.settings.models)
 
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
@@ -61,22 +68,13 @@ def routes(state: GatewayState) -> list[Route]:
         account_id = request.path_params["account_id"]
         account = await store.get_account(account_id)
         if account is None:
-            raise _no_account(account_id)
+            raise management.no_account(account_id)
         return account
 
     # ---------------------------------------------------------------- accounts
 
     async def create_account(request: Request) -> tuple[int, Any]:
-        fields = field.read_fields(
-            await body(request), {**account_fields, "balance": field.money}, required=("name",)
-        )
-        name = fields.pop("name")
-        balance = fields.pop("balance", Decimal(0))
-        try:
-            account = await store.create_account(name, balance, **fields)
-        except NameTaken as exc:
-            raise invalid_request(f"An account named {name!r} exists already.", "name") from exc
-        return 201, account_json(account)
+        return 201, account_json(await management.create_account(store, configured, await body(request)))
 
     async def list_accounts(request: Request) -> tuple[int, Any]:
         after, limit = _paging(request)
@@ -88,34 +86,16 @@ def routes(state: GatewayState) -> list[Route]:
         return 200, account_json(await account_of(request))
 
     async def update_account(request: Request) -> tuple[int, Any]:
-        changes = cast(AccountChanges, field.read_fields(await body(request), account_fields))
         account_id = request.path_params["account_id"]
-        try:
-            account = await store.update_account(account_id, changes)
-        except NameTaken as exc:
-            raise invalid_request(
-                f"An account named {changes.get('name')!r} exists already.", "name"
-            ) from exc
-        if account is None:
-            raise _no_account(account_id)
+        account = await management.update_account(store, configured, account_id, await body(request))
         return 200, account_json(account)
 
     # ---------------------------------------------------------------- top-ups
 
     async def top_up(request: Request) -> tuple[Any, ...]:
-        fields = field.read_fields(await body(request), field.TOP_UP_FIELDS, required=("amount",))
-        account_id = request.path_params["account_id"]
+        fields = management.top_up_fields(await body(request))
         key = idempotency.requested_key(request)
-        try:
-            done = await store.top_up(account_id, fields["amount"], fields.get("note"), key)
-        except IdempotencyKeyReused as exc:
-            raise GatewayError(
-                "idempotency_key_reused",
-                "This Idempotency-Key was used for a top-up with another amount or note.",
-            ) from exc
-        if done is None:
-            raise _no_account(account_id)
-        entry, replayed = done
+        entry, replayed = await management.top_up(store, request.path_params["account_id"], fields, key)
         if replayed:  # answered as the first time, adding nothing (spec 8's header, as Stripe does)
             return 201, top_up_json(entry), {"Idempotency-Replayed": "true"}
         return 201, top_up_json(entry)
@@ -129,17 +109,8 @@ def routes(state: GatewayState) -> list[Route]:
     # ---------------------------------------------------------------- keys
 
     async def create_key(request: Request) -> tuple[int, Any]:
-        fields = field.read_fields(await body(request), field.KEY_FIELDS)
-        account = await account_of(request)
-        secret = generate_key()
-        key = await store.create_key(
-            account.id,
-            fields.get("name", "default"),
-            hash_key(secret),
-            display_prefix(secret),
-            fields.get("expires_at"),
-            credit_limit=fields.get("credit_limit"),
-            limit_reset=fields.get("limit_reset"),
+        key, secret = await management.create_key(
+            store, request.path_params["account_id"], await body(request)
         )
         return 201, {**key_json(key), "key": secret}
 
@@ -156,28 +127,16 @@ def routes(state: GatewayState) -> list[Route]:
         return 200, key_json(key)
 
     async def update_key(request: Request) -> tuple[int, Any]:
-        fields = field.read_fields(await body(request), field.KEY_FIELDS)
-        if "expires_at" in fields:
-            fields["expires_at_ms"] = fields.pop("expires_at")
-        key = await store.update_key(request.path_params["key_id"], cast(KeyChanges, fields))
-        if key is None:
-            raise _no_live_key(request.path_params["key_id"])
-        return 200, key_json(key)
+        return 200, key_json(
+            await management.update_key(store, request.path_params["key_id"], await body(request))
+        )
 
     async def rotate_key(request: Request) -> tuple[int, Any]:
-        secret = generate_key()
-        key = await store.rotate_key(request.path_params["key_id"], hash_key(secret), display_prefix(secret))
-        if key is None:
-            raise _no_live_key(request.path_params["key_id"])
+        key, secret = await management.rotate_key(store, request.path_params["key_id"])
         return 200, {**key_json(key), "key": secret}
 
     async def delete_key(request: Request) -> tuple[int, Any]:
-        key_id = request.path_params["key_id"]
-        deleted = await store.delete_key(key_id)
-        key = await store.get_key(key_id)
-        if not deleted or key is None:
-            raise _no_live_key(key_id)
-        return 200, key_json(key)
+        return 200, key_json(await management.delete_key(store, request.path_params["key_id"]))
 
     # ---------------------------------------------------------------- request logs
 
@@ -230,14 +189,6 @@ def routes(state: GatewayState) -> list[Route]:
     ]
 
 
-def _no_account(account_id: str) -> GatewayError:
-    return GatewayError("not_found", f"No account {account_id!r}.")
-
-
-def _no_live_key(key_id: str) -> GatewayError:
-    return GatewayError("not_found", f"No live key {key_id!r}.")
-
-
 # ---------------------------------------------------------------- reading requests
 
 
@@ -257,95 +208,6 @@ def _decode(raw: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number")
-
-
-# ---------------------------------------------------------------- rendering (money as decimal strings)
-
-
-def account_json(a: Account) -> dict[str, Any]:
-    return {
-        "id": a.id,
-        "object": "account",
-        "name": a.name,
-        "balance": field.money_text(a.balance),
-        "allowed_models": None if a.allowed_models is None else sorted(a.allowed_models),
-        "rpm_limit": a.rpm_limit,
-        "tpm_limit": a.tpm_limit,
-        "created_at": rfc3339(a.created_at_ms),
-    }
-
-
-def key_json(k: ApiKey) -> dict[str, Any]:
-    return {
-        "id": k.id,
-        "object": "api_key",
-        "account_id": k.account_id,
-        "name": k.name,
-        "prefix": k.prefix,
-        "credit_limit": None if k.credit_limit is None else field.money_text(k.credit_limit),
-        "limit_reset": k.limit_reset,
-        # What counts against credit_limit now (0 once a new period began).
-        "spent": field.money_text(budget.spent_now(k, now_ms())),
-        "expires_at": None if k.expires_at_ms is None else rfc3339(k.expires_at_ms),
-        "created_at": rfc3339(k.created_at_ms),
-        "deleted_at": None if k.deleted_at_ms is None else rfc3339(k.deleted_at_ms),
-    }
-
-
-def top_up_json(t: TopUp) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "object": "top_up",
-        "account_id": t.account_id,
-        "amount": field.money_text(t.amount),
-        "note": t.note,
-        "balance_after": field.money_text(t.balance_after),
-        "created_at": rfc3339(t.created_at_ms),
-    }
-
-
-def log_json(e: RequestLog) -> dict[str, Any]:
-    return {
-        "id": e.id,
-        "object": "request_log",
-        "key_id": e.key_id,
-        "account_id": e.account_id,
-        "method": e.method,
-        "path": e.path,
-        "model": e.model,
-        "status": e.status,
-        "error_code": e.error_code,
-        "started_at": rfc3339(e.started_at_ms),
-        "duration_ms": e.duration_ms,
-        "cost": None if e.cost is None else field.money_text(e.cost),
-        "usage_id": e.usage_id,
-        "attempts": json.loads(e.attempts) if e.attempts else [],
-        "request_bytes": e.request_bytes,
-        "response_bytes": e.response_bytes,
-    }
-
-
-def log_with_bodies_json(e: RequestLog) -> dict[str, Any]:
-    """One request log entry with its kept bodies (GET /admin/v1/logs/{id}, `gateway admin show-log`)."""
-    return {
-        **log_json(e),
-        "request_body": body_json(e.request_body, e.request_bytes),
-        "response_body": body_json(e.response_body, e.response_bytes),
-    }
-
-
-def body_json(data: bytes | None, size: int) -> dict[str, Any] | None:
-    """A kept body (None once purged): as text when it is UTF-8 (JSON, SSE), else base64 (audio,
-    images, multipart); `truncated` when only the first [logs] max_body_bytes were kept."""
-    if data is None:
-        return None
-    try:
-        encoding, text = "utf-8", data.decode()
-    except UnicodeDecodeError:  # binary, or text cut inside a character
-        encoding, text = "base64", base64.b64encode(data).decode()
-    # A streamed text answer is kept as its summary, whole, not as a prefix of the events.
-    summary = data.startswith(STREAM_SUMMARY_PREFIX)
-    return {"encoding": encoding, "data": text, "truncated": not summary and size > len(data)}
 
 
 def _paging(request: Request) -> tuple[str | None, int]:
