@@ -56,7 +56,7 @@ test-rust: ## cargo tests of the core (no Python)
 	cargo test --locked -p gateway-core --release
 
 .PHONY: test-py
-test-py: setup $(STAMPS)/js ## pytest (real processes: gateway on Granian, simulator, official clients)
+test-py: setup $(STAMPS)/js $(STAMPS)/chromium ## pytest (real processes: gateway on Granian, simulator, official clients)
 	$(BIN)/python -m pytest -q
 
 # The JavaScript clients the suite runs (tests/js: the Vercel AI SDK), exactly as package-lock.json
@@ -66,6 +66,19 @@ $(STAMPS)/js: tests/js/package.json tests/js/package-lock.json
 	@if command -v npm >/dev/null; then \
 	  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error && touch $@; \
 	else echo "npm not found: the tests of JavaScript clients will be skipped"; fi
+
+# The browser the console's tests drive through Playwright: Debian's chromium at /usr/bin/chromium
+# (Playwright's own browser download cannot be used here). sudo only when not root. If it cannot be
+# installed the stamp is not made and the browser tests are skipped, saying why (they fail instead
+# under GATEWAY_REQUIRE_SERVICES=1, as in CI).
+$(STAMPS)/chromium:
+	@mkdir -p $(STAMPS)
+	@if [ -x /usr/bin/chromium ]; then touch $@; else \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  if $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium; then touch $@; \
+	  else echo "chromium could not be installed: the browser tests will be skipped"; fi; \
+	fi
 
 # What the benchmarks need beyond the test set-up: wrk (Debian), chart and packaging libraries,
 # LiteLLM's proxy in its own venv, Portkey's gateway from npm (skipped without Node.js).

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 import httpx
@@ -22,6 +23,9 @@ from harness import (
     postgres_database,
     running,
 )
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 
 @pytest.fixture(scope="session")
@@ -157,3 +161,101 @@ def backend_gw(backend: str, request: pytest.FixtureRequest) -> Gateway:
     """
     chosen: Gateway = request.getfixturevalue(f"{backend}_gw")
     return chosen
+
+
+# The browser of the console's tests: Debian's chromium (`make test-py` installs it, the Makefile's
+# $(STAMPS)/chromium; Playwright's own browser download cannot be used here).
+CHROMIUM = "/usr/bin/chromium"
+
+
+class _PlaywrightLoop:
+    """Playwright's sync API marks its event loop as running in the tests' thread from its start to
+    its stop (its calls need that), and asyncio.run refuses to start while a loop is marked so:
+    with the session's `browser` open, every later test calling asyncio.run (many do, and
+    harness.with_store) would fail. So the mark is held only while Playwright is used: during the
+    set-up and teardown of `browser` and of every fixture built on it (`page`, and any fixture
+    depending on them), and during the call of a test that uses them; it is parked elsewhere.
+    Inside those, asyncio code runs on a thread of its own (as harness._run does)."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None  # Playwright's, while a browser is open
+        self.fixtures = {"browser"}  # the fixtures built on the browser, as they are set up
+
+    def hold(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            asyncio.events._set_running_loop(self.loop)
+
+    def park(self) -> None:
+        if self.loop is not None and asyncio.events._get_running_loop() is self.loop:
+            asyncio.events._set_running_loop(None)
+
+
+_PLAYWRIGHT_LOOP = _PlaywrightLoop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, Any, Any]:
+    if fixturedef.argname not in _PLAYWRIGHT_LOOP.fixtures:
+        if not _PLAYWRIGHT_LOOP.fixtures.intersection(fixturedef.argnames):
+            return (yield)
+        _PLAYWRIGHT_LOOP.fixtures.add(fixturedef.argname)
+    # Finalizers run last-in first-out: the loop is held for the fixture's own teardown only.
+    request.addfinalizer(_PLAYWRIGHT_LOOP.park)
+    _PLAYWRIGHT_LOOP.hold()
+    try:
+        return (yield)
+    finally:
+        request.addfinalizer(_PLAYWRIGHT_LOOP.hold)
+        _PLAYWRIGHT_LOOP.park()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    if not _PLAYWRIGHT_LOOP.fixtures.intersection(getattr(item, "fixturenames", ())):
+        return (yield)
+    _PLAYWRIGHT_LOOP.hold()
+    try:
+        return (yield)
+    finally:
+        _PLAYWRIGHT_LOOP.park()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Headless chromium driven by Playwright's sync API, one for the session (each test takes a
+    context of its own: see `page`). Skipped or failed by `unavailable` without Playwright or
+    chromium. Between its uses asyncio.run works as before (_PlaywrightLoop)."""
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError:
+        unavailable("playwright is not installed (the `test` extra of pyproject.toml)")
+    if not os.access(CHROMIUM, os.X_OK):
+        unavailable(f"{CHROMIUM} is missing (`make .stamps/chromium` installs Debian's chromium)")
+    try:
+        with sync_playwright() as playwright:
+            try:
+                # No sandbox: it cannot start as root (this machine and CI); the pages are our own.
+                chromium = playwright.chromium.launch(
+                    executable_path=CHROMIUM, headless=True, chromium_sandbox=False, args=["--no-sandbox"]
+                )
+            except Error as exc:
+                unavailable(f"{CHROMIUM} does not start under Playwright: {exc.message.splitlines()[0]}")
+            _PLAYWRIGHT_LOOP.loop = asyncio.events._get_running_loop()
+            try:
+                yield chromium
+            finally:
+                chromium.close()
+    finally:
+        _PLAYWRIGHT_LOOP.loop = None
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A page in a fresh browser context (its own cookies and storage), 1280x800, closed after."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
