@@ -30,6 +30,9 @@ class Call:
     # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
     idempotency: tuple[str, str] | None = None
     attempts: list[Attempt] = field(default_factory=list)  # the channels tried (gateway.routing)
+    # The request's parameters the model does not take, dropped on the way upstream (spec 1.3;
+    # gateway.registry notes them): shown with the attempts in the log entry. Empty: none.
+    dropped_params: tuple[str, ...] = ()
     # The charge billing.settle decided, made durable with the log entry when the request closes.
     settlement: UsageRecord | None = None
     progress_noted: bool = False  # a running stream journaled its progress (billing.note_progress)

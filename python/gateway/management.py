@@ -211,6 +211,7 @@ def top_up_json(t: TopUp) -> dict[str, Any]:
 
 
 def log_json(e: RequestLog) -> dict[str, Any]:
+    attempts: list[dict[str, Any]] = json.loads(e.attempts) if e.attempts else []
     return {
         "id": e.id,
         "object": "request_log",
@@ -225,10 +226,23 @@ def log_json(e: RequestLog) -> dict[str, Any]:
         "duration_ms": e.duration_ms,
         "cost": None if e.cost is None else field.money_text(e.cost),
         "usage_id": e.usage_id,
-        "attempts": json.loads(e.attempts) if e.attempts else [],
+        "attempts": attempts,
+        # The parameters the model does not take, dropped on the way to it (spec 1.3).
+        "dropped_params": dropped_params(attempts),
         "request_bytes": e.request_bytes,
         "response_bytes": e.response_bytes,
     }
+
+
+def dropped_params(attempts: list[dict[str, Any]]) -> list[str]:
+    """The parameters dropped because the model does not take them (spec 1.3), as the request's
+    attempts name them (gateway.request_log): the same for every try of the model."""
+    names: set[str] = set()
+    for attempt in attempts:
+        dropped = attempt.get("dropped_params")
+        if isinstance(dropped, list):
+            names.update(str(n) for n in dropped)
+    return sorted(names)
 
 
 def log_with_bodies_json(e: RequestLog) -> dict[str, Any]:

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from .config import ModelConfig
 from .errors import GatewayError, invalid_request
 from .providers import PROVIDERS
 from .routing import ChannelBody, json_body
 from .store import KeyContext
+
+if TYPE_CHECKING:
+    from .context import Call
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+Part = TypeVar("Part", bound=_Named)
 
 # Which endpoint serves each model type (spec 4 note 4), for the error that points the caller there.
 ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
@@ -92,14 +103,41 @@ class ModelRegistry:
         """Exactly the parameters this model receives; the rest are dropped (spec 1.3)."""
         return self._params[model.name]
 
-    def upstream_body(self, model: ModelConfig, payload: dict[str, Any]) -> dict[str, Any]:
+    def upstream_body(
+        self, model: ModelConfig, payload: dict[str, Any], call: Call | None = None
+    ) -> dict[str, Any]:
         """The request as the model's first channel receives it: the request's own fields, the
-        supported parameters untouched, everything else dropped, and the upstream's model name."""
+        supported parameters untouched, everything else dropped, and the upstream's model name.
+        With the request's `call`, the names of what was dropped are noted on it (its log entry)."""
         keep = self._params[model.name] | REQUIRED_FIELDS.get(model.type, frozenset({"model"}))
         body = {k: v for k, v in payload.items() if k in keep}
+        if call is not None and len(body) < len(payload):
+            note_dropped(call, payload, keep)
         body["model"] = model.channels[0].upstream_model
         return body
 
-    def channel_body(self, model: ModelConfig, payload: dict[str, Any]) -> ChannelBody:
+    def channel_body(
+        self, model: ModelConfig, payload: dict[str, Any], call: Call | None = None
+    ) -> ChannelBody:
         """upstream_body, encoded for whichever channel the request goes to."""
-        return json_body(self.upstream_body(model, payload))
+        return json_body(self.upstream_body(model, payload, call))
+
+    def form_parts(
+        self, model: ModelConfig, parts: Sequence[Part], required: frozenset[str], call: Call
+    ) -> list[Part]:
+        """The parts of a multipart request the model receives: the `required` ones (the request
+        itself) and its supported parameters; the rest are dropped and noted on the `call`."""
+        keep = self._params[model.name] | required
+        kept = [p for p in parts if p.name in keep]
+        if len(kept) < len(parts):
+            note_dropped(call, (p.name for p in parts), keep)
+        return kept
+
+
+def note_dropped(call: Call, names: Iterable[str], keep: frozenset[str]) -> None:
+    """Note on the request the names among `names` (its fields or form parts) that are not kept:
+    the parameters dropped because the model does not take them (spec 1.3), for its log entry.
+    Called only when something was dropped, so a request that drops nothing pays nothing."""
+    dropped = sorted({name for name in names if name not in keep})
+    if dropped:
+        call.dropped_params = tuple(dropped)

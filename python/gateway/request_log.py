@@ -73,6 +73,7 @@ def entry(
     usage_id: str | None = None,
     attempts: list[Attempt] | None = None,
     keep_request: bool = True,
+    dropped_params: tuple[str, ...] = (),
 ) -> RequestLog:
     """One request's log entry, bodies cut to `body_limit` bytes. A request refused for its key
     has no request id (spec 7.3.1): its entry gets an id of its own and keeps no bodies, since
@@ -92,12 +93,23 @@ def entry(
         duration_ms=(time.time_ns() - started_ns) // 1_000_000,
         cost=cost,
         usage_id=usage_id,
-        attempts=orjson.dumps(attempts).decode() if attempts else None,
+        attempts=_attempts_json(attempts, dropped_params) if attempts else None,
         request_body=raw[:body_limit] if raw is not None and keep_request else None,
         request_bytes=request_bytes,
         response_body=None if response_body is None else response_body[:body_limit],
         response_bytes=len(response_body or b"") if response_bytes is None else response_bytes,
     )
+
+
+def _attempts_json(attempts: list[Attempt], dropped_params: tuple[str, ...]) -> str:
+    """The attempts as the log keeps them; each try of the model itself (not of a safety check) also
+    names the parameters the model does not take, dropped on the way to it (`dropped_params`),
+    when there were any."""
+    if not dropped_params:
+        return orjson.dumps(attempts).decode()
+    tried: list[dict[str, object]] = orjson.loads(orjson.dumps(attempts))
+    dropped = list(dropped_params)
+    return orjson.dumps([a if "check" in a else {**a, "dropped_params": dropped} for a in tried]).decode()
 
 
 def entry_for(
@@ -126,6 +138,7 @@ def entry_for(
         cost=call.charged,
         usage_id=call.usage_id,
         attempts=call.attempts,
+        dropped_params=call.dropped_params,
     )
 
 

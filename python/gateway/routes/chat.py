@@ -56,7 +56,7 @@ def routes(state: GatewayState) -> list[Route]:
         if model.type == "messages":
             return await _from_messages_model(state, request, call, model, raw, payload)
 
-        upstream = state.registry.upstream_body(model, payload)
+        upstream = state.registry.upstream_body(model, payload, call)
         rid = response_id("chatcmpl-")
         if payload.get("stream") is not True:
             return await forward_plain(
@@ -105,7 +105,7 @@ async def _from_messages_model(
     answer or stream comes back as chat completions (gateway.translate), billed from the upstream's
     own usage."""
     translated = messages_request_from_chat(payload, model.max_output_tokens)
-    upstream = state.registry.channel_body(model, translated)
+    upstream = state.registry.channel_body(model, translated, call)
     rid = response_id("chatcmpl-")
     created = int(time.time())
     if payload.get("stream") is not True:

@@ -27,7 +27,7 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "embedding")
         inputs = _inputs(payload.get("input"))
         await billing.hold(state, call, model, _counted_usage(model, inputs))
-        upstream = state.registry.channel_body(model, payload)
+        upstream = state.registry.channel_body(model, payload, call)
         # OpenAI's embeddings answer has no id; the gateway adds one (spec 2.4), for the usage lookup.
         rid = response_id("embd-")
         return await forward_plain(

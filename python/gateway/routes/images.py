@@ -52,7 +52,7 @@ def routes(state: GatewayState) -> list[Route]:
         order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
         await safety.check(state, request, call, model, payload)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
-        upstream_body = state.registry.channel_body(model, payload)
+        upstream_body = state.registry.channel_body(model, payload, call)
         return await _create(state, request, call, model, prompt, order, upstream_body)
 
     async def edits(request: Request, call: Call) -> Response:
@@ -69,8 +69,8 @@ def routes(state: GatewayState) -> list[Route]:
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
         await safety.check(state, request, call, model, fields)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
-        keep = state.registry.forwarded_params(model) | EDIT_FIELDS
-        upstream_body, form_type = channel_form(_form_part(p) for p in parts if p.name in keep)
+        kept = state.registry.form_parts(model, parts, EDIT_FIELDS, call)
+        upstream_body, form_type = channel_form(_form_part(p) for p in kept)
         return await _create(
             state, request, call, model, prompt, order, upstream_body, form_type, "image_edit"
         )

@@ -50,7 +50,7 @@ def routes(state: GatewayState) -> list[Route]:
         )
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
-        upstream = state.registry.channel_body(model, payload)
+        upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("msg_")
         if payload.get("stream") is True:
             return await forward_stream(
@@ -90,7 +90,7 @@ async def _from_chat_model(
     forwarded = state.registry.forwarded_params(model)
     limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
     translated = chat_request_from_messages(payload, limit)
-    upstream = state.registry.channel_body(model, translated)
+    upstream = state.registry.channel_body(model, translated, call)
     rid = response_id("msg_")
 
     def counted_usage(output_text: str) -> Usage:

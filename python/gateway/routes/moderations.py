@@ -33,7 +33,7 @@ def routes(state: GatewayState) -> list[Route]:
             request,
             call,
             model,
-            state.registry.channel_body(model, payload),
+            state.registry.channel_body(model, payload, call),
             response_id("modr-"),
             usage_reader(parse_chat_usage),
             lambda _: counted,

@@ -32,7 +32,7 @@ def routes(state: GatewayState) -> list[Route]:
         model = state.registry.resolve(payload.get("model"), call.ctx, "rerank")
         texts = _validate(payload)
         await billing.hold(state, call, model, _counted(model, payload, texts))
-        upstream = state.registry.channel_body(model, payload)
+        upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("rerank-")
         return await forward_plain(
             state,

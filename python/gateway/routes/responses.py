@@ -48,7 +48,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "responses")
         _validate(payload)
-        upstream = state.registry.upstream_body(model, payload)
+        upstream = state.registry.upstream_body(model, payload, call)
         # Run upstream in the background only by a model that takes the parameter (spec 1.3).
         in_background = upstream.get("background") is True
         if in_background:

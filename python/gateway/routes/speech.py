@@ -36,7 +36,7 @@ def routes(state: GatewayState) -> list[Route]:
         # The cost depends on the input alone: known before the model runs.
         usage = Usage(prompt_tokens=count_tokens(text, model.tokenizer), characters=len(text))
         await billing.hold(state, call, model, usage)
-        body = state.registry.channel_body(model, payload)
+        body = state.registry.channel_body(model, payload, call)
 
         async def attempt(channel: ChannelConfig) -> ClientResponse:
             return await open_stream(state, request, model, channel, body)

@@ -43,10 +43,8 @@ def routes(state: GatewayState) -> list[Route]:
             raise invalid_request("`file` is required: the audio file to transcribe.", "file")
         await billing.hold(state, call, model, _estimate(model, upload.data))
 
-        keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["transcription"]
-        form, form_type = channel_form(
-            FormPart(p.name, p.data, p.filename, p.content_type) for p in parts if p.name in keep
-        )
+        kept = state.registry.form_parts(model, parts, REQUIRED_FIELDS["transcription"], call)
+        form, form_type = channel_form(FormPart(p.name, p.data, p.filename, p.content_type) for p in kept)
         content, answer_type, _ = await call_upstream(state, request, call, model, form, form_type)
         rid = response_id("transcr-")
         is_json = answer_type.startswith("application/json")

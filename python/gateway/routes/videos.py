@@ -65,11 +65,11 @@ def routes(state: GatewayState) -> list[Route]:
         body: ChannelBody
         content_type: str | None = None
         if parts is None:
-            body = state.registry.channel_body(model, {**fields, "seconds": seconds})
+            body = state.registry.channel_body(model, {**fields, "seconds": seconds}, call)
         else:
-            keep = state.registry.forwarded_params(model) | REQUIRED_FIELDS["video"]
+            kept = state.registry.form_parts(model, parts, REQUIRED_FIELDS["video"], call)
             body, content_type = channel_form(
-                FormPart(p.name, p.data, p.filename, p.content_type) for p in parts if p.name in keep
+                FormPart(p.name, p.data, p.filename, p.content_type) for p in kept
             )
         # Never sent twice: a second POST could start a second job the gateway never hears of.
         # Nor cancelled when the client leaves: a job the upstream started must be recorded.
