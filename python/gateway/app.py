@@ -33,6 +33,7 @@ from .registry import ModelRegistry
 from .routes import (
     admin,
     chat,
+    console_users,
     embeddings,
     images,
     messages,
@@ -135,6 +136,7 @@ def create_app(settings: Settings) -> Starlette:
             *models.routes(state),
             *usage.routes(state),
             *admin.routes(state),
+            *console_users.routes(state),
             *console.routes(state),
         ],
         exception_handlers={

@@ -27,17 +27,20 @@ from .store import (
     LIMIT_RESETS,
     Account,
     AccountChanges,
+    ConsoleUser,
     IdempotencyKeyReused,
     KeyChanges,
     NameTaken,
     Store,
     open_store,
 )
+from .store.records import CONSOLE_ROLES
 
 T = TypeVar("T")
 DEMO_ACCOUNT = "demo"
 SIM_PORT = 9911  # where the demo configuration's channels find the simulator
 DEMO_BALANCE = Decimal(100)
+DEMO_MEMBER = "demo@example.com"  # the demo account's console member (`gateway demo`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +132,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     try:
         _wait_for_port("127.0.0.1", args.sim_port, sim)
         key = _run(lambda store: _demo_key(store, settings.store_path.parent / "demo-key"), settings)
+        console_password = _run(_demo_member, settings)
         token = _demo_admin_token(settings)
         print("The gateway is starting with the built-in simulator behind every model.")
         print("Base URL (openai clients take it with /v1 appended; anthropic clients as it is):")
@@ -138,6 +142,8 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         if token is not None:
             print("The management API (/admin/v1, docs/admin.md) takes this admin token (export it):")
             print(f"{settings.admin_token_env}={token}")
+        print(f"Console: http://{host}:{port}/console/")
+        print(f"Console sign-in: {DEMO_MEMBER} / {console_password}")
         sys.stdout.flush()
         # A child, not this process: the simulator is stopped when the gateway stops. Ctrl-C
         # reaches both (one process group); the gateway then shuts down cleanly.
@@ -218,6 +224,27 @@ async def _demo_key(store: Store, key_file: Path) -> str:
     with _private_file(key_file) as f:
         f.write(key + "\n")
     return key
+
+
+async def _demo_member(store: Store) -> str:
+    """A new random password for the demo account's console member (made now if there is none),
+    shown only in this run's output: a run never shows an earlier run's password."""
+    from .console.security import hash_password
+
+    password = secrets.token_urlsafe(12)
+    user = await store.find_console_user(DEMO_MEMBER)
+    if user is None:
+        account = await store.find_account(DEMO_ACCOUNT) or await store.create_account(
+            DEMO_ACCOUNT, DEMO_BALANCE
+        )
+        try:
+            user = await store.create_console_user(DEMO_MEMBER, "member", account.id, None, None)
+        except NameTaken:  # another run made it a moment ago
+            user = await store.find_console_user(DEMO_MEMBER)
+            if user is None:
+                raise
+    await store.set_console_password(user.id, hash_password(password))
+    return password
 
 
 @contextlib.contextmanager
@@ -318,6 +345,22 @@ def _admin_args(admin: argparse.ArgumentParser) -> None:
     logs.add_argument("--before", default=None, help="the id of the last entry of the previous page")
     log = action("show-log", "print one request log with its bodies, as GET /admin/v1/logs/{id}")
     log.add_argument("--id", required=True, help="the request's x-service-request-id")
+    user = action(
+        "create-console-user",
+        "create a console user and print their invitation link (once; POST /admin/v1/console-users)",
+    )
+    user.add_argument("--email", required=True)
+    user.add_argument("--role", default="member", choices=CONSOLE_ROLES)
+    user.add_argument("--account", default=None, help="a member's account: name or id")
+    users = action("list-console-users", "list the console users (of one account)")
+    users.add_argument("--account", default=None, help="account name or id")
+    invite = action(
+        "invite-console-user",
+        "open a new invitation for a console user and print its link (once); ends their sessions",
+    )
+    invite.add_argument("--user", required=True, help="the user's email or id")
+    gone = action("delete-console-user", "delete a console user; their sessions end at once")
+    gone.add_argument("--user", required=True, help="the user's email or id")
     move = actions.add_parser(
         "migrate-store",
         help="copy a stopped embedded (SQLite) deployment's data into an empty PostgreSQL database",
@@ -372,7 +415,12 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
         "delete-key": _delete_key,
         "list-logs": _list_logs,
         "show-log": _show_log,
+        "create-console-user": _create_console_user,
+        "list-console-users": _list_console_users,
+        "invite-console-user": _invite_console_user,
+        "delete-console-user": _delete_console_user,
     }
+    args.settings = settings
     args.configured = frozenset(m.name for m in settings.models)
     _run(lambda store: actions[args.action](store, args), settings)
     return 0
@@ -583,6 +631,51 @@ async def _show_log(store: Store, args: argparse.Namespace) -> None:
     if entry is None:
         raise AdminError(f"no request log with id {args.id!r}")
     _print_json(log_with_bodies_json(entry))
+
+
+async def _create_console_user(store: Store, args: argparse.Namespace) -> None:
+    from .routes import console_users
+
+    given: dict[str, object] = {"email": args.email, "role": args.role}
+    if args.account is not None:
+        given["account_id"] = (await _account(store, args.account)).id
+    user, token = await console_users.create_user(
+        store, given, param=lambda name: "--" + name.replace("_id", "")
+    )
+    print(f"created console user {user.id} ({user.email}, {user.role})", file=sys.stderr)
+    print(console_users.invite_url(console_users.base_url(args.settings, None), token))
+
+
+async def _list_console_users(store: Store, args: argparse.Namespace) -> None:
+    from .routes.console_users import user_status
+
+    account_id = None if args.account is None else (await _account(store, args.account)).id
+    print("id\temail\trole\taccount_id\tstatus\tcreated_at")
+    for u in await store.list_console_users(account_id):
+        row = (u.id, u.email, u.role, _text(u.account_id), user_status(u), rfc3339(u.created_at_ms))
+        print("\t".join(row))
+
+
+async def _console_user(store: Store, ref: str) -> ConsoleUser:
+    """The console user with that email, or that id."""
+    user = await store.find_console_user(ref) if "@" in ref else await store.get_console_user(ref)
+    if user is None:
+        raise AdminError(f"no console user {ref!r}")
+    return user
+
+
+async def _invite_console_user(store: Store, args: argparse.Namespace) -> None:
+    from .routes import console_users
+
+    user, token = await console_users.invite_user(store, (await _console_user(store, args.user)).id)
+    print(f"new invitation for {user.email}: their sessions have ended", file=sys.stderr)
+    print(console_users.invite_url(console_users.base_url(args.settings, None), token))
+
+
+async def _delete_console_user(store: Store, args: argparse.Namespace) -> None:
+    from .routes import console_users
+
+    await console_users.delete_user(store, (await _console_user(store, args.user)).id)
 
 
 async def _account(store: Store, ref: str) -> Account:

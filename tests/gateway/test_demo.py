@@ -1,5 +1,6 @@
 """`gateway demo` (what `make run` starts): the base URL, then the demo key, then an admin token with
-which the management API answers, as the README and docs/admin.md use them."""
+which the management API answers, as the README and docs/admin.md use them; then the console's
+address and a demo member's sign-in, with a password new on every run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -41,7 +43,7 @@ def demo(tmp_path: Path) -> Iterator[tuple[list[str], int]]:
     )
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline().rstrip("\n") for _ in range(7)]
+        lines = [proc.stdout.readline().rstrip("\n") for _ in range(9)]
         wait_until_listening(port, proc)
         yield lines, port
     finally:
@@ -76,3 +78,47 @@ def test_demo_prints_url_key_and_an_admin_token_that_works(demo: tuple[list[str]
     assert chat.status_code == 200, chat.text
     wrong = httpx.get(f"{base}/admin/v1/accounts", headers={"authorization": f"Bearer {key}"})
     assert wrong.status_code == 403
+
+
+def test_demo_prints_the_console_and_a_sign_in_that_works(demo: tuple[list[str], int]) -> None:
+    lines, port = demo
+    base = f"http://127.0.0.1:{port}"
+    assert lines[7] == f"Console: {base}/console/"
+    prefix = "Console sign-in: demo@example.com / "
+    assert lines[8].startswith(prefix)
+    password = lines[8][len(prefix) :]
+    assert len(password) >= 12
+    with httpx.Client(base_url=base, timeout=30) as browser:
+        wrong = browser.post("/console/login", data={"email": "demo@example.com", "password": password + "x"})
+        assert wrong.status_code == 401
+        r = browser.post("/console/login", data={"email": "demo@example.com", "password": password})
+        assert r.status_code == 303, r.text
+        accounts = httpx.get(
+            f"{base}/admin/v1/accounts", headers={"authorization": f"Bearer {lines[6].partition('=')[2]}"}
+        ).json()["data"]
+        demo_account = next(a for a in accounts if a["name"] == "demo")
+        assert r.headers["location"] == f"/console/a/{demo_account['id']}/"
+
+
+def test_a_second_run_prints_a_new_password_and_the_first_stops_working(tmp_path: Path) -> None:
+    """The member exists from the first run: the second sets a new password, shown only there."""
+    from gateway.cli import _demo_member, _run
+    from gateway.config import load_settings
+    from gateway.console.security import password_matches
+
+    config = tmp_path / "demo.toml"
+    config.write_text(
+        (ROOT / "config" / "demo.toml").read_text().replace('"../var/demo.db"', f'"{tmp_path}/demo.db"')
+    )
+    settings = load_settings(config)
+    first = _run(_demo_member, settings)
+    second = _run(_demo_member, settings)
+    assert first != second
+
+    async def hash_of(store: Any) -> str | None:
+        user = await store.find_console_user("demo@example.com")
+        return None if user is None else user.password_hash
+
+    stored = _run(hash_of, settings)
+    assert stored is not None
+    assert password_matches(stored, second) and not password_matches(stored, first)
