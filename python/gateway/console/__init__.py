@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
 
 from ..state import GatewayState
-from . import signin
+from . import compare, operator, playground, signin
 from .endpoints import Console
 from .render import STATIC_DIR, with_security_headers
 
@@ -25,6 +25,9 @@ def routes(state: GatewayState) -> list[BaseRoute]:
 
     pages: list[BaseRoute] = [
         *signin.routes(console),
+        *playground.routes(console),
+        *compare.routes(console),
+        *operator.routes(console),
         Mount("/static", app=_Static(StaticFiles(directory=STATIC_DIR)), name="static"),
     ]
     return [Route("/", to_console, methods=["GET", "HEAD"]), Mount("/console", routes=pages)]
