@@ -1,0 +1,387 @@
+"""The playground, compare and the operator view, end to end in headless chromium against a real
+gateway and the simulator (docs/console.md): a streamed answer with its tokens and cost as charged,
+conversations kept across reloads, renamed and deleted, two models compared, a log entry opened in
+the playground, accounts kept apart, CSRF, and the operator creating an account, topping it up and
+inviting a member whose link works in a new browser. Saves the screenshots docs/console/*.png."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+import pytest
+
+from gateway.clock import now_ms
+from gateway.store import Conversation, Store
+from harness import Gateway, chat_model, gateway, new_console_user, new_key, sim_requests, with_store
+
+if TYPE_CHECKING:  # the fixtures skip these tests when Playwright is missing
+    from playwright.sync_api import Browser, Page
+
+T = TypeVar("T")
+TOKEN = "admin-" + "a1b2c3d4e5f60718" * 3
+TOKEN_ENV = "GATEWAY_TEST_PLAYGROUND_ADMIN"
+MINI, LLAMA = "openai/gpt-4o-mini", "meta/llama-3.1-8b"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+PLAYGROUND_KEY = "Console playground"
+
+
+@pytest.fixture(scope="module")
+def pgw(tmp_path_factory: pytest.TempPathFactory, sim_url: str) -> Iterator[Gateway]:
+    models = chat_model(MINI, "gpt-4o-mini", sim_url) + chat_model(LLAMA, "llama-3.1-8b", sim_url)
+    admin = f'\n[admin]\ntoken_env = "{TOKEN_ENV}"\n'
+    with gateway(tmp_path_factory.mktemp("playground"), models + admin, env={TOKEN_ENV: TOKEN}) as g:
+        yield g
+
+
+def off_loop(work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` on a thread of its own: in a browser test Playwright holds this thread's event
+    loop, so the harness's store helpers (asyncio.run) run beside it (conftest's _PlaywrightLoop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(work, *args).result()
+
+
+def member(g: Gateway, balance: str = "5") -> tuple[str, str, str]:
+    """A new account with `balance` and its member: (account id, email, password)."""
+
+    def make() -> tuple[str, str, str]:
+        account_id = new_key(g.settings, Decimal(balance)).account_id
+        email, password = new_console_user(g.settings, account_id)
+        return account_id, email, password
+
+    return off_loop(make)
+
+
+def sign_in(page: Page, g: Gateway, email: str, password: str, then: str) -> None:
+    """Sign in through the form and land on `then` (a console path)."""
+    page.goto(f"{g.url}/console/login?next={then}")
+    page.fill('input[name="email"]', email)
+    page.fill('input[name="password"]', password)
+    page.click('form:has(input[name="email"]) button[type="submit"]')
+    page.wait_for_url(g.url + then)
+
+
+def logged(g: Gateway, where: str, *args: Any, count: int = 1) -> list[tuple[Any, ...]]:
+    """Request log rows matching `where` once there are `count` (written moments after the answer)."""
+    deadline = time.monotonic() + 5
+    while True:
+        rows = g.query(f"SELECT id, model, status, cost, key_id FROM request_logs WHERE {where}", *args)
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.02)
+
+
+def money(value: Decimal) -> str:
+    """As Console.money shows an amount under a cent: every digit."""
+    return "$" + format(value.normalize(), "f")
+
+
+def test_chat_streams_is_charged_kept_renamed_and_deleted(
+    page: Page, pgw: Gateway, sim: httpx.Client
+) -> None:
+    account_id, email, password = member(pgw)
+    base = f"/console/a/{account_id}/playground"
+    sign_in(page, pgw, email, password, base)
+    assert page.locator("#model option").all_inner_texts() == [MINI, LLAMA]
+    page.select_option("#model", MINI)
+    first = "Hello there, playground [sim tokens=24 pace=15ms]"
+    page.fill("#content", first)
+    page.click("#send-button")
+
+    # The answer shows while it streams (text before the end), then its tokens and cost.
+    page.wait_for_selector(".msg.assistant.streaming .content:not(:empty)")
+    answer = page.locator(".msg.assistant").last
+    answer.and_(page.locator('[data-done="yes"]')).wait_for()
+    text = answer.locator(".content").inner_text()
+    assert len(text.split()) == 24
+    meta = answer.locator(".meta").inner_text()
+    request_id = answer.locator(".meta code").inner_text()
+    assert re.fullmatch(r"req_[0-9a-f]+", request_id)
+    # Charged like any other request, under the account's playground key, and shown as charged.
+    ((_, model, status, cost, key_id),) = logged(pgw, "id = ?", request_id)
+    assert (model, status) == (MINI, 200) and cost > 0
+    ((key_name,),) = pgw.query("SELECT name FROM api_keys WHERE id = ?", key_id)
+    assert key_name == PLAYGROUND_KEY
+    assert money(cost) in meta and "24 out tokens" in meta
+    ((prompt_tokens, completion_tokens, usage_cost),) = pgw.query(
+        "SELECT prompt_tokens, completion_tokens, cost FROM usage_records WHERE request_id = ?", request_id
+    )
+    assert usage_cost == cost and f"{prompt_tokens} in + {completion_tokens} out tokens" in meta
+    assert pgw.wait_balance(account_id, Decimal(5) - cost) == Decimal(5) - cost
+    conversation_id = page.evaluate("() => new URL(location.href).searchParams.get('c')")
+    assert conversation_id and page.locator("#conversation-list li.on").count() == 1
+
+    # A second turn sends the whole conversation.
+    page.fill("#content", "And a follow-up [sim tokens=6]")
+    page.keyboard.press("Control+Enter")
+    page.locator('.msg.assistant[data-done="yes"]').nth(1).wait_for()
+    sent = sim_requests(sim, "And a follow-up")
+    assert [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user"]
+
+    # Reloaded, the conversation is there, rendered by the server (as text).
+    page.reload()
+    assert page.locator(".msg.user .content").all_inner_texts() == [first, "And a follow-up [sim tokens=6]"]
+    assert page.locator(".msg.assistant .content").first.inner_text() == text
+    assert money(cost) in page.locator(".msg.assistant .meta").first.inner_text()
+    assert page.locator("#conversation-list li.on a").inner_text().startswith("Hello there, playground")
+    page.screenshot(path=str(SHOTS / "playground.png"), full_page=True)
+
+    page.fill('form.rename input[name="title"]', "Greetings, renamed")
+    page.click("form.rename button")
+    page.wait_for_url(f"{pgw.url}{base}?c={conversation_id}")
+    assert page.locator("#conversation-list li.on a").inner_text() == "Greetings, renamed"
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("form.delete button")
+    page.wait_for_url(pgw.url + base)
+    assert page.locator("#conversation-list li").count() == 0
+    assert pgw.query("SELECT count(*) FROM conversations WHERE account_id = ?", account_id) == [(0,)]
+    assert page.goto(f"{pgw.url}{base}?c={conversation_id}").status == 404  # type: ignore[union-attr]
+
+
+def test_errors_are_shown_in_the_chat(page: Page, pgw: Gateway) -> None:
+    account_id, email, password = member(pgw, balance="0")
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
+    page.fill("#content", "No money, no answer")
+    page.click("#send-button")
+    failed = page.locator(".msg.failed")
+    failed.wait_for()
+    assert "insufficient_credits" in failed.inner_text()
+    assert page.locator(".msg.assistant").count() == 0
+    assert page.locator(".msg.user .content").inner_text() == "No money, no answer"
+
+
+def test_model_output_and_prompts_stay_text(page: Page, pgw: Gateway) -> None:
+    account_id, email, password = member(pgw)
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
+    hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script> [sim tokens=3]'
+    page.fill("#content", hostile)
+    page.click("#send-button")
+    page.locator('.msg.assistant[data-done="yes"]').wait_for()
+    page.reload()
+    assert page.locator(".msg.user .content").inner_text() == hostile
+    assert page.locator(".msg.user .content img, .msg.user .content script").count() == 0
+    assert page.evaluate("() => window.pwned") is None
+
+
+def test_compare_two_models_side_by_side(page: Page, pgw: Gateway) -> None:
+    account_id, email, password = member(pgw)
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/compare")
+    page.select_option("#model-0", MINI)
+    page.select_option("#model-1", LLAMA)
+    page.fill("#prompt", "Which of you is faster? [sim tokens=20 pace=10ms]")
+    page.click("#compare-button")
+    columns = page.locator('.compare-grid .column[data-done="yes"]')
+    columns.nth(1).wait_for()
+    assert columns.count() == 2
+    assert [c.get_attribute("data-model") for c in columns.all()] == [MINI, LLAMA]
+    rows = logged(pgw, "account_id = ?", account_id, count=2)
+    costs = {model: cost for _, model, _, cost, _ in rows}
+    for column in columns.all():
+        assert len(column.locator(".content").inner_text().split()) == 20
+        figures = column.locator(".figures").inner_text()
+        assert re.search(r"first token\s*\d+ ms", figures) and re.search(r"total\s*\d+ ms", figures)
+        assert money(costs[column.get_attribute("data-model")]) in figures
+        assert "20 out tokens" in figures
+    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+
+
+def test_open_a_logged_chat_request_in_the_playground(page: Page, pgw: Gateway) -> None:
+    key = off_loop(new_key, pgw.settings, Decimal(5))
+    email, password = off_loop(new_console_user, pgw.settings, key.account_id)
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2+2? <b>not bold</b>"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": [{"type": "text", "text": "And 3+3?"}]},
+    ]
+    with pgw.client(key.key) as client:
+        r = client.post("/v1/chat/completions", json={"model": LLAMA, "messages": messages})
+        assert r.status_code == 200, r.text
+    log_id = r.headers["x-service-request-id"]
+    assert logged(pgw, "id = ?", log_id)
+    base = f"/console/a/{key.account_id}/playground"
+    sign_in(page, pgw, email, password, base)
+    page.goto(f"{pgw.url}{base}?from_log={log_id}")
+    assert "?c=" in page.url
+    assert page.locator(".msg").evaluate_all("nodes => nodes.map(n => n.dataset.role)") == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+    ]
+    assert page.locator(".msg .content").all_inner_texts() == [
+        "You are terse.",
+        "What is 2+2? <b>not bold</b>",
+        "4",
+        "And 3+3?",
+    ]
+    assert page.locator("#model").input_value() == LLAMA
+    page.click("#answer-button")  # the last message is the user's: answer it as it is
+    page.locator('.msg.assistant[data-done="yes"]').wait_for()
+
+    # Another account's log entry is not found, as one that does not exist.
+    other = off_loop(new_key, pgw.settings, Decimal(5))
+    with pgw.client(other.key) as client:
+        r = client.post("/v1/chat/completions", json={"model": MINI, "messages": messages[:2]})
+    assert logged(pgw, "id = ?", r.headers["x-service-request-id"])
+    answer = page.goto(f"{pgw.url}{base}?from_log={r.headers['x-service-request-id']}")
+    assert answer is not None and answer.status == 404
+
+
+def test_a_member_cannot_reach_another_accounts_conversation(page: Page, pgw: Gateway) -> None:
+    theirs, _, _ = member(pgw)
+    mine, email, password = member(pgw)
+    conversation = Conversation(
+        id="conv_" + os.urandom(12).hex(),
+        account_id=theirs,
+        user_id=None,
+        title="Secret plans",
+        created_at_ms=now_ms(),
+        updated_at_ms=now_ms(),
+    )
+
+    async def create(store: Store) -> None:
+        await store.create_conversation(conversation)
+
+    off_loop(with_store, pgw.settings, create)
+    sign_in(page, pgw, email, password, f"/console/a/{mine}/playground")
+    for path in (
+        f"/console/a/{theirs}/playground?c={conversation.id}",
+        f"/console/a/{mine}/playground?c={conversation.id}",
+        f"/console/a/{theirs}/compare",
+    ):
+        answer = page.goto(pgw.url + path)
+        assert answer is not None and answer.status == 404, path
+        assert "Secret plans" not in page.content()
+    page.goto(f"{pgw.url}/console/a/{mine}/playground")
+    status = page.evaluate(
+        """async ([path, model]) =>
+             (await Console.call(path, {method: "POST", json: {content: "hi", model}})).status""",
+        [f"/console/a/{mine}/api/conversations/{conversation.id}/messages", MINI],
+    )
+    assert status == 404
+    assert pgw.query("SELECT count(*) FROM chat_messages WHERE conversation_id = ?", conversation.id) == [
+        (0,)
+    ]
+
+
+def test_a_state_change_without_the_csrf_token_is_refused(page: Page, pgw: Gateway) -> None:
+    account_id, email, password = member(pgw)
+    api = f"/console/a/{account_id}/api/conversations"
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
+    # The browser's own session cookie, no token: refused.
+    refused = page.request.post(pgw.url + api, data="{}", headers={"content-type": "application/json"})
+    assert refused.status == 403 and refused.json()["error"]["code"] == "forbidden"
+    plain = page.evaluate(
+        """async (path) => (await fetch(path, {method: "POST", body: "{}",
+               headers: {"content-type": "application/json"}})).status""",
+        api,
+    )
+    assert plain == 403
+    with_token = page.evaluate(
+        "async (path) => (await Console.call(path, {method: 'POST', json: {}})).status", api
+    )
+    assert with_token == 201
+    conversation_id = pgw.query("SELECT id FROM conversations WHERE account_id = ?", account_id)[0][0]
+    form = page.request.post(
+        f"{pgw.url}/console/a/{account_id}/playground/{conversation_id}/delete", form={"csrf": "wrong"}
+    )
+    assert form.status == 403
+    assert pgw.query("SELECT count(*) FROM conversations WHERE account_id = ?", account_id) == [(1,)]
+
+
+def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
+    page: Page, browser: Browser, pgw: Gateway
+) -> None:
+    page.goto(pgw.url + "/console/login")
+    page.click("details.operator-login summary")
+    page.fill('input[name="admin_token"]', TOKEN)
+    page.click('form:has(input[name="admin_token"]) button[type="submit"]')
+    page.wait_for_url(pgw.url + "/console/operator/")
+
+    name = "acme-" + os.urandom(3).hex()
+    form = page.locator("#create-account form")
+    form.locator('input[name="name"]').fill(name)
+    form.locator('input[name="balance"]').fill("10")
+    form.locator('input[name="rpm_limit"]').fill("60")
+    form.locator(f'input[name="model"][value="{MINI}"]').check()  # "only these"
+    form.locator('button[type="submit"]').click()
+    page.wait_for_url(re.compile(r".*/console/operator/accounts/acct_[0-9a-f]+\?created=1"))
+    account_id = page.url.rsplit("/", 1)[1].split("?")[0]
+    assert page.locator("#balance").inner_text() == "$10"
+    admin = {"authorization": f"Bearer {TOKEN}"}
+    account = httpx.get(f"{pgw.url}/admin/v1/accounts/{account_id}", headers=admin).json()
+    assert (account["name"], account["allowed_models"], account["rpm_limit"]) == (name, [MINI], 60)
+
+    top_up = page.locator("#top-up form")
+    top_up.locator('input[name="amount"]').fill("25.50")
+    top_up.locator('input[name="note"]').fill("invoice 1042")
+    sent: dict[str, str | float | bool] = {
+        name: top_up.locator(f'input[name="{name}"]').input_value()
+        for name in ("csrf", "idempotency_key", "amount", "note")
+    }
+    top_up.locator('button[type="submit"]').click()
+    page.wait_for_url(re.compile(r".*\?topped_up=.*"))
+    assert page.locator("#balance").inner_text() == "$35.5"
+    assert "invoice 1042" in page.locator("#ledger").inner_text()
+    ledger = httpx.get(f"{pgw.url}/admin/v1/accounts/{account_id}/top-ups", headers=admin).json()["data"]
+    assert [(t["amount"], t["note"]) for t in ledger][-1:] == [("25.50", "invoice 1042")]
+    assert pgw.balance(account_id) == Decimal("35.50")
+    # The same form sent again (a double click, a resent POST) adds nothing.
+    again = page.request.post(f"{pgw.url}/console/operator/accounts/{account_id}/top-ups", form=sent)
+    assert again.status == 200
+    assert pgw.balance(account_id) == Decimal("35.50")
+
+    page.locator("#settings input[name='tpm_limit']").fill("100000")
+    page.locator("#settings button[type='submit']").click()
+    page.wait_for_url(re.compile(r".*\?saved=1"))
+    account = httpx.get(f"{pgw.url}/admin/v1/accounts/{account_id}", headers=admin).json()
+    assert (account["allowed_models"], account["rpm_limit"], account["tpm_limit"]) == ([MINI], 60, 100000)
+
+    page.goto(pgw.url + "/console/operator/")
+    assert name in page.locator("#accounts").inner_text()
+    assert (
+        page.locator(f'#accounts tr[data-account="{account_id}"] a[href="/console/a/{account_id}/"]').count()
+        == 1
+    )
+    page.screenshot(path=str(SHOTS / "operator-accounts.png"), full_page=True)
+
+    page.goto(f"{pgw.url}/console/operator/users?account_id={account_id}")
+    email = f"new-{os.urandom(3).hex()}@example.com"
+    page.fill('#create-user-form input[name="email"]', email)
+    assert page.locator("#account-choice").input_value() == account_id
+    page.click('#create-user-form button[type="submit"]')
+    link = page.locator("#invite-url").inner_text()
+    assert re.fullmatch(re.escape(pgw.url) + r"/console/invite/[A-Za-z0-9_-]{40,}", link)
+    assert page.locator('button[data-copy="invite-url"]').count() == 1
+    assert email in page.locator("#users").inner_text()
+    page.screenshot(path=str(SHOTS / "operator-users.png"), full_page=True)
+    page.goto(pgw.url + "/console/operator/users")
+    assert page.locator("#invite-url").count() == 0  # shown once
+
+    page.goto(pgw.url + "/console/operator/channels")
+    assert page.locator(f'section[data-model="{MINI}"]').count() == 1
+
+    newcomer = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        fresh = newcomer.new_page()
+        fresh.goto(link)
+        fresh.fill('input[name="password"]', "a long new password")
+        fresh.fill('input[name="confirm"]', "a long new password")
+        fresh.click('button[type="submit"]')
+        fresh.wait_for_url(f"{pgw.url}/console/a/{account_id}/")
+        playground = fresh.goto(f"{pgw.url}/console/a/{account_id}/playground")
+        assert playground is not None and playground.status == 200
+        assert fresh.locator("#model option").all_inner_texts() == [MINI]  # the allowed models only
+        operator_page = fresh.goto(pgw.url + "/console/operator/")
+        assert operator_page is not None and operator_page.status == 404  # members see no operator view
+    finally:
+        newcomer.close()
