@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
 
 from ..state import GatewayState
-from . import compare, operator, playground, signin
+from . import balance, compare, keys, logs, operator, overview, playground, signin
 from .endpoints import Console
 from .render import STATIC_DIR, with_security_headers
 
@@ -25,6 +25,10 @@ def routes(state: GatewayState) -> list[BaseRoute]:
 
     pages: list[BaseRoute] = [
         *signin.routes(console),
+        *overview.routes(console),
+        *logs.routes(console),
+        *keys.routes(console),
+        *balance.routes(console),
         *playground.routes(console),
         *compare.routes(console),
         *operator.routes(console),
