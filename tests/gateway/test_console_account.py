@@ -1,0 +1,281 @@
+"""The console's account pages in a real browser (headless chromium, conftest's `page`), against a
+real gateway whose models the simulator answers: a member signs in, creates a key and reads its
+secret once, calls the gateway with it through the openai client, watches the request appear in
+Logs without a reload (status, latency, cost), opens it (bodies shown as text: a hostile prompt
+runs nothing; the dropped parameter named), exports the CSV, rotates and deletes the key (the
+client then gets 401); the overview's charts draw the seeded data; another account's member gets
+404 for every page, entry and key of this account. Screenshots of each page go to docs/console/.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import openai
+import pytest
+
+from gateway.console.security import hash_password
+from gateway.store import Store
+from harness import Gateway, chat_model, gateway, new_key, with_store
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+TOKEN = "admin-" + "0123456789abcdef" * 3
+TOKEN_ENV = "GATEWAY_TEST_CONSOLE_ACCOUNT_ADMIN"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+HOSTILE = '<script>window.__pwned=1</script> and <img src=x onerror="window.__pwned=1">'
+WAIT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class Member:
+    account_id: str
+    email: str
+    password: str
+    key: str  # a key of the account, made outside the console (the seeded requests' key)
+    key_id: str
+
+
+def _member(g: Gateway, balance: Decimal) -> Member:
+    # On a thread of its own: Playwright's loop may be marked as running in this one (conftest).
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_new_member, g, balance).result()
+
+
+def _new_member(g: Gateway, balance: Decimal) -> Member:
+    handle = new_key(g.settings, balance)
+    email = f"member-{os.urandom(4).hex()}@example.com"
+    password = "pw-" + os.urandom(8).hex()
+
+    async def go(store: Store) -> None:
+        user = await store.create_console_user(email, "member", handle.account_id, None, None)
+        await store.set_console_password(user.id, hash_password(password))
+
+    with_store(g.settings, go)
+    return Member(handle.account_id, email, password, handle.key, handle.key_id)
+
+
+@pytest.fixture(scope="module")
+def cgw(tmp_path_factory: pytest.TempPathFactory, sim_url: str) -> Iterator[Gateway]:
+    models = chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url) + chat_model(
+        "meta/llama-3.1-8b", "llama-3.1-8b", sim_url
+    )
+    admin = f'\n[admin]\ntoken_env = "{TOKEN_ENV}"\n'
+    with gateway(tmp_path_factory.mktemp("console-account"), models + admin, env={TOKEN_ENV: TOKEN}) as g:
+        yield g
+
+
+def _chat(g: Gateway, key: str, model: str, content: str = "hello") -> httpx.Response:
+    with httpx.Client(base_url=g.url, timeout=30) as c:
+        return c.post(
+            "/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": model, "messages": [{"role": "user", "content": content}]},
+        )
+
+
+@pytest.fixture(scope="module")
+def alice(cgw: Gateway) -> Member:
+    """An account with a top-up and seeded traffic on two models (one request refused: an error)."""
+    m = _member(cgw, Decimal(20))
+    with httpx.Client(base_url=cgw.url, timeout=30, headers={"authorization": f"Bearer {TOKEN}"}) as admin:
+        r = admin.post(f"/admin/v1/accounts/{m.account_id}/top-ups", json={"amount": "30", "note": "welcome"})
+        assert r.status_code == 201, r.text
+    for model in ("openai/gpt-4o-mini", "openai/gpt-4o-mini", "meta/llama-3.1-8b"):
+        assert _chat(cgw, m.key, model).status_code == 200
+    assert _chat(cgw, m.key, "no/such-model").status_code == 400  # model_not_found
+    return m
+
+
+@pytest.fixture(scope="module")
+def bob(cgw: Gateway) -> Member:
+    m = _member(cgw, Decimal(5))
+    assert _chat(cgw, m.key, "openai/gpt-4o-mini").status_code == 200
+    return m
+
+
+def sign_in(page: Page, g: Gateway, m: Member) -> None:
+    page.goto(f"{g.url}/console/login")
+    page.fill("input[name=email]", m.email)
+    page.fill("input[name=password]", m.password)
+    page.click("form[action^='/console/login'] button[type=submit]")
+    page.wait_for_url(f"{g.url}/console/a/{m.account_id}/")
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alice: Member) -> None:
+    from playwright.sync_api import expect
+
+    page.on("dialog", lambda dialog: dialog.accept())  # data-confirm on rotate and delete
+    sign_in(page, cgw, alice)
+    base = f"{cgw.url}/console/a/{alice.account_id}"
+
+    # Create a key: the secret is on the page that answers the form, once.
+    page.goto(f"{base}/keys")
+    page.fill("#create-key input[name=name]", "browser key")
+    page.fill("#create-key input[name=credit_limit]", "5.00")
+    page.select_option("#create-key select[name=limit_reset]", "monthly")
+    page.click("#create-key button[type=submit]")
+    secret = page.locator("#secret-value").inner_text().strip()
+    assert secret.startswith("sk-")
+    expect(page.locator("button[data-copy=secret-value]")).to_be_visible()
+    shot(page, "key-created")
+    page.click("#done")
+    assert secret not in page.content()  # shown once: the list never shows it
+    row = page.locator("#keys tr", has_text="browser key")
+    expect(row).to_contain_text("monthly")
+    expect(page.locator("#allowed-models")).to_contain_text("meta/llama-3.1-8b")
+
+    # Logs open first: the request must appear without a reload.
+    page.goto(f"{base}/logs")
+    expect(page.locator("#logs")).to_have_attribute("data-poll", f"/console/a/{alice.account_id}/api/logs?")
+    client = openai.OpenAI(api_key=secret, base_url=f"{cgw.url}/v1", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="openai/gpt-4o-mini",
+        messages=[{"role": "user", "content": f"Summarise: {HOSTILE}"}],
+        extra_body={"top_k": 5},  # not a parameter of this model: dropped, and shown as such
+    )
+    request_id = raw.headers["x-service-request-id"]
+    assert raw.parse().choices[0].message.content
+    line = page.locator(f'#log-rows tr[data-id="{request_id}"]')
+    expect(line).to_be_visible(timeout=WAIT_MS)
+    expect(line).to_have_class("new")  # put there by the poll, not by a reload
+    cells = line.locator("td")
+    expect(cells.nth(1)).to_have_text("200")
+    expect(cells.nth(2)).to_have_text(re.compile(r"^[\d,]+ ms$"))
+    expect(cells.nth(3)).to_have_text(re.compile(r"^\$0\.\d+$"))
+    expect(cells.nth(5)).to_have_text("openai/gpt-4o-mini")
+    expect(cells.nth(6)).to_have_text("browser key")
+    expect(cells.nth(7)).to_have_text("/v1/chat/completions")
+    shot(page, "logs")
+
+    # The filters: by key, by request id.
+    page.goto(f"{base}/logs?q={request_id}")
+    expect(page.locator("#log-rows tr")).to_have_count(1)
+    page.goto(f"{base}/logs?status=4xx")
+    expect(page.locator("#log-rows tr")).to_have_count(1)  # the seeded unknown model
+    expect(page.locator("#log-rows tr td").nth(1)).to_have_text("400")
+
+    # The entry: bodies as text, nothing run, the dropped parameter named.
+    page.goto(f"{base}/logs")
+    page.click(f'#log-rows tr[data-id="{request_id}"] a')
+    page.wait_for_url(f"{base}/logs/{request_id}")
+    expect(page.locator("#request-body pre")).to_contain_text("<script>window.__pwned=1</script>")
+    expect(page.locator("#request-body pre")).to_contain_text("<img src=x onerror=")
+    expect(page.locator("#response-body pre")).to_contain_text('"usage"')
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.locator("#request-body img, #request-body script").count() == 0
+    expect(page.locator("#dropped-params")).to_contain_text("top_k")
+    expect(page.locator("#log-status")).to_contain_text("200")
+    expect(page.locator("#log-tokens")).to_contain_text(" in + ")
+    expect(page.locator("#attempts")).to_contain_text("answered")
+    expect(page.locator("#open-playground")).to_have_attribute(
+        "href", f"/console/a/{alice.account_id}/playground?from_log={request_id}"
+    )
+    shot(page, "log-entry")
+
+    # The CSV export, with the same filters.
+    export = page.request.get(f"{base}/logs.csv?model=openai/gpt-4o-mini")
+    assert export.status == 200
+    assert export.headers["content-disposition"].startswith("attachment;")
+    rows = list(csv.DictReader(io.StringIO(export.text())))
+    mine = [r for r in rows if r["id"] == request_id]
+    assert len(mine) == 1 and mine[0]["status"] == "200" and mine[0]["key_name"] == "browser key"
+    assert Decimal(mine[0]["cost"]) > 0 and mine[0]["dropped_params"] == "top_k"
+    assert {r["model"] for r in rows} == {"openai/gpt-4o-mini"}
+
+    # Rotate: a new secret once, the old one refused; delete: refused too.
+    page.goto(f"{base}/keys")
+    spent = page.locator("#keys tr", has_text="browser key").locator("td").nth(5)
+    expect(spent).to_have_text(re.compile(r"^\$0\.\d+$"))  # its spend in this month, against its limit
+    shot(page, "keys")
+    page.locator("#keys tr", has_text="browser key").locator("form[action$='/rotate'] button").click()
+    rotated = page.locator("#secret-value").inner_text().strip()
+    assert rotated.startswith("sk-") and rotated != secret
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    fresh = openai.OpenAI(api_key=rotated, base_url=f"{cgw.url}/v1", max_retries=0)
+    assert fresh.models.list().data
+    page.goto(f"{base}/keys")
+    page.locator("#keys tr", has_text="browser key").locator("form[action$='/delete'] button").click()
+    page.wait_for_url(f"{base}/keys")
+    expect(page.locator("#keys")).not_to_contain_text("browser key")
+    with pytest.raises(openai.AuthenticationError):
+        fresh.models.list()
+
+
+def test_overview_charts_and_balance(page: Page, cgw: Gateway, alice: Member) -> None:
+    from playwright.sync_api import expect
+
+    sign_in(page, cgw, alice)
+    base = f"{cgw.url}/console/a/{alice.account_id}"
+    overview = page.locator("#overview")
+    expect(overview).to_have_attribute("data-rendered", "3", timeout=WAIT_MS)
+    assert page.locator("#overview canvas").count() == 3  # requests, spend, spend by model
+    assert int(page.locator("#total-requests").inner_text()) >= 4
+    assert int(page.locator("#total-errors").inner_text()) >= 1
+    expect(page.locator("#total-cost")).to_have_text(re.compile(r"^\$0\.\d+$"))
+    expect(page.locator("#by-model")).to_contain_text("meta/llama-3.1-8b")
+    stats = page.request.get(f"{base}/api/stats?range=24h").json()
+    assert len(stats["buckets"]) == 24 and stats["bucket_ms"] == 3_600_000
+    assert sum(b["requests"] for b in stats["buckets"]) == stats["totals"]["requests"] >= 4
+    assert all(isinstance(b["cost"], str) for b in stats["buckets"])  # exact decimal strings
+    page.click(".range-switch a[data-range='24h']")
+    expect(overview).to_have_attribute("data-points", "24", timeout=WAIT_MS)
+    expect(page.locator(".range-switch a.on")).to_have_text("24h")
+    shot(page, "overview")
+
+    page.goto(f"{base}/balance")
+    expect(page.locator("#balance")).to_contain_text("$")
+    expect(page.locator("#ledger")).to_contain_text("welcome")
+    expect(page.locator("#ledger")).to_contain_text("+$30")
+    shot(page, "balance")
+
+
+def test_another_accounts_member_gets_404(page: Page, cgw: Gateway, alice: Member, bob: Member) -> None:
+    from playwright.sync_api import expect
+
+    seen = page.request.get  # same session as the page, once signed in
+    sign_in(page, cgw, bob)
+    with httpx.Client(base_url=cgw.url, headers={"authorization": f"Bearer {TOKEN}"}) as admin:
+        logs = admin.get("/admin/v1/logs", params={"account_id": alice.account_id}).json()
+    alice_log = logs["data"][0]["id"]
+    theirs = f"{cgw.url}/console/a/{alice.account_id}"
+    mine = f"{cgw.url}/console/a/{bob.account_id}"
+    for url in (
+        f"{theirs}/",
+        f"{theirs}/logs",
+        f"{theirs}/logs/{alice_log}",
+        f"{theirs}/keys",
+        f"{theirs}/keys/{alice.key_id}",
+        f"{theirs}/balance",
+        f"{mine}/logs/{alice_log}",  # their entry under my own account's address
+        f"{mine}/keys/{alice.key_id}",  # their key likewise
+    ):
+        response = page.goto(url)
+        assert response is not None and response.status == 404, url
+        expect(page.locator("h1")).to_have_text("Not found")
+    for url in (f"{theirs}/api/stats?range=7d", f"{theirs}/api/logs", f"{theirs}/logs.csv"):
+        assert seen(url).status == 404, url
+    # Changing their key through my account's address is refused as well, with my CSRF token.
+    page.goto(f"{mine}/keys")
+    csrf = page.locator("meta[name=csrf-token]").get_attribute("content") or ""
+    for action in ("delete", "rotate"):
+        r = page.request.post(f"{mine}/keys/{alice.key_id}/{action}", form={"csrf": csrf})
+        assert r.status == 404, action
+    assert _chat(cgw, alice.key, "openai/gpt-4o-mini").status_code == 200  # still works
