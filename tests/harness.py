@@ -469,6 +469,24 @@ def gateway(
         yield Gateway(url=f"http://127.0.0.1:{port}", proc=proc, settings=settings, config_path=config)
 
 
+def new_console_user(
+    settings: Settings, account_id: str | None, role: str = "member", password: str | None = None
+) -> tuple[str, str]:
+    """A console user with a password already set (no invitation), in the store the settings name;
+    returns (email, password)."""
+    from gateway.console.security import hash_password
+
+    email = f"user-{os.urandom(4).hex()}@example.com"
+    chosen = password or "pw-" + os.urandom(8).hex()
+
+    async def go(store: Store) -> None:
+        user = await store.create_console_user(email, role, account_id, None, None)
+        await store.set_console_password(user.id, hash_password(chosen))
+
+    with_store(settings, go)
+    return email, chosen
+
+
 def job_leases(gw: Gateway) -> list[tuple[str, Decimal]]:
     """(owner, amount) of every lease held by an asynchronous job (gateway.jobs)."""
     rows = gw.query("SELECT owner, amount FROM leases WHERE owner LIKE 'job:%'")

@@ -42,7 +42,8 @@ IDLE_MS: Final = 30 * 60 * 1000  # a session unused this long ends
 MAX_AGE_MS: Final = 12 * 60 * 60 * 1000  # and any session after this long
 TOUCH_EVERY_MS: Final = 60 * 1000  # how often a session's last use is written back
 INVITE_MS: Final = 7 * 24 * 60 * 60 * 1000  # an invitation link works this long, once
-LOGIN_FAILURES: Final = 5
+LOGIN_FAILURES: Final = 5  # per email
+ADDRESS_FAILURES: Final = 30  # per client address (many people may share one, behind a NAT)
 LOGIN_WINDOW_S: Final = 300.0
 MIN_PASSWORD_CHARS: Final = 12
 SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
@@ -79,7 +80,9 @@ def password_matches(password_hash: str | None, password: str) -> bool:
 def check_new_password(password: str) -> None:
     if len(password) < MIN_PASSWORD_CHARS:
         raise GatewayError(
-            "invalid_request", f"Choose a password of at least {MIN_PASSWORD_CHARS} characters.", param="password"
+            "invalid_request",
+            f"Choose a password of at least {MIN_PASSWORD_CHARS} characters.",
+            param="password",
         )
 
 
@@ -118,7 +121,9 @@ class Viewer:
 def refuse_api_keys(request: Request) -> None:
     presented = presented_key(request)
     if presented and presented.startswith(KEY_PREFIX):
-        raise GatewayError("forbidden", "An API key cannot open the console: sign in with your email and password.")
+        raise GatewayError(
+            "forbidden", "An API key cannot open the console: sign in with your email and password."
+        )
 
 
 def secure_cookies(request: Request, public_base_url: str | None) -> bool:
@@ -146,7 +151,13 @@ async def start_session(
 
 def set_session_cookie(response: Response, token: str, secure: bool) -> None:
     response.set_cookie(
-        COOKIE, token, max_age=MAX_AGE_MS // 1000, path=COOKIE_PATH, secure=secure, httponly=True, samesite="strict"
+        COOKIE,
+        token,
+        max_age=MAX_AGE_MS // 1000,
+        path=COOKIE_PATH,
+        secure=secure,
+        httponly=True,
+        samesite="strict",
     )
 
 
@@ -206,10 +217,17 @@ async def check_csrf(request: Request, session: ConsoleSession) -> None:
 
 
 class LoginThrottle:
-    """Failed sign-ins per email and per client address, in this process (docs/console.md)."""
+    """Failed sign-ins per email (LOGIN_FAILURES) and per client address (ADDRESS_FAILURES) within
+    LOGIN_WINDOW_S, in this process (docs/console.md). Names are "email:..." or "addr:..."."""
 
-    def __init__(self, failures: int = LOGIN_FAILURES, window_s: float = LOGIN_WINDOW_S) -> None:
+    def __init__(
+        self,
+        failures: int = LOGIN_FAILURES,
+        address_failures: int = ADDRESS_FAILURES,
+        window_s: float = LOGIN_WINDOW_S,
+    ) -> None:
         self.failures = failures
+        self.address_failures = address_failures
         self.window_s = window_s
         self._seen: dict[str, deque[float]] = {}
 
@@ -223,8 +241,9 @@ class LoginThrottle:
         now = time.monotonic()
         for name in who:
             times = self._recent(name, now)
-            if len(times) >= self.failures:
-                retry = max(1, int(self.window_s - (now - times[0])) + 1)
+            allowed = self.address_failures if name.startswith("addr:") else self.failures
+            if len(times) >= allowed:
+                retry = max(1, int(self.window_s - (now - times[-allowed])) + 1)
                 raise GatewayError(
                     "rate_limited",
                     f"Too many failed sign-ins: try again in {retry} seconds.",
@@ -239,5 +258,7 @@ class LoginThrottle:
             self._seen = {k: v for k, v in self._seen.items() if self._recent(k, now)}
 
     def succeeded(self, *who: str) -> None:
+        """A right password forgets the email's failures (not the address's)."""
         for name in who:
-            self._seen.pop(name, None)
+            if not name.startswith("addr:"):
+                self._seen.pop(name, None)

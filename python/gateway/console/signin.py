@@ -89,7 +89,7 @@ def routes(console: Console) -> list[Route]:
                 console.throttle.failed(*who)
                 return again("That email and password do not match.", 401)
             console.throttle.succeeded(*who)
-            session_token, session = await start_session(store, user, user.role, user.account_id, now_ms())
+            session_token, _ = await start_session(store, user, user.role, user.account_id, now_ms())
             home = "/console/operator/" if user.role == "operator" else f"/console/a/{user.account_id}/"
             return signed_in(request, session_token, home)
         except GatewayError as err:

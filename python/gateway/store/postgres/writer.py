@@ -219,7 +219,7 @@ class Writer:
                     self._give_back(line)
                     continue
                 if self._must_wait():
-                    # A stream's end must not commit before its progress in flight (_must_wait).
+                    # Stream progress commits in order (_must_wait): wait for the batch writing it.
                     self._give_back(line)
                     await asyncio.wait([t for t, b in self._in_flight.items() if b.progress])
                     continue
@@ -238,11 +238,17 @@ class Writer:
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
 
     def _must_wait(self) -> bool:
-        """Whether the next batch deletes stream progress (a stream's end) while a batch writing
-        progress is in flight: committed after it, that progress would stay behind."""
+        """Whether the next batch touches stream progress while a batch writing progress is in
+        flight: it must commit after that one. A stream's end (which deletes its progress) committed
+        first would leave the progress behind; newer progress committed first would be overwritten
+        by the older."""
         if not any(batch.progress for batch in self._in_flight.values()):
             return False
-        return bool(self._forgets) or any(s.record.id in self._noted for s, _ in self._settlements)
+        return (
+            bool(self._forgets)
+            or bool(self._progress)
+            or any(s.record.id in self._noted for s, _ in self._settlements)
+        )
 
     def _take(self) -> _Batch:
         batch = _Batch()
