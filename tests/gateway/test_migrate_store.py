@@ -2,8 +2,9 @@
 
 The gateway runs on SQLite and serves requests; it is stopped; its data is moved into an empty
 PostgreSQL database; a gateway on PostgreSQL then serves the same keys with the same balances, and
-the old usage records and logs are there. A running source, or a target that is not empty, is
-refused without changing anything.
+the old usage records and logs are there, and so are the console's users, conversations and messages
+(not its sessions). A running source, or a target that is not empty, is refused without changing
+anything.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import httpx
 import orjson
 import pytest
 
+from gateway.clock import now_ms
+from gateway.store import ChatMessage, ConsoleSession, ConsoleUser, Conversation
+from gateway.store.postgres import PostgresStore
+from gateway.store.sqlite import SqliteStore
 from harness import chat_model, free_port, running, wait_until_listening
 
 MODEL = "openai/gpt-4o-mini"
@@ -73,6 +78,57 @@ def pg_rows(url: str, sql: str) -> list[tuple[object, ...]]:
     return asyncio.run(go())
 
 
+ConsoleRecords = tuple[ConsoleUser, Conversation, list[ChatMessage]]
+
+
+async def add_console_records(db: Path) -> ConsoleRecords:
+    """A member of acme with a password and a session, and a conversation of two messages."""
+    store = SqliteStore(db)
+    await store.start()
+    try:
+        account = await store.find_account("acme")
+        assert account is not None
+        user = await store.create_console_user(
+            "Ann@Example.com", "member", account.id, os.urandom(32), 10**13
+        )
+        await store.set_console_password(user.id, "$argon2id$v=19$m=65536,t=3,p=4$x$y")
+        now = now_ms()
+        await store.create_console_session(
+            ConsoleSession(os.urandom(32), user.id, "member", account.id, "csrf", now, now, now + 10**6)
+        )
+        conversation = Conversation("conv_" + os.urandom(12).hex(), account.id, user.id, "Move", now, now)
+        await store.create_conversation(conversation)
+        messages = [
+            ChatMessage("msg_" + os.urandom(12).hex(), conversation.id, "user", "hi", None, None, None, None,
+                        None, now + 1),
+            ChatMessage("msg_" + os.urandom(12).hex(), conversation.id, "assistant", "hello", MODEL,
+                        "req_" + os.urandom(8).hex(), 3, 4, Decimal("0.000001234"), now + 2),
+        ]  # fmt: skip
+        for message in messages:
+            assert await store.add_chat_message(message, account.id)
+        moved_user = await store.get_console_user(user.id)
+        found = await store.get_conversation(conversation.id, account.id)
+        assert moved_user is not None and found is not None
+        return moved_user, found[0], found[1]
+    finally:
+        await store.close()
+
+
+async def read_console_records(url: str, expected: ConsoleRecords) -> ConsoleRecords:
+    """The same records, read through a PostgreSQL store."""
+    user, conversation, _ = expected
+    store = PostgresStore(url, pool_size=2)
+    await store.start()
+    try:
+        moved = await store.find_console_user(user.email)
+        found = await store.get_conversation(conversation.id, conversation.account_id)
+        assert moved is not None and found is not None
+        assert await store.list_console_users(user.account_id) == [moved]
+        return moved, found[0], found[1]
+    finally:
+        await store.close()
+
+
 def test_an_embedded_deployment_moves_to_postgres_exactly(
     sim_url: str, tmp_path: Path, target_db: str, redis_url: str
 ) -> None:
@@ -105,6 +161,7 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
         # Refused while the gateway runs: its journal is live.
         busy = migrate_store(db, target_db)
         assert busy.returncode == 1 and "stop every gateway process" in busy.stderr
+    console = asyncio.run(add_console_records(db))
     with sqlite3.connect(db) as conn:
         (balance,) = conn.execute("SELECT balance FROM accounts WHERE name = 'acme'").fetchone()
         (charged,) = conn.execute("SELECT COUNT(*) FROM usage_records").fetchone()
@@ -118,6 +175,10 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
     assert report["rows"]["request_logs"] == logged
     assert Decimal(report["balances"]) == Decimal(balance)
     assert pg_rows(target_db, "SELECT balance FROM accounts") == [(Decimal(balance),)]
+    # The console's users, conversations and messages moved (exact costs); its sessions did not.
+    assert report["rows"]["console_users"] == 1 and report["rows"]["chat_messages"] == 2
+    assert asyncio.run(read_console_records(target_db, console)) == console
+    assert pg_rows(target_db, "SELECT COUNT(*) FROM console_sessions") == [(0,)]
 
     # Moving again into the now full database is refused, and changes nothing.
     again = migrate_store(db, target_db)

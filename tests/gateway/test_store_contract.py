@@ -335,3 +335,360 @@ def test_key_changes_reach_the_cache(new_store: StoreFactory) -> None:
             assert not await store.delete_key(key.id)
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- the console
+
+
+async def logged(store: Any, *entries: RequestLog) -> None:
+    """Keep the entries (log_request, in this order) and wait until every one can be read."""
+    for entry in entries:
+        store.log_request(entry)
+    for _ in range(500):
+        await flush(store)
+        if all([await store.get_request_log(e.id) is not None for e in entries]):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the log entries were never written")
+
+
+def test_console_users_and_invitations(new_store: StoreFactory) -> None:
+    from gateway.store import ConsoleSession, NameTaken
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            account_id, _ = await account_and_key(store, "1")
+            now = now_ms()
+            email = f"Ann.{os.urandom(4).hex()}@Example.COM"
+            invite = os.urandom(32)
+            ann = await store.create_console_user(email, "member", account_id, invite, now + 1000)
+            assert ann.id.startswith("cu_") and ann.email == email.lower() and ann.password_hash is None
+            assert await store.get_console_user(ann.id) == ann
+            assert await store.find_console_user(email.upper()) == ann
+            assert await store.find_console_user("nobody@example.com") is None
+            with pytest.raises(NameTaken):
+                await store.create_console_user(email.swapcase(), "operator", None, None, None)
+            # The invitation is found by its token's hash until it expires.
+            assert await store.find_console_invite(invite, now) == ann
+            assert await store.find_console_invite(invite, now + 1000) is None
+            assert await store.find_console_invite(os.urandom(32), now) is None
+            operator = await store.create_console_user(
+                f"op.{os.urandom(4).hex()}@example.com", "operator", None, None, None
+            )
+            listed = await store.list_console_users()
+            assert [u.id for u in listed if u.id in (ann.id, operator.id)] == [ann.id, operator.id]
+            assert await store.list_console_users(account_id) == [ann]
+            # A password closes the invitation: the link works once.
+            assert await store.set_console_password(ann.id, "$argon2id$one")
+            ann = await store.get_console_user(ann.id)
+            assert ann.password_hash == "$argon2id$one" and ann.invite_hash is None
+            assert ann.invite_expires_at_ms is None
+            assert await store.find_console_invite(invite, now) is None
+            assert not await store.set_console_password("cu_missing", "x")
+            # A new invitation (the operator resets the password) ends the user's sessions.
+            session = ConsoleSession(
+                os.urandom(32), ann.id, "member", account_id, "csrf", now, now, now + 10**6
+            )
+            await store.create_console_session(session)
+            assert await store.get_console_session(session.id) == session
+            again = os.urandom(32)
+            assert await store.set_console_invite(ann.id, again, now + 5000)
+            assert await store.get_console_session(session.id) is None
+            ann = await store.get_console_user(ann.id)
+            assert (
+                ann.password_hash is None
+                and ann.invite_hash == again
+                and ann.invite_expires_at_ms == now + 5000
+            )
+            assert await store.find_console_invite(again, now) == ann
+            assert not await store.set_console_invite("cu_missing", os.urandom(32), now)
+            # Deleting a user ends their sessions too.
+            session = ConsoleSession(os.urandom(32), ann.id, "member", account_id, "c", now, now, now + 10**6)
+            await store.create_console_session(session)
+            assert await store.delete_console_user(ann.id)
+            assert await store.get_console_user(ann.id) is None
+            assert await store.get_console_session(session.id) is None
+            assert not await store.delete_console_user(ann.id)
+            assert await store.list_console_users(account_id) == []
+
+    asyncio.run(main())
+
+
+def test_console_sessions(new_store: StoreFactory) -> None:
+    from gateway.store import ConsoleSession
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            now = now_ms()
+            hour = 3_600_000
+
+            def session(seen: int, expires: int) -> ConsoleSession:
+                return ConsoleSession(
+                    os.urandom(32), None, "operator", None, "csrf", now - 10 * hour, seen, expires
+                )
+
+            fresh = session(now - 1000, now + hour)
+            idle = session(now - 2 * hour, now + hour)
+            expired = session(now - 1000, now)
+            for s in (fresh, idle, expired):
+                await store.create_console_session(s)
+            assert await store.get_console_session(fresh.id) == fresh
+            assert await store.get_console_session(os.urandom(32)) is None
+            await store.touch_console_session(fresh.id, now - 10)
+            touched = await store.get_console_session(fresh.id)
+            assert touched is not None and touched.seen_at_ms == now - 10
+            # Past the absolute expiry, or idle for an hour: gone.
+            assert await store.purge_console_sessions(now, hour) >= 2
+            assert await store.get_console_session(fresh.id) == touched
+            assert await store.get_console_session(idle.id) is None
+            assert await store.get_console_session(expired.id) is None
+            await store.delete_console_session(fresh.id)
+            assert await store.get_console_session(fresh.id) is None
+
+    asyncio.run(main())
+
+
+def test_conversations_belong_to_their_account(new_store: StoreFactory) -> None:
+    from gateway.store import ChatMessage, Conversation
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            mine, _ = await account_and_key(store, "1")
+            other, _ = await account_and_key(store, "1")
+            now = now_ms()
+
+            def conversation(account_id: str, at: int) -> Conversation:
+                return Conversation("conv_" + os.urandom(12).hex(), account_id, None, "Hello", at, at)
+
+            def message(conversation_id: str, role: str, at: int, cost: str | None = None) -> ChatMessage:
+                return ChatMessage(
+                    id="msg_" + os.urandom(12).hex(),
+                    conversation_id=conversation_id,
+                    role=role,
+                    content=f"{role} says hi",
+                    model=None if cost is None else "openai/gpt-4o-mini",
+                    request_id=None if cost is None else "req_" + os.urandom(8).hex(),
+                    prompt_tokens=None if cost is None else 12,
+                    completion_tokens=None if cost is None else 30,
+                    cost=None if cost is None else Decimal(cost),
+                    created_at_ms=at,
+                )
+
+            first, second, theirs = (
+                conversation(mine, now),
+                conversation(mine, now + 1),
+                conversation(other, now),
+            )
+            for c in (first, second, theirs):
+                await store.create_conversation(c)
+            assert await store.list_conversations(mine) == [second, first]
+            assert await store.list_conversations(other) == [theirs]
+            # Another account's conversation is not there for this one.
+            assert await store.get_conversation(first.id, other) is None
+            assert not await store.rename_conversation(first.id, other, "Mine now")
+            assert not await store.delete_conversation(first.id, other)
+            assert not await store.add_chat_message(message(first.id, "user", now + 5), other)
+            assert await store.get_conversation("conv_missing", mine) is None
+            # Messages come back in order, with their exact cost; the conversation moves to the top.
+            asked = message(first.id, "user", now + 10)
+            answered = message(first.id, "assistant", now + 11, cost="0.0000001234")
+            assert await store.add_chat_message(asked, mine)
+            assert await store.add_chat_message(answered, mine)
+            found = await store.get_conversation(first.id, mine)
+            assert found is not None
+            got, messages = found
+            assert got.updated_at_ms == now + 11 and got.title == "Hello"
+            assert messages == [asked, answered] and messages[1].cost == Decimal("1.234E-7")
+            assert [c.id for c in await store.list_conversations(mine)] == [first.id, second.id]
+            assert await store.rename_conversation(first.id, mine, "Renamed")
+            found = await store.get_conversation(first.id, mine)
+            assert found is not None and found[0].title == "Renamed"
+            # Deleting it deletes its messages: made again under the same id, it has none.
+            assert await store.delete_conversation(first.id, mine)
+            assert await store.get_conversation(first.id, mine) is None
+            assert not await store.delete_conversation(first.id, mine)
+            await store.create_conversation(first)
+            assert await store.get_conversation(first.id, mine) == (first, [])
+            assert [c.id for c in await store.list_conversations(other)] == [theirs.id]
+
+    asyncio.run(main())
+
+
+def test_request_log_filters_and_paging(new_store: StoreFactory) -> None:
+    from gateway.store import LogQuery
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            account_id, key_id = await account_and_key(store, "10")
+            _, other_key = await account_and_key(store, "10")
+            other_account = (await store.get_key(other_key)).account_id
+            second_key = (await store.create_key(account_id, "k2", os.urandom(32), "sk-2", None)).id
+            base = now_ms() - 3_600_000
+            entries = []
+            # One entry a minute: (key, model, status, path), newest last.
+            shapes = [
+                (key_id, "openai/gpt-4o-mini", 200, "/v1/chat/completions"),
+                (key_id, "openai/gpt-4o-mini", 429, "/v1/chat/completions"),
+                (second_key, "meta/llama-3.1-8b", 200, "/v1/chat/completions"),
+                (second_key, "openai/text-embedding-3-small", 200, "/v1/embeddings"),
+                (key_id, "meta/llama-3.1-8b", 502, "/v1/chat/completions"),
+                (other_key, "openai/gpt-4o-mini", 200, "/v1/chat/completions"),
+                (key_id, None, 404, "/v1/chat/completions"),
+                (second_key, "openai/gpt-4o-mini", 200, "/v1/responses"),
+            ]
+            for i, (key, model, status, path) in enumerate(shapes):
+                owner = other_account if key == other_key else account_id
+                r = record(owner, key, "0.001", started_at_ms=base + i * 60_000)
+                entries.append(
+                    log_entry(
+                        r,
+                        model=model,
+                        status=status,
+                        path=path,
+                        cost=r.cost if status == 200 else None,
+                        usage_id=r.id if status == 200 else None,
+                    )
+                )
+            await logged(store, *entries)
+
+            async def ids(query: LogQuery | None = None, **kw: Any) -> list[int]:
+                args: dict[str, Any] = {"account_id": None, "key_id": None, "before": None, "limit": 100}
+                args.update(kw)
+                listed = await store.list_request_logs(**args, query=query)
+                index = {e.id: i for i, e in enumerate(entries)}
+                assert all(e.request_body is None for e in listed)
+                return [index[e.id] for e in listed if e.id in index]
+
+            mine = LogQuery(account_id=account_id)
+            assert await ids(mine) == [7, 6, 4, 3, 2, 1, 0]
+            assert await ids(account_id=account_id) == [7, 6, 4, 3, 2, 1, 0]  # as before, no query
+            assert await ids(LogQuery(account_id=account_id, key_id=second_key)) == [7, 3, 2]
+            assert await ids(LogQuery(key_id=second_key), account_id=account_id) == [7, 3, 2]
+            assert await ids(LogQuery(account_id=account_id, model="openai/gpt-4o-mini")) == [7, 1, 0]
+            assert await ids(LogQuery(model="openai/gpt-4o-mini")) == [7, 5, 1, 0]
+            assert await ids(LogQuery(account_id=account_id, status=429)) == [1]
+            assert await ids(LogQuery(account_id=account_id, status_class=2)) == [7, 3, 2, 0]
+            assert await ids(LogQuery(account_id=account_id, status_class=4)) == [6, 1]
+            assert await ids(LogQuery(account_id=account_id, status_class=5)) == [4]
+            assert await ids(LogQuery(account_id=account_id, path="/v1/embeddings")) == [3]
+            window = LogQuery(account_id=account_id, since_ms=base + 2 * 60_000, until_ms=base + 6 * 60_000)
+            assert await ids(window) == [4, 3, 2]
+            assert await ids(LogQuery(account_id=account_id, until_ms=base + 60_000)) == [0]
+            assert await ids(LogQuery(account_id=account_id, since_ms=base + 6 * 60_000)) == [7, 6]
+            # A request id: the entry's own, or its usage record's (the response body's id).
+            assert await ids(LogQuery(request_id=entries[4].id)) == [4]
+            assert await ids(LogQuery(account_id=account_id, request_id=entries[4].id)) == [4]
+            assert await ids(LogQuery(account_id=other_account, request_id=entries[4].id)) == []
+            assert await ids(LogQuery(request_id="req_missing")) == []
+            # Every filter at once.
+            every = LogQuery(
+                account_id=account_id,
+                key_id=second_key,
+                model="openai/gpt-4o-mini",
+                status=200,
+                status_class=2,
+                path="/v1/responses",
+                since_ms=base,
+                until_ms=base + 3_600_000,
+            )
+            assert await ids(every) == [7]
+            # A query naming another account than the caller's finds nothing.
+            assert await ids(LogQuery(account_id=other_account), account_id=account_id) == []
+            assert await ids(LogQuery(key_id=other_key), key_id=key_id) == []
+            # Pages of a filtered list: `before` is the last entry of the previous page.
+            pages, before = [], None
+            while True:
+                page = await store.list_request_logs(
+                    account_id=account_id, key_id=None, before=before, limit=2, query=LogQuery(status_class=2)
+                )
+                if not page:
+                    break
+                pages.append([e.id for e in page])
+                before = page[-1].id
+            assert pages == [[entries[7].id, entries[3].id], [entries[2].id, entries[0].id]]
+            # A settled request is found by its usage id too.
+            r = record(account_id, key_id, "0.25")
+            await settle(store, r, log_entry(r))
+            for _ in range(500):
+                if await store.get_request_log(r.request_id) is not None:
+                    break
+                await flush(store)
+                await asyncio.sleep(0.01)
+            for wanted in (r.id, r.request_id):
+                found = await store.list_request_logs(
+                    account_id=None, key_id=None, before=None, limit=5, query=LogQuery(request_id=wanted)
+                )
+                assert [e.id for e in found] == [r.request_id] and found[0].usage_id == r.id
+
+    asyncio.run(main())
+
+
+def test_log_stats_buckets_and_models(new_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            account_id, key_id = await account_and_key(store, "10")
+            other_account, other_key = await account_and_key(store, "10")
+            hour = 3_600_000
+            since = (now_ms() // hour - 30 * 24) * hour  # a month ago: no other test's entries
+            until = since + 4 * hour + hour // 2  # the last bucket is half an hour
+            entries = []
+
+            def add(
+                at: int, model: str | None, status: int, cost: str | None, account: str = account_id
+            ) -> None:
+                key = key_id if account == account_id else other_key
+                r = record(account, key, cost or "0", started_at_ms=since + at)
+                cost_value = None if cost is None else Decimal(cost)
+                entries.append(log_entry(r, model=model, status=status, cost=cost_value, usage_id=None))
+
+            m = 60_000
+            add(0, "openai/gpt-4o-mini", 200, "0.1")
+            add(5 * m, "openai/gpt-4o-mini", 200, "0.0000001234")  # kept as "1.234E-7"
+            add(59 * m, "meta/llama-3.1-8b", 500, None)
+            add(hour + hour, "meta/llama-3.1-8b", 200, "1.5")  # the second bucket stays empty
+            add(2 * hour + 10 * m, "openai/gpt-4o-mini", 499, None)
+            add(2 * hour + 20 * m, None, 401, None)
+            add(3 * hour, "openai/gpt-4o-mini", 200, "0.0000000000001")  # 13 decimal places
+            add(3 * hour + m, "openai/gpt-4o-mini", 200, "12345.6789")
+            for i in range(10):  # picodollars beyond 64 bits, summed
+                add(4 * hour + i * m, "anthropic/claude-sonnet-4-5", 200, "999999.999999")
+            add(4 * hour + 40 * m, "openai/gpt-4o-mini", 200, "7")  # after `until`
+            add(-1, "openai/gpt-4o-mini", 200, "7")  # before `since`
+            add(30 * m, "openai/gpt-4o-mini", 200, "0.5", account=other_account)
+            await logged(store, *entries)
+
+            stats = await store.log_stats(account_id, since, until, hour)
+            assert [(b.start_ms - since) // hour for b in stats.buckets] == [0, 1, 2, 3, 4]
+            assert [(b.requests, b.errors, b.cost) for b in stats.buckets] == [
+                (3, 1, Decimal("0.1000001234")),
+                (0, 0, Decimal(0)),
+                (3, 2, Decimal("1.5")),
+                (2, 0, Decimal("12345.6789000000001")),
+                (10, 0, Decimal("9999999.99999")),
+            ]
+            assert stats.by_model == (
+                ("anthropic/claude-sonnet-4-5", 10, Decimal("9999999.99999")),
+                ("openai/gpt-4o-mini", 5, Decimal("12345.7789001234001")),
+                ("meta/llama-3.1-8b", 2, Decimal("1.5")),
+            )
+            # Every account: the other one's entry too.
+            every = await store.log_stats(None, since, until, hour)
+            assert every.buckets[0].requests == 4 and every.buckets[0].cost == Decimal("0.6000001234")
+            assert every.by_model[1] == ("openai/gpt-4o-mini", 6, Decimal("12346.2789001234001"))
+            # Second buckets: a few hundred, then thousands (SQLite groups those in one query a model).
+            fine = await store.log_stats(account_id, since, since + 6 * m, 1000)
+            assert len(fine.buckets) == 360
+            assert [(i, b.requests, b.cost) for i, b in enumerate(fine.buckets) if b.requests] == [
+                (0, 1, Decimal("0.1")),
+                (300, 1, Decimal("1.234E-7")),
+            ]
+            assert sum(b.requests for b in fine.buckets) == 2
+            many = await store.log_stats(account_id, since, until, 1000)
+            assert len(many.buckets) == 16_200 and sum(b.requests for b in many.buckets) == 18
+            assert sum(b.cost for b in many.buckets) == sum(b.cost for b in stats.buckets)
+            assert many.by_model == stats.by_model
+            # An empty period.
+            empty = await store.log_stats(account_id, since, since, hour)
+            assert empty.buckets == () and empty.by_model == ()
+
+    asyncio.run(main())

@@ -6,8 +6,9 @@ reaches the store) and process leases are returned, then every table is copied i
 PostgreSQL database in one transaction, row by row in the order the rows were made (so the
 target's paging order is the source's). Columns are matched by name; each value is converted to the
 target column's type (money from decimal text to numeric, never through a float). Afterwards every
-balance, every key's spending and the sum of the usage records' costs are compared: the move is
-committed only when they are equal to the last digit.
+balance, every key's spending, the sum of the usage records' costs and that of the console's chat
+messages are compared: the move is committed only when they are equal to the last digit. The
+console's users and conversations move; its sessions do not (their users sign in again).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from .postgres.migrate import migrate
 from .sqlite import SqliteStore
 from .sqlite.journal import live_count
 
-# Source tables in the order their references need (accounts before keys, jobs before files).
+# Source tables in the order their references need (accounts before keys, jobs before files,
+# conversations before their messages). Console sessions stay behind: everyone signs in again.
 TABLES = (
     "accounts",
+    "console_users",
     "api_keys",
     "top_ups",
     "usage_records",
@@ -39,6 +42,8 @@ TABLES = (
     "response_states",
     "images",
     "video_files",
+    "conversations",
+    "chat_messages",
 )
 
 
@@ -137,13 +142,16 @@ async def _compare(lite: sqlite3.Connection, conn: asyncpg.Connection, rows: dic
     balances = money([b for (b,) in lite.execute("SELECT balance FROM accounts")])
     charged = money([c for (c,) in lite.execute("SELECT cost FROM usage_records")])
     spent = money([s for (s,) in lite.execute("SELECT spent FROM api_keys")])
+    chats = money([c for (c,) in lite.execute("SELECT cost FROM chat_messages")])
     moved_balances = money([r[0] for r in await conn.fetch("SELECT balance FROM accounts")])
     moved_charged = money([r[0] for r in await conn.fetch("SELECT cost FROM usage_records")])
     moved_spent = money([r[0] for r in await conn.fetch("SELECT spent FROM api_keys")])
-    if (balances, charged, spent) != (moved_balances, moved_charged, moved_spent):
+    moved_chats = money([r[0] for r in await conn.fetch("SELECT cost FROM chat_messages")])
+    if (balances, charged, spent, chats) != (moved_balances, moved_charged, moved_spent, moved_chats):
         raise MoveError(
             f"totals differ after the copy (balances {balances} -> {moved_balances}, charges {charged}"
-            f" -> {moved_charged}, key spending {spent} -> {moved_spent}): nothing was committed"
+            f" -> {moved_charged}, key spending {spent} -> {moved_spent}, chat messages {chats}"
+            f" -> {moved_chats}): nothing was committed"
         )
     return Moved(rows, balances, charged)
 

@@ -82,6 +82,7 @@ from .. import (
 )
 from ..records import JOB_LEASE_PREFIX, new_account, new_id, new_key
 from . import rows
+from .console import PostgresConsole
 from .errors import StoreUnavailable, unavailable
 from .keys import CHANNEL, KeyCache
 from .migrate import migrate
@@ -129,7 +130,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     is still rolled back by the pool before this runs."""
 
 
-class PostgresStore:
+class PostgresStore(PostgresConsole):
     def __init__(self, url: str, pool_size: int = 10) -> None:
         self.url = url
         self.pool_size = pool_size
@@ -503,25 +504,6 @@ class PostgresStore:
             f"SELECT {rows.USAGE} FROM usage_records WHERE id = $1 AND key_id = $2", usage_id, key_id
         )
         return None if row is None else rows.usage(row)
-
-    async def list_request_logs(
-        self, *, account_id: str | None, key_id: str | None, before: str | None, limit: int
-    ) -> list[RequestLog]:
-        where: list[str] = []
-        args: list[Any] = []
-        for column, value in (("account_id", account_id), ("key_id", key_id)):
-            if value is not None:
-                args.append(value)
-                where.append(f"{column} = ${len(args)}")
-        if before is not None:
-            args.append(before)
-            where.append(f"seq < (SELECT seq FROM request_logs WHERE id = ${len(args)})")
-        sql = f"SELECT {rows.LOG_WITHOUT_BODIES} FROM request_logs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        args.append(limit)
-        found = await self._fetch(sql + f" ORDER BY seq DESC LIMIT ${len(args)}", *args)
-        return [rows.request_log(row) for row in found]
 
     async def get_request_log(self, log_id: str) -> RequestLog | None:
         row = await self._fetchrow(f"SELECT {rows.LOG} FROM request_logs WHERE id = $1", log_id)

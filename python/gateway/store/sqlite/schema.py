@@ -4,6 +4,34 @@ from __future__ import annotations
 
 import sqlite3
 
+# A cost's decimal text (str(Decimal): "0.00123", "1.5E-7", "1.2E+2") as an exact integer of
+# picodollars, in SQL, for the request log's statistics (console.py): the mantissa's digits times the
+# power of ten that makes them picodollars. -1 when that is not an integer below 10^18 (more than 12
+# decimal places, or a million dollars and more) or the text is not such a decimal: those few costs
+# are summed from their text. Never changed once shipped (it is in a migration).
+_M = "substr(cost, 1, instr(cost, 'E') - 1)"  # the mantissa of a text with an exponent
+_SCALE = (  # the power of ten that turns the mantissa's digits into picodollars
+    f"(12 + CAST(substr(cost, instr(cost, 'E') + 1) AS INTEGER)"
+    f" - CASE WHEN instr({_M}, '.') THEN length({_M}) - instr({_M}, '.') ELSE 0 END)"
+)
+_COST_PICO = f"""
+    CASE
+    WHEN cost IS NULL THEN NULL
+    WHEN instr(cost, 'E') THEN CASE
+        WHEN {_M} GLOB '*[^0-9.]*' OR {_M} NOT GLOB '[0-9]*' OR {_M} GLOB '*.*.*'
+            OR {_SCALE} NOT BETWEEN 0 AND 18 OR length(replace({_M}, '.', '')) + {_SCALE} > 18
+        THEN -1
+        ELSE CAST(replace({_M}, '.', '') AS INTEGER)
+            * CAST(substr('1000000000000000000', 1, {_SCALE} + 1) AS INTEGER)
+        END
+    WHEN cost GLOB '*[^0-9.]*' OR cost NOT GLOB '[0-9]*' OR cost GLOB '*.*.*' THEN -1
+    WHEN instr(cost, '.') = 0 THEN
+        CASE WHEN length(cost) <= 6 THEN CAST(cost AS INTEGER) * 1000000000000 ELSE -1 END
+    WHEN instr(cost, '.') > 7 OR length(cost) - instr(cost, '.') > 12 THEN -1
+    ELSE CAST(substr(cost, 1, instr(cost, '.') - 1) AS INTEGER) * 1000000000000
+        + CAST(substr(substr(cost, instr(cost, '.') + 1) || '000000000000', 1, 12) AS INTEGER)
+    END"""
+
 # Each entry migrates the schema from version i to i + 1 (PRAGMA user_version). Append, never edit.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -220,6 +248,70 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE video_jobs;
     CREATE INDEX jobs_key ON jobs(key_id, kind, created_at_ms);
     CREATE INDEX jobs_due ON jobs(next_poll_at_ms) WHERE status IN ('queued', 'in_progress');
+    """,
+    # The console (gateway.console): its users (an invitation's token kept hashed), their sessions
+    # (by the sha256 of the cookie's token), playground conversations and their messages (money as
+    # decimal text). The request log gets what the console's filters and charts read: an account's
+    # entries by start time, and the statistics' covering indexes (console.py, log_stats): per
+    # account (or all) and model, by start time, with the status and the cost as an exact integer
+    # of picodollars, computed from the decimal text (cost_pico: -1 when the text has more than 12
+    # decimal places or is too large, then read from the text).
+    """
+    CREATE TABLE console_users (
+        id TEXT PRIMARY KEY,
+        email TEXT NOT NULL UNIQUE,
+        role TEXT NOT NULL,
+        account_id TEXT REFERENCES accounts(id),
+        password_hash TEXT,
+        invite_hash BLOB UNIQUE,
+        invite_expires_at_ms INTEGER,
+        created_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX console_users_account ON console_users(account_id);
+    CREATE TABLE console_sessions (
+        id BLOB PRIMARY KEY,
+        user_id TEXT REFERENCES console_users(id) ON DELETE CASCADE,
+        role TEXT NOT NULL,
+        account_id TEXT,
+        csrf TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        seen_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX console_sessions_user ON console_sessions(user_id);
+    CREATE INDEX console_sessions_expiry ON console_sessions(expires_at_ms);
+    CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL,
+        user_id TEXT,
+        title TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        updated_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX conversations_account ON conversations(account_id, updated_at_ms);
+    CREATE TABLE chat_messages (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        model TEXT,
+        request_id TEXT,
+        prompt_tokens INTEGER,
+        completion_tokens INTEGER,
+        cost TEXT,
+        created_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX chat_messages_conversation ON chat_messages(conversation_id, seq);
+    ALTER TABLE request_logs ADD COLUMN cost_pico INTEGER GENERATED ALWAYS AS (
+    """
+    + _COST_PICO
+    + """
+    ) VIRTUAL;
+    CREATE INDEX request_logs_account_started ON request_logs(account_id, started_at_ms);
+    CREATE INDEX request_logs_account_model
+        ON request_logs(account_id, model, started_at_ms, status, cost_pico);
+    CREATE INDEX request_logs_model ON request_logs(model, started_at_ms, status, cost_pico);
     """,
 )
 

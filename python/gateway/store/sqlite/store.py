@@ -1,6 +1,8 @@
 """Embedded store: one SQLite file in WAL mode.
 
-Reads are point lookups on the event loop's own connection (microseconds, no thread hop). Every write
+Reads are point lookups on the event loop's own connection (microseconds, no thread hop); the
+console's reads that may go through many rows (filtered logs, statistics) run in a worker thread on
+a connection of their own (console.py, which also keeps the console's records). Every write
 goes to one writer thread per process (writer.py), which commits whatever has queued as one
 transaction. Several worker processes share the file; BEGIN IMMEDIATE and busy_timeout serialise
 them. Settlements do not wait for their commit: they are journaled first (journal.py), so a response
@@ -49,6 +51,7 @@ from ..records import (
     new_key,
 )
 from . import journal
+from .console import Scans, SqliteConsole
 from .key_cache import KeyCache
 from .ledger import _add_to_lease, _free, _reclaim, _settle_many
 from .rows import (
@@ -61,7 +64,6 @@ from .rows import (
     _KEY,
     _KEY_COLUMNS,
     _LOG,
-    _LOG_HEAD,
     _RUNNING,
     _TOP_UP,
     _account,
@@ -78,13 +80,14 @@ from .schema import migrate
 from .writer import WriteOp, Writer
 
 
-class SqliteStore:
+class SqliteStore(SqliteConsole):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._reader: sqlite3.Connection | None = None
         self._journal: journal.Journal | None = None
         self._writer = Writer(lambda: self._owner, self._applied)
         self._keys = KeyCache(self.path.parent / (self.path.name + ".generation"))
+        self._scans = Scans(lambda: self._connect(check_same_thread=False))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,6 +142,7 @@ class SqliteStore:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        await asyncio.to_thread(self._scans.close)
         self._keys.close()
 
     def _connect(self, *, check_same_thread: bool) -> sqlite3.Connection:
@@ -199,23 +203,6 @@ class SqliteStore:
             .fetchone()
         )
         return None if row is None else usage_record(row)
-
-    async def list_request_logs(
-        self, *, account_id: str | None, key_id: str | None, before: str | None, limit: int
-    ) -> list[RequestLog]:
-        where, args = [], []
-        for column, value in (("account_id", account_id), ("key_id", key_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if before is not None:
-            where.append("seq < (SELECT seq FROM request_logs WHERE id = ?)")
-            args.append(before)
-        sql = f"SELECT {_LOG_HEAD}, NULL, request_bytes, NULL, response_bytes FROM request_logs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        rows = self._read().execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))
-        return [_request_log(row) for row in rows]
 
     async def get_request_log(self, log_id: str) -> RequestLog | None:
         row = self._read().execute(f"SELECT {_LOG} FROM request_logs WHERE id = ?", (log_id,)).fetchone()
