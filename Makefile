@@ -55,6 +55,10 @@ test: setup lint test-rust test-py ## the whole suite: lint, Rust unit tests, th
 test-rust: ## cargo tests of the core (no Python)
 	cargo test --locked -p gateway-core --release
 
+.PHONY: screenshots
+screenshots: setup $(STAMPS)/chromium ## the console's browser tests, saving docs/console/*.png
+	GATEWAY_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/gateway/test_console_account.py tests/gateway/test_console_playground.py
+
 .PHONY: test-py
 test-py: setup $(STAMPS)/js $(STAMPS)/chromium ## pytest (real processes: gateway on Granian, simulator, official clients)
 	$(BIN)/python -m pytest -q

@@ -487,6 +487,25 @@ def new_console_user(
     return email, chosen
 
 
+# The console's screenshots (docs/console/*.png, shown in the README and docs/console.md) are
+# written there by the browser tests under `make screenshots` (GATEWAY_SCREENSHOTS=1); otherwise
+# into a temporary directory, so that a test run leaves the working tree as it was.
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "console"
+
+
+def screenshot(page: Any, name: str) -> Path:
+    """Save a full-page screenshot of a Playwright page as `name`.png (see SCREENSHOTS)."""
+    folder = (
+        SCREENSHOTS
+        if os.environ.get("GATEWAY_SCREENSHOTS")
+        else Path(tempfile.gettempdir()) / "gateway-shots"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
 def job_leases(gw: Gateway) -> list[tuple[str, Decimal]]:
     """(owner, amount) of every lease held by an asynchronous job (gateway.jobs)."""
     rows = gw.query("SELECT owner, amount FROM leases WHERE owner LIKE 'job:%'")

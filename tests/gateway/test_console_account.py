@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -26,14 +25,13 @@ import pytest
 
 from gateway.console.security import hash_password
 from gateway.store import Store
-from harness import Gateway, chat_model, gateway, new_key, with_store
+from harness import Gateway, chat_model, gateway, new_key, screenshot, with_store
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
 TOKEN = "admin-" + "0123456789abcdef" * 3
 TOKEN_ENV = "GATEWAY_TEST_CONSOLE_ACCOUNT_ADMIN"
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 HOSTILE = '<script>window.__pwned=1</script> and <img src=x onerror="window.__pwned=1">'
 WAIT_MS = 10_000
 
@@ -114,8 +112,7 @@ def sign_in(page: Page, g: Gateway, m: Member) -> None:
 
 
 def shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    screenshot(page, name)
 
 
 def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alice: Member) -> None:

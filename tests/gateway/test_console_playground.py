@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -20,7 +19,16 @@ import pytest
 
 from gateway.clock import now_ms
 from gateway.store import Conversation, Store
-from harness import Gateway, chat_model, gateway, new_console_user, new_key, sim_requests, with_store
+from harness import (
+    Gateway,
+    chat_model,
+    gateway,
+    new_console_user,
+    new_key,
+    screenshot,
+    sim_requests,
+    with_store,
+)
 
 if TYPE_CHECKING:  # the fixtures skip these tests when Playwright is missing
     from playwright.sync_api import Browser, Page
@@ -29,7 +37,6 @@ T = TypeVar("T")
 TOKEN = "admin-" + "a1b2c3d4e5f60718" * 3
 TOKEN_ENV = "GATEWAY_TEST_PLAYGROUND_ADMIN"
 MINI, LLAMA = "openai/gpt-4o-mini", "meta/llama-3.1-8b"
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 PLAYGROUND_KEY = "Console playground"
 
 
@@ -131,7 +138,7 @@ def test_chat_streams_is_charged_kept_renamed_and_deleted(
     assert page.locator(".msg.assistant .content").first.inner_text() == text
     assert money(cost) in page.locator(".msg.assistant .meta").first.inner_text()
     assert page.locator("#conversation-list li.on a").inner_text().startswith("Hello there, playground")
-    page.screenshot(path=str(SHOTS / "playground.png"), full_page=True)
+    screenshot(page, "playground")
 
     page.fill('form.rename input[name="title"]', "Greetings, renamed")
     page.click("form.rename button")
@@ -190,7 +197,7 @@ def test_compare_two_models_side_by_side(page: Page, pgw: Gateway) -> None:
         assert re.search(r"first token\s*\d+ ms", figures) and re.search(r"total\s*\d+ ms", figures)
         assert money(costs[column.get_attribute("data-model")]) in figures
         assert "20 out tokens" in figures
-    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+    screenshot(page, "compare")
 
 
 def test_open_a_logged_chat_request_in_the_playground(page: Page, pgw: Gateway) -> None:
@@ -352,7 +359,7 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
         page.locator(f'#accounts tr[data-account="{account_id}"] a[href="/console/a/{account_id}/"]').count()
         == 1
     )
-    page.screenshot(path=str(SHOTS / "operator-accounts.png"), full_page=True)
+    screenshot(page, "operator-accounts")
 
     page.goto(f"{pgw.url}/console/operator/users?account_id={account_id}")
     email = f"new-{os.urandom(3).hex()}@example.com"
@@ -363,7 +370,7 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
     assert re.fullmatch(re.escape(pgw.url) + r"/console/invite/[A-Za-z0-9_-]{40,}", link)
     assert page.locator('button[data-copy="invite-url"]').count() == 1
     assert email in page.locator("#users").inner_text()
-    page.screenshot(path=str(SHOTS / "operator-users.png"), full_page=True)
+    screenshot(page, "operator-users")
     page.goto(pgw.url + "/console/operator/users")
     assert page.locator("#invite-url").count() == 0  # shown once
 

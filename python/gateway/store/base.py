@@ -183,7 +183,9 @@ class RequestLogs(Protocol):
         """Newest first, without bodies; `before` is the id of the last entry of the previous page.
         `query` narrows it further (its account_id and key_id, when set, must match the others)."""
 
-    async def log_stats(self, account_id: str | None, since_ms: int, until_ms: int, bucket_ms: int) -> LogStats:
+    async def log_stats(
+        self, account_id: str | None, since_ms: int, until_ms: int, bucket_ms: int
+    ) -> LogStats:
         """The requests of one account (every account: None) started in [since_ms, until_ms): per
         bucket of `bucket_ms` from since_ms (every bucket, empty ones too) and per model. Fast on
         millions of entries (an index on account and start time)."""
