@@ -36,9 +36,11 @@ class Console:
         browser is sent to the sign-in page and back."""
         return self._wrap(handler, api=False, operator=operator)
 
-    def api(self, handler: Handler, *, operator: bool = False) -> Endpoint:
-        """A JSON route for the console's own scripts (same session and CSRF rules)."""
-        return self._wrap(handler, api=True, operator=operator)
+    def api(self, handler: Handler, *, operator: bool = False, activity: bool = True) -> Endpoint:
+        """A JSON route for the console's own scripts (same session and CSRF rules). Without
+        `activity` (a page's background polling), a call does not count as the viewer's activity:
+        the session's idle expiry still runs."""
+        return self._wrap(handler, api=True, operator=operator, activity=activity)
 
     def public(self, handler: PublicHandler) -> Endpoint:
         """A page anyone may open (sign-in, invitation); still CSRF-checked when signed in."""
@@ -58,12 +60,12 @@ class Console:
 
         return endpoint
 
-    def _wrap(self, handler: Handler, *, api: bool, operator: bool) -> Endpoint:
+    def _wrap(self, handler: Handler, *, api: bool, operator: bool, activity: bool = True) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             viewer: Viewer | None = None
             try:
                 refuse_api_keys(request)
-                viewer = await current_viewer(request, self.state.store, now_ms())
+                viewer = await current_viewer(request, self.state.store, now_ms(), touch=activity)
                 if viewer is None:
                     if api:
                         raise GatewayError("not_signed_in", "Sign in to the console first.")

@@ -165,9 +165,10 @@ def clear_session_cookie(response: Response, secure: bool) -> None:
     response.delete_cookie(COOKIE, path=COOKIE_PATH, secure=secure, httponly=True, samesite="strict")
 
 
-async def current_viewer(request: Request, store: Store, now_ms: int) -> Viewer | None:
+async def current_viewer(request: Request, store: Store, now_ms: int, touch: bool = True) -> Viewer | None:
     """The viewer of a live session named by the request's cookie, or None (signed out, expired,
-    or the user deleted). A session in use is noted as seen at most once a minute."""
+    or the user deleted). A session in use is noted as seen at most once a minute (not with
+    `touch` False: a page's background polling is not its viewer's activity)."""
     token = request.cookies.get(COOKIE)
     if not token:
         return None
@@ -184,7 +185,7 @@ async def current_viewer(request: Request, store: Store, now_ms: int) -> Viewer 
         if user is None or user.password_hash is None:
             await store.delete_console_session(session_id)
             return None
-    if now_ms - session.seen_at_ms >= TOUCH_EVERY_MS:
+    if touch and now_ms - session.seen_at_ms >= TOUCH_EVERY_MS:
         await store.touch_console_session(session_id, now_ms)
     return Viewer(session, user)
 
