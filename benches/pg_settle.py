@@ -1,5 +1,6 @@
 """The PostgreSQL store's settlement on its own: p50 of `settle` at concurrency 1 and settles per
-second at concurrency 64, each a charge + usage record + log entry committed before it returns.
+second at concurrency 64, each a charge + usage record + log entry handed to the database before it
+returns (its commit follows: store/postgres/writer.py).
 
 Usage: python benches/pg_settle.py [--seconds 5] [--url postgresql://postgres@127.0.0.1:5432/test]
 

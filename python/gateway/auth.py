@@ -54,11 +54,19 @@ async def authenticate(request: Request, store: Store) -> KeyContext:
     slot = key_slot(request.scope)
     if slot is not None:
         slot.checked = True
-    console_ctx: KeyContext | None = request.scope.get(CONSOLE_CALL)
-    if console_ctx is not None:  # the console's playground, in process (gateway.console.playground)
-        if slot is not None:
-            slot.ctx = console_ctx
-        return console_ctx
+    ctx: KeyContext | None = request.scope.get(CONSOLE_CALL)
+    if ctx is None:
+        ctx = await _key_presented(request, store)
+    expires = ctx.key.expires_at_ms
+    if expires is not None and time.time_ns() // 1_000_000 >= expires:
+        raise GatewayError("key_expired", "This API key has expired. Create a new key in the console.")
+    if slot is not None:
+        slot.ctx = ctx
+    return ctx
+
+
+async def _key_presented(request: Request, store: Store) -> KeyContext:
+    """The key of the Authorization header (the console's playground brings its own: CONSOLE_CALL)."""
     token = presented_key(request)
     if not token:
         raise GatewayError(
@@ -69,11 +77,6 @@ async def authenticate(request: Request, store: Store) -> KeyContext:
     ctx = await store.find_key(hash_key(token))
     if ctx is None:
         raise GatewayError("invalid_api_key", "Invalid API key: unknown or deleted.")
-    expires = ctx.key.expires_at_ms
-    if expires is not None and time.time_ns() // 1_000_000 >= expires:
-        raise GatewayError("key_expired", "This API key has expired. Create a new key in the console.")
-    if slot is not None:
-        slot.ctx = ctx
     return ctx
 
 

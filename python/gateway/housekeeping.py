@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .clock import now_ms
+from .console.security import IDLE_MS
 from .state import GatewayState
 
 # Expired rows are deleted at least this often (more often when image URLs live shorter).
@@ -30,6 +31,7 @@ async def purge_expired(state: GatewayState) -> None:
         "request log bodies": lambda now: state.store.purge_log_bodies(now - retention_ms),
         "idempotency entries": state.store.purge_idempotency,
         "video files": state.store.purge_video_files,
+        "console sessions": lambda now: state.store.purge_console_sessions(now, IDLE_MS),
     }
     while True:
         await asyncio.sleep(interval)

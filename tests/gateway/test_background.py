@@ -16,6 +16,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
+from gateway.jobs import POLL_LEASE_MS
 from harness import Gateway, KeyHandle, gateway, job_leases, process_tree, store_spec
 
 DEEP = "openai/o4-mini-deep-research"
@@ -222,7 +223,9 @@ def test_a_background_response_survives_a_killed_gateway(sim_url: str, tmp_path:
                 os.kill(pid, signal.SIGKILL)
             first.proc.wait()
         with gateway(tmp_path, config, store=store) as second:
-            done = wait_until_ended(client(second, handle.key), created.id)
+            # Killed in the middle of a poll, the first gateway leaves the job leased to it for
+            # POLL_LEASE_MS (gateway.jobs): the next one takes it over at the latest then.
+            done = wait_until_ended(client(second, handle.key), created.id, POLL_LEASE_MS / 1000 + 15)
             assert done.status == "completed"
             expected = Decimal(10) - cost_of(done)
             assert second.wait_balance(handle.account_id, expected) == expected

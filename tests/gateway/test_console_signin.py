@@ -191,3 +191,40 @@ def test_a_signed_out_script_call_is_a_json_401(cgw: Gateway) -> None:
         r = c.get(f"/console/a/{account_id}/api/stats?range=24h")
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "not_signed_in"
+
+
+def test_behind_a_tls_proxy_the_browsers_https_origin_is_this_site(cgw: Gateway) -> None:
+    """nginx terminating TLS passes the Host on and speaks plain http to the gateway: the browser's
+    Origin is https://<that host>, and it is the console's own."""
+    _, email, password = member(cgw)
+    host = cgw.url.removeprefix("http://")
+    with client(cgw) as c:
+        r = c.post(
+            "/console/login",
+            data={"email": email, "password": password},
+            headers={"origin": f"https://{host}"},
+        )
+        assert r.status_code == 303
+        csrf = csrf_of(c.get("/console/login", follow_redirects=True).text)
+        assert (
+            c.post("/console/logout", data={"csrf": csrf}, headers={"origin": f"https://{host}"}).status_code
+            == 303
+        )
+
+
+def test_an_invitation_opened_in_a_signed_in_browser_works(cgw: Gateway) -> None:
+    """The invitation form carries its own secret (the link), not a session's CSRF token."""
+    _, email, password = member(cgw)
+    key = new_key(cgw.settings, Decimal(1))
+    invite = "inv-" + "e5f6a7b8" * 4
+
+    async def invite_user(store: Store) -> None:
+        await store.create_console_user(
+            "second.member@example.com", "member", key.account_id, token_hash(invite), now_ms() + 60_000
+        )
+
+    with_store(cgw.settings, invite_user)
+    with sign_in(cgw, email, password) as c:
+        chosen = "another long password"
+        r = c.post(f"/console/invite/{invite}", data={"password": chosen, "confirm": chosen})
+        assert r.status_code == 303 and r.headers["location"] == f"/console/a/{key.account_id}/"

@@ -402,6 +402,13 @@ def test_console_users_and_invitations(new_store: StoreFactory) -> None:
             )
             assert await store.find_console_invite(again, now) == ann
             assert not await store.set_console_invite("cu_missing", os.urandom(32), now)
+            # Accepting an invitation succeeds only while that very invitation is open: the old
+            # link, an expired one, and a second use all fail.
+            assert not await store.set_console_password(ann.id, "$argon2id$old", (invite, now))
+            assert not await store.set_console_password(ann.id, "$argon2id$late", (again, now + 5000))
+            assert await store.set_console_password(ann.id, "$argon2id$two", (again, now))
+            assert not await store.set_console_password(ann.id, "$argon2id$twice", (again, now))
+            assert (await store.get_console_user(ann.id)).password_hash == "$argon2id$two"
             # Deleting a user ends their sessions too.
             session = ConsoleSession(os.urandom(32), ann.id, "member", account_id, "c", now, now, now + 10**6)
             await store.create_console_session(session)
@@ -606,6 +613,10 @@ def test_request_log_filters_and_paging(new_store: StoreFactory) -> None:
                 pages.append([e.id for e in page])
                 before = page[-1].id
             assert pages == [[entries[7].id, entries[3].id], [entries[2].id, entries[0].id]]
+            # Another account's entry as the cursor reads as an unknown one: it says nothing.
+            assert await ids(mine, before=entries[5].id) == []
+            assert await ids(account_id=account_id, before=entries[5].id) == []
+            assert await ids(mine, before=entries[4].id) == [3, 2, 1, 0]
             # A settled request is found by its usage id too.
             r = record(account_id, key_id, "0.25")
             await settle(store, r, log_entry(r))

@@ -49,10 +49,10 @@ class Console:
             viewer: Viewer | None = None
             try:
                 refuse_api_keys(request)
-                check_origin(request)
+                # Signed-out forms (sign-in, an invitation): their own secret is in the form, so
+                # the origin check is theirs, with or without a session in this browser.
+                check_origin(request, self.state.settings.public_base_url)
                 viewer = await current_viewer(request, self.state.store, now_ms())
-                if viewer is not None:
-                    await check_csrf(request, viewer.session)
                 response = await handler(request, viewer)
             except GatewayError as err:
                 response = error_page(request, err, viewer)
@@ -75,7 +75,7 @@ class Console:
                     )
                 if operator and not viewer.operator:
                     raise GatewayError("not_found", f"No such page: {request.url.path}.")
-                await check_csrf(request, viewer.session)
+                await check_csrf(request, viewer.session, self.state.settings.public_base_url)
                 response = await handler(request, viewer)
             except GatewayError as err:
                 response = (

@@ -19,13 +19,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
+from urllib.parse import urlsplit
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -64,17 +67,35 @@ SECURITY_HEADERS: Final = {
 _hasher = PasswordHasher()
 
 
+# argon2id takes ~0.1-0.2 s of CPU by design: done on two threads of its own per process, so that
+# sign-ins never stall the event loop that streams everyone's answers (and queue behind each other).
+_hashing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-argon2")
+# Verified when the email has no password (unknown, or invited): the answer takes as long as for a
+# real account, so its timing does not tell which emails exist.
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
 def hash_password(password: str) -> str:
     return _hasher.hash(password)
 
 
-def password_matches(password_hash: str | None, password: str) -> bool:
-    if not password_hash:
-        return False
+def _verify(password_hash: str, password: str) -> bool:
     try:
         return _hasher.verify(password_hash, password)
     except (VerificationError, InvalidHashError):
         return False
+
+
+async def password_matches(password_hash: str | None, password: str) -> bool:
+    loop = asyncio.get_running_loop()
+    if not password_hash:
+        await loop.run_in_executor(_hashing, _verify, _DUMMY_HASH, password)
+        return False
+    return await loop.run_in_executor(_hashing, _verify, password_hash, password)
+
+
+async def hash_new_password(password: str) -> str:
+    return await asyncio.get_running_loop().run_in_executor(_hashing, _hasher.hash, password)
 
 
 def check_new_password(password: str) -> None:
@@ -190,22 +211,30 @@ async def current_viewer(request: Request, store: Store, now_ms: int, touch: boo
     return Viewer(session, user)
 
 
-def check_origin(request: Request) -> None:
+def check_origin(request: Request, public_base_url: str | None = None) -> None:
     """403 for a state-changing request that the browser says comes from another site (a signed-out
-    form too: nobody may sign a visitor in to someone else's session)."""
+    form too: nobody may sign a visitor in to someone else's session). The browser's Origin must
+    name the host the request was sent to (its Host header, which a TLS-terminating proxy passes
+    on while the scheme changes) or the `[server] public_base_url`."""
     if request.method in SAFE_METHODS:
         return
     origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+    if origin is None:
+        return  # not a browser's cross-site request: the CSRF token still decides
+    sent_from = urlsplit(origin).netloc.lower()
+    ours = {request.headers.get("host", "").lower()}
+    if public_base_url:
+        ours.add(urlsplit(public_base_url).netloc.lower())
+    if not sent_from or sent_from not in ours:
         raise GatewayError("forbidden", "This request comes from another site.")
 
 
-async def check_csrf(request: Request, session: ConsoleSession) -> None:
+async def check_csrf(request: Request, session: ConsoleSession, public_base_url: str | None = None) -> None:
     """403 unless a state-changing request carries the session's CSRF token (and comes from this
     site when the browser says where it comes from)."""
     if request.method in SAFE_METHODS:
         return
-    check_origin(request)
+    check_origin(request, public_base_url)
     sent = request.headers.get("x-csrf-token")
     if sent is None and request.headers.get("content-type", "").startswith(
         ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -259,7 +288,12 @@ class LoginThrottle:
             self._seen = {k: v for k, v in self._seen.items() if self._recent(k, now)}
 
     def succeeded(self, *who: str) -> None:
-        """A right password forgets the email's failures (not the address's)."""
+        """A right password forgets the email's failures and takes back this attempt from the
+        address's (counted up front by `failed`, before the password was checked)."""
         for name in who:
-            if not name.startswith("addr:"):
+            if name.startswith("addr:"):
+                times = self._seen.get(name)
+                if times:
+                    times.pop()
+            else:
                 self._seen.pop(name, None)

@@ -19,7 +19,7 @@ from .security import (
     Viewer,
     check_new_password,
     clear_session_cookie,
-    hash_password,
+    hash_new_password,
     password_matches,
     secure_cookies,
     set_session_cookie,
@@ -77,16 +77,18 @@ def routes(console: Console) -> list[Route]:
                 if token is None or not hmac.compare_digest(presented_token.encode(), token.encode()):
                     console.throttle.failed(client)
                     return again("That admin token is not right.", 401)
-                console.throttle.succeeded(client)
                 session_token, _ = await start_session(store, None, "operator", None, now_ms())
                 return signed_in(request, session_token, "/console/operator/")
             who = ("email:" + email, client)
             console.throttle.check(*who)
             if password.startswith(KEY_PREFIX) and not email:
                 raise GatewayError("forbidden", "An API key cannot open the console.")
+            # Counted before anything is awaited, so that concurrent attempts cannot all pass the
+            # check; a right password takes it back.
+            console.throttle.failed(*who)
             user = await store.find_console_user(email) if email else None
-            if user is None or not password_matches(user.password_hash, password):
-                console.throttle.failed(*who)
+            # An unknown email costs the same password check as a known one (no timing tell).
+            if not await password_matches(user.password_hash if user else None, password) or user is None:
                 return again("That email and password do not match.", 401)
             console.throttle.succeeded(*who)
             session_token, _ = await start_session(store, user, user.role, user.account_id, now_ms())
@@ -121,7 +123,9 @@ def routes(console: Console) -> list[Route]:
                 raise GatewayError("invalid_request", "The two passwords differ.", param="confirm")
         except GatewayError as err:
             return page(request, "invite.html", None, status=400, email=user.email, error=err.message)
-        await store.set_console_password(user.id, hash_password(password))
+        invite = (token_hash(request.path_params["token"]), now_ms())
+        if not await store.set_console_password(user.id, await hash_new_password(password), invite):
+            raise GatewayError("not_found", "This invitation link has expired or was used already.")
         session_token, _ = await start_session(store, user, user.role, user.account_id, now_ms())
         home = "/console/operator/" if user.role == "operator" else f"/console/a/{user.account_id}/"
         return signed_in(request, session_token, home)

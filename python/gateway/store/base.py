@@ -324,8 +324,12 @@ class Console(Protocol):
     async def list_console_users(self, account_id: str | None = None) -> list[ConsoleUser]:
         """Every user (of one account), oldest first."""
 
-    async def set_console_password(self, user_id: str, password_hash: str) -> bool:
-        """Set the password and close the invitation (single use); False if there is no such user."""
+    async def set_console_password(
+        self, user_id: str, password_hash: str, invite: tuple[bytes, int] | None = None
+    ) -> bool:
+        """Set the password and close the invitation (single use); False if there is no such user,
+        or, with `invite` (token hash, now_ms), if that invitation is no longer open (used, replaced
+        or expired): two uses of one link cannot both succeed."""
 
     async def set_console_invite(self, user_id: str, invite_hash: bytes, expires_at_ms: int) -> bool:
         """Open a new invitation (a password reset by the operator): the old password stops working

@@ -117,13 +117,18 @@ class PostgresConsole:
             )
         return [ConsoleUser(*row) for row in found]
 
-    async def set_console_password(self, user_id: str, password_hash: str) -> bool:
-        status = await self._execute(
+    async def set_console_password(
+        self, user_id: str, password_hash: str, invite: tuple[bytes, int] | None = None
+    ) -> bool:
+        sql = (
             "UPDATE console_users SET password_hash = $2, invite_hash = NULL, invite_expires_at_ms = NULL"
-            " WHERE id = $1",
-            user_id,
-            password_hash,
+            " WHERE id = $1"
         )
+        if invite is None:
+            status = await self._execute(sql, user_id, password_hash)
+        else:  # only while this invitation is open
+            sql += " AND invite_hash = $3 AND (invite_expires_at_ms IS NULL OR invite_expires_at_ms > $4)"
+            status = await self._execute(sql, user_id, password_hash, *invite)
         return rows.count(status) == 1
 
     async def set_console_invite(self, user_id: str, invite_hash: bytes, expires_at_ms: int) -> bool:
@@ -262,7 +267,15 @@ class PostgresConsole:
         if not where.log_filter(account_id, key_id, query):
             return []
         if before is not None:
-            where.add("seq < (SELECT seq FROM request_logs WHERE id = {})", before)
+            # The cursor must be an entry of the account listed: another's reads as unknown.
+            scope = account_id or (query.account_id if query is not None else None)
+            if scope:
+                cursor, owner = where.arg(before), where.arg(scope)
+                where.conditions.append(
+                    f"seq < (SELECT seq FROM request_logs WHERE id = {cursor} AND account_id = {owner})"
+                )
+            else:
+                where.add("seq < (SELECT seq FROM request_logs WHERE id = {})", before)
         sql = f"SELECT {rows.LOG_WITHOUT_BODIES} FROM request_logs{where.sql}"
         found = await self._fetch(sql + f" ORDER BY seq DESC LIMIT {where.arg(limit)}", *where.args)
         return [rows.request_log(row) for row in found]

@@ -154,16 +154,19 @@ class SqliteConsole:
             sql, args = sql + " WHERE account_id = ?", [account_id]
         return [ConsoleUser(*row) for row in self._read().execute(sql + " ORDER BY rowid", args)]
 
-    async def set_console_password(self, user_id: str, password_hash: str) -> bool:
+    async def set_console_password(
+        self, user_id: str, password_hash: str, invite: tuple[bytes, int] | None = None
+    ) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
-            return (
-                conn.execute(
-                    "UPDATE console_users SET password_hash = ?, invite_hash = NULL,"
-                    " invite_expires_at_ms = NULL WHERE id = ?",
-                    (password_hash, user_id),
-                ).rowcount
-                == 1
+            sql = (
+                "UPDATE console_users SET password_hash = ?, invite_hash = NULL,"
+                " invite_expires_at_ms = NULL WHERE id = ?"
             )
+            args: tuple[object, ...] = (password_hash, user_id)
+            if invite is not None:  # only while this invitation is open
+                sql += " AND invite_hash = ? AND (invite_expires_at_ms IS NULL OR invite_expires_at_ms > ?)"
+                args += invite
+            return bool(conn.execute(sql, args).rowcount == 1)
 
         done: bool = await self._write(op)
         return done
@@ -327,8 +330,13 @@ class SqliteConsole:
         conditions, args = where
         if before is not None:
             by_id = query is not None and query.request_id is not None
-            conditions.append(f"{'+' if by_id else ''}seq < (SELECT seq FROM request_logs WHERE id = ?)")
+            # The cursor must be an entry of the account listed: another's reads as unknown.
+            scope = account_id or (query.account_id if query is not None else None)
+            cursor = "SELECT seq FROM request_logs WHERE id = ?" + (" AND account_id = ?" if scope else "")
+            conditions.append(f"{'+' if by_id else ''}seq < ({cursor})")
             args.append(before)
+            if scope:
+                args.append(scope)
         sql = _LIST_LOGS + (" WHERE " + " AND ".join(conditions) if conditions else "")
         sql += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
