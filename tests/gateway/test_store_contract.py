@@ -630,6 +630,11 @@ def test_request_log_filters_and_paging(new_store: StoreFactory) -> None:
                     account_id=None, key_id=None, before=None, limit=5, query=LogQuery(request_id=wanted)
                 )
                 assert [e.id for e in found] == [r.request_id] and found[0].usage_id == r.id
+            # A page's usage records in one read, only the account's own.
+            usages = await store.account_usages(account_id, [r.id, r.id, "chatcmpl-missing"])
+            assert [(u.id, u.cost) for u in usages] == [(r.id, r.cost)]
+            assert await store.account_usages(other_account, [r.id]) == []
+            assert await store.account_usages(account_id, []) == []
 
     asyncio.run(main())
 

@@ -164,6 +164,9 @@ class Ledger(Protocol):
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         """The record, only if it belongs to this key."""
 
+    async def account_usages(self, account_id: str, usage_ids: Sequence[str]) -> list[UsageRecord]:
+        """The records with these ids that belong to this account, in one read (a page of logs)."""
+
 
 class RequestLogs(Protocol):
     """The request log (spec 1.4.3, 7.5.3)."""

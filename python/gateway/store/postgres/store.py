@@ -499,6 +499,17 @@ class PostgresStore(PostgresConsole):
     def log_request(self, entry: RequestLog) -> None:
         self._writer_or_fail().log(entry)
 
+    async def account_usages(self, account_id: str, usage_ids: Sequence[str]) -> list[UsageRecord]:
+        wanted = list(dict.fromkeys(usage_ids))[:1000]
+        if not wanted:
+            return []
+        found = await self._fetch(
+            f"SELECT {rows.USAGE} FROM usage_records WHERE id = ANY($1::text[]) AND account_id = $2",
+            wanted,
+            account_id,
+        )
+        return [rows.usage(row) for row in found]
+
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         row = await self._fetchrow(
             f"SELECT {rows.USAGE} FROM usage_records WHERE id = $1 AND key_id = $2", usage_id, key_id

@@ -196,6 +196,21 @@ class SqliteStore(SqliteConsole):
         self._keys.put(key_hash, ctx, generation)
         return ctx
 
+    async def account_usages(self, account_id: str, usage_ids: Sequence[str]) -> list[UsageRecord]:
+        wanted = list(dict.fromkeys(usage_ids))[:1000]
+        if not wanted:
+            return []
+        marks = ", ".join("?" * len(wanted))
+        found = (
+            self._read()
+            .execute(
+                f"SELECT {_COLUMNS} FROM usage_records WHERE id IN ({marks}) AND account_id = ?",
+                (*wanted, account_id),
+            )
+            .fetchall()
+        )
+        return [usage_record(row) for row in found]
+
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         row = (
             self._read()
