@@ -2,8 +2,10 @@
 real gateway whose models the simulator answers: a member signs in, creates a key and reads its
 secret once, calls the gateway with it through the openai client, watches the request appear in
 Logs without a reload (status, latency, cost), opens it (bodies shown as text: a hostile prompt
-runs nothing; the dropped parameter named), exports the CSV, rotates and deletes the key (the
-client then gets 401); the overview's charts draw the seeded data; another account's member gets
+runs nothing; the dropped parameter named), exports the CSV (a client's parameter name that a
+spreadsheet would run is quoted), rotates and deletes the key (the client then gets 401); a form
+showing a secret sent again (a refresh) does nothing again; bad query parameters and oversized
+forms get 4xx, never 500; the overview's charts draw the seeded data; another account's member gets
 404 for every page, entry and key of this account. Screenshots of each page go to docs/console/.
 """
 
@@ -23,8 +25,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.console.logs import csv_row, view_body
 from gateway.console.security import hash_password
-from gateway.store import Store
+from gateway.store import RequestLog, Store
 from harness import Gateway, chat_model, gateway, new_key, screenshot, with_store
 
 if TYPE_CHECKING:
@@ -115,6 +118,14 @@ def shot(page: Page, name: str) -> None:
     screenshot(page, name)
 
 
+def form_values(page: Page, selector: str) -> dict[str, str | float | bool]:
+    """The fields a form would send as it stands (its hidden csrf and once tokens included)."""
+    values: dict[str, str | float | bool] = page.locator(selector).evaluate(
+        "form => Object.fromEntries(new FormData(form))"
+    )
+    return values
+
+
 def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alice: Member) -> None:
     from playwright.sync_api import expect
 
@@ -127,15 +138,26 @@ def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alic
     page.fill("#create-key input[name=name]", "browser key")
     page.fill("#create-key input[name=credit_limit]", "5.00")
     page.select_option("#create-key select[name=limit_reset]", "monthly")
+    sent = form_values(page, "#create-key")
+    assert sent["once"] and sent["csrf"]
     page.click("#create-key button[type=submit]")
     secret = page.locator("#secret-value").inner_text().strip()
     assert secret.startswith("sk-")
     expect(page.locator("button[data-copy=secret-value]")).to_be_visible()
     shot(page, "key-created")
+    # The same form again (a refresh of that page): nothing made, no secret, "already created".
+    again = page.request.post(f"{base}/keys", form=sent)
+    assert again.status == 200 and "already created" in again.text()
+    assert "secret-value" not in again.text() and secret not in again.text()
+    # The playground's key's name is the console's own.
+    named = page.request.post(f"{base}/keys", form={**sent, "once": "x1", "name": "Console playground"})
+    assert named.status == 400 and "choose another" in named.text()
     page.click("#done")
     assert secret not in page.content()  # shown once: the list never shows it
     row = page.locator("#keys tr", has_text="browser key")
+    expect(row).to_have_count(1)
     expect(row).to_contain_text("monthly")
+    expect(page.locator("#keys")).not_to_contain_text("Console playground")
     expect(page.locator("#allowed-models")).to_contain_text("meta/llama-3.1-8b")
 
     # Logs open first: the request must appear without a reload.
@@ -145,7 +167,9 @@ def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alic
     raw = client.chat.completions.with_raw_response.create(
         model="openai/gpt-4o-mini",
         messages=[{"role": "user", "content": f"Summarise: {HOSTILE}"}],
-        extra_body={"top_k": 5},  # not a parameter of this model: dropped, and shown as such
+        # Not parameters of this model: dropped, and shown as such; the second one's name is what a
+        # spreadsheet would run as a formula.
+        extra_body={"top_k": 5, "@SUM(A1)": 1},
     )
     request_id = raw.headers["x-service-request-id"]
     assert raw.parse().choices[0].message.content
@@ -181,9 +205,13 @@ def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alic
     expect(page.locator("#log-status")).to_contain_text("200")
     expect(page.locator("#log-tokens")).to_contain_text(" in + ")
     expect(page.locator("#attempts")).to_contain_text("answered")
-    expect(page.locator("#open-playground")).to_have_attribute(
-        "href", f"/console/a/{alice.account_id}/playground?from_log={request_id}"
+    # Open in playground is a form (a POST with the CSRF token), not a link a prefetch would follow.
+    opener = page.locator("#open-playground-form")
+    expect(opener).to_have_attribute("method", "post")
+    expect(opener).to_have_attribute(
+        "action", f"/console/a/{alice.account_id}/playground/from-log/{request_id}"
     )
+    assert opener.locator("input[name=csrf]").get_attribute("value")
     shot(page, "log-entry")
 
     # The CSV export, with the same filters.
@@ -193,17 +221,35 @@ def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alic
     rows = list(csv.DictReader(io.StringIO(export.text())))
     mine = [r for r in rows if r["id"] == request_id]
     assert len(mine) == 1 and mine[0]["status"] == "200" and mine[0]["key_name"] == "browser key"
-    assert Decimal(mine[0]["cost"]) > 0 and mine[0]["dropped_params"] == "top_k"
+    assert Decimal(mine[0]["cost"]) > 0 and mine[0]["dropped_params"] == "'@SUM(A1) top_k"
     assert {r["model"] for r in rows} == {"openai/gpt-4o-mini"}
+
+    # A bad parameter is a 4xx (a filter left out, with its message, on a page), never a 500.
+    long = "9" * 5000
+    for url, status in (
+        (f"{base}/api/logs?status=%C2%B2", 400),  # "²": a digit to str.isdigit, not to int()
+        (f"{base}/logs.csv?status={long}", 400),
+        (f"{base}/logs?status=%C2%B2", 200),
+        (f"{base}/logs?status={long}", 200),
+        (f"{base}/balance?page=%C2%B2", 200),
+        (f"{base}/balance?page={long}", 200),
+    ):
+        assert page.request.get(url).status == status, url
+    assert "Status must be" in page.request.get(f"{base}/logs?status=%C2%B2").text()
 
     # Rotate: a new secret once, the old one refused; delete: refused too.
     page.goto(f"{base}/keys")
     spent = page.locator("#keys tr", has_text="browser key").locator("td").nth(5)
     expect(spent).to_have_text(re.compile(r"^\$0\.\d+$"))  # its spend in this month, against its limit
     shot(page, "keys")
-    page.locator("#keys tr", has_text="browser key").locator("form[action$='/rotate'] button").click()
+    rotate = page.locator("#keys tr", has_text="browser key").locator("form[action$='/rotate']")
+    rotate_url = cgw.url + (rotate.get_attribute("action") or "")
+    sent = form_values(page, "#keys tr:has-text('browser key') form[action$='/rotate']")
+    rotate.locator("button").click()
     rotated = page.locator("#secret-value").inner_text().strip()
     assert rotated.startswith("sk-") and rotated != secret
+    again = page.request.post(rotate_url, form=sent)  # a refresh: not rotated again
+    assert again.status == 200 and "already rotated" in again.text() and "secret-value" not in again.text()
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
     fresh = openai.OpenAI(api_key=rotated, base_url=f"{cgw.url}/v1", max_retries=0)
@@ -276,3 +322,60 @@ def test_another_accounts_member_gets_404(page: Page, cgw: Gateway, alice: Membe
         r = page.request.post(f"{mine}/keys/{alice.key_id}/{action}", form={"csrf": csrf})
         assert r.status == 404, action
     assert _chat(cgw, alice.key, "openai/gpt-4o-mini").status_code == 200  # still works
+
+
+def test_oversized_and_overfull_forms_are_refused(page: Page, cgw: Gateway, bob: Member) -> None:
+    sign_in(page, cgw, bob)
+    keys = f"{cgw.url}/console/a/{bob.account_id}/keys"
+    page.goto(keys)
+    csrf = page.locator("meta[name=csrf-token]").get_attribute("content") or ""
+    big = page.request.post(keys, form={"csrf": csrf, "name": "x" * (1 << 20)})
+    assert big.status == 413
+    fields = "&".join(f"f{i}=1" for i in range(60))
+    crowded = page.request.post(
+        keys,
+        data=f"csrf={csrf}&{fields}",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert crowded.status == 400
+    long_field = page.request.post(keys, form={"csrf": csrf, "once": "y1", "name": "z" * 70_000})
+    assert long_field.status == 400
+    assert page.request.post(keys, form={"csrf": csrf, "name": "no token"}).status == 400  # no `once`
+    assert "no token" not in page.request.get(keys).text()
+
+
+def _entry(**changes: object) -> RequestLog:
+    given: dict[str, object] = {
+        "id": "req_1",
+        "key_id": "key_1",
+        "account_id": "acct_1",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "model": "m",
+        "status": 200,
+        "error_code": None,
+        "started_at_ms": 0,
+        "duration_ms": 5,
+        "cost": None,
+        "usage_id": None,
+        "attempts": None,
+        "request_body": None,
+        "request_bytes": 0,
+        "response_body": None,
+        "response_bytes": 0,
+    }
+    return RequestLog(**{**given, **changes})  # type: ignore[arg-type]
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_quoted() -> None:
+    attempts = '[{"channel": "c", "dropped_params": ["=HYPERLINK(\\"http://x\\")", "top_k"]}]'
+    cells = csv_row(_entry(attempts=attempts, model="+cmd", path="-p"), {"key_1": "@name"})
+    assert cells[-1] == '\'=HYPERLINK("http://x") top_k'
+    assert cells[6] == "'+cmd" and cells[8] == "'@name" and cells[10] == "'-p"
+
+
+def test_a_deeply_nested_stored_body_shows_as_text() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    shown = view_body(deep, len(deep))
+    assert shown.kind == "text" and shown.text.startswith("[[[")
+    assert view_body(b'{"a": [1]}', 10).kind == "json"

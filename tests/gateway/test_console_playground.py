@@ -1,8 +1,10 @@
 """The playground, compare and the operator view, end to end in headless chromium against a real
 gateway and the simulator (docs/console.md): a streamed answer with its tokens and cost as charged,
 conversations kept across reloads, renamed and deleted, two models compared, a log entry opened in
-the playground, accounts kept apart, CSRF, and the operator creating an account, topping it up and
-inviting a member whose link works in a new browser. Saves the screenshots docs/console/*.png."""
+the playground (a POST: its old GET link makes nothing), an expired playground key refused as the
+API refuses it, bad bodies answered 4xx, accounts kept apart, CSRF, and the operator creating an
+account, topping it up and inviting a member whose link works in a new browser (a refreshed
+invitation page invites nobody again). Saves the screenshots docs/console/*.png."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import pytest
 
+from gateway import management
 from gateway.clock import now_ms
 from gateway.store import Conversation, Store
 from harness import (
@@ -83,6 +86,14 @@ def logged(g: Gateway, where: str, *args: Any, count: int = 1) -> list[tuple[Any
         if len(rows) >= count or time.monotonic() > deadline:
             return rows
         time.sleep(0.02)
+
+
+def form_values(page: Page, selector: str) -> dict[str, str | float | bool]:
+    """The fields a form would send as it stands (its hidden csrf and once tokens included)."""
+    values: dict[str, str | float | bool] = page.locator(selector).evaluate(
+        "form => Object.fromEntries(new FormData(form))"
+    )
+    return values
 
 
 def money(value: Decimal) -> str:
@@ -215,9 +226,14 @@ def test_open_a_logged_chat_request_in_the_playground(page: Page, pgw: Gateway) 
     log_id = r.headers["x-service-request-id"]
     assert logged(pgw, "id = ?", log_id)
     base = f"/console/a/{key.account_id}/playground"
+    entry = f"/console/a/{key.account_id}/logs/{log_id}"
     sign_in(page, pgw, email, password, base)
-    page.goto(f"{pgw.url}{base}?from_log={log_id}")
-    assert "?c=" in page.url
+    # The old link (a GET) makes nothing: it leads to the entry, whose button POSTs.
+    old = page.goto(f"{pgw.url}{base}?from_log={log_id}")
+    assert old is not None and old.status == 200 and page.url == pgw.url + entry
+    assert pgw.query("SELECT count(*) FROM conversations WHERE account_id = ?", key.account_id) == [(0,)]
+    page.click("#open-playground")
+    page.wait_for_url(re.compile(r".*/playground\?c=conv_.*"))
     assert page.locator(".msg").evaluate_all("nodes => nodes.map(n => n.dataset.role)") == [
         "system",
         "user",
@@ -238,9 +254,14 @@ def test_open_a_logged_chat_request_in_the_playground(page: Page, pgw: Gateway) 
     other = off_loop(new_key, pgw.settings, Decimal(5))
     with pgw.client(other.key) as client:
         r = client.post("/v1/chat/completions", json={"model": MINI, "messages": messages[:2]})
-    assert logged(pgw, "id = ?", r.headers["x-service-request-id"])
-    answer = page.goto(f"{pgw.url}{base}?from_log={r.headers['x-service-request-id']}")
+    theirs = r.headers["x-service-request-id"]
+    assert logged(pgw, "id = ?", theirs)
+    answer = page.goto(f"{pgw.url}{base}?from_log={theirs}")
     assert answer is not None and answer.status == 404
+    csrf = page.locator("meta[name=csrf-token]").get_attribute("content") or ""
+    opened = page.request.post(f"{pgw.url}{base}/from-log/{theirs}", form={"csrf": csrf})
+    assert opened.status == 404
+    assert pgw.query("SELECT count(*) FROM conversations WHERE account_id = ?", key.account_id) == [(1,)]
 
 
 def test_a_member_cannot_reach_another_accounts_conversation(page: Page, pgw: Gateway) -> None:
@@ -278,6 +299,54 @@ def test_a_member_cannot_reach_another_accounts_conversation(page: Page, pgw: Ga
     assert pgw.query("SELECT count(*) FROM chat_messages WHERE conversation_id = ?", conversation.id) == [
         (0,)
     ]
+
+
+def test_an_expired_playground_key_stops_the_playground(page: Page, pgw: Gateway) -> None:
+    account_id, email, password = member(pgw)
+
+    async def keys(store: Store) -> None:
+        # The playground's key, expired by the member; then a newer key of the same name (made
+        # outside the console): the oldest is the playground's, and nothing replaces it.
+        await management.create_key(store, account_id, {"name": PLAYGROUND_KEY, "expires_at": 1000})
+        await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
+
+    off_loop(with_store, pgw.settings, keys)
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
+    page.fill("#content", "Anyone there?")
+    page.click("#send-button")
+    failed = page.locator(".msg.failed")
+    failed.wait_for()
+    assert "key_expired" in failed.inner_text() and "has expired" in failed.inner_text()
+    assert pgw.query("SELECT count(*) FROM request_logs WHERE account_id = ?", account_id) == [(0,)]
+    assert pgw.query("SELECT count(*) FROM api_keys WHERE account_id = ?", account_id) == [(3,)]
+    assert pgw.query("SELECT count(*) FROM chat_messages WHERE content = ?", "Anyone there?") == [(0,)]
+    compare = page.evaluate(
+        """async ([path, model]) => {
+             const r = await Console.call(path, {method: "POST", json: {prompt: "hi", model}});
+             return [r.status, (await r.json()).error.code];
+           }""",
+        [f"/console/a/{account_id}/api/compare", MINI],
+    )
+    assert compare == [401, "key_expired"]
+
+
+def test_bad_bodies_get_4xx(page: Page, pgw: Gateway) -> None:
+    account_id, email, password = member(pgw)
+    api = f"/console/a/{account_id}/api/conversations"
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
+    statuses = page.evaluate(
+        """async (path) => {
+             const post = async (body) => (await Console.call(path, {method: "POST", body,
+                 headers: {"content-type": "application/json"}})).status;
+             return [
+               await post("[".repeat(100000) + "]".repeat(100000)),  // nested too deeply
+               await post("{}" + " ".repeat(1100000)),  // past the limit
+               await post("{}"),
+             ];
+           }""",
+        api,
+    )
+    assert statuses == [400, 413, 201]
 
 
 def test_a_state_change_without_the_csrf_token_is_refused(page: Page, pgw: Gateway) -> None:
@@ -348,8 +417,14 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
     assert pgw.balance(account_id) == Decimal("35.50")
 
     page.locator("#settings input[name='tpm_limit']").fill("100000")
+    settings = form_values(page, "#settings form")
     page.locator("#settings button[type='submit']").click()
     page.wait_for_url(re.compile(r".*\?saved=1"))
+    # A number that str.isdigit takes but int() does not ("²"), or thousands of digits: 400.
+    settings_url = f"{pgw.url}/console/operator/accounts/{account_id}"
+    for bad in ("²", "9" * 5000):
+        refused = page.request.post(settings_url, form={**settings, "rpm_limit": bad})
+        assert refused.status == 400, bad
     account = httpx.get(f"{pgw.url}/admin/v1/accounts/{account_id}", headers=admin).json()
     assert (account["allowed_models"], account["rpm_limit"], account["tpm_limit"]) == ([MINI], 60, 100000)
 
@@ -361,18 +436,35 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
     )
     screenshot(page, "operator-accounts")
 
-    page.goto(f"{pgw.url}/console/operator/users?account_id={account_id}")
+    users_url = f"{pgw.url}/console/operator/users"
+    page.goto(f"{users_url}?account_id={account_id}")
     email = f"new-{os.urandom(3).hex()}@example.com"
     page.fill('#create-user-form input[name="email"]', email)
     assert page.locator("#account-choice").input_value() == account_id
+    sent = form_values(page, "#create-user-form")
     page.click('#create-user-form button[type="submit"]')
     link = page.locator("#invite-url").inner_text()
     assert re.fullmatch(re.escape(pgw.url) + r"/console/invite/[A-Za-z0-9_-]{40,}", link)
     assert page.locator('button[data-copy="invite-url"]').count() == 1
     assert email in page.locator("#users").inner_text()
     screenshot(page, "operator-users")
-    page.goto(pgw.url + "/console/operator/users")
+    # The same form again (a refresh of the page showing the link): nothing done, no link.
+    again = page.request.post(users_url, form=sent)
+    assert again.status == 200 and "already created" in again.text() and "invite-url" not in again.text()
+    page.goto(users_url)
     assert page.locator("#invite-url").count() == 0  # shown once
+
+    # Reset: a new link (the old one stops working); the same form again makes no other one.
+    reset = page.locator("#users tr", has_text=email).locator("form[action$='/invite']")
+    reset_url = pgw.url + (reset.get_attribute("action") or "")
+    sent = form_values(page, f"#users tr:has-text('{email}') form[action$='/invite']")
+    first = page.request.post(reset_url, form=sent)
+    assert first.status == 200
+    found = re.search(r'id="invite-url">([^<]+)<', first.text())
+    assert found is not None and found[1] != link
+    link = found[1]
+    again = page.request.post(reset_url, form=sent)
+    assert again.status == 200 and "already made" in again.text() and "invite-url" not in again.text()
 
     page.goto(pgw.url + "/console/operator/channels")
     assert page.locator(f'section[data-model="{MINI}"]').count() == 1

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .endpoints import Console
+from .logs import small_int
 from .render import page
 from .security import Viewer
 
@@ -26,7 +27,7 @@ def routes(console: Console) -> list[BaseRoute]:
         # operator's act), so the whole ledger is read and shown newest first, a page at a time.
         ledger = list(reversed(await store.list_top_ups(account.id)))
         number = request.query_params.get("page", "1")
-        current = int(number) if number.isdigit() and int(number) >= 1 else 1
+        current = small_int(number) or 1  # not a page number (or 0): the first page
         pages = max(1, -(-len(ledger) // PAGE_SIZE))
         current = min(current, pages)
         shown = ledger[(current - 1) * PAGE_SIZE : current * PAGE_SIZE]

@@ -13,7 +13,9 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import invalid_request
 from .endpoints import Console
+from .keys import bounded_body
 from .playground import (
+    MAX_JSON_BYTES,
     MAX_TEXT_CHARS,
     Emit,
     chat_models,
@@ -66,5 +68,9 @@ def routes(console: Console) -> list[BaseRoute]:
 
     return [
         Route("/a/{account_id}/compare", console.page(compare), methods=["GET"]),
-        Route("/a/{account_id}/api/compare", console.api(run), methods=["POST"]),
+        Route(
+            "/a/{account_id}/api/compare",
+            bounded_body(console.api(run), api=True, limit=MAX_JSON_BYTES),
+            methods=["POST"],
+        ),
     ]

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -116,8 +116,8 @@ def read_filters(
     status_text = text["status"]
     if status_text in STATUS_CLASSES:
         status_class = STATUS_CLASSES[status_text]
-    elif status_text.isdigit() and 100 <= int(status_text) <= 599:
-        status = int(status_text)
+    elif (code := small_int(status_text)) is not None and 100 <= code <= 599:
+        status = code
     elif status_text:
         errors.append("Status must be 2xx, 4xx, 5xx or a status code such as 429.")
         status_text = ""
@@ -151,6 +151,12 @@ def read_filters(
     return filters, query, errors
 
 
+def small_int(text: str, digits: int = 9) -> int | None:
+    """`text` as a number when it is plain ASCII digits, at most `digits` of them; else None (int()
+    takes other scripts' digits, and refuses "²" and thousands of digits with an exception)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
+
+
 def _size(n: int) -> str:
     if n < 1000:
         return f"{n} B"
@@ -166,7 +172,7 @@ def _time(ms: int) -> str:
 def _attempts(entry: RequestLog) -> list[dict[str, Any]]:
     try:
         tried = json.loads(entry.attempts) if entry.attempts else []
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     return [a for a in tried if isinstance(a, dict)] if isinstance(tried, list) else []
 
@@ -197,22 +203,23 @@ def _cell(value: object) -> str:
 
 
 def csv_row(entry: RequestLog, key_names: Mapping[str, str]) -> list[str]:
+    """One entry as CSV cells: every text cell guarded by `_cell` (the numbers are the gateway's)."""
     return [
-        entry.id,
+        _cell(entry.id),
         rfc3339(entry.started_at_ms),
         str(entry.status),
         _cell(entry.error_code),
         str(entry.duration_ms),
         "" if entry.cost is None else field.money_text(entry.cost),
         _cell(entry.model),
-        entry.key_id or "",
+        _cell(entry.key_id),
         _cell(key_names.get(entry.key_id or "", "")),
-        entry.method,
+        _cell(entry.method),
         _cell(entry.path),
-        entry.usage_id or "",
+        _cell(entry.usage_id),
         str(entry.request_bytes),
         str(entry.response_bytes),
-        " ".join(management.dropped_params(_attempts(entry))),
+        _cell(" ".join(management.dropped_params(_attempts(entry)))),  # names the client chose
     ]
 
 
@@ -243,12 +250,13 @@ def view_body(data: bytes | None, size: int) -> BodyView:
     raw: str = shown["data"]
     try:
         parsed = json.loads(raw)
-    except ValueError:
+        pretty = json.dumps(parsed, indent=2, ensure_ascii=False)
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        summary_error = None if error is None else json.dumps(error, ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to indent: as it came
         return BodyView("text", raw, size, len(data), bool(shown["truncated"]))
-    pretty = json.dumps(parsed, indent=2, ensure_ascii=False)
     if data.startswith(management.STREAM_SUMMARY_PREFIX) and isinstance(parsed, dict):
         output = parsed.get("output_text")
-        error = parsed.get("error")
         return BodyView(
             "stream",
             pretty,
@@ -256,7 +264,7 @@ def view_body(data: bytes | None, size: int) -> BodyView:
             len(data),
             False,
             output_text=output if isinstance(output, str) else None,
-            summary_error=None if error is None else json.dumps(error, ensure_ascii=False),
+            summary_error=summary_error,
         )
     return BodyView("json", pretty, size, len(data), bool(shown["truncated"]))
 
@@ -394,8 +402,9 @@ def routes(console: Console) -> list[BaseRoute]:
             dropped=management.dropped_params(attempts),
             request_body=view_body(entry.request_body, entry.request_bytes),
             response_body=view_body(entry.response_body, entry.response_bytes),
+            # Open in playground: a POST (it makes a conversation), never a link a prefetch follows.
             playground_url=(
-                f"{base}/playground?{urlencode({'from_log': entry.id})}"
+                f"{base}/playground/from-log/{quote(entry.id, safe='')}"
                 if entry.path == "/v1/chat/completions" and entry.request_body is not None
                 else None
             ),
@@ -406,7 +415,9 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/a/{account_id}/logs", console.page(logs_page), methods=["GET"]),
         Route("/a/{account_id}/logs.csv", console.page(logs_csv), methods=["GET"]),
         Route("/a/{account_id}/logs/{log_id}", console.page(log_page), methods=["GET"]),
-        Route("/a/{account_id}/api/logs", console.api(logs_api), methods=["GET"]),
+        # The page's polling: not the viewer's activity (an open Logs tab does not keep the
+        # session alive for ever).
+        Route("/a/{account_id}/api/logs", console.api(logs_api, activity=False), methods=["GET"]),
     ]
 
 

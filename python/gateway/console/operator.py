@@ -23,10 +23,14 @@ from ..errors import GatewayError
 from ..routes import console_users
 from ..store import Account
 from .endpoints import Console
+from .keys import MAX_FORM_FIELDS, ONCE, bounded_body, form_of, once_token
 from .render import page
 from .security import Viewer
 
 BASE = "/console/operator"
+# A number typed in a form is read as one only when it is plain ASCII digits of at most this many
+# (more than any limit takes); anything else goes on as typed, for the field's reader to refuse.
+MAX_DIGITS = 15
 
 
 def _text(form: FormData, name: str) -> str:
@@ -39,7 +43,7 @@ def _limit(text: str) -> object:
     field's reader refuses it with its message)."""
     if not text:
         return None
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS else text
 
 
 def account_fields(form: FormData, *, with_name: bool) -> dict[str, Any]:
@@ -90,7 +94,7 @@ def routes(console: Console) -> list[BaseRoute]:
         return await accounts_page(request, viewer)
 
     async def create_account(request: Request, viewer: Viewer) -> Response:
-        form = await request.form()
+        form = await form_of(request)
         given = {**account_fields(form, with_name=True), "balance": _text(form, "balance") or "0"}
         try:
             account = await management.create_account(store, configured, given)
@@ -123,7 +127,7 @@ def routes(console: Console) -> list[BaseRoute]:
 
     async def update_account(request: Request, viewer: Viewer) -> Response:
         current = await account_of(request)
-        form = await request.form()
+        form = await form_of(request)
         try:
             await management.update_account(
                 store, configured, current.id, account_fields(form, with_name=True)
@@ -136,7 +140,7 @@ def routes(console: Console) -> list[BaseRoute]:
 
     async def top_up(request: Request, viewer: Viewer) -> Response:
         current = await account_of(request)
-        form = await request.form()
+        form = await form_of(request)
         given = {"amount": _text(form, "amount"), "note": _text(form, "note") or None}
         # The form's own key: the same form sent twice (a double click, a reload) adds money once.
         key = _text(form, "idempotency_key") or None
@@ -154,6 +158,7 @@ def routes(console: Console) -> list[BaseRoute]:
         status: int = 200,
         error: str | None = None,
         invited: tuple[str, str] | None = None,
+        notice: str | None = None,
     ) -> Response:
         users = await store.list_console_users()
         names = {a.id: a.name for a in await store.list_accounts()}
@@ -166,8 +171,10 @@ def routes(console: Console) -> list[BaseRoute]:
             accounts=names,
             error=error,
             invited=invited,
+            notice=notice,
             user_status=console_users.user_status,
             preset=request.query_params.get("account_id", ""),
+            once=ONCE.new,
         )
 
     def link(request: Request, token: str) -> str:
@@ -177,14 +184,18 @@ def routes(console: Console) -> list[BaseRoute]:
         return await users_page(request, viewer)
 
     async def create_user(request: Request, viewer: Viewer) -> Response:
-        form = await request.form()
+        form = await form_of(request)
         role = _text(form, "role") or "member"
         given: dict[str, Any] = {"email": _text(form, "email"), "role": role}
         if role == "member":
             given["account_id"] = _text(form, "account_id") or None
+        once = once_token(form)
+        if not ONCE.claim(viewer.session.id, once):  # this very form again: a refresh
+            return await users_page(request, viewer, notice=ALREADY_CREATED)
         try:
             user, token = await console_users.create_user(store, given)
         except GatewayError as err:
+            ONCE.release(viewer.session.id, once)
             if err.status >= 500:
                 raise
             return await users_page(request, viewer, err.status, err.message)
@@ -192,7 +203,14 @@ def routes(console: Console) -> list[BaseRoute]:
         return await users_page(request, viewer, 201, invited=(user.email, link(request, token)))
 
     async def invite_user(request: Request, viewer: Viewer) -> Response:
-        user, token = await console_users.invite_user(store, request.path_params["user_id"])
+        once = once_token(await form_of(request))
+        if not ONCE.claim(viewer.session.id, once):  # this very form again: a refresh
+            return await users_page(request, viewer, notice=ALREADY_INVITED)
+        try:
+            user, token = await console_users.invite_user(store, request.path_params["user_id"])
+        except GatewayError:
+            ONCE.release(viewer.session.id, once)
+            raise
         return await users_page(request, viewer, invited=(user.email, link(request, token)))
 
     async def delete_user(request: Request, viewer: Viewer) -> Response:
@@ -206,18 +224,33 @@ def routes(console: Console) -> list[BaseRoute]:
     def operator(handler: Any) -> Any:
         return console.page(handler, operator=True)
 
+    def form(handler: Any) -> Any:
+        # An account's form has a box for every configured model.
+        fields = MAX_FORM_FIELDS + len(configured)
+        return bounded_body(console.page(handler, operator=True), max_fields=fields)
+
     return [
         Route("/operator/", operator(accounts), methods=["GET"]),
-        Route("/operator/accounts", operator(create_account), methods=["POST"]),
+        Route("/operator/accounts", form(create_account), methods=["POST"]),
         Route("/operator/accounts/{account_id}", operator(account), methods=["GET"]),
-        Route("/operator/accounts/{account_id}", operator(update_account), methods=["POST"]),
-        Route("/operator/accounts/{account_id}/top-ups", operator(top_up), methods=["POST"]),
+        Route("/operator/accounts/{account_id}", form(update_account), methods=["POST"]),
+        Route("/operator/accounts/{account_id}/top-ups", form(top_up), methods=["POST"]),
         Route("/operator/users", operator(users), methods=["GET"]),
-        Route("/operator/users", operator(create_user), methods=["POST"]),
-        Route("/operator/users/{user_id}/invite", operator(invite_user), methods=["POST"]),
-        Route("/operator/users/{user_id}/delete", operator(delete_user), methods=["POST"]),
+        Route("/operator/users", form(create_user), methods=["POST"]),
+        Route("/operator/users/{user_id}/invite", form(invite_user), methods=["POST"]),
+        Route("/operator/users/{user_id}/delete", form(delete_user), methods=["POST"]),
         Route("/operator/channels", operator(channels), methods=["GET"]),
     ]
+
+
+ALREADY_CREATED = (
+    "That user was already created when this form was first sent (the page was refreshed): nothing"
+    " was done again. Its invitation link was shown once; Reset gives a new one."
+)
+ALREADY_INVITED = (
+    "That invitation was already made when this form was first sent (the page was refreshed):"
+    " nothing was done again. Its link was shown once; Reset again for a new one."
+)
 
 
 def _notice(request: Request) -> str | None:

@@ -20,9 +20,11 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
+from urllib.parse import quote
 
 import orjson
 from starlette.requests import Request
@@ -35,29 +37,30 @@ from ..auth import CONSOLE_CALL
 from ..clock import now_ms
 from ..config import ModelConfig
 from ..errors import GatewayError, invalid_request
+from ..routes.common import read_body
 from ..state import GatewayState
-from ..store import Account, ChatMessage, Conversation, KeyContext, Store
+from ..store import Account, ApiKey, ChatMessage, Conversation, KeyContext, Store
 from ..store.records import new_id
 from .endpoints import Console
+from .keys import PLAYGROUND_KEY, bounded_body, form_of
 from .render import page
 from .security import Viewer
 
-PLAYGROUND_KEY: Final = "Console playground"
 CHAT_PATH: Final = "/v1/chat/completions"
 # The model types /v1/chat/completions serves: its own, and the messages shape it translates.
 CHAT_TYPES: Final = ("chat", "messages")
 NEW_TITLE: Final = "New conversation"
 MAX_TITLE_CHARS: Final = 80
 MAX_TEXT_CHARS: Final = 200_000
+MAX_JSON_BYTES: Final = 1_000_000  # a playground or compare request's JSON body
 # How long the usage record of a finished request may take to become readable (Ledger.get_usage).
 USAGE_WAIT_S: Final = 3.0
 REQUEST_ID_HEADER: Final = b"x-service-request-id"
 NDJSON: Final = "application/x-ndjson"
 log = logging.getLogger("gateway.console")
 
-# Serialises finding-or-creating the playground key in this process (two first requests at once
-# would otherwise make two keys; across processes the oldest live one is used).
-_key_lock = asyncio.Lock()
+# The message the API answers a request of an expired key with (gateway.auth).
+KEY_EXPIRED: Final = "This API key has expired. Create a new key in the console."
 # Runs that outlive the browser's connection (the answer is stored even if the page is closed).
 _running: set[asyncio.Task[None]] = set()
 
@@ -70,17 +73,52 @@ def chat_models(state: GatewayState, account: Account) -> list[ModelConfig]:
     ]
 
 
+def playground_key(keys: list[ApiKey]) -> ApiKey | None:
+    """The playground's key among an account's keys: the oldest live (not deleted) one named
+    PLAYGROUND_KEY (the first the console made; the console gives no other key that name), by
+    creation time, then id: the same one for every request and every process."""
+    live = [k for k in keys if k.name == PLAYGROUND_KEY and k.deleted_at_ms is None]
+    return min(live, key=lambda k: (k.created_at_ms, k.id), default=None)
+
+
+class _AccountLocks:
+    """One lock per account, held only while its playground key is made (two first requests at
+    once would otherwise make two keys; across processes the oldest live one is used). A lock is
+    kept only while someone holds or awaits it: the map never grows past the requests in flight."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, account_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(account_id, (asyncio.Lock(), 0))
+        self._locks[account_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[account_id]
+            if users == 1:
+                del self._locks[account_id]
+            else:
+                self._locks[account_id] = (lock, users - 1)
+
+
+_making_key = _AccountLocks()
+
+
 async def playground_context(store: Store, account_id: str) -> KeyContext:
-    """The account's playground key (made now if it has none) with the account as it stands."""
-    async with _key_lock:
-        live = [
-            k
-            for k in await store.list_keys(account_id)
-            if k.name == PLAYGROUND_KEY and k.deleted_at_ms is None
-        ]
-        key = live[0] if live else None
-        if key is None:  # its secret is thrown away at once: only its hash is kept
-            key, _ = await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
+    """The account's playground key (made now if it has none) with the account as it stands. An
+    expired one is refused as the API refuses it (401 key_expired): the member's expiry stops the
+    playground, and no other key is made or used in its place."""
+    key = playground_key(await store.list_keys(account_id))
+    if key is None:
+        async with _making_key.hold(account_id):
+            key = playground_key(await store.list_keys(account_id))
+            if key is None:  # its secret is thrown away at once: only its hash is kept
+                key, _ = await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
+    if key.expires_at_ms is not None and key.expires_at_ms <= now_ms():
+        raise GatewayError("key_expired", KEY_EXPIRED)
     account = await store.get_account(account_id)
     if account is None:
         raise GatewayError("not_found", f"No account {account_id!r}.")
@@ -317,13 +355,17 @@ def error_event(out: Outcome) -> dict[str, Any]:
     }
 
 
-async def read_json(request: Request, limit: int = 1_000_000) -> dict[str, Any]:
-    raw = await request.body()
+async def read_json(request: Request, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The request's JSON object: 413 as soon as the body passes `limit` bytes (never buffered
+    further), 400 for anything but a JSON object (a too deeply nested one included)."""
+    raw = await read_body(request, limit)  # bounded_body has read it (within MAX_JSON_BYTES)
     if len(raw) > limit:
-        raise GatewayError("request_too_large", "The message is too long.")
+        raise GatewayError(
+            "request_too_large", f"The request is larger than the console's limit of {limit} bytes."
+        )
     try:
         payload = json.loads(raw or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise invalid_request("The request body is not valid JSON.") from None
     if not isinstance(payload, dict):
         raise invalid_request("The request body must be a JSON object.")
@@ -380,7 +422,7 @@ def messages_from_log_body(body: bytes) -> tuple[str | None, list[tuple[str, str
     """The model and (role, text) messages of a logged chat (or messages) request body."""
     try:
         payload = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise invalid_request(
             "This log entry's request body cannot be read as JSON (it may have been cut at the log's"
             " size limit)."
@@ -437,9 +479,9 @@ def routes(console: Console) -> list[BaseRoute]:
     async def playground(request: Request, viewer: Viewer) -> Response:
         account = await console.account_of(request, viewer)
         from_log = request.query_params.get("from_log")
-        if from_log:
-            conversation = await open_from_log(account, viewer, from_log)
-            return RedirectResponse(f"{base(account)}?c={conversation.id}", status_code=303)
+        if from_log:  # the old link: a GET changes nothing; the entry's page has the button (a POST)
+            entry_url = f"/console/a/{account.id}/logs/{quote(from_log, safe='')}"
+            return RedirectResponse(entry_url, status_code=303)
         models = chat_models(state, account)
         conversations = await store.list_conversations(account.id)
         current: Conversation | None = None
@@ -462,6 +504,12 @@ def routes(console: Console) -> list[BaseRoute]:
             messages=messages,
             waiting=bool(messages) and messages[-1].role == "user",
         )
+
+    async def from_log(request: Request, viewer: Viewer) -> Response:
+        """A logged chat request as a new conversation (the log entry's Open in playground)."""
+        account = await console.account_of(request, viewer)
+        conversation = await open_from_log(account, viewer, request.path_params["log_id"])
+        return RedirectResponse(f"{base(account)}?c={conversation.id}", status_code=303)
 
     async def open_from_log(account: Account, viewer: Viewer, log_id: str) -> Conversation:
         entry = await store.get_request_log(log_id)
@@ -503,7 +551,7 @@ def routes(console: Console) -> list[BaseRoute]:
     async def rename(request: Request, viewer: Viewer) -> Response:
         account = await console.account_of(request, viewer)
         conversation_id = request.path_params["conversation_id"]
-        form = await request.form()
+        form = await form_of(request)
         title = str(form.get("title") or "").strip()
         if not title:
             raise invalid_request("Give the conversation a title.", "title")
@@ -528,12 +576,16 @@ def routes(console: Console) -> list[BaseRoute]:
         if text is not None and len(text) > MAX_TEXT_CHARS:
             raise invalid_request(f"A message may have at most {MAX_TEXT_CHARS} characters.", "content")
         model = pick_model(state, account, payload.get("model"))
-        if text and text.strip():
+        typed = text if text is not None and text.strip() else None  # a new message, if any
+        if typed is None and (not messages or messages[-1].role != "user"):
+            raise invalid_request("Write a message first.", "content")
+        ctx = await playground_context(store, account.id)  # before anything is kept: it may refuse
+        if typed is not None:
             message = ChatMessage(
                 id=new_id("msg_"),
                 conversation_id=conversation.id,
                 role="user",
-                content=text,
+                content=typed,
                 model=model.name,
                 request_id=None,
                 prompt_tokens=None,
@@ -544,10 +596,7 @@ def routes(console: Console) -> list[BaseRoute]:
             await store.add_chat_message(message, account.id)
             messages = [*messages, message]
             if conversation.title == NEW_TITLE and not any(m.role == "user" for m in messages[:-1]):
-                await store.rename_conversation(conversation.id, account.id, title_from(text))
-        elif not messages or messages[-1].role != "user":
-            raise invalid_request("Write a message first.", "content")
-        ctx = await playground_context(store, account.id)
+                await store.rename_conversation(conversation.id, account.id, title_from(typed))
         body = {
             "model": model.name,
             "messages": history_messages(messages),
@@ -578,12 +627,19 @@ def routes(console: Console) -> list[BaseRoute]:
 
         return streamed_events(work)
 
+    def form(handler: Any) -> Any:
+        return bounded_body(console.page(handler))
+
+    def api(handler: Any) -> Any:
+        return bounded_body(console.api(handler), api=True, limit=MAX_JSON_BYTES)
+
     account_path = "/a/{account_id}/playground"
     api_path = "/a/{account_id}/api/conversations"
     return [
         Route(account_path, console.page(playground), methods=["GET"]),
-        Route(account_path + "/{conversation_id}/rename", console.page(rename), methods=["POST"]),
-        Route(account_path + "/{conversation_id}/delete", console.page(delete), methods=["POST"]),
-        Route(api_path, console.api(create), methods=["POST"]),
-        Route(api_path + "/{conversation_id}/messages", console.api(send_message), methods=["POST"]),
+        Route(account_path + "/from-log/{log_id}", form(from_log), methods=["POST"]),
+        Route(account_path + "/{conversation_id}/rename", form(rename), methods=["POST"]),
+        Route(account_path + "/{conversation_id}/delete", form(delete), methods=["POST"]),
+        Route(api_path, api(create), methods=["POST"]),
+        Route(api_path + "/{conversation_id}/messages", api(send_message), methods=["POST"]),
     ]
