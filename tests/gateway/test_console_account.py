@@ -180,9 +180,10 @@ def test_key_request_logs_entry_csv_rotate_delete(page: Page, cgw: Gateway, alic
     expect(cells.nth(1)).to_have_text("200")
     expect(cells.nth(2)).to_have_text(re.compile(r"^[\d,]+ ms$"))
     expect(cells.nth(3)).to_have_text(re.compile(r"^\$0\.\d+$"))
-    expect(cells.nth(5)).to_have_text("openai/gpt-4o-mini")
-    expect(cells.nth(6)).to_have_text("browser key")
-    expect(cells.nth(7)).to_have_text("/v1/chat/completions")
+    expect(cells.nth(4)).to_have_text(re.compile(r"^[\d,]+ → [\d,]+$"))  # tokens in → out
+    expect(cells.nth(6)).to_have_text("openai/gpt-4o-mini")
+    expect(cells.nth(7)).to_have_text("browser key")
+    expect(cells.nth(8)).to_have_text("/v1/chat/completions")
     shot(page, "logs")
 
     # The filters: by key, by request id.

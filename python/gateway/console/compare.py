@@ -13,7 +13,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import invalid_request
 from .endpoints import Console
-from .keys import bounded_body
+from .forms import bounded_body
 from .playground import (
     MAX_JSON_BYTES,
     MAX_TEXT_CHARS,

@@ -27,7 +27,7 @@ from .. import management
 from ..clock import rfc3339
 from ..errors import GatewayError, invalid_request
 from ..registry import ENDPOINT_FOR_TYPE
-from ..store import Account, ApiKey, LogQuery, RequestLog
+from ..store import Account, ApiKey, LogQuery, RequestLog, UsageRecord
 from .endpoints import Console
 from .render import money, page
 from .security import Viewer
@@ -177,8 +177,12 @@ def _attempts(entry: RequestLog) -> list[dict[str, Any]]:
     return [a for a in tried if isinstance(a, dict)] if isinstance(tried, list) else []
 
 
-def row(entry: RequestLog, base: str, key_names: Mapping[str, str]) -> dict[str, Any]:
-    """One line of the Logs table, as the page renders it and the poll sends it (already text)."""
+def row(
+    entry: RequestLog, base: str, key_names: Mapping[str, str], usages: Mapping[str, UsageRecord]
+) -> dict[str, Any]:
+    """One line of the Logs table, as the page renders it and the poll sends it (already text).
+    `usages`: the page's usage records by id (Store.account_usages), for the tokens."""
+    usage = usages.get(entry.usage_id or "")
     return {
         "id": entry.id,
         "href": f"{base}/logs/{entry.id}",
@@ -191,6 +195,7 @@ def row(entry: RequestLog, base: str, key_names: Mapping[str, str]) -> dict[str,
         "cost": money(entry.cost) if entry.cost is not None else "—",
         "cost_exact": None if entry.cost is None else field.money_text(entry.cost),
         "size": f"{_size(entry.request_bytes)} → {_size(entry.response_bytes)}",
+        "tokens": "—" if usage is None else f"{usage.prompt_tokens:,} → {usage.completion_tokens:,}",
         "model": entry.model or "—",
         "key": key_names.get(entry.key_id or "", entry.key_id or "—"),
         "endpoint": entry.path,
@@ -277,6 +282,11 @@ def routes(console: Console) -> list[BaseRoute]:
     async def keys_of(account: Account) -> list[ApiKey]:
         return await store.list_keys(account.id)
 
+    async def usages_of(account_id: str, entries: list[RequestLog]) -> dict[str, UsageRecord]:
+        """The usage records of a page of entries, in one read: their tokens."""
+        found = await store.account_usages(account_id, [e.usage_id for e in entries if e.usage_id])
+        return {u.id: u for u in found}
+
     async def setting(request: Request, viewer: Viewer) -> tuple[Account, list[ApiKey], dict[str, str]]:
         account = await console.account_of(request, viewer)
         keys = await keys_of(account)
@@ -290,7 +300,8 @@ def routes(console: Console) -> list[BaseRoute]:
             account_id=account.id, key_id=query.key_id, before=before, limit=PAGE_SIZE + 1, query=query
         )
         base = f"/console/a/{account.id}"
-        rows = [row(e, base, names) for e in entries[:PAGE_SIZE]]
+        usages = await usages_of(account.id, entries[:PAGE_SIZE])
+        rows = [row(e, base, names, usages) for e in entries[:PAGE_SIZE]]
         params = filters.params()
         older = (
             f"{base}/logs?{urlencode({**params, 'before': rows[-1]['id']})}"
@@ -338,7 +349,9 @@ def routes(console: Console) -> list[BaseRoute]:
             else:
                 gap = len(entries) == POLL_LIMIT
         base = f"/console/a/{account.id}"
-        return JSONResponse({"object": "list", "data": [row(e, base, names) for e in entries], "gap": gap})
+        usages = await usages_of(account.id, entries)
+        data = [row(e, base, names, usages) for e in entries]
+        return JSONResponse({"object": "list", "data": data, "gap": gap})
 
     async def logs_csv(request: Request, viewer: Viewer) -> Response:
         account, _, names = await setting(request, viewer)
@@ -395,7 +408,7 @@ def routes(console: Console) -> list[BaseRoute]:
             viewer,
             account=account,
             entry=entry,
-            row=row(entry, base, {key.id: key.name} if key else {}),
+            row=row(entry, base, {key.id: key.name} if key else {}, {usage.id: usage} if usage else {}),
             key=key,
             usage=usage,
             attempts=[_attempt_view(a) for a in attempts],

@@ -23,7 +23,7 @@ from ..errors import GatewayError
 from ..routes import console_users
 from ..store import Account
 from .endpoints import Console
-from .keys import MAX_FORM_FIELDS, ONCE, bounded_body, form_of, once_token
+from .forms import MAX_FORM_FIELDS, ONCE, bounded_body, form_of, once_token
 from .render import page
 from .security import Viewer
 

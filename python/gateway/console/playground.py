@@ -42,7 +42,8 @@ from ..state import GatewayState
 from ..store import Account, ApiKey, ChatMessage, Conversation, KeyContext, Store
 from ..store.records import new_id
 from .endpoints import Console
-from .keys import PLAYGROUND_KEY, bounded_body, form_of
+from .forms import bounded_body, form_of
+from .keys import PLAYGROUND_KEY
 from .render import page
 from .security import Viewer
 

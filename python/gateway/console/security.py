@@ -239,7 +239,7 @@ async def check_csrf(request: Request, session: ConsoleSession, public_base_url:
     if sent is None and request.headers.get("content-type", "").startswith(
         ("application/x-www-form-urlencoded", "multipart/form-data")
     ):
-        form = await request.form()
+        form = await request.form(max_files=0, max_fields=50, max_part_size=64 * 1024)  # as forms.py
         value = form.get("csrf")
         sent = value if isinstance(value, str) else None
     if not sent or not hmac.compare_digest(sent.encode(), session.csrf.encode()):

@@ -14,6 +14,7 @@ from ..auth import KEY_PREFIX, admin_token
 from ..clock import now_ms
 from ..errors import GatewayError
 from .endpoints import Console, home_of
+from .forms import bounded_body, form_of
 from .render import page
 from .security import (
     Viewer,
@@ -57,7 +58,7 @@ def routes(console: Console) -> list[Route]:
         return page(request, "login.html", None, error=None, email="", operator_enabled=token is not None)
 
     async def login(request: Request, viewer: Viewer | None) -> Response:
-        form = await request.form()
+        form = await form_of(request)
         email = str(form.get("email") or "").strip().lower()
         password = str(form.get("password") or "")
         presented_token = str(form.get("admin_token") or "")
@@ -115,7 +116,7 @@ def routes(console: Console) -> list[Route]:
         user = await store.find_console_invite(token_hash(request.path_params["token"]), now_ms())
         if user is None:
             raise GatewayError("not_found", "This invitation link has expired or was used already.")
-        form = await request.form()
+        form = await form_of(request)
         password = str(form.get("password") or "")
         try:
             check_new_password(password)
@@ -136,8 +137,8 @@ def routes(console: Console) -> list[Route]:
     return [
         Route("/", console.page(home), methods=["GET"]),
         Route("/login", console.public(login_form), methods=["GET"]),
-        Route("/login", console.public(login), methods=["POST"]),
-        Route("/logout", console.page(logout), methods=["POST"]),
+        Route("/login", bounded_body(console.public(login)), methods=["POST"]),
+        Route("/logout", bounded_body(console.page(logout)), methods=["POST"]),
         Route("/invite/{token}", console.public(invite_form), methods=["GET"]),
-        Route("/invite/{token}", console.public(accept_invite), methods=["POST"]),
+        Route("/invite/{token}", bounded_body(console.public(accept_invite)), methods=["POST"]),
     ]

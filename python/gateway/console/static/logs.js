@@ -32,6 +32,7 @@
       cell(r.status, `num ${r.status_class}`, r.error_code),
       cell(r.latency, "num"),
       cell(r.cost, "num", r.cost_exact || ""),
+      cell(r.tokens, "num"),
       cell(r.size, "num"),
       cell(r.model),
       cell(r.key),
