@@ -4,6 +4,7 @@ address and a demo member's sign-in, with a password new on every run."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -121,4 +122,5 @@ def test_a_second_run_prints_a_new_password_and_the_first_stops_working(tmp_path
 
     stored = _run(hash_of, settings)
     assert stored is not None
-    assert password_matches(stored, second) and not password_matches(stored, first)
+    assert asyncio.run(password_matches(stored, second))
+    assert not asyncio.run(password_matches(stored, first))
