@@ -1,6 +1,6 @@
 """Who is signed in to the console, and the rules every console request passes (docs/console.md).
 
-- Passwords: argon2id (argon2-cffi's defaults, RFC 9106's second recommended set), never stored or
+- Passwords: argon2id (OWASP's parameters: 19 MiB, 2 passes, 1 lane), never stored or
   logged in the clear; an invitation token is kept as its sha256 only and works once.
 - Sessions: server-side (the store's console_sessions, so any instance and worker knows them). The
   browser holds a random token in an HttpOnly, SameSite=Strict cookie scoped to /console (Secure
@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import secrets
@@ -64,19 +65,31 @@ SECURITY_HEADERS: Final = {
     "cache-control": "no-store",
 }
 
-_hasher = PasswordHasher()
+# OWASP's recommended argon2id parameters (Password Storage Cheat Sheet): 19 MiB, 2 passes, 1 lane.
+# argon2-cffi's default (64 MiB, 4 lanes) would add 64 MB to the peak memory of every worker that
+# checks one password (the memory target of benches/targets.toml); a stored hash names its own
+# parameters, so hashes made with others still verify.
+_hasher = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
 
 
 # argon2id takes ~0.1-0.2 s of CPU by design: done on two threads of its own per process, so that
 # sign-ins never stall the event loop that streams everyone's answers (and queue behind each other).
 _hashing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-argon2")
+
+
 # Verified when the email has no password (unknown, or invited): the answer takes as long as for a
 # real account, so its timing does not tell which emails exist.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+@functools.cache
+def _dummy_hash() -> str:
+    return _hasher.hash(secrets.token_urlsafe(16))
 
 
 def hash_password(password: str) -> str:
     return _hasher.hash(password)
+
+
+def _verify_dummy(password: str) -> bool:
+    return _verify(_dummy_hash(), password)
 
 
 def _verify(password_hash: str, password: str) -> bool:
@@ -89,7 +102,7 @@ def _verify(password_hash: str, password: str) -> bool:
 async def password_matches(password_hash: str | None, password: str) -> bool:
     loop = asyncio.get_running_loop()
     if not password_hash:
-        await loop.run_in_executor(_hashing, _verify, _DUMMY_HASH, password)
+        await loop.run_in_executor(_hashing, _verify_dummy, password)
         return False
     return await loop.run_in_executor(_hashing, _verify, password_hash, password)
 
