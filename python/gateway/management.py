@@ -40,6 +40,14 @@ def no_account(account_id: str) -> GatewayError:
     return GatewayError("not_found", f"No account {account_id!r}.")
 
 
+async def account(store: Accounts, account_id: str) -> Account:
+    """The account with this id; 404 `not_found` when there is none."""
+    found = await store.get_account(account_id)
+    if found is None:
+        raise no_account(account_id)
+    return found
+
+
 def no_live_key(key_id: str) -> GatewayError:
     return GatewayError("not_found", f"No live key {key_id!r}.")
 

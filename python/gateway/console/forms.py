@@ -47,7 +47,7 @@ def bounded_body(
     async def bounded(request: Request) -> Response:
         try:
             body = await read_body(request, limit)
-            replay = Request(request.scope, _replay(body, request.receive))
+            replay = Request(request.scope, replay_body(body, request.receive))
             await form_of(replay, max_fields)
         except GatewayError as err:
             response = error_response(err, path=request.url.path) if api else error_page(request, err, None)
@@ -67,8 +67,9 @@ async def form_of(request: Request, max_fields: int = MAX_FORM_FIELDS) -> FormDa
         raise invalid_request(f"The form cannot be read: {detail}") from None
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands over `body` (already read), then whatever the connection says next."""
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands over `body` (already read) as one message, then whatever `receive`
+    says next (the connection's own, or the end the caller decides)."""
     sent = False
 
     async def replay() -> Message:

@@ -65,11 +65,7 @@ def routes(console: Console) -> list[BaseRoute]:
     configured = [m.name for m in state.settings.models]
 
     async def account_of(request: Request) -> Account:
-        account_id = request.path_params["account_id"]
-        account = await store.get_account(account_id)
-        if account is None:
-            raise management.no_account(account_id)
-        return account
+        return await management.account(store, request.path_params["account_id"])
 
     async def accounts_page(
         request: Request,

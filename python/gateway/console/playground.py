@@ -40,9 +40,9 @@ from ..errors import GatewayError, invalid_request
 from ..routes.common import read_body
 from ..state import GatewayState
 from ..store import Account, ApiKey, ChatMessage, Conversation, KeyContext, Store
-from ..store.records import new_id
+from ..store.records import new_chat_message, new_id
 from .endpoints import Console
-from .forms import bounded_body, form_of
+from .forms import bounded_body, form_of, replay_body
 from .keys import PLAYGROUND_KEY
 from .render import page
 from .security import Viewer
@@ -120,10 +120,7 @@ async def playground_context(store: Store, account_id: str) -> KeyContext:
                 key, _ = await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
     if key.expires_at_ms is not None and key.expires_at_ms <= now_ms():
         raise GatewayError("key_expired", KEY_EXPIRED)
-    account = await store.get_account(account_id)
-    if account is None:
-        raise GatewayError("not_found", f"No account {account_id!r}.")
-    return KeyContext(key=key, account=account)
+    return KeyContext(key=key, account=await management.account(store, account_id))
 
 
 # ---------------------------------------------------------------- one request, in process
@@ -194,15 +191,12 @@ async def run_chat(
     }
     if "state" in request.scope:
         scope["state"] = dict(request.scope["state"])
-    sent_body = False
 
-    async def receive() -> Message:
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": body, "more_body": False}
+    async def disconnected() -> Message:  # once the browser has gone
         await gone.wait()
         return {"type": "http.disconnect"}
+
+    receive = replay_body(body, disconnected)
 
     raw = bytearray()  # a plain (error) answer's body
     pending = bytearray()  # SSE bytes not yet split into events
@@ -525,18 +519,7 @@ def routes(console: Console) -> list[BaseRoute]:
         first_user = next((text for role, text in found if role == "user"), "")
         conversation = await new_conversation(account, viewer, title_from(first_user))
         for role, text in found:
-            message = ChatMessage(
-                id=new_id("msg_"),
-                conversation_id=conversation.id,
-                role=role,
-                content=text,
-                model=model,
-                request_id=None,
-                prompt_tokens=None,
-                completion_tokens=None,
-                cost=None,
-                created_at_ms=now_ms(),
-            )
+            message = new_chat_message(conversation.id, role, text, model)
             await store.add_chat_message(message, account.id)
         return conversation
 
@@ -582,18 +565,7 @@ def routes(console: Console) -> list[BaseRoute]:
             raise invalid_request("Write a message first.", "content")
         ctx = await playground_context(store, account.id)  # before anything is kept: it may refuse
         if typed is not None:
-            message = ChatMessage(
-                id=new_id("msg_"),
-                conversation_id=conversation.id,
-                role="user",
-                content=typed,
-                model=model.name,
-                request_id=None,
-                prompt_tokens=None,
-                completion_tokens=None,
-                cost=None,
-                created_at_ms=now_ms(),
-            )
+            message = new_chat_message(conversation.id, "user", typed, model.name)
             await store.add_chat_message(message, account.id)
             messages = [*messages, message]
             if conversation.title == NEW_TITLE and not any(m.role == "user" for m in messages[:-1]):
@@ -608,17 +580,15 @@ def routes(console: Console) -> list[BaseRoute]:
         async def work(emit: Emit, gone: asyncio.Event) -> None:
             out = await run_chat(request, ctx, body, emit, gone)
             if out.text:  # what the model said (and what it was charged) stays, cut short or not
-                answer = ChatMessage(
-                    id=new_id("msg_"),
-                    conversation_id=conversation.id,
-                    role="assistant",
-                    content=out.text,
-                    model=model.name,
+                answer = new_chat_message(
+                    conversation.id,
+                    "assistant",
+                    out.text,
+                    model.name,
                     request_id=out.request_id,
                     prompt_tokens=out.prompt_tokens,
                     completion_tokens=out.completion_tokens,
                     cost=out.cost,
-                    created_at_ms=now_ms(),
                 )
                 await store.add_chat_message(answer, account.id)
                 if out.error_code is None:

@@ -423,3 +423,45 @@ def new_key(
         credit_limit=credit_limit,
         limit_reset=limit_reset,
     )
+
+
+def new_console_user(
+    email: str, role: str, account_id: str | None, invite_hash: bytes | None, invite_expires_at_ms: int | None
+) -> ConsoleUser:
+    """A console user as every backend creates it (Console.create_console_user): no password yet."""
+    return ConsoleUser(
+        id=new_id("cu_"),
+        email=email.lower(),
+        role=role,
+        account_id=account_id,
+        password_hash=None,
+        invite_hash=invite_hash,
+        invite_expires_at_ms=invite_expires_at_ms,
+        created_at_ms=now_ms(),
+    )
+
+
+def new_chat_message(
+    conversation_id: str,
+    role: str,
+    content: str,
+    model: str | None,
+    *,
+    request_id: str | None = None,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+    cost: Decimal | None = None,
+) -> ChatMessage:
+    """A turn of a playground conversation, made now; an answer carries its request and charge."""
+    return ChatMessage(
+        id=new_id("msg_"),
+        conversation_id=conversation_id,
+        role=role,
+        content=content,
+        model=model,
+        request_id=request_id,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost=cost,
+        created_at_ms=now_ms(),
+    )

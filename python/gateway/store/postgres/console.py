@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
-from ...clock import now_ms
 from ..records import (
     ChatMessage,
     ConsoleSession,
@@ -28,7 +27,7 @@ from ..records import (
     LogStats,
     NameTaken,
     RequestLog,
-    new_id,
+    new_console_user,
 )
 from . import rows
 
@@ -69,16 +68,7 @@ class PostgresConsole:
         invite_hash: bytes | None,
         invite_expires_at_ms: int | None,
     ) -> ConsoleUser:
-        user = ConsoleUser(
-            id=new_id("cu_"),
-            email=email.lower(),
-            role=role,
-            account_id=account_id,
-            password_hash=None,
-            invite_hash=invite_hash,
-            invite_expires_at_ms=invite_expires_at_ms,
-            created_at_ms=now_ms(),
-        )
+        user = new_console_user(email, role, account_id, invite_hash, invite_expires_at_ms)
         try:
             await self._execute(
                 f"INSERT INTO console_users ({_USER}) VALUES ({rows.marks(len(_USER_COLUMNS))})",

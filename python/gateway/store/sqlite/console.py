@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...clock import now_ms
 from ..records import (
     ChatMessage,
     ConsoleSession,
@@ -36,7 +35,7 @@ from ..records import (
     LogStats,
     NameTaken,
     RequestLog,
-    new_id,
+    new_console_user,
 )
 from .rows import _LOG_HEAD, _money_text, _request_log
 
@@ -106,16 +105,7 @@ class SqliteConsole:
         invite_hash: bytes | None,
         invite_expires_at_ms: int | None,
     ) -> ConsoleUser:
-        user = ConsoleUser(
-            id=new_id("cu_"),
-            email=email.lower(),
-            role=role,
-            account_id=account_id,
-            password_hash=None,
-            invite_hash=invite_hash,
-            invite_expires_at_ms=invite_expires_at_ms,
-            created_at_ms=now_ms(),
-        )
+        user = new_console_user(email, role, account_id, invite_hash, invite_expires_at_ms)
 
         def op(conn: sqlite3.Connection) -> None:
             try:
