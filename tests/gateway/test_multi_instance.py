@@ -20,7 +20,7 @@ import pytest
 
 from cluster import Cluster, database, forget_redis_prefix, wait_for
 from gateway.store.postgres.store import OWNER_TIMEOUT_SECONDS
-from harness import POSTGRES_URL
+from harness import POSTGRES_URL, chat_model
 
 CHAT = "/v1/chat/completions"
 SPEECH = "/v1/audio/speech"
@@ -29,28 +29,9 @@ RECLAIM_BOUND_SECONDS = 20.0
 
 
 def models(sim_url: str) -> str:
-    return f"""
-[[models]]
-name = "test/chat"
-type = "chat"
-[models.prices]
-input = "2.50"
-output = "10.00"
-[[models.channels]]
-provider = "openai"
-base_url = "{sim_url}/v1"
-model = "gpt-4o-mini"
-
-[[models]]
-name = "test/speech"
-type = "speech"
-[models.prices]
-character = "15.00"
-[[models.channels]]
-provider = "openai"
-base_url = "{sim_url}/v1"
-model = "tts-1"
-"""
+    return chat_model("test/chat", "gpt-4o-mini", sim_url) + chat_model(
+        "test/speech", "tts-1", sim_url, type_="speech"
+    )
 
 
 @pytest.fixture(scope="module")
