@@ -260,11 +260,12 @@ class Writer:
         batch.forgets, self._forgets = self._forgets, set()
         return batch
 
-    def _launch(self, line: _Line, batch: _Batch) -> asyncio.Future[Any]:
+    def _launch(self, line: _Line, batch: _Batch) -> asyncio.Future[None]:
         """Start writing `batch` on `line` (its statement runs from the next turn of the event loop)
-        and follow it to its commit in a task of its own; returns the statement's future."""
+        and follow it to its commit, in one task; returns a future that ends with the statement
+        (its first try): the writer task waits on it, not on the retries."""
         loop = asyncio.get_running_loop()
-        sending = loop.create_task(self._statement(line, batch))
+        sending: asyncio.Future[None] = loop.create_future()
         follow = loop.create_task(self._follow(line, batch, sending))
         self._in_flight[follow] = batch
         follow.add_done_callback(self._finished)
@@ -283,17 +284,23 @@ class Writer:
         for future in waiting:
             future.set_result(None)
 
-    async def _follow(self, line: _Line, batch: _Batch, sending: asyncio.Future[Any]) -> None:
-        """Await the batch's commit; retry it until it commits if it failed; then settle the books."""
+    async def _follow(self, line: _Line, batch: _Batch, sending: asyncio.Future[None]) -> None:
+        """Run the batch's statement and await its commit (`sending` ends with it); retry it until
+        it commits if it failed; then settle the books."""
         try:
-            await sending
+            await self._statement(line, batch)
             self._give_back(line)
         except asyncio.CancelledError:
             self._discard(line)
+            if not sending.done():
+                sending.cancel()
             raise
         except Exception as exc:
             self._discard(line)
+            sending.set_result(None)
             await self._retry(batch, exc)
+        else:
+            sending.set_result(None)
         if self._failing_since is not None:
             log.warning(
                 "the database is back: writes resumed after %.1f s", time.monotonic() - self._failing_since
@@ -348,6 +355,12 @@ class Writer:
             self._discard(line)
             raise
         self._give_back(line)
+
+    @property
+    def failing(self) -> float | None:
+        """For how many seconds writes have been failing (None: they go through)."""
+        since = self._failing_since
+        return None if since is None else time.monotonic() - since
 
     def _failing(self, exc: BaseException, waiting: int) -> None:
         if self._failing_since is None:
