@@ -106,6 +106,21 @@ bench: setup bench-tools ## every path, workload and concurrency, micro-benchmar
 bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 64, about two minutes
 	$(BIN)/python benches/run.py --quick
 
+# Distribution: one abi3 wheel (the extension built against CPython's stable ABI from 3.11, so the
+# same file installs on every CPython >= 3.11 of this platform), release and stripped, and an sdist.
+.PHONY: wheel
+wheel: $(STAMPS)/deps ## build dist/gateway-*.whl (abi3, release, stripped) and the sdist
+	rm -f dist/gateway-*.whl dist/gateway-*.tar.gz
+	$(BIN)/maturin build --release --strip --locked --out dist
+	$(BIN)/maturin sdist --out dist
+	@ls -l dist/gateway-*
+
+# The wheel installed into a fresh venv of $(PYTHON) with no source tree, PYTHONPATH or Rust on its
+# PATH, then `gateway demo` from it: the openai client's plain and streamed requests, the console.
+.PHONY: wheel-smoke
+wheel-smoke: wheel ## install the wheel into a clean venv and smoke-test `gateway demo` from it
+	$(PYTHON) tests/wheel/smoke.py
+
 .PHONY: lint
 lint: setup ## formatting, clippy, ruff, mypy and the stub check
 	cargo fmt --all --check
@@ -123,5 +138,5 @@ fmt: setup ## format Rust and Python sources
 
 .PHONY: clean
 clean: ## remove build output, the venv and local data
-	rm -rf $(VENV) $(STAMPS) target var python/gateway/*.so benches/.venv-litellm benches/.portkey \
+	rm -rf $(VENV) $(STAMPS) target var dist python/gateway/*.so benches/.venv-litellm benches/.portkey \
 	  tests/js/node_modules

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +38,13 @@ def body(workload: str, model: str) -> bytes:
         if workload != "chat":
             payload["stream"] = True
     return json.dumps(payload).encode()
+
+
+def wheel_note() -> str | None:
+    """The newest wheel `make wheel` left in dist/ and its size (what users download), if any."""
+    dist = Path(__file__).resolve().parent.parent / "dist"
+    wheels = sorted(dist.glob("gateway-*.whl"), key=lambda p: p.stat().st_mtime)
+    return f"wheel: {wheels[-1].name}, {wheels[-1].stat().st_size / 1e6:.1f} MB" if wheels else None
 
 
 def measure(
@@ -92,7 +100,7 @@ def main() -> int:
         seconds, warmup = 8.0, 3.0
     if args.paths:
         paths = args.paths.split(",")
-    notes: list[str] = []
+    notes: list[str] = [note for note in [wheel_note()] if note]
     if "litellm" in paths and not servers.litellm_available():
         paths.remove("litellm")
         notes.append("LiteLLM is not installed (run `make bench-tools`); its rows are missing.")
@@ -121,6 +129,15 @@ def main() -> int:
             except servers.Unavailable as exc:  # raised while starting, before any measurement
                 print(f"  skipped: {exc}", flush=True)
                 notes.append(f"{path}: not measured, {exc}; its rows are missing.")
+        paired = None
+        if "gateway" in paths and "gateway-pg" in paths:
+            print("gateway against gateway-pg, interleaved:", flush=True)
+            try:
+                paired = pg_paired(
+                    starters, rounds=4 if args.quick else 8, seconds=2.0 if args.quick else 3.0
+                )
+            except servers.Unavailable as exc:
+                notes.append(f"the interleaved gateway/gateway-pg comparison was not measured: {exc}.")
     for r in rows:
         if r["failures"]:
             notes.append(
@@ -137,12 +154,13 @@ def main() -> int:
         "versions": versions,
         "rows": rows,
         "stream_timing": timings,
+        "pg_paired": paired,
         "micro": micro_rows,
         "notes": notes,
     }
     out = report.write(result, stamp)
     print(f"\nwrote {out}")
-    for name, limit, value, ok in report.check_targets(rows):
+    for name, limit, value, ok in report.check_targets(rows, paired):
         status = "n/a" if ok is None else ("met" if ok else "MISSED")
         print(
             f"  target {name}: limit {limit:g}, measured {value if value is None else round(value, 3)} -> {status}"
@@ -177,6 +195,37 @@ def run_path(
             notes.append(f"{path}: stream timing not measured, {exc}.")
         else:
             timings.append({"path": path, **t.__dict__})
+
+
+def pg_paired(
+    starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]], rounds: int, seconds: float
+) -> dict[str, Any]:
+    """gateway-pg's p50 minus the gateway's at c=1 (chat), both running, measured in alternating
+    rounds: the machine's speed drifts by tenths of a millisecond over minutes, more than the
+    difference itself, so rows taken a minute apart compare the drift as much as the paths."""
+    differences: list[float] = []
+    with starters["gateway"]() as gateway, starters["gateway-pg"]() as gateway_pg:
+        time.sleep(0.5)
+        for n in range(rounds):
+            order = (gateway, gateway_pg) if n % 2 == 0 else (gateway_pg, gateway)
+            p50: dict[str, float] = {}
+            for target in order:
+                data = body("chat", target.model["chat"])
+                load.wrk(target.url("chat"), data, target.headers, 1, 1.0, CLIENT_CPU)
+                p50[target.name] = load.wrk(
+                    target.url("chat"), data, target.headers, 1, seconds, CLIENT_CPU
+                ).p50_ms
+            differences.append(round(p50["gateway-pg"] - p50["gateway"], 3))
+            print(
+                f"  round {n + 1}: gateway {p50['gateway']:.2f} ms, gateway-pg {p50['gateway-pg']:.2f} ms",
+                flush=True,
+            )
+    return {
+        "rounds": rounds,
+        "seconds": seconds,
+        "differences_ms": differences,
+        "median_ms": round(statistics.median(differences), 3),
+    }
 
 
 def add_differences(rows: list[dict[str, Any]]) -> None:

@@ -61,10 +61,11 @@ def wait_until_listening(port: int, proc: subprocess.Popen[bytes], seconds: floa
 
 @contextmanager
 def running(
-    args: list[str], port: int, env: dict[str, str] | None = None
+    args: list[str], port: int, env: dict[str, str] | None = None, output: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    # Output goes to a file (an unread pipe would block a chatty server) and is shown on failure.
-    with tempfile.TemporaryFile() as log:
+    # Output goes to a file (an unread pipe would block a chatty server) and is shown on failure;
+    # to `output` when the test reads it.
+    with output.open("w+b") if output is not None else tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", *args],
             stdout=log,

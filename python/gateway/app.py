@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,15 +23,17 @@ from . import videos as video_jobs
 from ._core import count_tokens
 from .buckets import BucketStore, FileBuckets
 from .config import Settings, settings_from_env
+from .drain import Drain
 from .errors import GatewayError, error_response
 from .funds import Funds
-from .housekeeping import purge_expired, tend_leases
+from .housekeeping import flush_metrics, purge_expired, sample_gauges, tend_leases
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import RateLimiter
 from .registry import ModelRegistry
 from .routes import (
     admin,
+    admin_config,
     chat,
     console_users,
     embeddings,
@@ -39,6 +41,7 @@ from .routes import (
     messages,
     models,
     moderations,
+    operations,
     rerank,
     responses,
     speech,
@@ -49,6 +52,7 @@ from .routes import (
 from .routing import Router
 from .state import GatewayState
 from .store import open_store
+from .telemetry import ERROR_CODE, RequestTelemetry, Telemetry, logs
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -90,10 +94,20 @@ def create_app(settings: Settings) -> Starlette:
         funds=Funds(store),
         limiter=RateLimiter(buckets),
         router=Router(settings.models, settings.routing, settings.workers, shared=shared),
+        telemetry=Telemetry((m.name, (c.name for c in m.channels)) for m in settings.models),
+        drain=Drain(settings.drain_seconds),
+        redis=redis,
     )
+    logs.configure(settings.log_format, settings.log_level, settings.access_log)
+    if settings.otlp_endpoint:
+        log.warning(
+            "[tracing] otlp_endpoint is set but this version exports no traces (docs/operations.md);"
+            " trace context is still passed upstream and logged"
+        )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.drain.install()
         await state.store.start()
         await state.upstream.start()
         warm_tokenizers(settings)
@@ -105,6 +119,8 @@ def create_app(settings: Settings) -> Starlette:
             asyncio.create_task(purge_expired(state)),
             asyncio.create_task(tend_leases(state)),
             asyncio.create_task(jobs.drive_jobs(state, JOB_KINDS)),
+            asyncio.create_task(sample_gauges(state)),
+            asyncio.create_task(flush_metrics(state)),
         ]
         try:
             yield
@@ -119,6 +135,8 @@ def create_app(settings: Settings) -> Starlette:
             await state.store.close()
             if redis is not None:
                 await redis.aclose()
+            logs.ACCESS.flush()
+            state.telemetry.metrics.flush()
 
     app = _GatewayApp(
         state,
@@ -134,8 +152,10 @@ def create_app(settings: Settings) -> Starlette:
             *images.routes(state),
             *transcription.routes(state),
             *models.routes(state),
+            *operations.routes(state),
             *usage.routes(state),
             *admin.routes(state),
+            *admin_config.routes(state),
             *console_users.routes(state),
             *console.routes(state),
         ],
@@ -160,7 +180,8 @@ class _GatewayApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self._gateway
-        return RateLimitHeaders(super().build_middleware_stack(), state.store, state.limiter)
+        inner = RateLimitHeaders(super().build_middleware_stack(), state.store, state.limiter)
+        return RequestTelemetry(inner, state.telemetry)
 
 
 def _beside(path: Path, suffix: str) -> Path:
@@ -182,7 +203,7 @@ def app_from_env() -> Starlette:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return error_response(exc, path=request.url.path)
+    return _answer(request, exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -190,16 +211,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
         err = GatewayError("method_not_allowed", f"{request.method} is not allowed on {request.url.path}.")
-        return error_response(err, exc.headers, request.url.path)
+        return _answer(request, err, exc.headers)
     if exc.status_code == 404:
         err = GatewayError("not_found", f"No such path: {request.url.path}.")
     else:
         err = GatewayError("invalid_request", str(exc.detail), status=exc.status_code)
-    return error_response(err, path=request.url.path)
+    return _answer(request, err)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # Logged with its traceback for operators; the client sees the spec's error object, nothing more.
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    err = GatewayError("api_error", "The gateway failed unexpectedly. Retry later.")
-    return error_response(err, path=request.url.path)
+    return _answer(request, GatewayError("api_error", "The gateway failed unexpectedly. Retry later."))
+
+
+def _answer(request: Request, err: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
+    """The error's answer, its code noted for the request's metrics (gateway.telemetry)."""
+    request.scope[ERROR_CODE] = err.code
+    return error_response(err, headers, request.url.path)

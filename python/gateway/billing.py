@@ -178,6 +178,7 @@ async def close(state: GatewayState, call: Call, entry: RequestLog) -> None:
         state.store.log_request(entry)
     else:
         await state.store.settle(record, entry)
+    state.telemetry.model_request(call, entry, record)
 
 
 def hand_over_to_job(state: GatewayState, call: Call) -> list[tuple[str, str]]:

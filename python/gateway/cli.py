@@ -22,6 +22,7 @@ from . import admin_fields as field
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
 from .config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
+from .drain import KILL_GRACE_SECONDS
 from .errors import GatewayError
 from .store import (
     LIMIT_RESETS,
@@ -60,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
 
     _admin_args(sub.add_parser("admin", help="manage accounts, money and keys (as /admin/v1 does)"))
 
+    check = sub.add_parser(
+        "check-config", help="check a settings file and name every problem in it, starting nothing"
+    )
+    check.add_argument("file", help="the TOML settings file")
+
     args = parser.parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args.file)
     try:
         if args.command == "sim":
             from .sim import run
@@ -85,6 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     except GatewayError as exc:  # a value refused by the same checks the management API makes
         print(f"gateway: {exc.message}", file=sys.stderr)
         return 1
+
+
+def _check_config(path: str) -> int:
+    """`gateway check-config FILE`: every problem of the file on stderr, one line each naming its
+    place (status 1), else `ok` (status 0). Nothing is started (no store, no network) and the
+    environment variables the file names need not be set: one that is not is only a warning."""
+    from .config import check_config_file
+
+    report = check_config_file(path)
+    for warning in report.warnings:
+        print(f"{path}: warning: {warning}", file=sys.stderr)
+    for problem in report.problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    if report.problems:
+        return 1
+    print(f"ok: {path} ({report.models} model{'' if report.models == 1 else 's'})")
+    return 0
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -112,6 +137,9 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
         "host": args.host or settings.host,
         "port": args.port or settings.port,
         "workers": args.workers or settings.workers,
+        "drain_seconds": settings.drain_seconds,
+        "kill_grace_seconds": KILL_GRACE_SECONDS,
+        "metrics_listen": settings.metrics_listen if settings.metrics_enabled else None,
     }
     # Each worker sizes its share of a balance's leases by the number of workers (gateway.funds).
     os.environ[WORKERS_ENV] = str(options["workers"])

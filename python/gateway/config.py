@@ -6,11 +6,14 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import partial
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, cast
+from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
@@ -42,6 +45,8 @@ WORKERS_ENV: Final = "GATEWAY_WORKERS"
 # hand out (routes/common.public_base).
 LISTEN_ENV: Final = "GATEWAY_LISTEN"
 STORE_BACKENDS: Final = ("sqlite", "postgres")
+LOG_FORMATS: Final = frozenset({"auto", "json", "text"})
+LOG_LEVELS: Final = frozenset({"debug", "info", "warning", "error"})
 _URL_SCHEMES: Final = {
     "store": ("postgres://", "postgresql://"),
     "redis": ("redis://", "rediss://", "unix://"),
@@ -52,14 +57,17 @@ _URL_SCHEMES: Final = {
 KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
     table: frozenset(keys.split())
     for table, keys in {
-        "": "server store redis limits upstream admin logs routing safety videos background models",
-        "server": "host port workers public_base_url allowed_hosts",
+        "": "server store redis limits upstream admin logs metrics tracing routing safety videos background "
+        "models",
+        "server": "host port workers public_base_url allowed_hosts drain_seconds",
         "store": "backend path url url_env pool_size",
         "redis": "url url_env prefix",
         "limits": "max_request_bytes sync_timeout_seconds stream_idle_timeout_seconds image_url_ttl_seconds",
         "upstream": "connect_timeout_seconds max_connections",
         "admin": "token_env",
-        "logs": "max_body_bytes body_retention_days",
+        "logs": "max_body_bytes body_retention_days format level access",
+        "metrics": "enabled token_env listen",
+        "tracing": "otlp_endpoint service_name",
         "routing": "retries retry_backoff_seconds retry_backoff_max_seconds failures_to_cool_down "
         "cooldown_seconds attempt_timeout_seconds",
         "safety": "model on_error",
@@ -208,16 +216,30 @@ class Settings:
     videos: JobSettings = field(default_factory=JobSettings)
     background: JobSettings = field(default_factory=JobSettings)  # background responses
     safety: SafetySettings = field(default_factory=SafetySettings)
+    # On SIGTERM: how long plain requests and streams may still run before the streams are ended.
+    drain_seconds: float = 30.0
+    # GET /metrics: served unless [metrics] enabled = false; it asks for the bearer token held by the
+    # environment variable metrics_token_env when that is set; metrics_listen ("host", port): served on
+    # that separate address instead of the gateway's.
+    metrics_enabled: bool = True
+    metrics_token_env: str | None = None
+    metrics_listen: tuple[str, int] | None = None
+    # Logs on stderr: "json" lines, "text", or "auto" (JSON lines unless stderr is a terminal), from
+    # log_level up ("debug", "info", "warning", "error"); access_log: one line per request.
+    log_format: str = "auto"
+    log_level: str = "info"
+    access_log: bool = True
+    # Traces: exported over OTLP to this http(s) URL, under this service name; None: not exported.
+    otlp_endpoint: str | None = None
+    otel_service_name: str = "gateway"
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
     p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+        raw = _read_toml(p)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {p}: {exc}") from exc.__cause__
     return parse_settings(raw, base_dir=p.resolve().parent)
 
 
@@ -237,87 +259,305 @@ def settings_from_env() -> Settings:
 
 
 def parse_settings(raw: Mapping[str, Any], base_dir: Path) -> Settings:
-    _known(raw, "")
-    server = _table(raw, "server")
-    store = _table(raw, "store")
-    limits = _table(raw, "limits")
-    upstream = _table(raw, "upstream")
-    admin = _table(raw, "admin")
-    logs = _table(raw, "logs")
-    routing = _table(raw, "routing")
-    models_raw = raw.get("models", [])
-    if not isinstance(models_raw, list) or not models_raw:
-        raise ConfigError("[[models]]: at least one model is required")
-    models = tuple(_model(m, f"models[{i}]") for i, m in enumerate(models_raw))
-    names = [m.name for m in models]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"models: duplicate names {dupes}")
-    safety = _safety_settings(_table(raw, "safety"))
-    models = _resolve_safety(models, models_raw, safety)
-    backend, store_path, store_url, pool_size = _store(store, base_dir)
-    redis = _table(raw, "redis")
-    redis_url = _url(redis, "redis")
-    redis_prefix = _get(redis, "prefix", str, "redis.prefix", "gateway")
-    if not redis_prefix or not all(c.isalnum() or c in "-_.:" for c in redis_prefix):
-        raise ConfigError("redis.prefix: letters, digits, '-', '_', '.' and ':' only, not empty")
-    if backend == "postgres" and redis_url is None:
-        raise ConfigError(
-            'redis: [store] backend = "postgres" needs [redis] url or url_env (instances share rate '
-            "limits and channel state through it)"
+    """The settings of a parsed file; ConfigError, naming the place, at the first problem."""
+    return _parse(raw, base_dir, _STRICT)
+
+
+# ---------------------------------------------------------------- checking a file (check-config)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigReport:
+    """What checking a configuration found: `problems` (the gateway would refuse the file: each
+    names its place, in file order), `warnings` (e.g. an environment variable the file names that
+    is unset where the check ran) and the number of models."""
+
+    problems: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    models: int = 0
+
+
+def check_config(raw: Mapping[str, Any], base_dir: Path = Path(".")) -> ConfigReport:
+    """Every problem of a parsed file at once, by the same rules as parse_settings: each unknown
+    key (KNOWN_SETTINGS), then each setting, model, channel and cross-check on its own. Nothing is
+    started and the environment variables the file names need not be set."""
+    check = _Check(collect=True)
+    cleaned = _without_unknown(raw, "", check.problems)
+    settings = _parse(cleaned, base_dir, check)
+    order = _file_order(raw)
+    numbered = sorted(enumerate(dict.fromkeys(check.problems)), key=lambda p: (_place(p[1], order), p[0]))
+    return ConfigReport(
+        problems=tuple(message for _, message in numbered),
+        warnings=check.warnings(),
+        models=len(settings.models),
+    )
+
+
+def check_config_file(path: str | os.PathLike[str]) -> ConfigReport:
+    """check_config on a file; a missing or unreadable file, or one not TOML, is its one problem."""
+    p = Path(path)
+    try:
+        raw = _read_toml(p)
+    except ConfigError as exc:
+        return ConfigReport(problems=(str(exc),))
+    return check_config(raw, base_dir=p.resolve().parent)
+
+
+def validate_config(raw: Mapping[str, Any]) -> list[str]:
+    """Every problem of a parsed file (check_config), none when the gateway would take it."""
+    return list(check_config(raw).problems)
+
+
+def validate_config_file(path: str | os.PathLike[str]) -> list[str]:
+    """Every problem of a configuration file (check_config_file); an empty list: it is valid."""
+    return list(check_config_file(path).problems)
+
+
+def _read_toml(p: Path) -> dict[str, Any]:
+    """The file's table; ConfigError (not naming the file) when it cannot be read or is not TOML."""
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read it: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # its message ends "(at line L, column C)"
+        raise ConfigError(f"not valid TOML: {exc}") from exc
+
+
+class _Check:
+    """How the parsing runs its parts: each setting, each model and channel, each cross-check.
+
+    Strict (start-up, parse_settings): a part's ConfigError is raised, the first problem ending the
+    parsing. Collecting (check_config): each part's problem is kept and the parsing goes on with the
+    part's stand-in (None unless one is given: later checks skip it, and the Settings then built are
+    thrown away), so that one pass names every problem; an environment variable the file names that
+    is unset is then a warning, not a problem."""
+
+    __slots__ = ("collect", "problems", "unset")
+
+    def __init__(self, collect: bool = False) -> None:
+        self.collect = collect
+        self.problems: list[str] = []
+        self.unset: dict[str, list[str]] = {}  # an unset environment variable: the settings naming it
+
+    def part(self, fn: Callable[[], T], stand_in: Any = None) -> T:
+        """fn(); collecting, `stand_in` when it raises ConfigError (its problem kept)."""
+        if not self.collect:
+            return fn()
+        try:
+            return fn()
+        except ConfigError as exc:
+            self.problems.append(str(exc))
+            return cast(T, stand_in)
+
+    def env(self, name: str | None, where: str) -> None:
+        """Collecting: notes the setting `where` when the environment variable `name` it names is
+        unset or empty here (a warning)."""
+        if self.collect and name and not os.environ.get(name):
+            self.unset.setdefault(name, []).append(where)
+
+    def warnings(self) -> tuple[str, ...]:
+        """One line for each unset environment variable, with (the first few of) the settings naming it."""
+        return tuple(
+            f"the environment variable {name} is not set here ({', '.join(places[:2])}"
+            + (f" and {len(places) - 2} more)" if len(places) > 2 else ")")
+            for name, places in self.unset.items()
         )
+
+
+_STRICT: Final = _Check()
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+def _without_unknown(table: Mapping[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+    """`table` without the keys KNOWN_SETTINGS does not list, each named in `problems` as _known
+    names it; the tables and arrays of tables it lists are walked alike."""
+    known = KNOWN_SETTINGS[_kind(where)]
+    kept: dict[str, Any] = {}
+    for key, value in table.items():
+        path = f"{where}.{key}" if where else key
+        if key not in known:
+            problems.append(_unknown_message([key], where, known))
+        elif _kind(path) in KNOWN_SETTINGS and isinstance(value, dict):
+            kept[key] = _without_unknown(value, path, problems)
+        elif _kind(path) in KNOWN_SETTINGS and isinstance(value, list):
+            kept[key] = [
+                _without_unknown(v, f"{path}[{i}]", problems) if isinstance(v, dict) else v
+                for i, v in enumerate(value)
+            ]
+        else:
+            kept[key] = value
+    return kept
+
+
+def _file_order(raw: Mapping[str, Any]) -> dict[str, int]:
+    """Each key path of the file ("models[1].channels[0].weight"), numbered in the file's order."""
+    order: dict[str, int] = {}
+
+    def walk(value: Any, path: str) -> None:
+        order.setdefault(path, len(order))
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else key)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]")
+
+    walk(raw, "")
+    return order
+
+
+_MESSAGE_PLACE = re.compile(r"^(?:unknown settings? )?([^\s:,(]+)")
+_LAST_STEP = re.compile(r"(?:\.[^.\[]+|\[\d+\])$")
+
+
+def _place(message: str, order: Mapping[str, int]) -> int:
+    """Where in the file the place a problem names is (its nearest enclosing key when the key is
+    missing); at the end when the file has none of it (e.g. no [[models]])."""
+    match = _MESSAGE_PLACE.match(message)
+    path = match.group(1) if match else ""
+    while path:
+        if path in order:
+            return order[path]
+        path = _LAST_STEP.sub("", path) if _LAST_STEP.search(path) else ""
+    return len(order)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
+    """The settings, each part run by `check` (strict: parse_settings; collecting: check_config)."""
+    part = check.part
+    _known(raw, "")
+    tables = {
+        name: part(partial(_table, raw, name), _EMPTY) for name in sorted(KNOWN_SETTINGS[""] - {"models"})
+    }
+    server, limits, upstream, logs = tables["server"], tables["limits"], tables["upstream"], tables["logs"]
+    metrics, tracing, routing = tables["metrics"], tables["tracing"], tables["routing"]
+    models_raw: list[Any] = part(
+        lambda: _entries(raw, "models", "[[models]]: at least one model is required"), []
+    )
+    models = [part(partial(_model, m, f"models[{i}]", check)) for i, m in enumerate(models_raw)]
+    # Each model with its index and table (collecting, a model that is not a table is None: left out).
+    indexed = [(i, m, models_raw[i]) for i, m in enumerate(models) if m is not None]
+    part(lambda: _distinct_model_names(m for _, m, _ in indexed))
+    safety = part(lambda: _safety_settings(tables["safety"]), SafetySettings())
+    resolved = _resolve_safety(indexed, safety, check)
+    backend, store_path, store_url, pool_size = part(  # collecting, a refused [store]: no backend
+        lambda: _store(tables["store"], base_dir, check), ("", base_dir, None, 10)
+    )
+    redis_url = part(lambda: _url(tables["redis"], "redis", check), "")  # "": given, but wrong
+    if backend == "postgres":
+        part(lambda: _needs_redis(redis_url))
+    admin_token_env = part(lambda: _env_name(tables["admin"], "token_env", "admin.token_env"))
+    check.env(admin_token_env, "admin.token_env")
+    metrics_token_env = part(lambda: _env_name(metrics, "token_env", "metrics.token_env"))
+    check.env(metrics_token_env, "metrics.token_env")
     return Settings(
-        models=models,
-        host=_get(server, "host", str, "server.host", "127.0.0.1"),
-        port=_get(server, "port", int, "server.port", 8080),
-        workers=_positive(_get(server, "workers", int, "server.workers", 1), "server.workers"),
+        models=resolved,
+        host=part(lambda: _get(server, "host", str, "server.host", "127.0.0.1")),
+        port=part(lambda: _get(server, "port", int, "server.port", 8080)),
+        workers=part(lambda: _positive(_get(server, "workers", int, "server.workers", 1), "server.workers")),
         store_backend=backend,
         store_path=store_path,
         store_url=store_url,
         store_pool_size=pool_size,
         redis_url=redis_url,
-        redis_prefix=redis_prefix,
-        max_request_bytes=_positive(
-            _get(limits, "max_request_bytes", int, "limits.max_request_bytes", 10 * 1024 * 1024),
-            "limits.max_request_bytes",
+        redis_prefix=part(lambda: _redis_prefix(tables["redis"])),
+        max_request_bytes=part(
+            lambda: _positive(
+                _get(limits, "max_request_bytes", int, "limits.max_request_bytes", 10 * 1024 * 1024),
+                "limits.max_request_bytes",
+            )
         ),
-        sync_timeout_seconds=_seconds(limits, "sync_timeout_seconds", 240.0),
-        stream_idle_timeout_seconds=_seconds(limits, "stream_idle_timeout_seconds", 120.0),
-        image_url_ttl_seconds=_seconds(limits, "image_url_ttl_seconds", 86400.0),
-        public_base_url=_base_url(server),
-        allowed_hosts=_allowed_hosts(server),
-        upstream_connect_timeout_seconds=_seconds(upstream, "connect_timeout_seconds", 10.0),
-        upstream_max_connections=_positive(
-            _get(upstream, "max_connections", int, "upstream.max_connections", 1000),
-            "upstream.max_connections",
+        sync_timeout_seconds=part(lambda: _seconds(limits, "limits.sync_timeout_seconds", 240.0)),
+        stream_idle_timeout_seconds=part(
+            lambda: _seconds(limits, "limits.stream_idle_timeout_seconds", 120.0)
         ),
-        admin_token_env=_env_name(admin, "token_env", "admin.token_env"),
-        log_max_body_bytes=_non_negative(
-            _get(logs, "max_body_bytes", int, "logs.max_body_bytes", 1024 * 1024), "logs.max_body_bytes"
+        image_url_ttl_seconds=part(lambda: _seconds(limits, "limits.image_url_ttl_seconds", 86400.0)),
+        public_base_url=part(lambda: _base_url(server)),
+        allowed_hosts=part(lambda: _allowed_hosts(server)),
+        upstream_connect_timeout_seconds=part(
+            lambda: _seconds(upstream, "upstream.connect_timeout_seconds", 10.0)
         ),
-        log_body_retention_days=_seconds(logs, "body_retention_days", 365.0, "days"),
+        upstream_max_connections=part(
+            lambda: _positive(
+                _get(upstream, "max_connections", int, "upstream.max_connections", 1000),
+                "upstream.max_connections",
+            )
+        ),
+        admin_token_env=admin_token_env,
+        log_max_body_bytes=part(
+            lambda: _non_negative(
+                _get(logs, "max_body_bytes", int, "logs.max_body_bytes", 1024 * 1024), "logs.max_body_bytes"
+            )
+        ),
+        log_body_retention_days=part(lambda: _seconds(logs, "logs.body_retention_days", 365.0, "days")),
         routing=RoutingSettings(
-            retries=_non_negative(_get(routing, "retries", int, "routing.retries", 2), "routing.retries"),
-            retry_backoff_seconds=_seconds(routing, "retry_backoff_seconds", 0.25),
-            retry_backoff_max_seconds=_seconds(routing, "retry_backoff_max_seconds", 4.0),
-            failures_to_cool_down=_positive(
-                _get(routing, "failures_to_cool_down", int, "routing.failures_to_cool_down", 3),
-                "routing.failures_to_cool_down",
+            retries=part(
+                lambda: _non_negative(_get(routing, "retries", int, "routing.retries", 2), "routing.retries")
             ),
-            cooldown_seconds=_seconds(routing, "cooldown_seconds", 30.0),
+            retry_backoff_seconds=part(lambda: _seconds(routing, "routing.retry_backoff_seconds", 0.25)),
+            retry_backoff_max_seconds=part(
+                lambda: _seconds(routing, "routing.retry_backoff_max_seconds", 4.0)
+            ),
+            failures_to_cool_down=part(
+                lambda: _positive(
+                    _get(routing, "failures_to_cool_down", int, "routing.failures_to_cool_down", 3),
+                    "routing.failures_to_cool_down",
+                )
+            ),
+            cooldown_seconds=part(lambda: _seconds(routing, "routing.cooldown_seconds", 30.0)),
             attempt_timeout_seconds=(
-                _seconds(routing, "attempt_timeout_seconds", 0.0)
+                part(lambda: _seconds(routing, "routing.attempt_timeout_seconds", 0.0))
                 if "attempt_timeout_seconds" in routing
                 else None
             ),
         ),
-        videos=_job_settings(raw, "videos"),
-        background=_job_settings(raw, "background"),
+        videos=_job_settings(tables["videos"], "videos", check),
+        background=_job_settings(tables["background"], "background", check),
         safety=safety,
+        drain_seconds=part(lambda: _seconds(server, "server.drain_seconds", 30.0)),
+        metrics_enabled=part(lambda: _get(metrics, "enabled", bool, "metrics.enabled", True)),
+        metrics_token_env=metrics_token_env,
+        metrics_listen=part(lambda: _listen(metrics, "listen", "metrics.listen")),
+        log_format=part(lambda: _one_of(logs, "format", "logs.format", LOG_FORMATS, "auto")),
+        log_level=part(lambda: _one_of(logs, "level", "logs.level", LOG_LEVELS, "info")),
+        access_log=part(lambda: _get(logs, "access", bool, "logs.access", True)),
+        otlp_endpoint=part(lambda: _endpoint(tracing, "otlp_endpoint", "tracing.otlp_endpoint")),
+        otel_service_name=part(lambda: _text(tracing, "service_name", "tracing.service_name", "gateway")),
     )
 
 
-def _store(store: Mapping[str, Any], base_dir: Path) -> tuple[str, Path, str | None, int]:
+def _distinct_model_names(models: Iterable[ModelConfig]) -> None:
+    names = [m.name for m in models if _MODEL_NAME.match(m.name)]  # collecting: a bad name is named already
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"models: duplicate names {dupes}")
+
+
+def _redis_prefix(redis: Mapping[str, Any]) -> str:
+    prefix = _get(redis, "prefix", str, "redis.prefix", "gateway")
+    if not prefix or not all(c.isalnum() or c in "-_.:" for c in prefix):
+        raise ConfigError("redis.prefix: letters, digits, '-', '_', '.' and ':' only, not empty")
+    return prefix
+
+
+def _needs_redis(redis_url: str | None) -> None:
+    if redis_url is None:
+        raise ConfigError(
+            'redis: [store] backend = "postgres" needs [redis] url or url_env (instances share rate '
+            "limits and channel state through it)"
+        )
+
+
+def _store(
+    store: Mapping[str, Any], base_dir: Path, check: _Check = _STRICT
+) -> tuple[str, Path, str | None, int]:
     """[store]: the backend, the sqlite file (absolute), the postgres URL and pool size."""
     backend = _get(store, "backend", str, "store.backend", "sqlite")
     if backend not in STORE_BACKENDS:
@@ -333,23 +573,26 @@ def _store(store: Mapping[str, Any], base_dir: Path) -> tuple[str, Path, str | N
         store_path = base_dir / store_path
     if backend == "sqlite":
         return backend, store_path, None, 10
-    url = _url(store, "store")
+    url = _url(store, "store", check)
     if url is None:
         raise ConfigError('store: backend "postgres" needs url or url_env')
     pool_size = _positive(_get(store, "pool_size", int, "store.pool_size", 10), "store.pool_size")
     return backend, store_path, url, pool_size
 
 
-def _url(table: Mapping[str, Any], where: str) -> str | None:
+def _url(table: Mapping[str, Any], where: str, check: _Check = _STRICT) -> str | None:
     """`url`, or `url_env` naming the environment variable that holds it (for passwords); exactly
-    one of the two, or neither (None)."""
+    one of the two, or neither (None). Collecting, an unset variable is a warning (and "")."""
     if "url" in table and "url_env" in table:
         raise ConfigError(f"{where}: give url or url_env, not both")
     if "url_env" in table:
         name = _env_name(table, "url_env", f"{where}.url_env")
         url = os.environ.get(name or "")
         if not url:
-            raise ConfigError(f"{where}.url_env: the environment variable {name} is not set")
+            if not check.collect:
+                raise ConfigError(f"{where}.url_env: the environment variable {name} is not set")
+            check.env(name, f"{where}.url_env")
+            return ""
         source = f"{where}.url_env ({name})"
     elif "url" in table:
         url = _get(table, "url", str, f"{where}.url")
@@ -374,23 +617,19 @@ def _safety_settings(table: Mapping[str, Any]) -> SafetySettings:
 
 
 def _resolve_safety(
-    models: tuple[ModelConfig, ...], models_raw: list[Any], safety: SafetySettings
+    indexed: list[tuple[int, ModelConfig, Any]], safety: SafetySettings, check: _Check
 ) -> tuple[ModelConfig, ...]:
     """Each model's moderation model: its own `safety` (false: none; true: [safety] model; a name:
-    that moderation model), else [safety] model for the checked types."""
-    types = {m.name: m.type for m in models}
+    that moderation model), else [safety] model for the checked types. `indexed`: each model with
+    its index in the file and its table there."""
+    types = {m.name: m.type for _, m, _ in indexed}
 
     def moderation(name: str, where: str) -> str:
         if types.get(name) != "moderation":
             raise ConfigError(f"{where}: {name!r} is not a configured model of type moderation")
         return name
 
-    if safety.model is not None:
-        moderation(safety.model, "safety.model")
-    out = []
-    for i, (model, raw) in enumerate(zip(models, models_raw, strict=True)):
-        where = f"models[{i}].safety"
-        value = raw.get("safety")
+    def chosen(model: ModelConfig, value: Any, where: str) -> str | None:
         if value is not None and not isinstance(value, bool | str):
             raise ConfigError(f"{where}: must be true, false or the name of a moderation model")
         if value is not None and value is not False and model.type not in SAFETY_CHECKED_TYPES:
@@ -400,94 +639,127 @@ def _resolve_safety(
         if value is True:
             if safety.model is None:
                 raise ConfigError(f"{where}: true needs [safety] model, or name the moderation model here")
-            chosen: str | None = safety.model
-        elif isinstance(value, str):
-            chosen = moderation(value, where)
-        elif value is False:
-            chosen = None
-        else:
-            chosen = safety.model if model.type in SAFETY_CHECKED_TYPES else None
-        out.append(dataclasses.replace(model, safety_model=chosen) if chosen else model)
+            return safety.model
+        if isinstance(value, str):
+            return moderation(value, where)
+        if value is False:
+            return None
+        return safety.model if model.type in SAFETY_CHECKED_TYPES else None
+
+    if safety.model is not None:
+        check.part(partial(moderation, safety.model, "safety.model"))
+    out = []
+    for i, model, raw in indexed:
+        name = check.part(partial(chosen, model, raw.get("safety"), f"models[{i}].safety"))
+        out.append(dataclasses.replace(model, safety_model=name) if name else model)
     return tuple(out)
 
 
-def _job_settings(raw: Mapping[str, Any], name: str) -> JobSettings:
-    table = _table(raw, name)
+def _job_settings(table: Mapping[str, Any], name: str, check: _Check) -> JobSettings:
+    part = check.part
     return JobSettings(
-        poll_seconds=_seconds(table, "poll_seconds", 10.0),
-        max_job_seconds=_seconds(table, "max_job_seconds", 6 * 3600.0),
-        file_ttl_seconds=_seconds(table, "file_ttl_seconds", 86400.0),
+        poll_seconds=part(lambda: _seconds(table, f"{name}.poll_seconds", 10.0)),
+        max_job_seconds=part(lambda: _seconds(table, f"{name}.max_job_seconds", 6 * 3600.0)),
+        file_ttl_seconds=part(lambda: _seconds(table, f"{name}.file_ttl_seconds", 86400.0)),
     )
 
 
-def _model(raw: Any, where: str) -> ModelConfig:
+def _model(raw: Any, where: str, check: _Check = _STRICT) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
+    part = check.part
     _known(raw, where)
-    name = _get(raw, "name", str, f"{where}.name")
-    if not _MODEL_NAME.match(name):
-        raise ConfigError(f"{where}.name: {name!r} is not of the form <vendor>/<model>")
-    type_ = _get(raw, "type", str, f"{where}.type")
-    if type_ not in MODEL_TYPES:
-        raise ConfigError(f"{where}.type: {type_!r} is not one of {sorted(MODEL_TYPES)}")
-    tokenizer = _get(raw, "tokenizer", str, f"{where}.tokenizer", "o200k_base")
-    if tokenizer not in TOKENIZERS:
-        raise ConfigError(f"{where}.tokenizer: {tokenizer!r} is not one of {sorted(TOKENIZERS)}")
-    channels_raw = raw.get("channels")
-    if not isinstance(channels_raw, list) or not channels_raw:
-        raise ConfigError(f"{where}.channels: at least one channel is required")
-    channels = tuple(_channel(c, f"{where}.channels[{i}]", name, i) for i, c in enumerate(channels_raw))
-    if len({c.provider for c in channels}) > 1:
-        # A request is built once for the model's shape; only the upstream model name varies.
-        raise ConfigError(f"{where}.channels: every channel of a model must have the same provider")
-    channel_names = [c.name for c in channels]
-    if len(set(channel_names)) < len(channel_names):
-        raise ConfigError(f"{where}.channels: channel names must differ within a model: {channel_names}")
-    params = raw.get("supported_params")
-    if params is not None and (not isinstance(params, list) or not all(isinstance(p, str) for p in params)):
-        raise ConfigError(f"{where}.supported_params: must be a list of strings")
+    # Collecting, a bad name or type stands in as "" or "chat": nothing later refuses either.
+    name = part(lambda: _model_name(raw, f"{where}.name"), "")
+    type_ = part(lambda: _one_of(raw, "type", f"{where}.type", MODEL_TYPES), "chat")
+    tokenizer = part(lambda: _one_of(raw, "tokenizer", f"{where}.tokenizer", TOKENIZERS, "o200k_base"))
+    channels_raw: list[Any] = part(
+        lambda: _entries(raw, "channels", f"{where}.channels: at least one channel is required"), []
+    )
+    parsed = [
+        part(partial(_channel, c, f"{where}.channels[{i}]", name, i, check))
+        for i, c in enumerate(channels_raw)
+    ]
+    channels = tuple(c for c in parsed if c is not None)
+    part(lambda: _channels_agree(channels, f"{where}.channels"))
     return ModelConfig(
         name=name,
         type=type_,
         channels=channels,
-        prices=_prices(_table(raw, "prices", where), f"{where}.prices"),
+        prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices"), Prices()),
         tokenizer=cast(Tokenizer, tokenizer),
-        max_output_tokens=_positive(
-            _get(raw, "max_output_tokens", int, f"{where}.max_output_tokens", 16384),
-            f"{where}.max_output_tokens",
+        max_output_tokens=part(
+            lambda: _positive(
+                _get(raw, "max_output_tokens", int, f"{where}.max_output_tokens", 16384),
+                f"{where}.max_output_tokens",
+            )
         ),
-        supported_params=frozenset(params) if params is not None else None,
+        supported_params=part(lambda: _supported_params(raw, f"{where}.supported_params")),
     )
 
 
-def _channel(raw: Any, where: str, model_name: str, index: int) -> ChannelConfig:
+def _supported_params(raw: Mapping[str, Any], where: str) -> frozenset[str] | None:
+    params = raw.get("supported_params")
+    if params is None:
+        return None
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise ConfigError(f"{where}: must be a list of strings")
+    return frozenset(params)
+
+
+def _model_name(raw: Mapping[str, Any], where: str) -> str:
+    name = _get(raw, "name", str, where)
+    if not _MODEL_NAME.match(name):
+        raise ConfigError(f"{where}: {name!r} is not of the form <vendor>/<model>")
+    return name
+
+
+def _channels_agree(channels: tuple[ChannelConfig, ...], where: str) -> None:
+    """A model's channels share one provider and have distinct names (collecting: a channel's
+    provider or name that was refused, None, is left out)."""
+    if len({c.provider for c in channels if c.provider is not None}) > 1:
+        # A request is built once for the model's shape; only the upstream model name varies.
+        raise ConfigError(f"{where}: every channel of a model must have the same provider")
+    names = [c.name for c in channels if c.name is not None]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"{where}: channel names must differ within a model: {names}")
+
+
+def _channel(raw: Any, where: str, model_name: str, index: int, check: _Check = _STRICT) -> ChannelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
+    part = check.part
     _known(raw, where)
-    provider = _get(raw, "provider", str, f"{where}.provider")
-    if provider not in PROVIDER_KINDS:
-        raise ConfigError(f"{where}.provider: {provider!r} is not one of {sorted(PROVIDER_KINDS)}")
-    base_url = _get(raw, "base_url", str, f"{where}.base_url").rstrip("/")
-    if not base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}.base_url: must start with http:// or https://")
-    api_key_env = raw.get("api_key_env")
-    if api_key_env is not None and not isinstance(api_key_env, str):
-        raise ConfigError(f"{where}.api_key_env: must be the name of an environment variable")
-    cap = raw.get("max_concurrency")
-    if cap is not None:
-        cap = _positive(
-            _get(raw, "max_concurrency", int, f"{where}.max_concurrency"), f"{where}.max_concurrency"
+    provider = part(lambda: _one_of(raw, "provider", f"{where}.provider", PROVIDER_KINDS))
+    base_url = part(lambda: _channel_url(raw, f"{where}.base_url"))
+    api_key_env = part(lambda: _env_name(raw, "api_key_env", f"{where}.api_key_env"))
+    check.env(api_key_env, f"{where}.api_key_env")
+    cap = (
+        part(
+            lambda: _positive(
+                _get(raw, "max_concurrency", int, f"{where}.max_concurrency"), f"{where}.max_concurrency"
+            )
         )
+        if raw.get("max_concurrency") is not None
+        else None
+    )
     return ChannelConfig(
         provider=provider,
         base_url=base_url,
-        upstream_model=_get(raw, "model", str, f"{where}.model", model_name.split("/", 1)[1]),
+        upstream_model=part(lambda: _get(raw, "model", str, f"{where}.model", model_name.partition("/")[2])),
         api_key_env=api_key_env,
-        name=_get(raw, "name", str, f"{where}.name", f"{provider}-{index}"),
-        weight=_positive(_get(raw, "weight", int, f"{where}.weight", 1), f"{where}.weight"),
-        priority=_get(raw, "priority", int, f"{where}.priority", 0),
+        name=part(lambda: _get(raw, "name", str, f"{where}.name", f"{provider}-{index}")),
+        weight=part(lambda: _positive(_get(raw, "weight", int, f"{where}.weight", 1), f"{where}.weight")),
+        priority=part(lambda: _get(raw, "priority", int, f"{where}.priority", 0)),
         max_concurrency=cap,
     )
+
+
+def _channel_url(raw: Mapping[str, Any], where: str) -> str:
+    base_url = _get(raw, "base_url", str, where).rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: must start with http:// or https://")
+    return base_url
 
 
 def _prices(raw: Mapping[str, Any], where: str) -> Prices:
@@ -538,6 +810,46 @@ def _allowed_hosts(server: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(h.lower() for h in value)
 
 
+def _listen(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, int] | None:
+    """`"host:port"` (an IPv6 host in brackets: "[::1]:9090") as (host, port); None when absent."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    refused = ConfigError(f'{where}: must be "host:port" with a port from 1 to 65535, e.g. "127.0.0.1:9090"')
+    if not isinstance(value, str):
+        raise refused
+    host, _, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:  # an IPv6 address without brackets: where its port starts is a guess
+        raise refused
+    if not host or not host.isprintable() or any(c in host for c in " /[]@"):
+        raise refused
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise refused
+    return host, int(port)
+
+
+def _endpoint(raw: Mapping[str, Any], key: str, where: str) -> str | None:
+    """An http:// or https:// URL with a host (and a valid port, if any); None when absent."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    refused = ConfigError(
+        f"{where}: must be a URL starting with http:// or https://, e.g. http://127.0.0.1:4318"
+    )
+    if not isinstance(value, str):
+        raise refused
+    try:
+        url = urlsplit(value)
+        port = url.port  # a port that is not a number or out of range: ValueError
+    except ValueError:
+        raise refused from None
+    if url.scheme not in ("http", "https") or not url.hostname or port == 0:
+        raise refused
+    return value
+
+
 def _env_name(raw: Mapping[str, Any], key: str, where: str) -> str | None:
     value = raw.get(key)
     if value is None:
@@ -560,6 +872,14 @@ def _money(value: Any, where: str) -> Decimal:
     return d
 
 
+def _entries(raw: Mapping[str, Any], key: str, missing: str) -> list[Any]:
+    """The array of tables `key` (`[[models]]`, `[[models.channels]]`): `missing` when absent or empty."""
+    value = raw.get(key)
+    if not isinstance(value, list) or not value:
+        raise ConfigError(missing)
+    return value
+
+
 def _table(raw: Mapping[str, Any], key: str, where: str = "") -> Mapping[str, Any]:
     """The table `key` of `raw` (empty when absent), its keys checked against KNOWN_SETTINGS."""
     path = f"{where}.{key}" if where else key
@@ -569,23 +889,50 @@ def _table(raw: Mapping[str, Any], key: str, where: str = "") -> Mapping[str, An
     return _known(value, path)
 
 
+def _kind(where: str) -> str:
+    """The KNOWN_SETTINGS entry of a place: "models[3].channels[0]" is "models.channels"."""
+    return re.sub(r"\[\d+\]", "", where)
+
+
 def _known(table: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """Refuses a key the gateway does not read (a misspelt one would otherwise be ignored)."""
-    known = KNOWN_SETTINGS[re.sub(r"\[\d+\]", "", where)]
+    known = KNOWN_SETTINGS[_kind(where)]
     unknown = sorted(set(table) - known)
     if unknown:
-        names = ", ".join(f"{where}.{k}" if where else k for k in unknown)
-        plural = "s" if len(unknown) > 1 else ""
-        raise ConfigError(f"unknown setting{plural} {names} (known: {', '.join(sorted(known))})")
+        raise ConfigError(_unknown_message(unknown, where, known))
     return table
+
+
+def _unknown_message(keys: list[str], where: str, known: frozenset[str]) -> str:
+    names = ", ".join(f"{where}.{k}" if where else k for k in keys)
+    plural = "s" if len(keys) > 1 else ""
+    return f"unknown setting{plural} {names} (known: {', '.join(sorted(known))})"
 
 
 def _get(raw: Mapping[str, Any], key: str, kind: type[T], where: str, default: T | None = None) -> T:
     value = raw.get(key, default)
     if value is None:
         raise ConfigError(f"{where}: required")
+    if kind is bool and not isinstance(value, bool):  # never 1, 0 or "yes"
+        raise ConfigError(f"{where}: must be true or false")
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: must be of type {kind.__name__}")
+    return value
+
+
+def _one_of(
+    raw: Mapping[str, Any], key: str, where: str, choices: frozenset[str], default: str | None = None
+) -> str:
+    value = _get(raw, key, str, where, default)
+    if value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {sorted(choices)}")
+    return value
+
+
+def _text(raw: Mapping[str, Any], key: str, where: str, default: str) -> str:
+    value = _get(raw, key, str, where, default)
+    if not value.strip():
+        raise ConfigError(f"{where}: must not be empty")
     return value
 
 
@@ -601,8 +948,10 @@ def _positive(value: int, where: str) -> int:
     return value
 
 
-def _seconds(raw: Mapping[str, Any], key: str, default: float, unit: str = "seconds") -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{key}: must be a positive number of {unit}")
+def _seconds(raw: Mapping[str, Any], where: str, default: float, unit: str = "seconds") -> float:
+    """The setting at `where` ("limits.sync_timeout_seconds", its last part the key in `raw`): a
+    positive number of seconds (or of `unit`)."""
+    value = raw.get(where.rpartition(".")[2], default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
+        raise ConfigError(f"{where}: must be a positive number of {unit}")
     return float(value)

@@ -40,3 +40,10 @@ class Call:
     # started a job upstream must run to its end so that the job is recorded.
     cancel_on_disconnect: bool = True
     client_gone: bool = False
+    # For the metrics and the request's log line (gateway.telemetry): the route template, the W3C
+    # trace, the time spent waiting for the upstream (a stream: to its first chunk), and when a
+    # stream's first byte went out (time.time_ns; 0: not a stream, or none went out).
+    endpoint: str = ""
+    trace_id: str = ""
+    upstream_ns: int = 0
+    first_byte_ns: int = 0

@@ -141,6 +141,17 @@ def error_response(err: GatewayError, headers: Mapping[str, str] | None = None, 
     return Response(err.body(path), status_code=err.status, headers=merged, media_type="application/json")
 
 
+def request_too_large(limit: int, whose: str = "gateway's") -> GatewayError:
+    """413 for a body past `limit` bytes. The rest of the body is never read, so the connection
+    cannot carry another request: the answer says `connection: close`, or a client reusing it
+    would have its next request reset."""
+    return GatewayError(
+        "request_too_large",
+        f"The request is larger than the {whose} limit of {limit} bytes.",
+        headers={"connection": "close"},
+    )
+
+
 def invalid_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError("invalid_request", message, param=param)
 

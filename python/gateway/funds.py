@@ -164,6 +164,7 @@ class Funds:
         self._epoch = 0  # the store's lease_epoch the pots below were leased under
         self._pots: dict[tuple[str, str], Pot] = {}
         self._returning: set[asyncio.Future[None]] = set()  # grants of cancelled refills going back
+        self.open_holds = 0  # holds of this process's requests not yet released (for the metrics)
 
     async def hold(self, ctx: KeyContext, amount: Decimal, now_ms: int | None = None) -> Hold:
         """Set `amount` aside on the account and, if the key has a credit limit, on the key; or
@@ -187,6 +188,7 @@ class Funds:
                 for pot in pots:
                     pot.held += amount
                     pot.used_at = now
+                self.open_holds += 1
                 return Hold(amount, tuple(pots))
             if not await self._refill(short[0], amount, now_ms):
                 available = await self._available(pots, now_ms)
@@ -248,11 +250,17 @@ class Funds:
         if not hold.open:
             return
         hold.open = False
+        self.open_holds -= 1
         now = time.monotonic()
         for pot in hold.pots:
             pot.held -= hold.amount
             pot.lease = max(ZERO, pot.lease - charged)
             pot.used_at = now
+
+    def money_held(self) -> Decimal:
+        """What this process's open holds set aside, over every account (a key's pot holds the same
+        money again: not counted twice)."""
+        return sum((pot.held for pot in self._pots.values() if pot.kind == "account"), ZERO)
 
     async def return_idle(self, idle_seconds: float = LEASE_IDLE_SECONDS) -> int:
         """Give back every lease with nothing held on it and unused for `idle_seconds`; returns how

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from .clock import now_ms
 from .console.security import IDLE_MS
 from .state import GatewayState
+from .telemetry.metrics import forget_dead_processes
 
 # Expired rows are deleted at least this often (more often when image URLs live shorter).
 PURGE_INTERVAL_SECONDS = 60.0
@@ -19,6 +20,11 @@ PURGE_INTERVAL_SECONDS = 60.0
 # RECLAIM_EVERY passes.
 LEASE_INTERVAL_SECONDS = 1.0
 RECLAIM_EVERY = 10
+# The metrics' gauges are sampled this often; the store's jobs every JOB_SAMPLE_EVERY samples.
+GAUGE_INTERVAL_SECONDS = 5.0
+JOB_SAMPLE_EVERY = 3
+# A worker's requests reach GET /metrics at most this late (gateway.telemetry.metrics.Observer).
+METRICS_FLUSH_SECONDS = 1.0
 log = logging.getLogger("gateway.housekeeping")
 
 
@@ -54,3 +60,36 @@ async def tend_leases(state: GatewayState) -> None:
                 await state.store.reclaim_orphans()
         except Exception:  # retried at the next tick; the task must not die
             log.exception("tending leases failed")
+
+
+async def flush_metrics(state: GatewayState) -> None:
+    """The requests' metrics, gathered in this process, into the shared values (Observer.flush)."""
+    while True:
+        await asyncio.sleep(METRICS_FLUSH_SECONDS)
+        try:
+            state.telemetry.metrics.flush()
+        except Exception:  # flushed again at the next tick; the task must not die
+            log.exception("flushing the metrics failed")
+
+
+async def sample_gauges(state: GatewayState) -> None:
+    """The metrics' gauges (gateway.telemetry.metrics), sampled rather than kept up by every
+    request: this process's holds, the channels' states, the store's jobs by kind and status."""
+    metrics = state.telemetry.metrics
+    seen_jobs: set[tuple[str, str]] = set()
+    passes = 0
+    while True:
+        try:
+            forget_dead_processes()
+            metrics.holds(state.funds.open_holds, state.funds.money_held())
+            for model, channels in (await state.router.report()).items():
+                for channel in channels:
+                    metrics.channel_state(model, channel["name"], channel["state"])
+            if passes % JOB_SAMPLE_EVERY == 0:
+                counts = await state.store.job_counts()
+                seen_jobs.update(counts)
+                metrics.jobs(counts, seen_jobs)
+        except Exception:  # sampled again at the next tick; the task must not die
+            log.exception("sampling the metrics' gauges failed")
+        passes += 1
+        await asyncio.sleep(GAUGE_INTERVAL_SECONDS)

@@ -31,6 +31,7 @@ from .errors import GatewayError, ServiceUnavailable, invalid_request
 from .estimates import DEFAULT_RESERVED_OUTPUT, TextEstimate, prompt_param
 from .pricing import Usage
 from .store import KeyContext
+from .telemetry.metrics import RATE_LIMITED
 
 MINUTE_NS = 60_000_000_000
 log = logging.getLogger("gateway.ratelimits")
@@ -120,7 +121,7 @@ class RateLimiter:
                 taken = await self._buckets.try_take(_requests(state), rpm, rpm, MINUTE_NS, 1, now)
                 state.remaining_requests = taken.remaining
                 if not taken.allowed:
-                    raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute")
+                    raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute", "requests")
         except OSError as exc:
             raise _unavailable(state, exc) from exc
         return state
@@ -163,6 +164,7 @@ class RateLimiter:
                     state,
                     taken.retry_after_ns,
                     f"{state.tpm} tokens per minute; this request reserves {tokens} tokens",
+                    "tokens",
                 )
         except OSError as exc:
             raise _unavailable(state, exc) from exc
@@ -267,7 +269,8 @@ def _unavailable(state: RateState, exc: OSError) -> GatewayError:
     return ServiceUnavailable("rate-limit store", UNAVAILABLE_RETRY_SECONDS)
 
 
-def _refused(state: RateState, retry_after_ns: int, what: str) -> GatewayError:
+def _refused(state: RateState, retry_after_ns: int, what: str, limit: str) -> GatewayError:
+    RATE_LIMITED.labels(limit).inc()  # the metrics' refusals by limit (requests or tokens)
     seconds = max(1, math.ceil(retry_after_ns / 1_000_000_000))
     return GatewayError(
         "rate_limited",

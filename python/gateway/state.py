@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import Settings
+from .drain import Drain
 from .funds import Funds
 from .providers.http import UpstreamClient
 from .ratelimits import RateLimiter
 from .registry import ModelRegistry
 from .routing import Router
 from .store import Store
+from .telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 
 @dataclass
@@ -22,3 +28,6 @@ class GatewayState:
     funds: Funds
     limiter: RateLimiter
     router: Router
+    telemetry: Telemetry
+    drain: Drain
+    redis: Redis | None = None  # the process's Redis client, when one is configured

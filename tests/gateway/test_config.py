@@ -233,7 +233,10 @@ def test_an_empty_url_env_variable_is_not_set(monkeypatch: pytest.MonkeyPatch) -
     [
         ({"servr": {}}, "unknown setting servr (known: admin, background,"),
         ({"port": 8080}, "unknown setting port (known:"),
-        ({"server": {"prot": 1}}, "unknown setting server.prot (known: allowed_hosts, host, port,"),
+        (
+            {"server": {"prot": 1}},
+            "unknown setting server.prot (known: allowed_hosts, drain_seconds, host, port,",
+        ),
         ({"server": {"prot": 1, "hots": "x"}}, "unknown settings server.hots, server.prot"),
         (
             {"store": {"pth": "x.db"}},
@@ -302,7 +305,10 @@ base_url = "http://127.0.0.1:1/v1"
 def test_serve_with_a_misspelt_key_exits_naming_it(tmp_path: Path) -> None:
     done = serve(tmp_path, f"[server]\nprot = 8123\n{CHAT_MODEL}", "--port", "8124")
     assert done.returncode != 0
-    assert "configuration error: unknown setting server.prot (known: allowed_hosts, host, port" in done.stderr
+    assert (
+        "configuration error: unknown setting server.prot (known: allowed_hosts, drain_seconds, host"
+        in done.stderr
+    )
 
 
 def test_serve_postgres_without_redis_exits(tmp_path: Path) -> None:
@@ -321,7 +327,13 @@ def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pyte
         monkeypatch.delenv(name, raising=False)
     args = argparse.Namespace(host="0.0.0.0", port=8200, workers=None)
     command = _granian(str(config), load_settings(config), args)
-    assert json.loads(command[-1]) == {"host": "0.0.0.0", "port": 8200, "workers": 2}
+    options = json.loads(command[-1])
+    assert {k: options[k] for k in ("host", "port", "workers")} == {
+        "host": "0.0.0.0",
+        "port": 8200,
+        "workers": 2,
+    }
+    assert options["drain_seconds"] == 30.0 and options["metrics_listen"] is None
     assert os.environ[LISTEN_ENV] == "0.0.0.0:8200"
     s = settings_from_env()
     assert (s.host, s.port, s.workers) == ("0.0.0.0", 8200, 2)

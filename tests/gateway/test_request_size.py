@@ -40,6 +40,8 @@ def test_a_declared_10_mb_plus_1_is_refused_before_the_body_arrives(gw: Gateway,
     answer = raw_post(gw, key.key, f"Content-Length: {LIMIT + 1}\r\n", b"{" + b" " * 99)
     assert answer.startswith(b"HTTP/1.1 413")
     assert b'"code":"request_too_large"' in answer and b'"type":"invalid_request_error"' in answer
+    # The rest of the body is never read: the connection closes, and the client is told so.
+    assert b"\r\nconnection: close\r\n" in answer.lower()
 
 
 def test_a_chunked_body_is_refused_once_it_passes_the_limit(gw: Gateway, key: KeyHandle) -> None:

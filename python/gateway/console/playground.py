@@ -36,7 +36,7 @@ from .. import management
 from ..auth import CONSOLE_CALL
 from ..clock import now_ms
 from ..config import ModelConfig
-from ..errors import GatewayError, invalid_request
+from ..errors import GatewayError, invalid_request, request_too_large
 from ..routes.common import read_body
 from ..state import GatewayState
 from ..store import Account, ApiKey, ChatMessage, Conversation, KeyContext, Store
@@ -355,9 +355,7 @@ async def read_json(request: Request, limit: int = MAX_JSON_BYTES) -> dict[str, 
     further), 400 for anything but a JSON object (a too deeply nested one included)."""
     raw = await read_body(request, limit)  # bounded_body has read it (within MAX_JSON_BYTES)
     if len(raw) > limit:
-        raise GatewayError(
-            "request_too_large", f"The request is larger than the console's limit of {limit} bytes."
-        )
+        raise request_too_large(limit, "console's")
     try:
         payload = json.loads(raw or b"{}")
     except (ValueError, RecursionError):

@@ -1,4 +1,5 @@
-"""The management API under /admin/v1: accounts, top-ups, keys and request logs (docs/admin.md).
+"""The management API under /admin/v1: accounts, top-ups, keys and request logs (docs/admin.md),
+described for tools by GET /admin/v1/openapi.json (routes/admin_openapi.py).
 
 Used by a console and by scripts with the admin token, never with an API key (spec 5.6). Money is a
 decimal string in both directions; a JSON number is read from its digits, never through a float.
@@ -29,6 +30,7 @@ from ..management import (  # the renderers live with the operations; imported f
 )
 from ..state import GatewayState
 from ..store import Account
+from .admin_openapi import document_json
 from .common import json_response, read_body
 
 __all__ = [
@@ -154,6 +156,14 @@ def routes(state: GatewayState) -> list[Route]:
             raise GatewayError("not_found", f"No request log {request.path_params['log_id']!r}.")
         return 200, log_with_bodies_json(entry)
 
+    # ---------------------------------------------------------------- the API's own description
+
+    document = document_json(configured)  # built and encoded once (routes/admin_openapi.py)
+
+    async def openapi(request: Request) -> Response:
+        authenticate_admin(request, token)  # part of the management API: its token, or its 403 when off
+        return Response(document, media_type="application/json")
+
     # ---------------------------------------------------------------- channels
 
     async def list_channels(request: Request) -> tuple[int, Any]:
@@ -167,6 +177,7 @@ def routes(state: GatewayState) -> list[Route]:
         return 200, _list(models)
 
     return [
+        Route(f"{PREFIX}/openapi.json", openapi, methods=["GET"]),
         Route(f"{PREFIX}/channels", endpoint(list_channels), methods=["GET"]),
         Route(f"{PREFIX}/logs", endpoint(list_logs), methods=["GET"]),
         Route(f"{PREFIX}/logs/{{log_id}}", endpoint(get_log), methods=["GET"]),

@@ -16,12 +16,14 @@ from starlette.types import Receive, Scope, Send
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
 from ..context import Call
-from ..errors import GatewayError, ServiceUnavailable, invalid_request
+from ..errors import GatewayError, ServiceUnavailable, invalid_request, request_too_large
 from ..ids import request_id
 from ..ratelimits import note_rate
 from ..request_log import BodyCapture
 from ..state import GatewayState
 from ..store import Job
+from ..telemetry import MODEL_REQUEST, endpoint_of
+from ..telemetry.tracing import trace
 
 
 class HeldStream(StreamingResponse):
@@ -112,6 +114,10 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             )
             raise
         call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
+        scope = request.scope
+        scope[MODEL_REQUEST] = True  # it reports itself at its close (gateway.telemetry)
+        call.endpoint = endpoint_of(scope)
+        call.trace_id = trace(scope)[0]
         try:
             call.rate = await state.limiter.admit(ctx)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
@@ -261,23 +267,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         return kept
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise request_too_large(limit)
     parts: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise request_too_large(limit)
         parts.append(chunk)
     body = b"".join(parts)
     request_log.keep_request_body(request, body)
     return body
-
-
-def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        "request_too_large", f"The request is larger than the gateway's limit of {limit} bytes."
-    )
 
 
 def public_base(state: GatewayState, request: Request) -> str:

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from .. import billing, request_log
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
+from ..drain import CUT_MESSAGE
 from ..errors import GatewayError
 from ..pricing import ReportedUsage
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
@@ -113,7 +114,11 @@ async def forward_stream(
             raise GatewayError("provider_error", "The model's stream failed before it started.", retry="any")
         return response, rewriter, first
 
-    (response, rewriter, first), slot = await state.router.run(model, attempt, call.attempts, only)
+    started = time.perf_counter_ns()
+    try:
+        (response, rewriter, first), slot = await state.router.run(model, attempt, call.attempts, only)
+    finally:
+        call.upstream_ns += time.perf_counter_ns() - started
     upstream = response.content.iter_any()
     if on_start is not None:
         try:
@@ -134,8 +139,11 @@ async def forward_stream(
         delivered = 0
         sent_all = False
         progress = _Progress(time.monotonic())
+        # At the drain deadline (gateway.drain) the upstream is closed: the loop below ends there.
+        unfollow = state.drain.follow(response.close)
         try:
             yield first
+            call.first_byte_ns = time.time_ns()
             delivered = rewriter.output_len
             progress.sent(len(first))
             billing.note_progress(
@@ -164,17 +172,22 @@ async def forward_stream(
                         yield tail
                         delivered = rewriter.output_len
             sent_all = True
-            if rewriter.error is not None:
+            if state.drain.cut and not rewriter.done:
+                failure = ("service_unavailable", CUT_MESSAGE)
+            elif rewriter.error is not None:
                 failure = ("provider_error", "The model failed during the stream.")
             elif not rewriter.done:
                 failure = ("provider_error", "The model's stream ended before it was complete.")
         except UPSTREAM_FAILURES as exc:
             sent_all = True  # everything the model sent was passed on
-            if is_timeout(exc):
+            if state.drain.cut:
+                failure = ("service_unavailable", CUT_MESSAGE)
+            elif is_timeout(exc):
                 failure = ("timeout", "The model sent nothing within the stream idle window.")
             else:
                 failure = ("provider_error", "The model's stream broke.")
         finally:
+            unfollow()
             response.release()  # closes the connection when the body was not read to its end
             complete = sent_all and failure is None and rewriter.done
             billing.settle_stream(state, call, model, rid, outcome(delivered, complete))

@@ -24,6 +24,7 @@ from ..providers.base import send
 from ..providers.http import UPSTREAM_FAILURES
 from ..routing import ChannelBody
 from ..state import GatewayState
+from ..telemetry.tracing import upstream_traceparent
 from .common import REQUEST_ID_HEADER
 
 # How long before the synchronous window closes an attempt on one channel gives up.
@@ -50,7 +51,7 @@ async def open_stream(
         state.upstream,
         provider.url(channel, model.type),
         body(channel),
-        provider.headers(channel, request.headers),
+        {**provider.headers(channel, request.headers), "traceparent": upstream_traceparent(request.scope)},
         stream=True,
         read_timeout=state.settings.stream_idle_timeout_seconds,
     )
@@ -92,6 +93,7 @@ async def call_upstream(
             raise TimeoutError  # the window is spent: the answer is 504
         provider = PROVIDERS[channel.provider]
         headers = provider.headers(channel, request.headers)
+        headers["traceparent"] = upstream_traceparent(request.scope)
         if content_type is not None:
             headers["content-type"] = content_type
         response = await send(
@@ -113,6 +115,7 @@ async def call_upstream(
             response.release()
         return UpstreamAnswer(content, response.headers.get("content-type", "application/json"), channel)
 
+    started = time.perf_counter_ns()
     try:
         async with asyncio.timeout(window):
             answer, slot = await state.router.run(model, attempt, call.attempts, only)
@@ -120,6 +123,8 @@ async def call_upstream(
         raise GatewayError(
             "timeout", "The request ran past the synchronous time window.", status=504
         ) from exc
+    finally:
+        call.upstream_ns += time.perf_counter_ns() - started
     slot.release()
     return answer
 

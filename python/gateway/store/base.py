@@ -241,6 +241,9 @@ class Jobs(Protocol):
         process's lease to the job's own, in one transaction: the money stays set aside whatever
         happens to this process, until finish_job."""
 
+    async def job_counts(self) -> dict[tuple[str, str], int]:
+        """How many jobs there are, by (kind, status): for the metrics (gateway.metrics)."""
+
     async def claim_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[Job]:
         """Up to `limit` unfinished jobs due for a poll, leased to this process for `lease_ms` so
         that no other process polls them meanwhile."""
@@ -373,7 +376,18 @@ class Console(Protocol):
         not this account's."""
 
 
-class Store(Accounts, Ledger, RequestLogs, Blobs, ResponseStates, Jobs, Idempotency, Console, Protocol):
+class Readiness(Protocol):
+    """Whether the store can serve (GET /ready)."""
+
+    async def ready(self) -> str | None:
+        """None when the database answers, its schema is migrated and writes go through; else why
+        not, in words an operator can act on (nothing secret: no URL, no password). Returns within
+        about a second whatever the database does."""
+
+
+class Store(
+    Accounts, Ledger, RequestLogs, Blobs, ResponseStates, Jobs, Idempotency, Console, Readiness, Protocol
+):
     """A whole backend: every role, opened and closed."""
 
     async def start(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final, TypedDict
+from typing import Any, Final, TypedDict
 
 from ..clock import now_ms
 
@@ -360,6 +360,28 @@ class LogQuery:
     since_ms: int | None = None  # started at or after
     until_ms: int | None = None  # started before
     request_id: str | None = None  # exactly this request id (x-service-request-id) or usage id
+
+
+def log_equalities(
+    account_id: str | None, key_id: str | None, query: LogQuery | None
+) -> dict[str, Any] | None:
+    """The columns a request log list needs equal to a value (the caller's account and key, and
+    the query's exact fields), by column; None when no entry can match (the query names another
+    account or key than the caller)."""
+    equal: dict[str, Any] = {}
+    pairs: list[tuple[str, Any]] = [("account_id", account_id), ("key_id", key_id)]
+    if query is not None:
+        pairs += [
+            ("account_id", query.account_id),
+            ("key_id", query.key_id),
+            ("model", query.model),
+            ("status", query.status),
+            ("path", query.path),
+        ]
+    for column, value in pairs:
+        if value is not None and equal.setdefault(column, value) != value:
+            return None
+    return equal
 
 
 @dataclass(frozen=True, slots=True)

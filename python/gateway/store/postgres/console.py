@@ -27,6 +27,7 @@ from ..records import (
     LogStats,
     NameTaken,
     RequestLog,
+    log_equalities,
     new_console_user,
 )
 from . import rows
@@ -333,19 +334,9 @@ class _Where:
     def log_filter(self, account_id: str | None, key_id: str | None, query: LogQuery | None) -> bool:
         """The conditions of a request log list; False when no entry can match (the query names
         another account or key than the caller)."""
-        equal: dict[str, Any] = {}
-        pairs: list[tuple[str, Any]] = [("account_id", account_id), ("key_id", key_id)]
-        if query is not None:
-            pairs += [
-                ("account_id", query.account_id),
-                ("key_id", query.key_id),
-                ("model", query.model),
-                ("status", query.status),
-                ("path", query.path),
-            ]
-        for column, value in pairs:
-            if value is not None and equal.setdefault(column, value) != value:
-                return False
+        equal = log_equalities(account_id, key_id, query)
+        if equal is None:
+            return False
         for column, value in equal.items():
             self.add(f"{column} = {{}}", value)
         if query is None:

@@ -85,7 +85,7 @@ from . import rows
 from .console import PostgresConsole
 from .errors import StoreUnavailable, unavailable
 from .keys import CHANNEL, KeyCache
-from .migrate import migrate
+from .migrate import migrate, migrations
 from .writer import Writer
 
 T = TypeVar("T")
@@ -99,6 +99,8 @@ KEY_POLL_SECONDS = 1.0
 SETTLE_WAIT_SECONDS = 5.0
 # How long a call waits for a free pooled connection, and a statement for its answer.
 ACQUIRE_TIMEOUT_SECONDS = 10.0
+# GET /ready waits this long for the database before it says the store is out of reach.
+READY_TIMEOUT_SECONDS = 1.0
 COMMAND_TIMEOUT_SECONDS = 30.0
 # How long close() waits for queued writes while the database is away.
 CLOSE_TIMEOUT_SECONDS = 10.0
@@ -482,6 +484,8 @@ class PostgresStore(PostgresConsole):
         process wait for it). StoreUnavailable when it could not be handed over within
         SETTLE_WAIT_SECONDS: it stays queued and commits when the database is back."""
         future = await self._writer_or_fail().settle(Settlement(record, entry))
+        if future.done():  # handed over already, the usual case: no timer to set up
+            return future.result()
         try:
             await asyncio.wait_for(asyncio.shield(future), SETTLE_WAIT_SECONDS)
         except TimeoutError:
@@ -716,6 +720,27 @@ class PostgresStore(PostgresConsole):
             f"SELECT {rows.JOB} FROM jobs WHERE id = $1 AND key_id = $2 AND kind = $3", job_id, key_id, kind
         )
         return None if row is None else rows.job(row)
+
+    async def job_counts(self) -> dict[tuple[str, str], int]:
+        found = await self._fetch("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status")
+        return {(row[0], row[1]): row[2] for row in found}
+
+    async def ready(self) -> str | None:
+        if self._pool is None:
+            return "the store has not started"
+        needed = len(migrations())
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_SECONDS):
+                async with self._pool.acquire() as conn:
+                    version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
+        except Exception as exc:  # whatever it is, the store cannot serve: say so, never raise
+            return f"PostgreSQL is out of reach: {type(exc).__name__}: {exc}"
+        if version is None or version < needed:
+            return f"the PostgreSQL schema is at version {version or 0}, the gateway needs {needed}"
+        failing = None if self._writer is None else self._writer.failing
+        if failing is not None:
+            return f"writes to PostgreSQL have failed for {failing:.0f} s"
+        return None
 
     async def list_jobs(
         self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool

@@ -35,6 +35,7 @@ from ..records import (
     LogStats,
     NameTaken,
     RequestLog,
+    log_equalities,
     new_console_user,
 )
 from .rows import _LOG_HEAD, _money_text, _request_log
@@ -351,19 +352,9 @@ def _log_filter(
 ) -> tuple[list[str], list[Any]] | None:
     """The WHERE conditions and their arguments for a list of the request log; None when no entry
     can match (the query names another account or key than the caller)."""
-    equal: dict[str, Any] = {}
-    pairs: list[tuple[str, Any]] = [("account_id", account_id), ("key_id", key_id)]
-    if query is not None:
-        pairs += [
-            ("account_id", query.account_id),
-            ("key_id", query.key_id),
-            ("model", query.model),
-            ("status", query.status),
-            ("path", query.path),
-        ]
-    for column, value in pairs:
-        if value is not None and equal.setdefault(column, value) != value:
-            return None
+    equal = log_equalities(account_id, key_id, query)
+    if equal is None:
+        return None
     # A request id finds at most two entries by the primary key: every other condition only checks
     # them (a unary + keeps SQLite from reading an index of that column instead).
     by_id = query is not None and query.request_id is not None

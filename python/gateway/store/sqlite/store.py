@@ -76,7 +76,7 @@ from .rows import (
     _top_up,
     usage_record,
 )
-from .schema import migrate
+from .schema import MIGRATIONS, migrate
 from .writer import WriteOp, Writer
 
 
@@ -492,6 +492,22 @@ class SqliteStore(SqliteConsole):
             .fetchone()
         )
         return None if row is None else _job(row)
+
+    async def job_counts(self) -> dict[tuple[str, str], int]:
+        rows = self._read().execute("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status")
+        return {(kind, status): n for kind, status, n in rows}
+
+    async def ready(self) -> str | None:
+        try:
+            (version,) = self._read().execute("PRAGMA user_version").fetchone()
+        except (sqlite3.Error, RuntimeError) as exc:
+            return f"the SQLite database cannot be read: {exc}"
+        if version < len(MIGRATIONS):
+            return f"the SQLite schema is at version {version}, the gateway needs {len(MIGRATIONS)}"
+        failing = self._writer.failing
+        if failing is not None:
+            return f"writes to the SQLite database have failed for {failing:.0f} s: {self._writer.last_error}"
+        return None
 
     async def list_jobs(
         self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool

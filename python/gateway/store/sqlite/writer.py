@@ -61,6 +61,15 @@ class Writer:
         self._log_backlog = 0
         self._backlog_lock = threading.Lock()
         self._bodies_dropped = 0
+        # Since when (monotonic) commits have been failing, and why; None while they succeed.
+        self._failing_since: float | None = None
+        self.last_error = ""
+
+    @property
+    def failing(self) -> float | None:
+        """For how many seconds commits have been failing (None: they succeed)."""
+        since = self._failing_since
+        return None if since is None else time.monotonic() - since
 
     def start(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -153,7 +162,11 @@ class Writer:
             for op in ops:
                 outcomes.append((op.future, *_attempt(conn, op.run)))
             conn.execute("COMMIT")
+            self._failing_since = None
         except sqlite3.Error as exc:
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
+            self.last_error = str(exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             outcomes = [(op.future, False, exc) for op in ops]

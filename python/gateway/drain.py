@@ -1,0 +1,93 @@
+"""Graceful shutdown of a worker process.
+
+Granian's supervisor answers SIGTERM (or SIGINT) by sending SIGTERM to every worker. Granian then
+stops accepting connections, closes idle keep-alive ones and waits for those under way, streams
+included, however long they run. The gateway adds the deadline: `[server] drain_seconds` after
+the signal, every stream still running is ended with the spec's error chunk (code
+service_unavailable), billed for what it delivered, as any stream that ends early is. Plain
+requests keep running until the supervisor's kill timeout (drain_seconds + KILL_GRACE_SECONDS,
+gateway.supervisor); holds are released and leases returned when the worker's lifespan ends.
+
+The worker learns of the signal through a handler chained before the one already installed (a
+loop.add_signal_handler would replace Granian's own and the worker would never stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Any, Final
+
+log = logging.getLogger("gateway.drain")
+
+# Past the drain deadline, what a plain request still has before its worker is killed.
+KILL_GRACE_SECONDS: Final = 10.0
+CUT_MESSAGE: Final = "The gateway is shutting down: the stream was ended at its drain deadline. Retry."
+
+
+class Drain:
+    """One process's shutdown: `started` once the signal came, `cut` once the deadline passed."""
+
+    def __init__(self, deadline_seconds: float) -> None:
+        self.deadline_seconds = deadline_seconds
+        self.started = False
+        self.cut = False
+        self._streams: dict[int, Callable[[], None]] = {}
+        self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self) -> None:
+        """Chain a handler for SIGTERM and SIGINT before the ones in place (from the lifespan's
+        start, in the event loop's thread: the main thread of a Granian worker)."""
+        self._loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+
+            def handler(number: int, frame: Any, previous: Any = previous) -> None:
+                if self._loop is not None and not self._loop.is_closed():
+                    self._loop.call_soon_threadsafe(self.begin)
+                if callable(previous):
+                    previous(number, frame)
+                elif previous != signal.SIG_IGN:  # the default: die of it, as without this handler
+                    signal.signal(number, signal.SIG_DFL)
+                    os.kill(os.getpid(), number)
+
+            with contextlib.suppress(ValueError):  # not the main thread (an embedded app): no drain
+                signal.signal(signum, handler)
+
+    def begin(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        log.info(
+            "shutting down: %d streams under way, ended in %g s if still running",
+            len(self._streams),
+            self.deadline_seconds,
+        )
+        asyncio.get_running_loop().call_later(self.deadline_seconds, self._end_streams)
+
+    def _end_streams(self) -> None:
+        self.cut = True
+        if self._streams:
+            log.warning("drain deadline: ending %d streams", len(self._streams))
+        for stop in list(self._streams.values()):
+            stop()
+
+    def follow(self, stop: Callable[[], None]) -> Callable[[], None]:
+        """A stream under way: `stop()` ends it at the deadline (closing its upstream). Returns the
+        function to call when it has ended by itself."""
+        if self.cut:
+            stop()
+            return lambda: None
+        self._next += 1
+        token = self._next
+        self._streams[token] = stop
+
+        def unfollow() -> None:
+            self._streams.pop(token, None)
+
+        return unfollow

@@ -1,0 +1,193 @@
+"""Issue 16 through real processes: SIGTERM drains (plain requests finish, streams end with the spec's
+error chunk at the deadline and are billed for what they delivered, no hold is left), SIGHUP and
+the admin endpoint reload the configuration one worker at a time without refusing a request, and a
+bad file is refused with the old configuration serving on."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gateway.config import load_settings
+from harness import chat_model, free_port, new_key, query, running
+
+pytestmark = pytest.mark.slow
+ADMIN_TOKEN = "admin-" + "a" * 32
+
+
+def _config(tmp: Path, port: int, sim_url: str, workers: int, models: str, drain: float = 30.0) -> Path:
+    config = tmp / "gateway.toml"
+    config.write_text(
+        f"[server]\nport = {port}\nworkers = {workers}\ndrain_seconds = {drain}\n"
+        f'[store]\npath = "{tmp / "gw.db"}"\n'
+        f'[admin]\ntoken_env = "T_ADMIN"\n{models}'
+    )
+    return config
+
+
+@contextmanager
+def serving(config: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    with running(["serve", "--config", str(config)], port, {"T_ADMIN": ADMIN_TOKEN}) as proc:
+        yield proc
+
+
+def _chat(url: str, key: str, model: str, **extra: object) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], **extra},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
+def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
+    tmp_path: Path, sim_url: str
+) -> None:
+    port = free_port()
+    models = chat_model("test/slow", "sim-chat+tokens=3+ttft=1500ms", sim_url) + chat_model(
+        "test/long", "sim-chat+tokens=400+pace=25ms", sim_url
+    )
+    config = _config(tmp_path, port, sim_url, 1, models, drain=1.5)
+    settings = load_settings(config)
+    key = new_key(settings, Decimal("10"))
+    url = f"http://127.0.0.1:{port}"
+    with serving(config, port) as proc:
+        plain: dict[str, httpx.Response] = {}
+        thread = threading.Thread(target=lambda: plain.update(r=_chat(url, key.key, "test/slow")))
+        thread.start()
+        chunks: list[bytes] = []
+        with httpx.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            json={"model": "test/long", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            headers={"authorization": f"Bearer {key.key}"},
+            timeout=30,
+        ) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    chunks.append(line.encode())
+                    break
+            time.sleep(0.2)
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            with pytest.raises(httpx.ConnectError):  # no new connection while draining
+                httpx.get(url + "/health", timeout=2)
+            for line in lines:
+                if line.startswith("data: "):
+                    chunks.append(line.encode())
+            ended = time.monotonic() - signalled
+        thread.join(10)
+        assert plain["r"].status_code == 200  # started before the signal: answered in full
+        assert 1.2 < ended < 5, ended  # the stream ran to the deadline, not to its own end (10 s)
+        last = orjson.loads(chunks[-1].removeprefix(b"data: "))
+        assert last["error"]["code"] == "service_unavailable"
+        assert proc.wait(15) == 0
+    # Billed exactly what it delivered; every hold released, every lease returned.
+    rows = query(
+        settings, "SELECT status, completion_tokens, cost FROM usage_records WHERE model = ?", "test/long"
+    )
+    assert len(rows) == 1
+    status, completion, cost = rows[0]
+    delivered = sum(
+        len(orjson.loads(c.removeprefix(b"data: "))["choices"][0]["delta"].get("content", "").split())
+        for c in chunks[:-1]
+        if orjson.loads(c.removeprefix(b"data: "))["choices"]
+    )
+    assert status == "incomplete" and 0 < completion < 400
+    assert abs(completion - delivered) <= 2, (completion, delivered)
+    assert Decimal(str(cost)) > 0
+    assert query(settings, "SELECT count(*) FROM leases")[0][0] == 0
+
+
+def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Path, sim_url: str) -> None:
+    port = free_port()
+    old = chat_model("test/a", "sim-chat", sim_url)
+    config = _config(tmp_path, port, sim_url, 2, old)
+    settings = load_settings(config)
+    key = new_key(settings, Decimal("10"))
+    url = f"http://127.0.0.1:{port}"
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    with serving(config, port) as proc:
+        failures: list[str] = []
+        served = 0
+        stop = threading.Event()
+
+        def traffic() -> None:
+            nonlocal served
+            with httpx.Client(timeout=30) as client:
+                while not stop.is_set():
+                    try:
+                        r = client.post(
+                            url + "/v1/chat/completions",
+                            json={"model": "test/a", "messages": [{"role": "user", "content": "hi"}]},
+                            headers={"authorization": f"Bearer {key.key}"},
+                        )
+                        if r.status_code != 200:
+                            failures.append(f"{r.status_code} {r.text[:200]}")
+                        served += 1
+                    except httpx.HTTPError as exc:
+                        failures.append(repr(exc))
+                    time.sleep(0.01)
+
+        thread = threading.Thread(target=traffic)
+        thread.start()
+        try:
+            # A bad file: refused by the endpoint, naming the problem; then by SIGHUP, silently kept.
+            config.write_text(config.read_text() + "\n[bogus]\nkey = 1\n")
+            refused = httpx.post(url + "/admin/v1/config/reload", headers=admin)
+            assert refused.status_code == 400 and "bogus" in refused.json()["error"]["message"]
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(1.0)
+            assert [
+                m["id"]
+                for m in httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key.key}"}).json()[
+                    "data"
+                ]
+            ] == ["test/a"]
+
+            # A good one with a new model: by SIGHUP.
+            config.write_text(
+                _config(
+                    tmp_path, port, sim_url, 2, old + chat_model("test/b", "sim-chat", sim_url)
+                ).read_text()
+            )
+            proc.send_signal(signal.SIGHUP)
+            _wait_for_models(url, key.key, {"test/a", "test/b"})
+            # And through the admin endpoint, taking it away again.
+            _config(tmp_path, port, sim_url, 2, old)
+            accepted = httpx.post(url + "/admin/v1/config/reload", headers=admin)
+            assert accepted.status_code == 202 and accepted.json()["status"] == "reloading"
+            _wait_for_models(url, key.key, {"test/a"})
+        finally:
+            stop.set()
+            thread.join(30)
+        assert served > 50
+        assert failures == []
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+def _wait_for_models(url: str, key: str, wanted: set[str], seconds: float = 30) -> None:
+    """Until every worker lists `wanted` (a few asks in a row, since each lands on one worker)."""
+    deadline = time.monotonic() + seconds
+    streak = 0
+    while time.monotonic() < deadline:
+        listed = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"}).json()["data"]
+        streak = streak + 1 if {m["id"] for m in listed} == wanted else 0
+        if streak >= 8:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the models never became {wanted}")
