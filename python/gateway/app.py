@@ -24,6 +24,7 @@ from ._core import count_tokens
 from .buckets import BucketStore, FileBuckets
 from .config import Settings, settings_from_env
 from .drain import Drain
+from .edge import AnswerEdge
 from .errors import GatewayError, error_response
 from .funds import Funds
 from .housekeeping import flush_metrics, purge_expired, sample_gauges, tend_leases
@@ -52,7 +53,7 @@ from .routes import (
 from .routing import Router
 from .state import GatewayState
 from .store import open_store
-from .telemetry import ERROR_CODE, RequestTelemetry, Telemetry, logs
+from .telemetry import ERROR_CODE, Telemetry, logs
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -171,8 +172,8 @@ def create_app(settings: Settings) -> Starlette:
 
 
 class _GatewayApp(Starlette):
-    """Starlette with the x-ratelimit-* headers added outside everything else, so that every answer
-    carries them, the 500s of Starlette's outermost error handler included."""
+    """Starlette inside the gateway's answer edge (gateway.edge), so that every answer carries its
+    headers and is counted, the 500s of Starlette's outermost error handler included."""
 
     def __init__(self, state: GatewayState, **kwargs: Any) -> None:
         self._gateway = state
@@ -180,8 +181,12 @@ class _GatewayApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self._gateway
-        inner = RateLimitHeaders(super().build_middleware_stack(), state.store, state.limiter)
-        return RequestTelemetry(inner, state.telemetry)
+        return AnswerEdge(
+            super().build_middleware_stack(),
+            RateLimitHeaders(state.store, state.limiter),
+            state.drain,
+            state.telemetry,
+        )
 
 
 def _beside(path: Path, suffix: str) -> Path:

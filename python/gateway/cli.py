@@ -138,6 +138,7 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
         "port": args.port or settings.port,
         "workers": args.workers or settings.workers,
         "drain_seconds": settings.drain_seconds,
+        "drain_notice_seconds": settings.drain_notice_seconds,
         "kill_grace_seconds": KILL_GRACE_SECONDS,
         "metrics_listen": settings.metrics_listen if settings.metrics_enabled else None,
     }

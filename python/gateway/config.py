@@ -59,7 +59,7 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
     for table, keys in {
         "": "server store redis limits upstream admin logs metrics tracing routing safety videos background "
         "models",
-        "server": "host port workers public_base_url allowed_hosts drain_seconds",
+        "server": "host port workers public_base_url allowed_hosts drain_seconds drain_notice_seconds",
         "store": "backend path url url_env pool_size",
         "redis": "url url_env prefix",
         "limits": "max_request_bytes sync_timeout_seconds stream_idle_timeout_seconds image_url_ttl_seconds",
@@ -218,6 +218,9 @@ class Settings:
     safety: SafetySettings = field(default_factory=SafetySettings)
     # On SIGTERM: how long plain requests and streams may still run before the streams are ended.
     drain_seconds: float = 30.0
+    # Before SIGTERM reaches a worker: how long it serves on with `connection: close` on every
+    # answer and /ready at 503 (gateway.drain), so that clients and load balancers move away first.
+    drain_notice_seconds: float = 1.0
     # GET /metrics: served unless [metrics] enabled = false; it asks for the bearer token held by the
     # environment variable metrics_token_env when that is set; metrics_listen ("host", port): served on
     # that separate address instead of the gateway's.
@@ -522,6 +525,7 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
         background=_job_settings(tables["background"], "background", check),
         safety=safety,
         drain_seconds=part(lambda: _seconds(server, "server.drain_seconds", 30.0)),
+        drain_notice_seconds=part(lambda: _seconds(server, "server.drain_notice_seconds", 1.0, zero=True)),
         metrics_enabled=part(lambda: _get(metrics, "enabled", bool, "metrics.enabled", True)),
         metrics_token_env=metrics_token_env,
         metrics_listen=part(lambda: _listen(metrics, "listen", "metrics.listen")),
@@ -948,10 +952,13 @@ def _positive(value: int, where: str) -> int:
     return value
 
 
-def _seconds(raw: Mapping[str, Any], where: str, default: float, unit: str = "seconds") -> float:
+def _seconds(
+    raw: Mapping[str, Any], where: str, default: float, unit: str = "seconds", zero: bool = False
+) -> float:
     """The setting at `where` ("limits.sync_timeout_seconds", its last part the key in `raw`): a
-    positive number of seconds (or of `unit`)."""
+    positive number of seconds (or of `unit`), or zero where `zero` allows it."""
     value = raw.get(where.rpartition(".")[2], default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
-        raise ConfigError(f"{where}: must be a positive number of {unit}")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (value >= 0 if zero else value > 0):  # NaN is neither
+        raise ConfigError(f"{where}: must be {'zero or ' if zero else ''}a positive number of {unit}")
     return float(value)

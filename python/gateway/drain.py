@@ -10,6 +10,14 @@ gateway.supervisor); holds are released and leases returned when the worker's li
 
 The worker learns of the signal through a handler chained before the one already installed (a
 loop.add_signal_handler would replace Granian's own and the worker would never stop).
+
+Before SIGTERM the supervisor gives notice with SIGUSR1 (`[server] drain_notice_seconds` ahead,
+gateway.supervisor): the worker serves on, but every answer carries `connection: close` and /ready
+says 503. A client with a keep-alive connection learns from an answer that the connection ends,
+instead of sending its next request into a connection the server is closing, which it would see
+as a reset; a load balancer polling /ready stops sending new ones. SIGTERM itself cannot wait:
+Granian's handler reaches the worker through the event loop's wakeup descriptor, not through a
+handler that could be deferred.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ log = logging.getLogger("gateway.drain")
 
 # Past the drain deadline, what a plain request still has before its worker is killed.
 KILL_GRACE_SECONDS: Final = 10.0
+# Sent by the supervisor to a worker ahead of SIGTERM (ignored by a worker still starting: the
+# supervisor ignores it and its children inherit that until Drain.install).
+NOTICE_SIGNAL: Final = signal.SIGUSR1
 CUT_MESSAGE: Final = "The gateway is shutting down: the stream was ended at its drain deadline. Retry."
 
 
@@ -34,6 +45,8 @@ class Drain:
 
     def __init__(self, deadline_seconds: float) -> None:
         self.deadline_seconds = deadline_seconds
+        # Answers end their connection (`connection: close`) once notice is given or the drain began.
+        self.closing = False
         self.started = False
         self.cut = False
         self._streams: dict[int, Callable[[], None]] = {}
@@ -58,11 +71,20 @@ class Drain:
 
             with contextlib.suppress(ValueError):  # not the main thread (an embedded app): no drain
                 signal.signal(signum, handler)
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            self._loop.add_signal_handler(NOTICE_SIGNAL, self.notice)
+
+    def notice(self) -> None:
+        """The drain is coming: end every connection after its current answer."""
+        if not self.closing:
+            self.closing = True
+            log.info("notice of shutdown: answers close their connections from now on")
 
     def begin(self) -> None:
         if self.started:
             return
         self.started = True
+        self.closing = True
         log.info(
             "shutting down: %d streams under way, ended in %g s if still running",
             len(self._streams),

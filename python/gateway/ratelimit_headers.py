@@ -1,6 +1,7 @@
 """The x-ratelimit-* headers on every answer to a key with limits (spec 8): the one place they are
-added, outermost in the application, so that model requests, model lists, usage lookups, job
-polls and downloads, unknown paths, errors and unexpected 500s all carry them.
+made, added by the application's outermost middleware (gateway.edge), so that model requests, model
+lists, usage lookups, job polls and downloads, unknown paths, errors and unexpected 500s all carry
+them.
 
 A model request shows what it took from its key's buckets (routes/common.py notes it in the
 request's KeySlot). Any other answer shows the buckets as they stand, taking nothing: only model
@@ -14,11 +15,11 @@ from __future__ import annotations
 import logging
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from .auth import authenticate, presented_key
 from .errors import GatewayError
-from .ratelimits import SCOPE_KEY, KeySlot, RateLimiter, RateState
+from .ratelimits import KeySlot, RateLimiter, RateState
 from .store import Store
 
 log = logging.getLogger("gateway.ratelimits")
@@ -26,31 +27,22 @@ _LIMIT_HEADERS = (b"x-ratelimit-limit-requests", b"x-ratelimit-limit-tokens")
 
 
 class RateLimitHeaders:
-    """ASGI middleware: adds the key's rate-limit headers to the start of every HTTP answer that
-    does not carry them yet (a 429 rate_limited brings its own)."""
+    """The x-ratelimit-* headers of an answer about to start."""
 
-    def __init__(self, app: ASGIApp, store: Store, limiter: RateLimiter) -> None:
-        self._app = app
+    def __init__(self, store: Store, limiter: RateLimiter) -> None:
         self._store = store
         self._limiter = limiter
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        slot = scope[SCOPE_KEY] = KeySlot()
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                if not any(name.lower() in _LIMIT_HEADERS for name, _ in headers):
-                    state = await self._state(scope, slot)
-                    if state is not None:
-                        headers += [(k.encode(), v.encode()) for k, v in state.headers().items()]
-                        message = {**message, "headers": headers}
-            await send(message)
-
-        await self._app(scope, receive, send_with_headers)
+    async def add(self, scope: Scope, slot: KeySlot, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Append the key's headers to `headers` unless they carry them already (a 429 brings its
+        own); whether any were added."""
+        if any(name.lower() in _LIMIT_HEADERS for name, _ in headers):
+            return False
+        state = await self._state(scope, slot)
+        if state is None:
+            return False
+        headers += [(k.encode(), v.encode()) for k, v in state.headers().items()]
+        return True
 
     async def _state(self, scope: Scope, slot: KeySlot) -> RateState | None:
         if slot.rate is not None:

@@ -4,6 +4,8 @@ worker that dies is started again; its replacement replays the dead one's journa
 its leases.
 
 Beyond Granian's own supervisor:
+- Notice: a worker about to be stopped gets SIGUSR1 `[server] drain_notice_seconds` before its
+  SIGTERM; it serves on, ending each connection after its answer (gateway.drain).
 - SIGTERM: workers drain (gateway.drain); one still running drain_seconds + KILL_GRACE_SECONDS
   after the signal is killed.
 - SIGHUP (or POST /admin/v1/config/reload): the configuration file is checked first and a bad one
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -38,6 +41,7 @@ from granian.log import logger  # noqa: E402
 
 APP = "gateway.app:app_from_env"
 CONFIG_ENV = "GATEWAY_CONFIG"  # gateway.config.CONFIG_ENV, without importing the gateway here
+NOTICE_SIGNAL = signal.SIGUSR1  # gateway.drain.NOTICE_SIGNAL
 # How long a new worker may take to listen before a reload gives up on it (keeping the old one).
 READY_TIMEOUT_SECONDS = 60.0
 # After a new worker listens, before the old one is told to drain.
@@ -47,7 +51,10 @@ SETTLE_SECONDS = 0.3
 class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
     """Granian with the gateway's reload: checked before it happens, each new worker up before the
     old one goes. Uses Granian 2.8's supervisor internals (_respawn_workers, wrks, respawned_wrks,
-    interrupt_children, main_loop_interrupt): pyproject.toml pins granian below 3."""
+    interrupt_children, main_loop_interrupt, _stop_workers): pyproject.toml pins granian below 3."""
+
+    notice_seconds: float = 1.0  # [server] drain_notice_seconds
+    kill_grace_seconds: float = 10.0  # gateway.drain.KILL_GRACE_SECONDS
 
     def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
         if os.getpid() != self.pid:  # a forked worker inherited this handler: not its business
@@ -69,7 +76,29 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
             )
             return
         logger.info("reload: %s is valid; replacing the workers one by one", path)
+        if _RUNNING:  # the drain settings of the new configuration govern the old workers' stop
+            self.notice_seconds = _RUNNING[0].drain_notice_seconds
+            self.workers_kill_timeout = _kill_timeout(_RUNNING[0].drain_seconds, self.kill_grace_seconds)
         super().signal_handler_reload(*args, **kwargs)
+
+    def _stop_workers(self) -> None:
+        self._give_notice(self.wrks)
+        super()._stop_workers()
+
+    def _give_notice(self, workers: list[Any]) -> None:
+        """Tell `workers` their SIGTERM comes in notice_seconds, and wait that long."""
+        if not self.notice_seconds:
+            return
+        noticed = 0
+        for worker in workers:
+            if worker.is_alive():
+                try:
+                    os.kill(worker._id(), NOTICE_SIGNAL)
+                    noticed += 1
+                except OSError:  # gone meanwhile
+                    pass
+        if noticed:
+            time.sleep(self.notice_seconds)
 
     def _respawn_workers(
         self, workers: list[int], spawn_target: Any, target_loader: Any, delay: float = 0
@@ -92,7 +121,9 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
                 break
             self.wrks[idx] = new
             time.sleep(SETTLE_SECONDS)
-            old.terminate()  # it drains (gateway.drain) while the next one is replaced
+            # Notice, then SIGTERM: it drains (gateway.drain) while the next one is replaced.
+            self._give_notice([old])
+            old.terminate()
             draining.append((idx, old))
         for idx, old in draining:
             old.join(self.workers_kill_timeout)
@@ -122,6 +153,11 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
         self.main_loop_interrupt.clear()
         if self.interrupt_signal or self.reload_signal or self.interrupt_children:
             self.main_loop_interrupt.set()
+
+
+def _kill_timeout(drain_seconds: float, kill_grace_seconds: float) -> int:
+    """Granian's whole seconds from SIGTERM to a worker's kill."""
+    return int(drain_seconds + kill_grace_seconds) + 1
 
 
 _RUNNING: list[Any] = []  # the settings the workers were started with (gateway.config.Settings)
@@ -189,6 +225,9 @@ def main(argv: list[str]) -> None:
         from gateway.config import load_settings
 
         _RUNNING.append(load_settings(config))
+    # Notice (SIGUSR1) must not kill a worker still starting: ignored until gateway.drain handles it.
+    signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
+    kill_grace = float(options.get("kill_grace_seconds", 10.0))
     server = GatewayGranian(
         APP,
         factory=True,
@@ -200,8 +239,10 @@ def main(argv: list[str]) -> None:
         log_access=False,
         backlog=4096,
         respawn_failed_workers=True,
-        workers_kill_timeout=int(drain + float(options.get("kill_grace_seconds", 10.0))) + 1,
+        workers_kill_timeout=_kill_timeout(drain, kill_grace),
     )
+    server.notice_seconds = float(options.get("drain_notice_seconds", 1.0))
+    server.kill_grace_seconds = kill_grace
     try:
         server.serve()
     finally:

@@ -1,5 +1,6 @@
 """`gateway check-config FILE` names every problem of a settings file at once, starting nothing; the
-operations settings ([server] drain_seconds, [metrics], [logs], [tracing]) and their checks."""
+operations settings ([server] drain_seconds and drain_notice_seconds, [metrics], [logs], [tracing])
+and their checks."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def settings_of(**tables: object) -> Settings:
 
 def test_the_operations_settings_default() -> None:
     s = settings_of()
-    assert s.drain_seconds == 30.0
+    assert (s.drain_seconds, s.drain_notice_seconds) == (30.0, 1.0)
     assert (s.metrics_enabled, s.metrics_token_env, s.metrics_listen) == (True, None, None)
     assert (s.log_format, s.log_level, s.access_log) == ("auto", "info", True)
     assert (s.otlp_endpoint, s.otel_service_name) == (None, "gateway")
@@ -157,12 +158,14 @@ def test_the_operations_settings_default() -> None:
 
 def test_the_operations_settings_are_read() -> None:
     s = settings_of(
-        server={"drain_seconds": 5},
+        server={"drain_seconds": 5, "drain_notice_seconds": 0},
         metrics={"enabled": False, "token_env": "GW_METRICS_TOKEN", "listen": "0.0.0.0:9090"},
         logs={"format": "text", "level": "debug", "access": False},
         tracing={"otlp_endpoint": "http://127.0.0.1:4318", "service_name": "gateway-eu"},
     )
     assert s.drain_seconds == 5.0 and isinstance(s.drain_seconds, float)
+    assert s.drain_notice_seconds == 0.0  # no notice: SIGTERM at once
+    assert settings_of(server={"drain_notice_seconds": 12.5}).drain_notice_seconds == 12.5
     assert (s.metrics_enabled, s.metrics_token_env, s.metrics_listen) == (
         False,
         "GW_METRICS_TOKEN",
@@ -182,6 +185,12 @@ def test_the_operations_settings_are_read() -> None:
         ({"server": {"drain_seconds": "30"}}, "server.drain_seconds: must be a positive number"),
         ({"server": {"drain_seconds": True}}, "server.drain_seconds: must be a positive number"),
         ({"server": {"drain_seconds": float("nan")}}, "server.drain_seconds: must be a positive number"),
+        (
+            {"server": {"drain_notice_seconds": -1}},
+            "server.drain_notice_seconds: must be zero or a positive number of seconds",
+        ),
+        ({"server": {"drain_notice_seconds": "1"}}, "server.drain_notice_seconds: must be zero or"),
+        ({"server": {"drain_notice_seconds": float("nan")}}, "server.drain_notice_seconds: must be zero or"),
         ({"metrics": {"enabled": 1}}, "metrics.enabled: must be true or false"),
         ({"metrics": {"enabled": "yes"}}, "metrics.enabled: must be true or false"),
         ({"metrics": {"token_env": ""}}, "metrics.token_env: must be the name of an environment variable"),

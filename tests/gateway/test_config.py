@@ -235,7 +235,7 @@ def test_an_empty_url_env_variable_is_not_set(monkeypatch: pytest.MonkeyPatch) -
         ({"port": 8080}, "unknown setting port (known:"),
         (
             {"server": {"prot": 1}},
-            "unknown setting server.prot (known: allowed_hosts, drain_seconds, host, port,",
+            "unknown setting server.prot (known: allowed_hosts, drain_notice_seconds, drain_seconds, host,",
         ),
         ({"server": {"prot": 1, "hots": "x"}}, "unknown settings server.hots, server.prot"),
         (
@@ -306,7 +306,7 @@ def test_serve_with_a_misspelt_key_exits_naming_it(tmp_path: Path) -> None:
     done = serve(tmp_path, f"[server]\nprot = 8123\n{CHAT_MODEL}", "--port", "8124")
     assert done.returncode != 0
     assert (
-        "configuration error: unknown setting server.prot (known: allowed_hosts, drain_seconds, host"
+        "configuration error: unknown setting server.prot (known: allowed_hosts, drain_notice_seconds,"
         in done.stderr
     )
 

@@ -25,10 +25,13 @@ pytestmark = pytest.mark.slow
 ADMIN_TOKEN = "admin-" + "a" * 32
 
 
-def _config(tmp: Path, port: int, sim_url: str, workers: int, models: str, drain: float = 30.0) -> Path:
+def _config(
+    tmp: Path, port: int, sim_url: str, workers: int, models: str, drain: float = 30.0, notice: float = 1.0
+) -> Path:
     config = tmp / "gateway.toml"
     config.write_text(
         f"[server]\nport = {port}\nworkers = {workers}\ndrain_seconds = {drain}\n"
+        f"drain_notice_seconds = {notice}\n"
         f'[store]\npath = "{tmp / "gw.db"}"\n'
         f'[admin]\ntoken_env = "T_ADMIN"\n{models}'
     )
@@ -83,7 +86,13 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
             signalled = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
-            with pytest.raises(httpx.ConnectError):  # no new connection while draining
+            # The notice (1 s): still served, each answer ending its connection; not ready.
+            health = httpx.get(url + "/health", timeout=2)
+            assert health.json() == {"status": "draining"}
+            assert health.headers["connection"] == "close"
+            assert httpx.get(url + "/ready", timeout=2).status_code == 503
+            time.sleep(1.2)
+            with pytest.raises(httpx.ConnectError):  # then no new connection while draining
                 httpx.get(url + "/health", timeout=2)
             for line in lines:
                 if line.startswith("data: "):
@@ -91,7 +100,8 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
             ended = time.monotonic() - signalled
         thread.join(10)
         assert plain["r"].status_code == 200  # started before the signal: answered in full
-        assert 1.2 < ended < 5, ended  # the stream ran to the deadline, not to its own end (10 s)
+        # The stream ran to the deadline (notice + drain), not to its own end (10 s).
+        assert 2.2 < ended < 6, ended
         last = orjson.loads(chunks[-1].removeprefix(b"data: "))
         assert last["error"]["code"] == "service_unavailable"
         assert proc.wait(15) == 0

@@ -24,7 +24,7 @@ READY_REDIS_SECONDS = 1.0
 
 def routes(state: GatewayState) -> list[BaseRoute]:
     async def health(request: Request) -> Response:
-        body = {"status": "draining" if state.drain.started else "ok"}
+        body = {"status": "draining" if state.drain.closing else "ok"}
         return Response(orjson.dumps(body), media_type="application/json")
 
     async def ready(request: Request) -> Response:
@@ -72,7 +72,7 @@ def routes(state: GatewayState) -> list[BaseRoute]:
 async def not_ready(state: GatewayState) -> list[str]:
     """Why the gateway cannot serve now (empty: it can)."""
     problems = []
-    if state.drain.started:
+    if state.drain.closing:
         problems.append("the gateway is shutting down")
     try:
         store = await state.store.ready()

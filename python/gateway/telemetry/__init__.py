@@ -2,7 +2,7 @@
 (telemetry.logs), both from the one place a request's end is known. Model requests report at their
 close (gateway.billing.close), after their charge is settled, with their usage and timings;
 refusals for the key from routes/common.py; every other answer (lists, lookups, the management
-API, the console) from the outermost middleware (RequestTelemetry)."""
+API, the console) from the outermost middleware (gateway.edge)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from .logs import ACCESS
 from .metrics import Observer
@@ -112,34 +112,3 @@ class Telemetry:
 
 # Where error_response notes the code of an error answer, for the middleware's count.
 ERROR_CODE: Final = "gateway.error_code"
-
-
-class RequestTelemetry:
-    """ASGI middleware, outermost: reports every answer that is not a model request's."""
-
-    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
-        self._app = app
-        self._telemetry = telemetry
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        started_ns = time.time_ns()
-        status = 0
-
-        async def noting_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self._app(scope, receive, noting_status)
-        except BaseException:
-            status = status or 500
-            raise
-        finally:
-            if not scope.get(MODEL_REQUEST):
-                # No answer started and nothing raised: the client left first (logged as nginx does).
-                self._telemetry.answered(scope, status or 499, scope.get(ERROR_CODE), started_ns)

@@ -1,0 +1,63 @@
+"""The application's outermost middleware: what every HTTP answer gets on its way out, in one layer
+(each ASGI layer costs every request a call and a wrapped `send`):
+
+- the key's x-ratelimit-* headers (gateway.ratelimit_headers), errors and unexpected 500s included;
+- `connection: close` once the worker has notice of its shutdown (gateway.drain), so that a client
+  learns from the answer that its connection ends;
+- the request's report to telemetry, for every request that is not a model request (those report
+  at their close, with their usage: gateway.telemetry).
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .drain import Drain
+from .ratelimit_headers import RateLimitHeaders
+from .ratelimits import SCOPE_KEY, KeySlot
+from .telemetry import ERROR_CODE, MODEL_REQUEST, Telemetry
+
+_CLOSE = (b"connection", b"close")
+
+
+class AnswerEdge:
+    def __init__(
+        self, app: ASGIApp, rate_headers: RateLimitHeaders, drain: Drain, telemetry: Telemetry
+    ) -> None:
+        self._app = app
+        self._rate_headers = rate_headers
+        self._drain = drain
+        self._telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started_ns = time.time_ns()
+        slot = scope[SCOPE_KEY] = KeySlot()
+        status = 0
+
+        async def send_answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", ()))
+                changed = await self._rate_headers.add(scope, slot, headers)
+                if self._drain.closing:
+                    headers.append(_CLOSE)
+                    changed = True
+                if changed:
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_answer)
+        except BaseException:
+            status = status or 500
+            raise
+        finally:
+            if not scope.get(MODEL_REQUEST):
+                # No answer started and nothing raised: the client left first (logged as nginx does).
+                self._telemetry.answered(scope, status or 499, scope.get(ERROR_CODE), started_ns)
