@@ -22,14 +22,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Python dependencies straight from pyproject.toml: runtime, test and dev (bench extras: bench-tools).
+# Python dependencies straight from pyproject.toml: runtime, test, dev and otlp (bench extras: bench-tools).
 REQUIREMENTS = $(BIN)/python -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
 	  [print(d) for d in p["build-system"]["requires"] + p["project"]["dependencies"] \
 	   + [x for extra in sys.argv[1:] for x in p["project"]["optional-dependencies"][extra]]]'
 
 $(STAMPS)/deps: pyproject.toml | $(BIN)/python
 	@mkdir -p $(STAMPS)
-	$(REQUIREMENTS) test dev > $(STAMPS)/requirements.txt
+	$(REQUIREMENTS) test dev otlp > $(STAMPS)/requirements.txt
 	$(BIN)/pip install --quiet -r $(STAMPS)/requirements.txt
 	@touch $@
 

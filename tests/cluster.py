@@ -141,7 +141,7 @@ class Cluster:
         self.prefix = "gwcluster-" + uuid.uuid4().hex[:12]
         self.config = tmp / "gateway.toml"
         self.config.write_text(
-            f"[server]\nworkers = {workers}\n"
+            f"[server]\nworkers = {workers}\ndrain_notice_seconds = 0\n"
             f'[store]\nbackend = "postgres"\nurl = "{database_url}"\npool_size = 5\n'
             f'[redis]\nurl = "{redis_url}"\nprefix = "{self.prefix}"\n'
             f'[routing]\nretry_backoff_seconds = 0.01\n[admin]\ntoken_env = "{ADMIN_TOKEN_ENV}"\n'

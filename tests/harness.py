@@ -462,7 +462,8 @@ def gateway(
     port = free_port()
     config = tmp / "gateway.toml"
     config.write_text(
-        f"[server]\nport = {port}\n{server_toml}\n{store.toml()}"
+        # No drain notice: a test's gateway stops at once (test_drain_reload tests the notice).
+        f"[server]\nport = {port}\ndrain_notice_seconds = 0\n{server_toml}\n{store.toml()}"
         f"[routing]\n{routing_toml}\n[limits]\n{limits_toml}\n{models_toml}"
     )
     settings = load_settings(config)

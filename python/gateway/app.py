@@ -22,7 +22,7 @@ from . import console, jobs
 from . import videos as video_jobs
 from ._core import count_tokens
 from .buckets import BucketStore, FileBuckets
-from .config import Settings, settings_from_env
+from .config import ConfigError, Settings, settings_from_env
 from .drain import Drain
 from .edge import AnswerEdge
 from .errors import GatewayError, error_response
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from .shared_channels import SharedChannels
+    from .telemetry.otlp import SpanExport
 
 log = logging.getLogger("gateway")
 # The kinds of asynchronous job the poller follows (gateway.jobs), by Job.kind.
@@ -84,6 +85,17 @@ def _shared_state(settings: Settings) -> tuple[Redis | None, BucketStore, Shared
     )
 
 
+def _span_export(settings: Settings) -> SpanExport | None:
+    """The OpenTelemetry exporter when [tracing] otlp_endpoint is set (its SDK imported only then)."""
+    if not settings.otlp_endpoint:
+        return None
+    from .telemetry import otlp
+
+    if not otlp.available():
+        raise ConfigError(otlp.MISSING)
+    return otlp.SpanExport(settings.otlp_endpoint, settings.otel_service_name)
+
+
 def create_app(settings: Settings) -> Starlette:
     store = open_store(settings)
     redis, buckets, shared = _shared_state(settings)
@@ -95,16 +107,13 @@ def create_app(settings: Settings) -> Starlette:
         funds=Funds(store),
         limiter=RateLimiter(buckets),
         router=Router(settings.models, settings.routing, settings.workers, shared=shared),
-        telemetry=Telemetry((m.name, (c.name for c in m.channels)) for m in settings.models),
+        telemetry=Telemetry(
+            ((m.name, (c.name for c in m.channels)) for m in settings.models), _span_export(settings)
+        ),
         drain=Drain(settings.drain_seconds),
         redis=redis,
     )
     logs.configure(settings.log_format, settings.log_level, settings.access_log)
-    if settings.otlp_endpoint:
-        log.warning(
-            "[tracing] otlp_endpoint is set but this version exports no traces (docs/operations.md);"
-            " trace context is still passed upstream and logged"
-        )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -138,6 +147,8 @@ def create_app(settings: Settings) -> Starlette:
                 await redis.aclose()
             logs.ACCESS.flush()
             state.telemetry.metrics.flush()
+            if state.telemetry.spans is not None:
+                await asyncio.to_thread(state.telemetry.spans.shutdown)
 
     app = _GatewayApp(
         state,

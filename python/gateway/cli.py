@@ -36,6 +36,7 @@ from .store import (
     open_store,
 )
 from .store.records import CONSOLE_ROLES
+from .telemetry import otlp
 
 T = TypeVar("T")
 DEMO_ACCOUNT = "demo"
@@ -131,6 +132,8 @@ def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
 def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[str]:
     """The command line of Granian's supervisor for the gateway (gateway.supervisor)."""
     admin_token(settings)  # a bad admin token stops here with a plain message, not in every worker
+    if settings.otlp_endpoint and not otlp.available():  # ... and a missing exporter
+        raise ConfigError(otlp.MISSING)
     # Worker processes load the settings themselves from this path.
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
     options = {
@@ -155,8 +158,13 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
 def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
+    # SIGTERM (or SIGHUP: the terminal went away) to this process alone stops the demo as Ctrl-C
+    # does: the gateway drains, the simulator stops.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     sim = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "sim", "--port", str(args.sim_port)], stdout=subprocess.DEVNULL
+        [sys.executable, "-m", "gateway", "sim", "--port", str(args.sim_port)],
+        stdout=subprocess.DEVNULL,
     )
     try:
         _wait_for_port("127.0.0.1", args.sim_port, sim)
@@ -215,6 +223,10 @@ def _on_sim_port(config: str, sim_port: int) -> str:
         encoding="utf-8",
     )
     return str(copy)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _stopped(proc: subprocess.Popen[bytes], seconds: float) -> None:

@@ -11,6 +11,7 @@ from .funds import Hold
 from .ratelimits import RateState
 from .routing import Attempt
 from .store import KeyContext, UsageRecord
+from .telemetry.tracing import Trace
 
 
 @dataclass(slots=True)
@@ -44,6 +45,6 @@ class Call:
     # trace, the time spent waiting for the upstream (a stream: to its first chunk), and when a
     # stream's first byte went out (time.time_ns; 0: not a stream, or none went out).
     endpoint: str = ""
-    trace_id: str = ""
+    trace: Trace | None = None
     upstream_ns: int = 0
     first_byte_ns: int = 0

@@ -31,6 +31,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -71,6 +72,16 @@ class Attempt:
     duration_ms: int = 0
     error: str | None = None  # the error code it failed with; None when the channel answered
     status: int | None = None  # the gateway status of that error
+    # The try's W3C span (its id goes upstream in traceparent, gateway.telemetry.tracing) and its
+    # wall-clock times, for the exported trace; 0 for what was not a try through the router.
+    span_id: int = 0
+    started_ns: int = 0
+    ended_ns: int = 0
+
+
+# The try under way in this task (the router sets it around each call of a request's attempt
+# function), so that what sends it upstream can name its span.
+CURRENT_ATTEMPT: ContextVar[Attempt | None] = ContextVar("gateway_attempt", default=None)
 
 
 @dataclass(slots=True)
@@ -368,12 +379,19 @@ class Router:
             health.probing = True
         health.in_flight += 1
         health.attempts += 1
-        record = Attempt(health.channel.name, time.time_ns() // 1_000_000)
+        started_ns = time.time_ns()
+        record = Attempt(
+            health.channel.name,
+            started_ns // 1_000_000,
+            span_id=random.getrandbits(64) or 1,
+            started_ns=started_ns,
+        )
         attempts.append(record)
+        current = CURRENT_ATTEMPT.set(record)
         try:
             result = await attempt(health.channel)
         except GatewayError as err:
-            record.duration_ms = int((self._clock() - now) * 1000)
+            self._finish(record, now)
             record.error, record.status = err.code, err.status
             health.in_flight -= 1
             if err.retry is None:  # the upstream answered (the request was at fault): the channel works
@@ -386,14 +404,20 @@ class Router:
         except BaseException:
             health.in_flight -= 1
             health.probing = False
-            record.duration_ms = int((self._clock() - now) * 1000)
+            self._finish(record, now)
             record.error = "cancelled"
             if lease is not None and self._shared is not None:
                 self._shared.release(lease)
             raise
-        record.duration_ms = int((self._clock() - now) * 1000)
+        finally:
+            CURRENT_ATTEMPT.reset(current)
+        self._finish(record, now)
         self._answered(health, record.duration_ms, lease)
         return result
+
+    def _finish(self, record: Attempt, started: float) -> None:
+        record.duration_ms = int((self._clock() - started) * 1000)
+        record.ended_ns = time.time_ns()
 
     def _answered(self, health: ChannelHealth, duration_ms: int, lease: Lease | None = None) -> None:
         health.failures_in_a_row = 0

@@ -5,12 +5,15 @@ address and a demo member's sign-in, with a password new on every run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,10 @@ from harness import free_port, wait_until_listening
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[tuple[list[str], int]]:
-    """The demo on free ports with its own store: its printed lines and its port."""
+@contextmanager
+def running_demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[str], int, int]]:
+    """The demo on free ports with its own store: its process, its printed lines, its port and its
+    simulator's port."""
     config = tmp_path / "demo.toml"
     config.write_text(
         (ROOT / "config" / "demo.toml").read_text().replace('"../var/demo.db"', f'"{tmp_path}/demo.db"')
@@ -46,9 +50,10 @@ def demo(tmp_path: Path) -> Iterator[tuple[list[str], int]]:
         assert proc.stdout is not None
         lines = [proc.stdout.readline().rstrip("\n") for _ in range(9)]
         wait_until_listening(port, proc)
-        yield lines, port
+        yield proc, lines, port, sim_port
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -56,6 +61,30 @@ def demo(tmp_path: Path) -> Iterator[tuple[list[str], int]]:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[tuple[list[str], int]]:
+    with running_demo(tmp_path) as (_, lines, port, _):
+        yield lines, port
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_to_the_demo_alone_stops_its_gateway_and_its_simulator(tmp_path: Path) -> None:
+    with running_demo(tmp_path) as (proc, _, port, sim_port):
+        proc.send_signal(signal.SIGTERM)  # not to its group: a supervisor or `kill` would do this
+        assert proc.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while not (_refused(port) and _refused(sim_port)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _refused(port) and _refused(sim_port)
 
 
 def test_demo_prints_url_key_and_an_admin_token_that_works(demo: tuple[list[str], int]) -> None:

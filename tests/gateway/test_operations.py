@@ -30,7 +30,8 @@ def serving(tmp: Path, sim_url: str, extra: str = "", workers: int = 1) -> Itera
     port = free_port()
     config = tmp / "gateway.toml"
     config.write_text(
-        f'[server]\nport = {port}\nworkers = {workers}\n[store]\npath = "{tmp / "gw.db"}"\n'
+        f"[server]\nport = {port}\nworkers = {workers}\ndrain_notice_seconds = 0\n"
+        f'[store]\npath = "{tmp / "gw.db"}"\n'
         f'[admin]\ntoken_env = "T_ADMIN"\n{extra}\n' + chat_model("test/chat", "sim-chat", sim_url)
     )
     out = tmp / "gateway.log"
@@ -158,6 +159,27 @@ def test_one_json_line_per_request_with_its_ids_and_no_secret(tmp_path: Path, si
     assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0 and line["cost"]
     assert 0 < line["added_ms"] < line["duration_ms"] and line["upstream_ms"] > 0
     assert key.key not in text and ADMIN_TOKEN not in text
+
+
+def test_a_speech_stream_reports_its_upstream_time_and_first_byte(tmp_path: Path, sim_url: str) -> None:
+    speech = chat_model("test/tts", "tts-1", sim_url, type_="speech")
+    with serving(tmp_path, sim_url, speech) as (url, config, out):
+        key = new_key(load_settings(config), Decimal("10"))
+        answer = httpx.post(
+            url + "/v1/audio/speech",
+            json={"model": "test/tts", "input": "Say this.", "voice": "alloy"},
+            headers={"authorization": f"Bearer {key.key}"},
+        )
+        assert answer.status_code == 200 and answer.content
+        request_id = answer.headers["x-service-request-id"]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and request_id not in out.read_text():
+            time.sleep(0.05)
+        lines = [orjson.loads(x) for x in out.read_text().splitlines() if x.startswith("{")]
+    line = next(x for x in lines if x.get("request_id") == request_id)
+    assert line["endpoint"] == "/v1/audio/speech" and line["status"] == 200
+    assert line["upstream_ms"] > 0 and line["first_byte_ms"] >= line["upstream_ms"]
+    assert line["added_ms"] is not None and line["added_ms"] >= 0
 
 
 def test_a_gateway_without_redis_never_loads_its_modules() -> None:

@@ -117,7 +117,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         scope = request.scope
         scope[MODEL_REQUEST] = True  # it reports itself at its close (gateway.telemetry)
         call.endpoint = endpoint_of(scope)
-        call.trace_id = trace(scope)[0]
+        call.trace = trace(scope)
         try:
             call.rate = await state.limiter.admit(ctx)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers

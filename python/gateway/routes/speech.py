@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -42,8 +43,12 @@ def routes(state: GatewayState) -> list[Route]:
             return await open_stream(state, request, model, channel, body)
 
         # Retried and failed over until the upstream answers (gateway.routing); the channel is
-        # kept until the audio has been sent.
-        upstream, slot = await state.router.run(model, attempt, call.attempts)
+        # kept until the audio has been sent. The wait is the upstream's time (gateway.telemetry).
+        started = time.perf_counter_ns()
+        try:
+            upstream, slot = await state.router.run(model, attempt, call.attempts)
+        finally:
+            call.upstream_ns += time.perf_counter_ns() - started
         rid = response_id("speech-")
 
         async def audio() -> AsyncGenerator[bytes, None]:
@@ -53,6 +58,8 @@ def routes(state: GatewayState) -> list[Route]:
             broke = False
             try:
                 async for chunk in upstream.content.iter_any():
+                    if not call.first_byte_ns:
+                        call.first_byte_ns = time.time_ns()
                     yield chunk
             except UPSTREAM_FAILURES:
                 broke = True

@@ -497,7 +497,12 @@ class Simulator:
             send(openai_error(400, "'model' and 'messages' are required.", "invalid_request_error", None))
             return
         self.requests.append(
-            {"path": "/v1/chat/completions", "body": req, "authorization": headers.get("authorization")}
+            {
+                "path": "/v1/chat/completions",
+                "body": req,
+                "authorization": headers.get("authorization"),
+                "traceparent": headers.get("traceparent"),
+            }
         )
         try:
             model, d = directives.parse(req["model"], headers.get("x-sim"), _last_text(req["messages"]))

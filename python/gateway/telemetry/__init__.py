@@ -18,6 +18,7 @@ from .metrics import Observer
 if TYPE_CHECKING:
     from ..context import Call
     from ..store import RequestLog, UsageRecord
+    from .otlp import SpanExport
 
 # The scope flag a model request sets: it reports itself at its close, not through the middleware.
 MODEL_REQUEST: Final = "gateway.model_request"
@@ -34,8 +35,9 @@ def endpoint_of(scope: Scope) -> str:
 
 
 class Telemetry:
-    def __init__(self, models: Iterable[tuple[str, Iterable[str]]]) -> None:
+    def __init__(self, models: Iterable[tuple[str, Iterable[str]]], spans: SpanExport | None = None) -> None:
         self.metrics = Observer(models)
+        self.spans = spans  # the OpenTelemetry exporter, when [tracing] otlp_endpoint is set
 
     def model_request(self, call: Call, entry: RequestLog, record: UsageRecord | None) -> None:
         """A model request has ended (and its charge, if any, is settled)."""
@@ -68,10 +70,12 @@ class Telemetry:
             metrics.failover(call.model)
         if record is not None:
             metrics.usage(record.model, record.prompt_tokens, record.completion_tokens, record.cost)
+        if self.spans is not None:
+            self.spans.model_request(call, entry, record, now_ns)
         if ACCESS.enabled:
             fields: dict[str, Any] = {
                 "request_id": call.request_id,
-                "trace_id": call.trace_id,
+                "trace_id": call.trace.trace_id if call.trace else None,
                 "account_id": call.ctx.account.id,
                 "key_id": call.ctx.key.id,
                 "method": entry.method,
