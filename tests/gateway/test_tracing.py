@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from gateway.request_log import _attempts_json
+from gateway.routing import Attempt
 from gateway.telemetry.otlp import traces_url
 from harness import chat_model, gateway, new_key
 
@@ -144,3 +147,11 @@ def test_the_traces_url_follows_the_otlp_endpoint_convention() -> None:
     assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
     assert traces_url("https://otlp.example.com/v1/traces") == "https://otlp.example.com/v1/traces"
+
+
+def test_the_request_log_keeps_an_attempts_documented_fields_not_its_span() -> None:
+    tried = Attempt("main", 1_700_000_000_000, 12, span_id=7, started_ns=1, ended_ns=2)
+    logged = orjson.loads(_attempts_json([tried], ()))
+    assert logged == [
+        {"channel": "main", "started_ms": 1_700_000_000_000, "duration_ms": 12, "error": None, "status": None}
+    ]
