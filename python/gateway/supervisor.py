@@ -39,9 +39,10 @@ from granian import Granian  # noqa: E402
 from granian.constants import Interfaces, Loops  # noqa: E402
 from granian.log import logger  # noqa: E402
 
+from gateway.drain import NOTICE_SIGNAL  # noqa: E402  (stdlib only: nothing of the request path)
+
 APP = "gateway.app:app_from_env"
 CONFIG_ENV = "GATEWAY_CONFIG"  # gateway.config.CONFIG_ENV, without importing the gateway here
-NOTICE_SIGNAL = signal.SIGUSR1  # gateway.drain.NOTICE_SIGNAL
 # How long a new worker may take to listen before a reload gives up on it (keeping the old one).
 READY_TIMEOUT_SECONDS = 60.0
 # After a new worker listens, before the old one is told to drain.
