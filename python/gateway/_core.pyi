@@ -1,7 +1,8 @@
 """Typed face of the Rust extension `gateway._core` (crate `rust/py`, logic in `rust/core`).
 
-Every function here is pure or owns its own small state; only SharedBuckets does I/O (its file).
-Errors raised by the extension all derive from `CoreError`, except OSError from that file.
+Every function here is pure or owns its own small state; only SharedBuckets, AppendFile and
+file_len do I/O (files). Errors raised by the extension all derive from `CoreError`, except OSError
+from those files.
 """
 
 import os
@@ -15,6 +16,7 @@ OVERSIZED_EVENT_ERROR: Final[bytes]
 __all__ = [
     "MAX_EVENT_BYTES",
     "OVERSIZED_EVENT_ERROR",
+    "AppendFile",
     "ChatStreamRewriter",
     "CoreError",
     "InvalidJsonError",
@@ -32,6 +34,7 @@ __all__ = [
     "__version__",
     "count_chat_tokens",
     "count_tokens",
+    "file_len",
     "fingerprint",
     "parse_chat_usage",
     "parse_messages_usage",
@@ -340,6 +343,27 @@ class SharedBuckets:
     def available(
         self, key: str, capacity: int, refill_tokens: int, refill_period_ns: int, now_ns: int
     ) -> int: ...
+
+# ---------------------------------------------------------------- small files, GIL held
+
+@final
+class AppendFile:
+    """A file this process appends to (the settlement journal), created with mode 0600 and held
+    under its exclusive lock (flock) until closed, so that others can tell its owner is alive.
+    Unlike os.write, every call keeps the GIL: each is one short system call into the page cache,
+    and giving the GIL up for it lets another thread take the interpreter while the event loop
+    waits. OSError when the file cannot be opened, is locked by another holder, or a write fails."""
+
+    def __new__(cls, path: str | os.PathLike[str]) -> Self: ...
+    def append(self, data: bytes) -> None:
+        """Append `data` whole (continued after a short write, or OSError)."""
+    def truncate(self) -> None:
+        """Empty the file."""
+    def close(self) -> None:
+        """Close it and release the lock; again: nothing. Other calls then raise OSError."""
+
+def file_len(path: str | os.PathLike[str]) -> int:
+    """The length of the file at `path`, keeping the GIL (as AppendFile); OSError when missing."""
 
 # ---------------------------------------------------------------- idempotency
 

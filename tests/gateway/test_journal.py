@@ -105,7 +105,7 @@ def test_replay_is_idempotent(tmp_path: Path) -> None:
         stale = Journal(directory)
         for i in range(3):
             stale.append(Settlement(record(account.id, i)))
-        os.close(stale._fd)  # dies without applying
+        stale._file.close()  # dies without applying
         again = await open_store(tmp_path / "g.db")
         try:
             found = await again.find_account("a")
@@ -234,7 +234,7 @@ def test_a_dead_process_streams_are_billed_their_last_progress(tmp_path: Path) -
     dead.append(Settlement(record("a", 2)))  # stream 2 ended: its settlement, not its progress
     dead.applied(1)  # truncated: only stream 1's latest progress is written again
     dead.progress(_progress(3, 1))
-    os.close(dead._fd)  # killed
+    dead._file.close()  # killed
     with orphans(tmp_path) as found:
         ((orphan,),) = [found]
         by_id = {s.record.id: s.record for s in orphan.settlements}

@@ -41,7 +41,7 @@ async def die(store: Store) -> None:
     OWNER_TIMEOUT_SECONDS (set back in the database rather than waited for)."""
     if isinstance(store, SqliteStore):
         assert store._journal is not None
-        os.close(store._journal._fd)
+        store._journal._file.close()
         store._journal = None
         return
     from gateway.store.postgres import OWNER_TIMEOUT_SECONDS, PostgresStore

@@ -1,6 +1,7 @@
 //! The gateway's hot path, free of Python so that it builds, tests and benchmarks with plain cargo.
 //! `rust/py` exposes it to Python as `gateway._core`.
 
+pub mod append_file;
 pub mod chat_stream;
 pub mod error;
 pub mod idempotency;

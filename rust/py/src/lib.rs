@@ -1,6 +1,7 @@
 //! `gateway._core`: conversions between Python and gateway-core, nothing else.
 //! Types and docs for Python live in python/gateway/_core.pyi.
 
+use gateway_core::append_file;
 use gateway_core::chat_stream::{self, TokenUsage};
 use gateway_core::messages_stream;
 use gateway_core::multipart;
@@ -466,6 +467,44 @@ impl SharedBuckets {
     }
 }
 
+// ------------------------------------------------------------------ small files, GIL held
+
+/// The settlement journal's file (see append_file.rs: every call keeps the GIL on purpose).
+#[pyclass(module = "gateway._core")]
+struct AppendFile(Option<append_file::AppendFile>);
+
+impl AppendFile {
+    fn open_file(&mut self) -> PyResult<&mut append_file::AppendFile> {
+        self.0.as_mut().ok_or_else(|| PyOSError::new_err("the file is closed"))
+    }
+}
+
+#[pymethods]
+impl AppendFile {
+    #[new]
+    fn new(path: std::path::PathBuf) -> PyResult<Self> {
+        append_file::AppendFile::open_locked(&path).map(|f| Self(Some(f))).map_err(to_py)
+    }
+
+    fn append(&mut self, data: &[u8]) -> PyResult<()> {
+        self.open_file()?.append(data).map_err(to_py)
+    }
+
+    fn truncate(&mut self) -> PyResult<()> {
+        self.open_file()?.truncate().map_err(to_py)
+    }
+
+    /// Close the file, releasing its lock (again: nothing).
+    fn close(&mut self) {
+        self.0 = None;
+    }
+}
+
+#[pyfunction]
+fn file_len(path: std::path::PathBuf) -> PyResult<u64> {
+    append_file::file_len(&path).map_err(to_py)
+}
+
 // ------------------------------------------------------------------ idempotency
 
 #[pyfunction]
@@ -511,5 +550,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_class::<MultipartPart>()?;
     m.add_function(wrap_pyfunction!(parse_multipart, m)?)?;
+    m.add_class::<AppendFile>()?;
+    m.add_function(wrap_pyfunction!(file_len, m)?)?;
     Ok(())
 }

@@ -2,11 +2,12 @@
 a database commit.
 
 Each settlement is appended to this process's journal with one write(2) before the response goes
-out: the usage record and the request's log entry (without its bodies) on one line, so that a charge
-and the records that show it are one durable step; whatever is replayed, all of them are. No fsync:
-a killed process cannot lose what the kernel already holds (a power cut can; that is the same
-promise as SQLite's synchronous=NORMAL). The store applies settlements in batches off the request
-path and truncates the journal whenever everything written has been applied.
+out (made with the GIL held: _core.AppendFile): the usage record and the request's log entry
+(without its bodies) on one line, so that a charge and the records that show it are one durable
+step; whatever is replayed, all of them are. No fsync: a killed process cannot lose what the kernel
+already holds (a power cut can; that is the same promise as SQLite's synchronous=NORMAL). The store
+applies settlements in batches off the request path and truncates the journal whenever everything
+written has been applied.
 
 A stream still running also appends its progress now and again (routes/streaming.py): the
 settlement it would have if it ended there, marked as progress. Progress is never applied while its
@@ -33,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from ..._core import AppendFile
 from ..records import LOG_BODY_COLUMNS, LOG_COLUMNS, RequestLog, Settlement
 from .rows import usage_record, usage_row
 
@@ -79,8 +81,8 @@ class Journal:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"{PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
         self.owner = owner_of(self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Locked for as long as this process lives; written with the GIL held (see AppendFile).
+        self._file = AppendFile(self.path)
         self._lock = threading.Lock()
         self._written = 0
         self._applied = 0
@@ -91,7 +93,7 @@ class Journal:
     def append(self, settlement: Settlement) -> None:
         line = encode(settlement)
         with self._lock:
-            os.write(self._fd, line)
+            self._file.append(line)
             self._written += 1
             self._running.pop(settlement.record.id, None)
 
@@ -99,7 +101,7 @@ class Journal:
         """A running stream's settlement so far: replayed only if its process dies before it ends."""
         line = encode(settlement, progress=True)
         with self._lock:
-            os.write(self._fd, line)
+            self._file.append(line)
             self._running[settlement.record.id] = line
 
     def forget(self, usage_id: str) -> None:
@@ -112,15 +114,15 @@ class Journal:
         with self._lock:
             self._applied += count
             if self._applied == self._written:
-                os.ftruncate(self._fd, 0)
+                self._file.truncate()
                 if self._running:
-                    os.write(self._fd, b"".join(self._running.values()))
+                    self._file.append(b"".join(self._running.values()))
 
     def close(self) -> None:
         """Close; the file goes only when everything in it was applied (else the next start replays it)."""
         with self._lock:
             caught_up = self._applied == self._written and not self._running
-            os.close(self._fd)
+            self._file.close()
         if caught_up:
             self.path.unlink(missing_ok=True)
 

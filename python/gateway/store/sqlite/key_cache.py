@@ -4,9 +4,10 @@ Authentication runs on every request; a database read there costs little on a qu
 more while a writer commits. So each process keeps the keys it has seen, and every change to a key
 or an account (delete, rotate, new limits, allowed models) makes every process forget them all:
 the change appends one byte to the generation file after its commit, and a lookup compares the
-file's size (one stat call) with the size its cached entries were read under. Appends with O_APPEND
-never lose a concurrent one, so two processes changing keys at once both move the generation on.
-A deleted key therefore stops working at the next request, in every process.
+file's size (one stat call, made with the GIL held) with the size its cached entries were read
+under. Appends with O_APPEND never lose a concurrent one, so two processes changing keys at once
+both move the generation on. A deleted key therefore stops working at the next request, in every
+process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..._core import file_len
 from ..records import KeyContext
 
 # Past this many keys the cache starts again empty: memory stays bounded whatever the key count.
@@ -37,8 +39,9 @@ class KeyCache:
         self._entries.clear()
 
     def generation(self) -> int:
-        """Read before looking a key up in the database, then passed to get and put."""
-        return os.stat(self.path).st_size
+        """Read before looking a key up in the database, then passed to get and put (a stat that
+        keeps the GIL: see AppendFile)."""
+        return file_len(self.path)
 
     def get(self, key_hash: bytes, generation: int) -> KeyContext | None:
         if generation != self._generation:

@@ -123,10 +123,6 @@ def _log_values(entry: RequestLog) -> tuple[Any, ...]:
     )
 
 
-# Where the two bodies sit in a log row.
-_BODIES = _LOG_COLUMNS.index("request_body"), _LOG_COLUMNS.index("response_body")
-
-
 def _account(row: Sequence[Any]) -> Account:
     return Account(
         id=row[0],

@@ -295,10 +295,8 @@ class SqliteStore(SqliteConsole):
             raise RuntimeError("store is not started")
         settlement = Settlement(record, entry)
         self._journal.append(settlement)  # durable against a killed process from here on
-        self._writer.put(settlement)
-        if entry is not None and (entry.request_body is not None or entry.response_body is not None):
-            # The bodies follow with the next group commit (they are not journaled).
-            self._writer.put(self._writer.log_row(entry, bodies_only=True))
+        # The log entry's bodies (not journaled) go into the store with it, in the same row.
+        self._writer.settle(settlement)
 
     def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
         if self._journal is None:
@@ -310,7 +308,7 @@ class SqliteStore(SqliteConsole):
             self._journal.forget(usage_id)
 
     def log_request(self, entry: RequestLog) -> None:
-        self._writer.put(self._writer.log_row(entry))
+        self._writer.log(entry)
 
     async def purge_log_bodies(self, before_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..records import RequestLog, Settlement
 from .ledger import _settle_many
-from .rows import _BODIES, _INSERT_LOG, _log_values
+from .rows import _INSERT_LOG, _log_values
 
 WriteOp = Callable[[sqlite3.Connection], Any]
 log = logging.getLogger("gateway.store")
@@ -44,8 +44,6 @@ class _LogRow:
 
     values: tuple[Any, ...]
     body_bytes: int  # counted in the backlog until written
-    # Only the bodies of an entry written with its settlement (which journals the rest).
-    bodies_only: bool = False
 
 
 class Writer:
@@ -89,9 +87,18 @@ class Writer:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
 
-    def put(self, item: Settlement | _LogRow) -> None:
-        """Queue a journaled settlement or a log entry for the next group commit."""
-        self._queue.put(item)
+    def settle(self, settlement: Settlement) -> None:
+        """Queue a journaled settlement for the next group commit. Its log entry is written whole,
+        bodies included (the journal keeps it without them), in the one row insert."""
+        if settlement.log is not None:
+            settlement = replace(settlement, log=self._bounded(settlement.log))
+        self._queue.put(settlement)
+
+    def log(self, entry: RequestLog) -> None:
+        """Queue a request log entry (of a request that charged nothing) for the next group commit."""
+        entry = self._bounded(entry)
+        # Like a settlement, nobody waits for it: it joins the next group commit.
+        self._queue.put(_LogRow(_log_values(entry), _body_bytes(entry)))
 
     async def write(self, op: WriteOp, on_commit: Callable[[asyncio.Future[Any]], None] | None = None) -> Any:
         """Run `op` in the writer's next transaction and return its result once committed. With
@@ -103,9 +110,11 @@ class Writer:
         self._queue.put(_Op(op, future))
         return await (asyncio.shield(future) if on_commit is not None else future)
 
-    def log_row(self, entry: RequestLog, *, bodies_only: bool = False) -> _LogRow:
-        bodies = len(entry.request_body or b"") + len(entry.response_body or b"")
-        if self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
+    def _bounded(self, entry: RequestLog) -> RequestLog:
+        """The entry, without its bodies when the writer is too far behind to take them; its
+        bodies count in the backlog until written."""
+        bodies = _body_bytes(entry)
+        if bodies and self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
             # The writer is behind (the machine is saturated): keep the entry, not its bodies,
             # rather than let memory grow without bound.
             entry = replace(entry, request_body=None, response_body=None)
@@ -115,10 +124,10 @@ class Writer:
                 log.warning(
                     "request log writes are behind: %d entries kept without bodies", self._bodies_dropped
                 )
-        with self._backlog_lock:
-            self._log_backlog += bodies
-        # Like a settlement, nobody waits for it: it joins the next group commit.
-        return _LogRow(_log_values(entry), bodies, bodies_only)
+        if bodies:
+            with self._backlog_lock:
+                self._log_backlog += bodies
+        return entry
 
     def _write_loop(self, conn: sqlite3.Connection) -> None:
         stop = False
@@ -171,9 +180,11 @@ class Writer:
                 conn.execute("ROLLBACK")
             outcomes = [(op.future, False, exc) for op in ops]
             settled = logged = exc
-        if logs:
+        written = sum(row.body_bytes for row in logs) + sum(_body_bytes(s.log) for s in settlements if s.log)
+        if written:
+            # Written or dropped; a settlement queued again below counts its bodies again.
             with self._backlog_lock:
-                self._log_backlog -= sum(row.body_bytes for row in logs)
+                self._log_backlog -= written
         if logged is not None:  # nobody to tell: the entries are lost, the requests are not
             log.error("writing %d request log entries failed: %s", len(logs), logged, exc_info=logged)
         if settlements and settled is None:
@@ -185,17 +196,17 @@ class Writer:
             )
             time.sleep(0.1)
             for settlement in settlements:
-                self._queue.put(settlement)
+                self.settle(settlement)
         if self._loop is not None and outcomes:
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
 
 
 def _write_logs(conn: sqlite3.Connection, logs: Sequence[_LogRow]) -> None:
-    conn.executemany(_INSERT_LOG, [row.values for row in logs if not row.bodies_only])
-    conn.executemany(
-        "UPDATE request_logs SET request_body = ?, response_body = ? WHERE id = ?",
-        [(row.values[_BODIES[0]], row.values[_BODIES[1]], row.values[0]) for row in logs if row.bodies_only],
-    )
+    conn.executemany(_INSERT_LOG, [row.values for row in logs])
+
+
+def _body_bytes(entry: RequestLog) -> int:
+    return len(entry.request_body or b"") + len(entry.response_body or b"")
 
 
 def _nobody_waits(item: Any) -> bool:
