@@ -3,11 +3,11 @@ markup, prompts and model output included) and the console's security headers on
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
@@ -15,16 +15,11 @@ from ..clock import rfc3339
 from ..errors import GatewayError
 from .security import SECURITY_HEADERS, Viewer
 
+if TYPE_CHECKING:
+    import jinja2
+
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
-
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(HERE / "templates"),
-    autoescape=True,  # every template, whatever its name
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
 
 
 def money(value: Decimal | str | None, places: int = 6) -> str:
@@ -41,15 +36,28 @@ def when(ms: int | None) -> str:
     return "—" if ms is None else rfc3339(ms)
 
 
-_env.filters["money"] = money
-_env.filters["when"] = when
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """Loaded with the first page: Jinja2 costs every worker ~2 MB, and most never render one."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every template, whatever its name
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["money"] = money
+    env.filters["when"] = when
+    return env
 
 
 def page(
     request: Request, template: str, viewer: Viewer | None, status: int = 200, **context: Any
 ) -> HTMLResponse:
     """A whole page: `template` with the viewer (for the navigation and the CSRF token)."""
-    html = _env.get_template(template).render(
+    html = _templates().get_template(template).render(
         request=request,
         viewer=viewer,
         csrf=viewer.session.csrf if viewer is not None else "",
