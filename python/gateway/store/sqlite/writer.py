@@ -95,7 +95,7 @@ class Writer:
         self._queue.put(settlement)
 
     def log(self, entry: RequestLog) -> None:
-        """Queue a request log entry (of a request that charged nothing) for the next group commit."""
+        """Queue a request log entry that no settlement carries for the next group commit."""
         entry = self._bounded(entry)
         # Like a settlement, nobody waits for it: it joins the next group commit.
         self._queue.put(_LogRow(_log_values(entry), _body_bytes(entry)))
