@@ -57,12 +57,16 @@ def page(
     request: Request, template: str, viewer: Viewer | None, status: int = 200, **context: Any
 ) -> HTMLResponse:
     """A whole page: `template` with the viewer (for the navigation and the CSRF token)."""
-    html = _templates().get_template(template).render(
-        request=request,
-        viewer=viewer,
-        csrf=viewer.session.csrf if viewer is not None else "",
-        path=request.url.path,
-        **context,
+    html = (
+        _templates()
+        .get_template(template)
+        .render(
+            request=request,
+            viewer=viewer,
+            csrf=viewer.session.csrf if viewer is not None else "",
+            path=request.url.path,
+            **context,
+        )
     )
     return HTMLResponse(html, status_code=status)
 
