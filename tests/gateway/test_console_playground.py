@@ -8,6 +8,7 @@ invitation page invites nobody again). Saves the screenshots docs/console/*.png.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -307,7 +308,11 @@ def test_an_expired_playground_key_stops_the_playground(page: Page, pgw: Gateway
     async def keys(store: Store) -> None:
         # The playground's key, expired by the member; then a newer key of the same name (made
         # outside the console): the oldest is the playground's, and nothing replaces it.
-        await management.create_key(store, account_id, {"name": PLAYGROUND_KEY, "expires_at": 1000})
+        first, _ = await management.create_key(
+            store, account_id, {"name": PLAYGROUND_KEY, "expires_at": 1000}
+        )
+        while now_ms() <= first.created_at_ms:  # "newer": not made in the same millisecond
+            await asyncio.sleep(0.001)
         await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
 
     off_loop(with_store, pgw.settings, keys)
