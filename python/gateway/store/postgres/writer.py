@@ -41,12 +41,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
 from .. import RequestLog, Settlement
+from ..log_backlog import LogBodyBacklog
 from . import rows
 from .errors import unavailable
 
@@ -55,8 +56,6 @@ log = logging.getLogger("gateway.store")
 # Settlements per transaction, at most; more wait for the next one.
 MAX_BATCH = 512
 MAX_LOG_BATCH = 2048
-# Request log bodies waiting for the writer beyond this are not kept (their entries are), as SQLite.
-MAX_LOG_BACKLOG_BYTES = 4 * 1024 * 1024
 # Log entries waiting beyond this (the database has been away a long time) are dropped.
 MAX_PENDING_LOGS = 100_000
 # The writer's connections, so batches in flight at once: a batch is sent while the one before it
@@ -99,8 +98,7 @@ class Writer:
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._log_backlog = 0
-        self._bodies_dropped = 0
+        self._bodies = LogBodyBacklog()
         self._logs_dropped = 0
         self._failing_since: float | None = None
         # The writer's connections: idle ones, and how many are open (idle or in use).
@@ -142,16 +140,7 @@ class Writer:
             if self._logs_dropped in (1, 1000) or self._logs_dropped % 100_000 == 0:
                 log.error("the database is away: %d request log entries dropped", self._logs_dropped)
             return
-        bodies = len(entry.request_body or b"") + len(entry.response_body or b"")
-        if bodies and self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
-            entry = replace(entry, request_body=None, response_body=None)
-            bodies = 0
-            self._bodies_dropped += 1
-            if self._bodies_dropped in (1, 1000) or self._bodies_dropped % 100_000 == 0:
-                log.warning(
-                    "request log writes are behind: %d entries kept without bodies", self._bodies_dropped
-                )
-        self._log_backlog += bodies
+        entry, bodies = self._bodies.admit(entry)
         self._logs.append((rows.log_values(entry), bodies))
         self._wake.set()
 
@@ -306,7 +295,7 @@ class Writer:
                 "the database is back: writes resumed after %.1f s", time.monotonic() - self._failing_since
             )
             self._failing_since = None
-        self._log_backlog -= sum(bodies for _, bodies in batch.logs)
+        self._bodies.release(sum(bodies for _, bodies in batch.logs))
         self._noted -= batch.forgets
         self._noted.difference_update(s.record.id for s, _ in batch.settlements)
         for _, future in batch.settlements:

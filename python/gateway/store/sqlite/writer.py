@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..log_backlog import LogBodyBacklog, body_bytes
 from ..records import RequestLog, Settlement
 from .ledger import _settle_many
 from .rows import _INSERT_LOG, _log_values
@@ -24,8 +25,6 @@ log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
 # much later; charges are safe in the journal from the start).
 SETTLEMENT_LINGER_SECONDS = 0.01
-# Request log bodies waiting for the writer beyond this are not kept (their entries are).
-MAX_LOG_BACKLOG_BYTES = 4 * 1024 * 1024
 
 _STOP = object()
 
@@ -55,10 +54,7 @@ class Writer:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Bytes of request log bodies queued and not yet written (see log_row).
-        self._log_backlog = 0
-        self._backlog_lock = threading.Lock()
-        self._bodies_dropped = 0
+        self._bodies = LogBodyBacklog()
         # Since when (monotonic) commits have been failing, and why; None while they succeed.
         self._failing_since: float | None = None
         self.last_error = ""
@@ -91,14 +87,14 @@ class Writer:
         """Queue a journaled settlement for the next group commit. Its log entry is written whole,
         bodies included (the journal keeps it without them), in the one row insert."""
         if settlement.log is not None:
-            settlement = replace(settlement, log=self._bounded(settlement.log))
+            settlement = replace(settlement, log=self._bodies.admit(settlement.log)[0])
         self._queue.put(settlement)
 
     def log(self, entry: RequestLog) -> None:
         """Queue a request log entry that no settlement carries for the next group commit."""
-        entry = self._bounded(entry)
+        entry, bodies = self._bodies.admit(entry)
         # Like a settlement, nobody waits for it: it joins the next group commit.
-        self._queue.put(_LogRow(_log_values(entry), _body_bytes(entry)))
+        self._queue.put(_LogRow(_log_values(entry), bodies))
 
     async def write(self, op: WriteOp, on_commit: Callable[[asyncio.Future[Any]], None] | None = None) -> Any:
         """Run `op` in the writer's next transaction and return its result once committed. With
@@ -109,25 +105,6 @@ class Writer:
             future.add_done_callback(on_commit)
         self._queue.put(_Op(op, future))
         return await (asyncio.shield(future) if on_commit is not None else future)
-
-    def _bounded(self, entry: RequestLog) -> RequestLog:
-        """The entry, without its bodies when the writer is too far behind to take them; its
-        bodies count in the backlog until written."""
-        bodies = _body_bytes(entry)
-        if bodies and self._log_backlog + bodies > MAX_LOG_BACKLOG_BYTES:
-            # The writer is behind (the machine is saturated): keep the entry, not its bodies,
-            # rather than let memory grow without bound.
-            entry = replace(entry, request_body=None, response_body=None)
-            bodies = 0
-            self._bodies_dropped += 1
-            if self._bodies_dropped in (1, 1000) or self._bodies_dropped % 100_000 == 0:
-                log.warning(
-                    "request log writes are behind: %d entries kept without bodies", self._bodies_dropped
-                )
-        if bodies:
-            with self._backlog_lock:
-                self._log_backlog += bodies
-        return entry
 
     def _write_loop(self, conn: sqlite3.Connection) -> None:
         stop = False
@@ -180,11 +157,10 @@ class Writer:
                 conn.execute("ROLLBACK")
             outcomes = [(op.future, False, exc) for op in ops]
             settled = logged = exc
-        written = sum(row.body_bytes for row in logs) + sum(_body_bytes(s.log) for s in settlements if s.log)
-        if written:
-            # Written or dropped; a settlement queued again below counts its bodies again.
-            with self._backlog_lock:
-                self._log_backlog -= written
+        # Written or dropped; a settlement queued again below counts its bodies again.
+        self._bodies.release(
+            sum(row.body_bytes for row in logs) + sum(body_bytes(s.log) for s in settlements if s.log)
+        )
         if logged is not None:  # nobody to tell: the entries are lost, the requests are not
             log.error("writing %d request log entries failed: %s", len(logs), logged, exc_info=logged)
         if settlements and settled is None:
@@ -203,10 +179,6 @@ class Writer:
 
 def _write_logs(conn: sqlite3.Connection, logs: Sequence[_LogRow]) -> None:
     conn.executemany(_INSERT_LOG, [row.values for row in logs])
-
-
-def _body_bytes(entry: RequestLog) -> int:
-    return len(entry.request_body or b"") + len(entry.response_body or b"")
 
 
 def _nobody_waits(item: Any) -> bool:
