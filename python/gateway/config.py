@@ -464,19 +464,14 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
         models=resolved,
         host=part(lambda: _get(server, "host", str, "server.host", "127.0.0.1")),
         port=part(lambda: _get(server, "port", int, "server.port", 8080)),
-        workers=part(lambda: _positive(_get(server, "workers", int, "server.workers", 1), "server.workers")),
+        workers=part(lambda: _count(server, "server.workers", 1)),
         store_backend=backend,
         store_path=store_path,
         store_url=store_url,
         store_pool_size=pool_size,
         redis_url=redis_url,
         redis_prefix=part(lambda: _redis_prefix(tables["redis"])),
-        max_request_bytes=part(
-            lambda: _positive(
-                _get(limits, "max_request_bytes", int, "limits.max_request_bytes", 10 * 1024 * 1024),
-                "limits.max_request_bytes",
-            )
-        ),
+        max_request_bytes=part(lambda: _count(limits, "limits.max_request_bytes", 10 * 1024 * 1024)),
         sync_timeout_seconds=part(lambda: _seconds(limits, "limits.sync_timeout_seconds", 240.0)),
         stream_idle_timeout_seconds=part(
             lambda: _seconds(limits, "limits.stream_idle_timeout_seconds", 120.0)
@@ -487,33 +482,17 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
         upstream_connect_timeout_seconds=part(
             lambda: _seconds(upstream, "upstream.connect_timeout_seconds", 10.0)
         ),
-        upstream_max_connections=part(
-            lambda: _positive(
-                _get(upstream, "max_connections", int, "upstream.max_connections", 1000),
-                "upstream.max_connections",
-            )
-        ),
+        upstream_max_connections=part(lambda: _count(upstream, "upstream.max_connections", 1000)),
         admin_token_env=admin_token_env,
-        log_max_body_bytes=part(
-            lambda: _non_negative(
-                _get(logs, "max_body_bytes", int, "logs.max_body_bytes", 1024 * 1024), "logs.max_body_bytes"
-            )
-        ),
+        log_max_body_bytes=part(lambda: _count(logs, "logs.max_body_bytes", 1024 * 1024, zero=True)),
         log_body_retention_days=part(lambda: _seconds(logs, "logs.body_retention_days", 365.0, "days")),
         routing=RoutingSettings(
-            retries=part(
-                lambda: _non_negative(_get(routing, "retries", int, "routing.retries", 2), "routing.retries")
-            ),
+            retries=part(lambda: _count(routing, "routing.retries", 2, zero=True)),
             retry_backoff_seconds=part(lambda: _seconds(routing, "routing.retry_backoff_seconds", 0.25)),
             retry_backoff_max_seconds=part(
                 lambda: _seconds(routing, "routing.retry_backoff_max_seconds", 4.0)
             ),
-            failures_to_cool_down=part(
-                lambda: _positive(
-                    _get(routing, "failures_to_cool_down", int, "routing.failures_to_cool_down", 3),
-                    "routing.failures_to_cool_down",
-                )
-            ),
+            failures_to_cool_down=part(lambda: _count(routing, "routing.failures_to_cool_down", 3)),
             cooldown_seconds=part(lambda: _seconds(routing, "routing.cooldown_seconds", 30.0)),
             attempt_timeout_seconds=(
                 part(lambda: _seconds(routing, "routing.attempt_timeout_seconds", 0.0))
@@ -580,7 +559,7 @@ def _store(
     url = _url(store, "store", check)
     if url is None:
         raise ConfigError('store: backend "postgres" needs url or url_env')
-    pool_size = _positive(_get(store, "pool_size", int, "store.pool_size", 10), "store.pool_size")
+    pool_size = _count(store, "store.pool_size", 10)
     return backend, store_path, url, pool_size
 
 
@@ -692,12 +671,7 @@ def _model(raw: Any, where: str, check: _Check = _STRICT) -> ModelConfig:
         channels=channels,
         prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices"), Prices()),
         tokenizer=cast(Tokenizer, tokenizer),
-        max_output_tokens=part(
-            lambda: _positive(
-                _get(raw, "max_output_tokens", int, f"{where}.max_output_tokens", 16384),
-                f"{where}.max_output_tokens",
-            )
-        ),
+        max_output_tokens=part(lambda: _count(raw, f"{where}.max_output_tokens", 16384)),
         supported_params=part(lambda: _supported_params(raw, f"{where}.supported_params")),
     )
 
@@ -739,11 +713,7 @@ def _channel(raw: Any, where: str, model_name: str, index: int, check: _Check = 
     api_key_env = part(lambda: _env_name(raw, "api_key_env", f"{where}.api_key_env"))
     check.env(api_key_env, f"{where}.api_key_env")
     cap = (
-        part(
-            lambda: _positive(
-                _get(raw, "max_concurrency", int, f"{where}.max_concurrency"), f"{where}.max_concurrency"
-            )
-        )
+        part(lambda: _count(raw, f"{where}.max_concurrency"))
         if raw.get("max_concurrency") is not None
         else None
     )
@@ -753,7 +723,7 @@ def _channel(raw: Any, where: str, model_name: str, index: int, check: _Check = 
         upstream_model=part(lambda: _get(raw, "model", str, f"{where}.model", model_name.partition("/")[2])),
         api_key_env=api_key_env,
         name=part(lambda: _get(raw, "name", str, f"{where}.name", f"{provider}-{index}")),
-        weight=part(lambda: _positive(_get(raw, "weight", int, f"{where}.weight", 1), f"{where}.weight")),
+        weight=part(lambda: _count(raw, f"{where}.weight", 1)),
         priority=part(lambda: _get(raw, "priority", int, f"{where}.priority", 0)),
         max_concurrency=cap,
     )
@@ -950,6 +920,13 @@ def _positive(value: int, where: str) -> int:
     if value <= 0:
         raise ConfigError(f"{where}: must be positive")
     return value
+
+
+def _count(raw: Mapping[str, Any], where: str, default: int | None = None, *, zero: bool = False) -> int:
+    """The whole number at `where` ("server.workers", its last part the key in `raw`, as for
+    _seconds): positive, or zero too where `zero` allows it; required when there is no default."""
+    value = _get(raw, where.rpartition(".")[2], int, where, default)
+    return _non_negative(value, where) if zero else _positive(value, where)
 
 
 def _seconds(
