@@ -34,12 +34,19 @@ def display_prefix(key: str) -> str:
     return key[:10]
 
 
+def bearer_token(request: Request) -> str | None:
+    """The token of `Authorization: Bearer <token>`; None without that header or with another scheme."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 def presented_key(request: Request) -> str | None:
     """`Authorization: Bearer sk-...`, or `x-api-key: sk-...` as the message-shape clients send it."""
-    header = request.headers.get("authorization")
-    if header is not None:
-        scheme, _, token = header.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" else None
+    if "authorization" in request.headers:
+        return bearer_token(request)
     return request.headers.get("x-api-key")
 
 

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ..auth import bearer_token
 from ..errors import GatewayError
 from ..state import GatewayState
 from ..telemetry import metrics
@@ -50,11 +51,8 @@ def routes(state: GatewayState) -> list[BaseRoute]:
             # Served without a token on a public port would show the traffic to anyone: off here
             # unless a token is set ([metrics] listen serves it on an address of its own).
             raise GatewayError("not_found", "No such path: /metrics.")
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not any(
-            hmac.compare_digest(value.strip().encode(), t.encode()) for t in tokens
-        ):
+        given = bearer_token(request)
+        if given is None or not any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
             raise GatewayError(
                 "invalid_admin_token",
                 "GET /metrics needs the metrics token (or the admin token) as a bearer token.",
