@@ -2,6 +2,7 @@
 //! `rust/py` exposes it to Python as `gateway._core`.
 
 pub mod append_file;
+pub mod bpe;
 pub mod chat_stream;
 pub mod error;
 pub mod idempotency;
