@@ -211,7 +211,7 @@ pub fn write_with_member(body: &[u8], key: &str, encoded: &[u8], out: &mut Vec<u
 }
 
 /// `body` with every top-level `key` member set to the JSON string `value` (see [`write_with_member`]).
-/// The structure is checked, scalars are not: use [`set_json_id`](crate::chat_stream::set_json_id)
+/// The structure is checked, scalars are not: use [`set_json_id`](crate::stream::chat::set_json_id)
 /// for untrusted whole bodies.
 pub fn set_string_member(body: &[u8], key: &str, value: &str) -> Result<Vec<u8>> {
     let mut encoded = Vec::with_capacity(value.len() + 2);

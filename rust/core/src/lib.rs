@@ -3,16 +3,13 @@
 
 pub mod append_file;
 pub mod bpe;
-pub mod chat_stream;
 pub mod error;
 pub mod idempotency;
 pub mod json;
-pub mod messages_stream;
 pub mod multipart;
 pub mod ratelimit;
-pub mod responses_stream;
 pub mod shared_buckets;
-pub mod sse;
+pub mod stream;
 pub mod tokens;
 
 pub use error::CoreError;

@@ -2,13 +2,10 @@
 //! Types and docs for Python live in python/gateway/_core.pyi.
 
 use gateway_core::append_file;
-use gateway_core::chat_stream::{self, TokenUsage};
-use gateway_core::messages_stream;
 use gateway_core::multipart;
 use gateway_core::ratelimit;
-use gateway_core::responses_stream;
 use gateway_core::shared_buckets::{self, Limit};
-use gateway_core::sse;
+use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
 use gateway_core::tokens::{self, Encoding};
 use gateway_core::{idempotency, CoreError as Core};
 use pyo3::create_exception;
@@ -126,7 +123,8 @@ impl StreamUsage {
 }
 
 /// A Rust stream rewriter as a Python class: its constructor, then feed/finish and what it has read
-/// so far, the same for every shape (see _core.pyi), then getters of its own fields.
+/// so far through the `StreamRewriter` trait, the same for every shape (see _core.pyi), then the
+/// shape's own getters, each a method of the same name on the Rust rewriter.
 macro_rules! stream_rewriter {
     (
         $name:ident($inner:ty),
@@ -152,29 +150,30 @@ macro_rules! stream_rewriter {
 
             #[getter]
             fn done(&self) -> bool {
-                self.0.done
+                self.0.state().done
             }
             #[getter]
             fn chunks(&self) -> u64 {
-                self.0.chunks
+                self.0.state().chunks
             }
             #[getter]
             fn saw_output(&self) -> bool {
-                self.0.saw_output
+                self.0.state().saw_output
             }
             #[getter]
             fn output_text(&self) -> String {
-                self.0.output_text.clone()
+                self.0.state().output_text.clone()
             }
             /// A mark of how much output text has been collected so far (its length in bytes):
             /// cheap to take after every chunk, read back with `output_upto`.
             #[getter]
             fn output_len(&self) -> usize {
-                self.0.output_text.len()
+                self.0.state().output_text.len()
             }
             /// The output text collected up to a mark taken with `output_len`.
             fn output_upto(&self, mark: usize) -> String {
-                self.0.output_text.get(..mark).unwrap_or(&self.0.output_text).to_owned()
+                let text = &self.0.state().output_text;
+                text.get(..mark).unwrap_or(text).to_owned()
             }
             #[getter]
             fn usage(&self) -> Option<StreamUsage> {
@@ -182,20 +181,20 @@ macro_rules! stream_rewriter {
             }
             #[getter]
             fn model(&self) -> Option<String> {
-                self.0.model.clone()
+                self.0.state().model.clone()
             }
             #[getter]
             fn finish_reason(&self) -> Option<String> {
-                self.0.finish_reason.clone()
+                self.0.state().finish_reason.clone()
             }
             #[getter]
             fn error<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-                self.0.error.as_deref().map(|e| PyBytes::new(py, e))
+                self.0.state().error.as_deref().map(|e| PyBytes::new(py, e))
             }
             $(
                 #[getter]
                 fn $extra(&self) -> $extra_ty {
-                    self.0.$extra.clone()
+                    self.0.$extra()
                 }
             )*
         }
@@ -203,24 +202,24 @@ macro_rules! stream_rewriter {
 }
 
 stream_rewriter!(
-    ChatStreamRewriter(chat_stream::ChatStreamRewriter),
+    ChatStreamRewriter(chat::ChatStreamRewriter),
     fn new(response_id: &str, forward_usage: bool) -> Self {
-        Self(chat_stream::ChatStreamRewriter::new(response_id, forward_usage))
+        Self(chat::ChatStreamRewriter::new(response_id, forward_usage))
     }
 );
 
 stream_rewriter!(
-    MessagesStreamRewriter(messages_stream::MessagesStreamRewriter),
+    MessagesStreamRewriter(messages::MessagesStreamRewriter),
     fn new(response_id: &str) -> Self {
-        Self(messages_stream::MessagesStreamRewriter::new(response_id))
+        Self(messages::MessagesStreamRewriter::new(response_id))
     }
 );
 
 stream_rewriter!(
-    ResponsesStreamRewriter(responses_stream::ResponsesStreamRewriter),
+    ResponsesStreamRewriter(responses::ResponsesStreamRewriter),
     #[pyo3(signature = (response_id, previous_response_id=None))]
     fn new(response_id: &str, previous_response_id: Option<&str>) -> Self {
-        Self(responses_stream::ResponsesStreamRewriter::new(response_id, previous_response_id))
+        Self(responses::ResponsesStreamRewriter::new(response_id, previous_response_id))
     },
     getter upstream_id: Option<String>
 );
@@ -240,7 +239,7 @@ fn rewrite_response(
     new_id: &str,
     previous_response_id: Option<&str>,
 ) -> PyResult<RewrittenResponse> {
-    let r = responses_stream::rewrite_response(body, new_id, previous_response_id).map_err(to_py)?;
+    let r = responses::rewrite_response(body, new_id, previous_response_id).map_err(to_py)?;
     Ok(RewrittenResponse {
         body: PyBytes::new(py, &r.body).unbind(),
         upstream_id: r.upstream_id,
@@ -250,17 +249,17 @@ fn rewrite_response(
 
 #[pyfunction]
 fn parse_messages_usage(body: &[u8]) -> PyResult<Option<StreamUsage>> {
-    Ok(messages_stream::parse_messages_usage(body).map_err(to_py)?.map(StreamUsage))
+    Ok(messages::parse_messages_usage(body).map_err(to_py)?.map(StreamUsage))
 }
 
 #[pyfunction]
 fn parse_chat_usage(body: &[u8]) -> PyResult<Option<StreamUsage>> {
-    Ok(chat_stream::parse_chat_usage(body).map_err(to_py)?.map(StreamUsage))
+    Ok(chat::parse_chat_usage(body).map_err(to_py)?.map(StreamUsage))
 }
 
 #[pyfunction]
 fn set_json_id<'py>(py: Python<'py>, body: &[u8], new_id: &str) -> PyResult<Bound<'py, PyBytes>> {
-    let out = chat_stream::set_json_id(body, new_id).map_err(to_py)?;
+    let out = chat::set_json_id(body, new_id).map_err(to_py)?;
     Ok(PyBytes::new(py, &out))
 }
 

@@ -8,11 +8,12 @@
 //! the stream, after which the gateway adds `data: [DONE]` (spec 6.1.3; the client ignores unnamed
 //! events). An upstream `error` event is kept back: its raw JSON lands in `error`.
 
-use crate::chat_stream::{push_name, push_with_id, read_named_event, TokenUsage};
+use super::events::{push_name, push_with_id, read_named_event};
+use super::sse::EventRef;
+use super::{StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
-use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
+use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_with_member};
 use crate::json::{Count, Text};
-use crate::sse::{EventRef, RewriteEvents, SseParser, OVERSIZED_EVENT_ERROR};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -142,65 +143,31 @@ fn push_message_start(out: &mut Vec<u8>, data: &[u8], encoded_id: &[u8]) {
 }
 
 pub struct MessagesStreamRewriter {
-    parser: SseParser,
-    encoded_id: Vec<u8>,
-    pub done: bool,
-    pub chunks: u64,
-    pub saw_output: bool,
-    pub output_text: String,
+    state: StreamState,
     usage: TokenUsage,
     input: InputParts,
     saw_usage: bool,
-    pub model: Option<String>,
-    pub finish_reason: Option<String>,
-    pub error: Option<Vec<u8>>,
 }
 
 impl MessagesStreamRewriter {
     pub fn new(response_id: &str) -> Self {
-        let mut encoded_id = Vec::with_capacity(response_id.len() + 2);
-        write_json_string(response_id, &mut encoded_id);
         Self {
-            parser: SseParser::new(),
-            encoded_id,
-            done: false,
-            chunks: 0,
-            saw_output: false,
-            output_text: String::new(),
+            state: StreamState::new(response_id),
             usage: TokenUsage::default(),
             input: InputParts::default(),
             saw_usage: false,
-            model: None,
-            finish_reason: None,
-            error: None,
         }
-    }
-
-    pub fn usage(&self) -> Option<TokenUsage> {
-        self.saw_usage.then_some(self.usage)
-    }
-
-    /// Bytes for the client for every event this chunk completes.
-    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.rewrite(chunk)
-    }
-
-    /// End of upstream input.
-    pub fn finish(&mut self) -> Vec<u8> {
-        self.rewrite_end()
     }
 
     fn read(&mut self, view: EventView<'_>) {
         if let Some(message) = view.message {
-            if self.model.is_none() {
-                self.model = message.model.into_owned();
-            }
+            self.state.note_model(message.model);
             if let Some(u) = &message.usage {
                 apply_usage(&mut self.usage, &mut self.input, u);
                 self.saw_usage = true;
             }
             if let Some(reason) = message.stop_reason.into_owned() {
-                self.finish_reason = Some(reason);
+                self.state.finish_reason = Some(reason);
             }
         }
         if let Some(u) = &view.usage {
@@ -208,34 +175,35 @@ impl MessagesStreamRewriter {
             self.saw_usage = true;
         }
         if let Some(block) = &view.content_block {
-            self.take_text(&block.text);
-            self.take_text(&block.thinking);
+            self.state.take_text(&block.text);
+            self.state.take_text(&block.thinking);
         }
         if let Some(delta) = view.delta {
             for text in [&delta.text, &delta.thinking, &delta.partial_json] {
-                self.take_text(text);
+                self.state.take_text(text);
             }
             if let Some(reason) = delta.stop_reason.into_owned() {
-                self.finish_reason = Some(reason);
+                self.state.finish_reason = Some(reason);
             }
-        }
-    }
-
-    fn take_text(&mut self, text: &Text<'_>) {
-        if let Some(t) = text.non_empty() {
-            self.saw_output = true;
-            self.output_text.push_str(t);
         }
     }
 }
 
-impl RewriteEvents for MessagesStreamRewriter {
-    fn parser(&mut self) -> &mut SseParser {
-        &mut self.parser
+impl StreamRewriter for MessagesStreamRewriter {
+    fn state(&self) -> &StreamState {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut StreamState {
+        &mut self.state
+    }
+
+    fn usage(&self) -> Option<TokenUsage> {
+        self.saw_usage.then_some(self.usage)
     }
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        if self.done || self.error.is_some() {
+        if self.state.is_over() {
             return;
         }
         let data = event.data;
@@ -250,7 +218,7 @@ impl RewriteEvents for MessagesStreamRewriter {
             None => member_is_set(data.as_bytes(), "error"),
         };
         if name == "error" || is_error {
-            self.error = Some(data.as_bytes().to_vec());
+            self.state.error = Some(data.as_bytes().to_vec());
             return;
         }
         let is_start = name == "message_start";
@@ -260,19 +228,15 @@ impl RewriteEvents for MessagesStreamRewriter {
         }
         push_name(out, event.event);
         if is_start {
-            push_message_start(out, data.as_bytes(), &self.encoded_id);
+            push_message_start(out, data.as_bytes(), self.state.encoded_id());
         } else {
-            push_with_id(out, data.as_bytes(), &self.encoded_id);
+            push_with_id(out, data.as_bytes(), self.state.encoded_id());
         }
-        self.chunks += 1;
+        self.state.chunks += 1;
         if is_stop {
-            self.done = true;
+            self.state.done = true;
             out.extend_from_slice(b"data: [DONE]\n\n");
         }
-    }
-
-    fn on_overflow(&mut self) {
-        self.error.get_or_insert_with(|| OVERSIZED_EVENT_ERROR.to_vec());
     }
 }
 
@@ -280,10 +244,10 @@ impl RewriteEvents for MessagesStreamRewriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::sse::Event;
+    use crate::stream::sse::{Event, SseParser};
     use proptest::prelude::*;
 
-    const FIXTURE: &[u8] = include_bytes!("../../../tests/fixtures/sse/anthropic_messages_stream.txt");
+    const FIXTURE: &[u8] = include_bytes!("../../../../tests/fixtures/sse/anthropic_messages_stream.txt");
 
     fn parse(bytes: &[u8]) -> Vec<Event> {
         let mut p = SseParser::new();
@@ -312,9 +276,9 @@ mod tests {
         assert_eq!(start["message"]["model"], "claude-sonnet-4-5");
         let usage = rw.usage().unwrap();
         assert_eq!((usage.prompt_tokens, usage.completion_tokens, usage.total_tokens), (25, 15, 40));
-        assert_eq!(rw.output_text, "Hello!");
-        assert_eq!(rw.finish_reason.as_deref(), Some("end_turn"));
-        assert!(rw.done && rw.saw_output);
+        assert_eq!(rw.state().output_text, "Hello!");
+        assert_eq!(rw.state().finish_reason.as_deref(), Some("end_turn"));
+        assert!(rw.state().done && rw.state().saw_output);
     }
 
     #[test]
@@ -322,7 +286,7 @@ mod tests {
         let mut rw = MessagesStreamRewriter::new("x");
         let out = rw.feed(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"x\"}}\n\n");
         assert_eq!(parse(&out).len(), 1);
-        assert!(rw.error.is_some());
+        assert!(rw.state().error.is_some());
     }
 
     #[test]
@@ -366,9 +330,9 @@ mod tests {
         assert_eq!(events[3].data, "[DONE]");
         let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (7, 2, 0));
-        assert_eq!(rw.model.as_deref(), Some("m"));
-        assert!(rw.done && !rw.saw_output);
-        assert_eq!(rw.chunks, 2);
+        assert_eq!(rw.state().model.as_deref(), Some("m"));
+        assert!(rw.state().done && !rw.state().saw_output);
+        assert_eq!(rw.state().chunks, 2);
     }
 
     #[test]
@@ -381,11 +345,11 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
 event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":3}}\n\n\
 event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"input_tokens\":9,\"output_tokens\":8}}\n\n",
         );
-        assert_eq!(rw.output_text, "hm{\"a\"");
-        assert_eq!(rw.finish_reason.as_deref(), Some("tool_use"));
+        assert_eq!(rw.state().output_text, "hm{\"a\"");
+        assert_eq!(rw.state().finish_reason.as_deref(), Some("tool_use"));
         let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (9, 8, 17));
-        assert!(!rw.done);
+        assert!(!rw.state().done);
     }
 
     #[test]
@@ -416,7 +380,7 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{
             out,
             b"event: message_start\ndata: {\"id\":\"gw\",\"type\":\"message_start\",\"message\":5}\n\nevent: x\ndata: {\"id\":\"gw\",\"delta\":7}\n\n"
         );
-        assert_eq!(rw.chunks, 2);
+        assert_eq!(rw.state().chunks, 2);
     }
 
     #[test]
@@ -424,7 +388,7 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{
         let mut rw = MessagesStreamRewriter::new("gw");
         let out = run(&mut rw, b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n");
         assert!(out.is_empty());
-        assert!(rw.error.is_some() && rw.usage().is_none());
+        assert!(rw.state().error.is_some() && rw.usage().is_none());
     }
 
     proptest! {

@@ -6,20 +6,13 @@
 //! are lenient ([`Text`], [`Count`]): a field of an unexpected type is ignored, not fatal, and a
 //! valid JSON object of an unexpected shape is still forwarded with the gateway's id.
 
+use super::events::{is_json_ws, push_event, push_with_id};
+use super::sse::EventRef;
+use super::{encode_id, StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
-use crate::json::{member_is_set, starts_object, write_json_string, write_with_member, Count, Text};
-use crate::sse::{EventRef, RewriteEvents, SseParser, OVERSIZED_EVENT_ERROR};
+use crate::json::{member_is_set, starts_object, write_with_member, Count, Text};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenUsage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
-    pub cached_tokens: u64,
-    pub reasoning_tokens: u64,
-}
 
 #[derive(Deserialize)]
 struct UsageView {
@@ -138,67 +131,25 @@ pub fn parse_chat_usage(body: &[u8]) -> Result<Option<TokenUsage>> {
 pub fn set_json_id(body: &[u8], new_id: &str) -> Result<Vec<u8>> {
     expect_object(body)?;
     serde_json::from_slice::<IgnoredAny>(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
-    let mut encoded = Vec::with_capacity(new_id.len() + 2);
-    write_json_string(new_id, &mut encoded);
     let mut out = Vec::new();
-    write_with_member(body, "id", &encoded, &mut out)?;
+    write_with_member(body, "id", &encode_id(new_id), &mut out)?;
     Ok(out)
 }
 
 pub struct ChatStreamRewriter {
-    parser: SseParser,
-    /// The response id as a JSON string literal, encoded once.
-    encoded_id: Vec<u8>,
+    state: StreamState,
     forward_usage: bool,
-    pub done: bool,
-    pub chunks: u64,
-    pub saw_output: bool,
-    pub output_text: String,
-    pub usage: Option<TokenUsage>,
-    pub model: Option<String>,
-    pub finish_reason: Option<String>,
-    pub error: Option<Vec<u8>>,
+    usage: Option<TokenUsage>,
 }
 
 impl ChatStreamRewriter {
     pub fn new(response_id: &str, forward_usage: bool) -> Self {
-        let mut encoded_id = Vec::with_capacity(response_id.len() + 2);
-        write_json_string(response_id, &mut encoded_id);
-        Self {
-            parser: SseParser::new(),
-            encoded_id,
-            forward_usage,
-            done: false,
-            chunks: 0,
-            saw_output: false,
-            output_text: String::new(),
-            usage: None,
-            model: None,
-            finish_reason: None,
-            error: None,
-        }
-    }
-
-    /// The last usage the upstream reported, if any.
-    pub fn usage(&self) -> Option<TokenUsage> {
-        self.usage
-    }
-
-    /// Bytes for the client for every event this chunk completes.
-    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.rewrite(chunk)
-    }
-
-    /// End of upstream input.
-    pub fn finish(&mut self) -> Vec<u8> {
-        self.rewrite_end()
+        Self { state: StreamState::new(response_id), forward_usage, usage: None }
     }
 
     /// Takes what the chunk says; true when the chunk is to be withheld from the client.
     fn read(&mut self, view: ChunkView<'_>) -> bool {
-        if self.model.is_none() {
-            self.model = view.model.into_owned();
-        }
+        self.state.note_model(view.model);
         let has_usage = view.usage.is_some();
         if let Some(u) = view.usage {
             self.usage = Some(u.into());
@@ -207,109 +158,43 @@ impl ChatStreamRewriter {
         for choice in view.choices.into_iter().flatten() {
             no_choices = false;
             if let Some(reason) = choice.finish_reason.0 {
-                self.finish_reason = Some(reason.into_owned());
+                self.state.finish_reason = Some(reason.into_owned());
             }
             if let Some(delta) = choice.delta {
                 for text in [&delta.content, &delta.reasoning_content, &delta.reasoning, &delta.refusal] {
-                    self.take_text(text);
+                    self.state.take_text(text);
                 }
                 let calls = delta.tool_calls.iter().flatten().filter_map(|c| c.function.as_ref());
                 for f in calls.chain(delta.function_call.as_ref()) {
-                    self.take_text(&f.name);
-                    self.take_text(&f.arguments);
+                    self.state.take_text(&f.name);
+                    self.state.take_text(&f.arguments);
                 }
             }
         }
         no_choices && has_usage && !self.forward_usage
     }
+}
 
-    fn take_text(&mut self, text: &Text<'_>) {
-        if let Some(t) = text.non_empty() {
-            self.saw_output = true;
-            self.output_text.push_str(t);
-        }
+impl StreamRewriter for ChatStreamRewriter {
+    fn state(&self) -> &StreamState {
+        &self.state
     }
-}
 
-fn is_json_ws(c: char) -> bool {
-    matches!(c, ' ' | '\t' | '\n' | '\r')
-}
-
-/// One `data:` event for `data`; data with line breaks needs one data: line per line to stay one event.
-pub(crate) fn push_event(out: &mut Vec<u8>, data: &[u8]) {
-    out.extend_from_slice(b"data: ");
-    push_data_lines(out, data);
-}
-
-/// An event of a named-event shape (messages, responses) read through the view `V`. Data that is
-/// not a JSON object, or not valid JSON, is forwarded as it came (an upstream `[DONE]` is dropped:
-/// the rewriter sends its own) and None is returned; valid JSON the view cannot read is Some(None).
-pub(crate) fn read_named_event<'a, V: Deserialize<'a>>(event: EventRef<'a>, out: &mut Vec<u8>) -> Option<Option<V>> {
-    let data = event.data;
-    let is_json = starts_object(data.as_bytes());
-    let view = if is_json { serde_json::from_str::<V>(data).ok() } else { None };
-    if !is_json || (view.is_none() && serde_json::from_str::<IgnoredAny>(data).is_err()) {
-        if data.trim() != "[DONE]" {
-            push_name(out, event.event);
-            out.extend_from_slice(b"data: ");
-            push_data_lines(out, data.as_bytes());
-        }
-        return None;
+    fn state_mut(&mut self) -> &mut StreamState {
+        &mut self.state
     }
-    Some(view)
-}
 
-/// The `event:` line of a named event (the message and responses shapes name theirs).
-pub(crate) fn push_name(out: &mut Vec<u8>, name: Option<&str>) {
-    if let Some(name) = name {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(name.as_bytes());
-        out.push(b'\n');
-    }
-}
-
-pub(crate) fn push_data_lines(out: &mut Vec<u8>, data: &[u8]) {
-    let mut rest = data;
-    while let Some(i) = memchr::memchr(b'\n', rest) {
-        out.extend_from_slice(rest.get(..i).unwrap_or_default());
-        out.extend_from_slice(b"\ndata: ");
-        rest = rest.get(i + 1..).unwrap_or_default();
-    }
-    out.extend_from_slice(rest);
-    out.extend_from_slice(b"\n\n");
-}
-
-/// One `data:` event for the object `data` with its top-level id set to `encoded_id`, written straight
-/// into `out` (the usual case of a one-line chunk) or through a buffer (a chunk spread over lines).
-pub(crate) fn push_with_id(out: &mut Vec<u8>, data: &[u8], encoded_id: &[u8]) {
-    if memchr::memchr(b'\n', data).is_none() {
-        out.extend_from_slice(b"data: ");
-        // On error nothing was written; forward the chunk as it came.
-        if write_with_member(data, "id", encoded_id, out).is_err() {
-            out.extend_from_slice(data);
-        }
-        out.extend_from_slice(b"\n\n");
-    } else {
-        let mut rewritten = Vec::with_capacity(data.len() + encoded_id.len() + 8);
-        match write_with_member(data, "id", encoded_id, &mut rewritten) {
-            Ok(()) => push_event(out, &rewritten),
-            Err(_) => push_event(out, data),
-        }
-    }
-}
-
-impl RewriteEvents for ChatStreamRewriter {
-    fn parser(&mut self) -> &mut SseParser {
-        &mut self.parser
+    fn usage(&self) -> Option<TokenUsage> {
+        self.usage
     }
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        if self.done || self.error.is_some() {
-            return; // the stream is over; anything after is not the client's
+        if self.state.is_over() {
+            return;
         }
         let data = event.data;
         if data.trim_matches(is_json_ws) == "[DONE]" {
-            self.done = true;
+            self.state.done = true;
             out.extend_from_slice(b"data: [DONE]\n\n");
             return;
         }
@@ -320,7 +205,7 @@ impl RewriteEvents for ChatStreamRewriter {
         match serde_json::from_str::<ChunkView<'_>>(data) {
             Ok(view) => {
                 if view.error.is_some() {
-                    self.error = Some(data.as_bytes().to_vec());
+                    self.state.error = Some(data.as_bytes().to_vec());
                     return;
                 }
                 if self.read(view) {
@@ -330,7 +215,7 @@ impl RewriteEvents for ChatStreamRewriter {
             // Valid JSON of a shape the views do not know: forwarded, but an error is still an error.
             Err(_) if serde_json::from_str::<IgnoredAny>(data).is_ok() => {
                 if member_is_set(data.as_bytes(), "error") {
-                    self.error = Some(data.as_bytes().to_vec());
+                    self.state.error = Some(data.as_bytes().to_vec());
                     return;
                 }
             }
@@ -339,12 +224,8 @@ impl RewriteEvents for ChatStreamRewriter {
                 return;
             }
         }
-        push_with_id(out, data.as_bytes(), &self.encoded_id);
-        self.chunks += 1;
-    }
-
-    fn on_overflow(&mut self) {
-        self.error.get_or_insert_with(|| OVERSIZED_EVENT_ERROR.to_vec());
+        push_with_id(out, data.as_bytes(), self.state.encoded_id());
+        self.state.chunks += 1;
     }
 }
 
@@ -352,9 +233,10 @@ impl RewriteEvents for ChatStreamRewriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::stream::sse::SseParser;
     use proptest::prelude::*;
 
-    const FIXTURE: &[u8] = include_bytes!("../../../tests/fixtures/sse/openai_chat_stream.txt");
+    const FIXTURE: &[u8] = include_bytes!("../../../../tests/fixtures/sse/openai_chat_stream.txt");
 
     fn events(bytes: &[u8]) -> Vec<String> {
         let mut p = SseParser::new();
@@ -375,13 +257,13 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(chunk).unwrap();
             assert_eq!(v["id"], "chatcmpl-gw");
         }
-        assert!(rw.done);
-        assert_eq!(rw.chunks, 12);
-        assert_eq!(rw.output_text, "Hello! How can I help you today?");
-        assert_eq!(rw.usage.unwrap().completion_tokens, 9);
-        assert_eq!(rw.usage.unwrap().total_tokens, 18);
-        assert_eq!(rw.finish_reason.as_deref(), Some("stop"));
-        assert_eq!(rw.model.as_deref(), Some("gpt-4o-mini-2024-07-18"));
+        assert!(rw.state().done);
+        assert_eq!(rw.state().chunks, 12);
+        assert_eq!(rw.state().output_text, "Hello! How can I help you today?");
+        assert_eq!(rw.usage().unwrap().completion_tokens, 9);
+        assert_eq!(rw.usage().unwrap().total_tokens, 18);
+        assert_eq!(rw.state().finish_reason.as_deref(), Some("stop"));
+        assert_eq!(rw.state().model.as_deref(), Some("gpt-4o-mini-2024-07-18"));
     }
 
     #[test]
@@ -391,7 +273,7 @@ mod tests {
         let data = events(&out);
         assert_eq!(data.len(), 12); // 11 choice chunks + [DONE]; the usage chunk consumed
         assert!(!data.iter().any(|d| d.contains("prompt_tokens")));
-        assert_eq!(rw.usage.unwrap().prompt_tokens, 9);
+        assert_eq!(rw.usage().unwrap().prompt_tokens, 9);
     }
 
     #[test]
@@ -406,23 +288,23 @@ mod tests {
         let mut rw = ChatStreamRewriter::new("x", true);
         let out = rw.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"boom\"}}\n\ndata: {\"choices\":[]}\n\n");
         assert_eq!(events(&out).len(), 1);
-        assert_eq!(rw.error.as_deref(), Some(&b"{\"error\":{\"message\":\"boom\"}}"[..]));
-        assert!(rw.saw_output);
+        assert_eq!(rw.state().error.as_deref(), Some(&b"{\"error\":{\"message\":\"boom\"}}"[..]));
+        assert!(rw.state().saw_output);
     }
 
     #[test]
     fn null_error_is_not_an_error_and_reasoning_and_tools_count_as_output() {
         let mut rw = ChatStreamRewriter::new("x", true);
         rw.feed(b"data: {\"error\":null,\"choices\":[{\"delta\":{\"reasoning_content\":\"think\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}\n\n");
-        assert!(rw.error.is_none());
-        assert_eq!(rw.output_text, "thinkf{}");
+        assert!(rw.state().error.is_none());
+        assert_eq!(rw.state().output_text, "thinkf{}");
     }
 
     #[test]
     fn non_json_data_passes_through() {
         let mut rw = ChatStreamRewriter::new("x", true);
         assert_eq!(rw.feed(b"data: hello\n\n"), b"data: hello\n\n");
-        assert_eq!(rw.chunks, 0);
+        assert_eq!(rw.state().chunks, 0);
     }
 
     #[test]
@@ -455,17 +337,17 @@ mod tests {
             run(&mut rw, b"data: [1,2]\n\ndata: \"s\"\n\ndata: {broken\n\n"),
             b"data: [1,2]\n\ndata: \"s\"\n\ndata: {broken\n\n"
         );
-        assert_eq!(rw.chunks, 0);
+        assert_eq!(rw.state().chunks, 0);
         let out = run(&mut rw, b"data: {\"id\":\"up\",\"choices\":{\"weird\":1}}\n\n");
         assert_eq!(out, b"data: {\"id\":\"gw\",\"choices\":{\"weird\":1}}\n\n");
-        assert_eq!(rw.chunks, 1);
+        assert_eq!(rw.state().chunks, 1);
     }
 
     #[test]
     fn odd_shaped_error_is_still_kept_back() {
         let mut rw = ChatStreamRewriter::new("gw", true);
         assert_eq!(run(&mut rw, b"data: {\"error\":{\"message\":\"x\"},\"choices\":5}\n\ndata: {}\n\n"), b"");
-        assert_eq!(rw.error.as_deref(), Some(&b"{\"error\":{\"message\":\"x\"},\"choices\":5}"[..]));
+        assert_eq!(rw.state().error.as_deref(), Some(&b"{\"error\":{\"message\":\"x\"},\"choices\":5}"[..]));
     }
 
     #[test]
@@ -477,11 +359,11 @@ mod tests {
 
 "#,
         );
-        assert_eq!(rw.chunks, 1);
-        assert_eq!(rw.output_text, "hi no");
-        assert_eq!(rw.model, None);
-        assert_eq!(rw.finish_reason, None);
-        let u = rw.usage.unwrap();
+        assert_eq!(rw.state().chunks, 1);
+        assert_eq!(rw.state().output_text, "hi no");
+        assert_eq!(rw.state().model, None);
+        assert_eq!(rw.state().finish_reason, None);
+        let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (2, 0, 2));
     }
 
@@ -489,7 +371,7 @@ mod tests {
     fn legacy_function_call_and_escapes_in_text() {
         let mut rw = ChatStreamRewriter::new("gw", true);
         run(&mut rw, b"data: {\"choices\":[{\"delta\":{\"function_call\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"\\u00e9\\\"}\"}}}]}\n\n");
-        assert_eq!(rw.output_text, "f{\"a\":\"\u{e9}\"}");
+        assert_eq!(rw.state().output_text, "f{\"a\":\"\u{e9}\"}");
     }
 
     #[test]
@@ -504,8 +386,8 @@ mod tests {
         let mut rw = ChatStreamRewriter::new("gw", true);
         let out = run(&mut rw, b"data:  [DONE] \n\ndata: {\"choices\":[]}\n\n");
         assert_eq!(out, b"data: [DONE]\n\n");
-        assert!(rw.done);
-        assert_eq!(rw.chunks, 0);
+        assert!(rw.state().done);
+        assert_eq!(rw.state().chunks, 0);
     }
 
     #[test]
@@ -569,8 +451,8 @@ mod tests {
             got.extend(rw.feed(&bytes[last..]));
             got.extend(rw.finish());
             prop_assert_eq!(&got, &expected);
-            prop_assert_eq!(&rw.output_text, &whole.output_text);
-            prop_assert_eq!(rw.chunks, whole.chunks);
+            prop_assert_eq!(&rw.state().output_text, &whole.state().output_text);
+            prop_assert_eq!(rw.state().chunks, whole.state().chunks);
             // Every forwarded JSON chunk carries the gateway's id.
             for e in events(&got) {
                 if let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(&e) {
@@ -606,7 +488,7 @@ mod tests {
             got.extend(rw.feed(&FIXTURE[last..]));
             got.extend(rw.finish());
             prop_assert_eq!(got, expected);
-            prop_assert_eq!(rw.output_text, whole.output_text);
+            prop_assert_eq!(&rw.state().output_text, &whole.state().output_text);
         }
     }
 
@@ -618,7 +500,7 @@ mod tests {
         for _ in 0..16 {
             assert!(rw.feed(&piece).is_empty());
         }
-        assert_eq!(rw.error.as_deref(), Some(crate::sse::OVERSIZED_EVENT_ERROR));
-        assert!(!rw.done);
+        assert_eq!(rw.state().error.as_deref(), Some(crate::stream::sse::OVERSIZED_EVENT_ERROR));
+        assert!(!rw.state().done);
     }
 }

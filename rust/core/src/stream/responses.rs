@@ -9,11 +9,12 @@
 //! `data: [DONE]` (spec 6.1.3; the client library stops there). An `error` event or
 //! `response.failed` is kept back: its raw JSON lands in `error`.
 
-use crate::chat_stream::{push_name, push_with_id, read_named_event, TokenUsage};
+use super::events::{push_name, push_with_id, read_named_event};
+use super::sse::EventRef;
+use super::{encode_id, StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
-use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_json_string, write_with_member};
+use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_with_member};
 use crate::json::{Count, Text};
-use crate::sse::{EventRef, RewriteEvents, SseParser, OVERSIZED_EVENT_ERROR};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -94,14 +95,8 @@ pub fn rewrite_response(body: &[u8], new_id: &str, previous_id: Option<&str>) ->
     let upstream_id = view.id.into_owned();
     let usage = view.usage.map(TokenUsage::from);
     let mut out = Vec::with_capacity(body.len() + new_id.len() + 8);
-    write_ids(body, &encode(new_id), previous_id.map(encode).as_deref(), &mut out)?;
+    write_ids(body, &encode_id(new_id), previous_id.map(encode_id).as_deref(), &mut out)?;
     Ok(RewrittenResponse { body: out, upstream_id, usage })
-}
-
-fn encode(s: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(s.len() + 2);
-    write_json_string(s, &mut out);
-    out
 }
 
 /// Appends the response object `body` with its id (and a set previous_response_id) replaced.
@@ -117,52 +112,26 @@ fn write_ids(body: &[u8], encoded_id: &[u8], encoded_previous: Option<&[u8]>, ou
 }
 
 pub struct ResponsesStreamRewriter {
-    parser: SseParser,
-    encoded_id: Vec<u8>,
+    state: StreamState,
     encoded_previous: Option<Vec<u8>>,
-    pub done: bool,
-    pub chunks: u64,
-    pub saw_output: bool,
-    pub output_text: String,
-    pub usage: Option<TokenUsage>,
-    pub upstream_id: Option<String>,
-    pub model: Option<String>,
-    /// The response's last status (completed, incomplete ...).
-    pub finish_reason: Option<String>,
-    pub error: Option<Vec<u8>>,
+    usage: Option<TokenUsage>,
+    /// The upstream's own response id, which the next turn must name to the channel holding it.
+    upstream_id: Option<String>,
 }
 
 impl ResponsesStreamRewriter {
+    /// The state's finish reason is the response's last status (completed, incomplete ...).
     pub fn new(response_id: &str, previous_id: Option<&str>) -> Self {
         Self {
-            parser: SseParser::new(),
-            encoded_id: encode(response_id),
-            encoded_previous: previous_id.map(encode),
-            done: false,
-            chunks: 0,
-            saw_output: false,
-            output_text: String::new(),
+            state: StreamState::new(response_id),
+            encoded_previous: previous_id.map(encode_id),
             usage: None,
             upstream_id: None,
-            model: None,
-            finish_reason: None,
-            error: None,
         }
     }
 
-    /// The last usage the upstream reported, if any.
-    pub fn usage(&self) -> Option<TokenUsage> {
-        self.usage
-    }
-
-    /// Bytes for the client for every event this chunk completes.
-    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.rewrite(chunk)
-    }
-
-    /// End of upstream input.
-    pub fn finish(&mut self) -> Vec<u8> {
-        self.rewrite_end()
+    pub fn upstream_id(&self) -> Option<String> {
+        self.upstream_id.clone()
     }
 
     fn read(&mut self, view: EventView<'_>, delta_is_output: bool) {
@@ -170,21 +139,16 @@ impl ResponsesStreamRewriter {
             if self.upstream_id.is_none() {
                 self.upstream_id = response.id.into_owned();
             }
-            if self.model.is_none() {
-                self.model = response.model.into_owned();
-            }
+            self.state.note_model(response.model);
             if let Some(status) = response.status.into_owned() {
-                self.finish_reason = Some(status);
+                self.state.finish_reason = Some(status);
             }
             if let Some(u) = response.usage {
                 self.usage = Some(u.into());
             }
         }
         if delta_is_output {
-            if let Some(t) = view.delta.non_empty() {
-                self.saw_output = true;
-                self.output_text.push_str(t);
-            }
+            self.state.take_text(&view.delta);
         }
     }
 
@@ -196,7 +160,8 @@ impl ResponsesStreamRewriter {
                 span = Some(s);
             }
         });
-        let mut nested = Vec::with_capacity(data.len() + 2 * self.encoded_id.len());
+        let encoded_id = self.state.encoded_id();
+        let mut nested = Vec::with_capacity(data.len() + 2 * encoded_id.len());
         let rewritten = span.is_some_and(|s| {
             let (Some(before), Some(inner), Some(after)) =
                 (data.get(..s.start), data.get(s.clone()), data.get(s.end..))
@@ -205,21 +170,29 @@ impl ResponsesStreamRewriter {
             };
             nested.extend_from_slice(before);
             let ok = inner.first() == Some(&b'{')
-                && write_ids(inner, &self.encoded_id, self.encoded_previous.as_deref(), &mut nested).is_ok();
+                && write_ids(inner, encoded_id, self.encoded_previous.as_deref(), &mut nested).is_ok();
             nested.extend_from_slice(after);
             ok
         });
-        push_with_id(out, if rewritten { &nested } else { data }, &self.encoded_id);
+        push_with_id(out, if rewritten { &nested } else { data }, encoded_id);
     }
 }
 
-impl RewriteEvents for ResponsesStreamRewriter {
-    fn parser(&mut self) -> &mut SseParser {
-        &mut self.parser
+impl StreamRewriter for ResponsesStreamRewriter {
+    fn state(&self) -> &StreamState {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut StreamState {
+        &mut self.state
+    }
+
+    fn usage(&self) -> Option<TokenUsage> {
+        self.usage
     }
 
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
-        if self.done || self.error.is_some() {
+        if self.state.is_over() {
             return;
         }
         let data = event.data;
@@ -230,7 +203,7 @@ impl RewriteEvents for ResponsesStreamRewriter {
         let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
         let name = kind.or(event.event).unwrap_or("");
         if name == "error" || name == "response.failed" {
-            self.error = Some(data.as_bytes().to_vec());
+            self.state.error = Some(data.as_bytes().to_vec());
             return;
         }
         let ends = name == "response.completed" || name == "response.incomplete";
@@ -245,17 +218,13 @@ impl RewriteEvents for ResponsesStreamRewriter {
         if has_response {
             self.push_lifecycle(out, data.as_bytes());
         } else {
-            push_with_id(out, data.as_bytes(), &self.encoded_id);
+            push_with_id(out, data.as_bytes(), self.state.encoded_id());
         }
-        self.chunks += 1;
+        self.state.chunks += 1;
         if ends {
-            self.done = true;
+            self.state.done = true;
             out.extend_from_slice(b"data: [DONE]\n\n");
         }
-    }
-
-    fn on_overflow(&mut self) {
-        self.error.get_or_insert_with(|| OVERSIZED_EVENT_ERROR.to_vec());
     }
 }
 
@@ -263,10 +232,10 @@ impl RewriteEvents for ResponsesStreamRewriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::sse::Event;
+    use crate::stream::sse::{Event, SseParser};
     use proptest::prelude::*;
 
-    const FIXTURE: &[u8] = include_bytes!("../../../tests/fixtures/sse/openai_responses_stream.txt");
+    const FIXTURE: &[u8] = include_bytes!("../../../../tests/fixtures/sse/openai_responses_stream.txt");
     const UPSTREAM_ID: &str = "resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654";
 
     fn parse(bytes: &[u8]) -> Vec<Event> {
@@ -299,13 +268,13 @@ mod tests {
                 assert_eq!(response["previous_response_id"], "resp_prev_gw");
             }
         }
-        assert_eq!(rw.upstream_id.as_deref(), Some(UPSTREAM_ID));
-        let u = rw.usage.unwrap();
+        assert_eq!(rw.upstream_id().as_deref(), Some(UPSTREAM_ID));
+        let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.reasoning_tokens), (37, 5, 11, 2));
-        assert_eq!(rw.output_text, "Hi there!");
-        assert_eq!(rw.finish_reason.as_deref(), Some("completed"));
-        assert_eq!(rw.model.as_deref(), Some("gpt-4.1-2025-04-14"));
-        assert!(rw.done && rw.saw_output);
+        assert_eq!(rw.state().output_text, "Hi there!");
+        assert_eq!(rw.state().finish_reason.as_deref(), Some("completed"));
+        assert_eq!(rw.state().model.as_deref(), Some("gpt-4.1-2025-04-14"));
+        assert!(rw.state().done && rw.state().saw_output);
         assert!(!String::from_utf8(out).unwrap().contains(UPSTREAM_ID));
     }
 
@@ -331,7 +300,7 @@ mod tests {
             let delta = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n";
             let out = run(&mut rw, format!("{delta}{event}event: response.completed\ndata: {{}}\n\n").as_bytes());
             assert_eq!(parse(&out).len(), 1);
-            assert!(rw.error.is_some() && !rw.done && rw.saw_output);
+            assert!(rw.state().error.is_some() && !rw.state().done && rw.state().saw_output);
         }
     }
 
@@ -345,9 +314,9 @@ data: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\
 data: {\"type\":\"response.audio.delta\",\"delta\":\"AAAA\"}\n\n\
 data: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"up\",\"status\":\"incomplete\",\"previous_response_id\":null}}\n\n",
         );
-        assert_eq!(rw.output_text, "think {\"a\":1}");
-        assert_eq!(rw.finish_reason.as_deref(), Some("incomplete"));
-        assert!(rw.done && rw.usage.is_none());
+        assert_eq!(rw.state().output_text, "think {\"a\":1}");
+        assert_eq!(rw.state().finish_reason.as_deref(), Some("incomplete"));
+        assert!(rw.state().done && rw.usage().is_none());
     }
 
     #[test]

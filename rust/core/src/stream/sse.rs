@@ -220,38 +220,6 @@ impl SseParser {
     }
 }
 
-/// A stream rewriter: it owns a parser and turns each parsed event into bytes for the client.
-/// `rewrite` and `rewrite_end` are the feed/finish every rewriter exposes.
-pub(crate) trait RewriteEvents {
-    fn parser(&mut self) -> &mut SseParser;
-    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>);
-    /// The upstream sent an event too large to hold: the stream is over, as after an error event.
-    fn on_overflow(&mut self);
-
-    /// Bytes for the client for every event this chunk completes.
-    fn rewrite(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        // The parser is taken out for the call so that `handle` may borrow the rest of self.
-        let mut parser = std::mem::take(self.parser());
-        parser.feed_each(chunk, |e| self.handle(e, &mut out));
-        let overflowed = parser.overflowed();
-        *self.parser() = parser;
-        if overflowed {
-            self.on_overflow();
-        }
-        out
-    }
-
-    /// End of upstream input.
-    fn rewrite_end(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut parser = std::mem::take(self.parser());
-        parser.finish_each(|e| self.handle(e, &mut out));
-        *self.parser() = parser;
-        out
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -337,7 +305,7 @@ mod tests {
 
     #[test]
     fn borrowed_events_equal_owned() {
-        let bytes = include_bytes!("../../../tests/fixtures/sse/anthropic_messages_stream.txt");
+        let bytes = include_bytes!("../../../../tests/fixtures/sse/anthropic_messages_stream.txt");
         let mut p = SseParser::new();
         let mut borrowed = Vec::new();
         p.feed_each(bytes, |e| borrowed.push(e.to_owned()));
@@ -354,13 +322,13 @@ mod tests {
 
     #[test]
     fn golden_fixtures_parse() {
-        let openai = parse_all(&[include_bytes!("../../../tests/fixtures/sse/openai_chat_stream.txt")]);
+        let openai = parse_all(&[include_bytes!("../../../../tests/fixtures/sse/openai_chat_stream.txt")]);
         assert_eq!(openai.last().map(|e| e.data.as_str()), Some("[DONE]"));
-        let anthropic = parse_all(&[include_bytes!("../../../tests/fixtures/sse/anthropic_messages_stream.txt")]);
+        let anthropic = parse_all(&[include_bytes!("../../../../tests/fixtures/sse/anthropic_messages_stream.txt")]);
         let names: Vec<_> = anthropic.iter().map(|e| e.event.clone().unwrap_or_default()).collect();
         assert_eq!(names.first().map(String::as_str), Some("message_start"));
         assert_eq!(names.last().map(String::as_str), Some("message_stop"));
-        let mixed = parse_all(&[include_bytes!("../../../tests/fixtures/sse/crlf_and_comments.txt")]);
+        let mixed = parse_all(&[include_bytes!("../../../../tests/fixtures/sse/crlf_and_comments.txt")]);
         assert_eq!(data(&mixed), ["{\"a\":1}", "line one\nline two", "[DONE]"]);
     }
 

@@ -1,0 +1,127 @@
+//! Rewriting an upstream stream for the client, one module per shape, and reading what it says.
+//!
+//! Each shape's rewriter ([`chat`], [`messages`], [`responses`]) holds a [`StreamState`]: the SSE
+//! parser feeding it, the gateway's response id, and what every shape learns on the way (chunks
+//! forwarded, streamed text, model, finish reason, end, upstream error). [`StreamRewriter`] gives
+//! them one face: a rewriter says how it handles one event and where its usage is; feeding chunks,
+//! finishing and the overflow rule are written once here. The event writers shared by the shapes
+//! are in [`events`].
+
+pub mod chat;
+pub mod events;
+pub mod messages;
+pub mod responses;
+pub mod sse;
+
+use crate::json::{write_json_string, Text};
+use sse::{EventRef, SseParser, OVERSIZED_EVENT_ERROR};
+
+/// Token counts as the gateway bills them, whatever the shape called them upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cached_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+/// What a rewriter knows of its stream, the same for every shape.
+pub struct StreamState {
+    parser: SseParser,
+    /// The response id as a JSON string literal, encoded once.
+    encoded_id: Vec<u8>,
+    /// The stream ended as the shape ends it (`[DONE]`, `message_stop`, `response.completed` ...).
+    pub done: bool,
+    /// Events forwarded to the client with the gateway's id.
+    pub chunks: u64,
+    pub saw_output: bool,
+    /// Every piece of generated text (answer, reasoning, tool arguments), for counting when the
+    /// upstream reports no usage.
+    pub output_text: String,
+    pub model: Option<String>,
+    pub finish_reason: Option<String>,
+    /// The upstream's error event, raw, kept back from the client; the stream is over after it.
+    pub error: Option<Vec<u8>>,
+}
+
+impl StreamState {
+    pub fn new(response_id: &str) -> Self {
+        Self {
+            parser: SseParser::new(),
+            encoded_id: encode_id(response_id),
+            done: false,
+            chunks: 0,
+            saw_output: false,
+            output_text: String::new(),
+            model: None,
+            finish_reason: None,
+            error: None,
+        }
+    }
+
+    pub fn encoded_id(&self) -> &[u8] {
+        &self.encoded_id
+    }
+
+    /// Done or failed: anything the upstream sends after is not the client's.
+    pub fn is_over(&self) -> bool {
+        self.done || self.error.is_some()
+    }
+
+    /// The model as the first event that names it says.
+    fn note_model(&mut self, model: Text<'_>) {
+        if self.model.is_none() {
+            self.model = model.into_owned();
+        }
+    }
+
+    fn take_text(&mut self, text: &Text<'_>) {
+        if let Some(t) = text.non_empty() {
+            self.saw_output = true;
+            self.output_text.push_str(t);
+        }
+    }
+}
+
+/// An id (or any string) as a JSON string literal.
+fn encode_id(id: &str) -> Vec<u8> {
+    let mut encoded = Vec::with_capacity(id.len() + 2);
+    write_json_string(id, &mut encoded);
+    encoded
+}
+
+/// A shape's stream rewriter: it turns each parsed event into bytes for the client.
+pub trait StreamRewriter {
+    fn state(&self) -> &StreamState;
+    fn state_mut(&mut self) -> &mut StreamState;
+    /// One event: bytes for the client into `out`, what it says into the state.
+    fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>);
+    /// The usage the upstream reported, if any, as the gateway counts it.
+    fn usage(&self) -> Option<TokenUsage>;
+
+    /// Bytes for the client for every event this chunk completes.
+    fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        // The parser is taken out for the call so that `handle` may borrow the rest of self.
+        let mut parser = std::mem::take(&mut self.state_mut().parser);
+        parser.feed_each(chunk, |e| self.handle(e, &mut out));
+        let overflowed = parser.overflowed();
+        let state = self.state_mut();
+        state.parser = parser;
+        if overflowed {
+            // An event too large to hold ends the stream, as an upstream error event does.
+            state.error.get_or_insert_with(|| OVERSIZED_EVENT_ERROR.to_vec());
+        }
+        out
+    }
+
+    /// End of upstream input.
+    fn finish(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut parser = std::mem::take(&mut self.state_mut().parser);
+        parser.finish_each(|e| self.handle(e, &mut out));
+        self.state_mut().parser = parser;
+        out
+    }
+}
