@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from gateway._core import ChatStreamRewriter, TokenBucket, count_tokens, fingerprint
+from gateway.core import ChatStreamRewriter, TokenBucket, count_tokens, fingerprint
 
 
 def per_op(fn: Callable[[], object], ops_per_call: int = 1) -> float:

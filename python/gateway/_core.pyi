@@ -1,8 +1,9 @@
 """Typed face of the Rust extension `gateway._core` (crate `rust/py`, logic in `rust/core`).
 
-Every function here is pure or owns its own small state; only SharedBuckets, AppendFile and
-file_len do I/O (files). Errors raised by the extension all derive from `CoreError`, except OSError
-from those files.
+Import it through `gateway.core`, never directly. Every function here is pure or owns its own
+small state; only SharedBuckets, AppendFile and file_len do I/O (files). Errors raised by the
+extension are the classes of `gateway.core` (CoreError and its subclasses, under the gateway's
+GatewayError), except OSError from those files.
 """
 
 import os
@@ -18,8 +19,6 @@ __all__ = [
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",
     "ChatStreamRewriter",
-    "CoreError",
-    "InvalidJsonError",
     "MessagesStreamRewriter",
     "MultipartPart",
     "ResponsesStreamRewriter",
@@ -30,7 +29,6 @@ __all__ = [
     "StreamUsage",
     "TakeResult",
     "TokenBucket",
-    "UnknownEncodingError",
     "__version__",
     "count_chat_tokens",
     "count_tokens",
@@ -44,17 +42,6 @@ __all__ = [
 ]
 
 _Encoding: TypeAlias = Literal["o200k_base", "cl100k_base"]
-
-# ---------------------------------------------------------------- errors
-
-class CoreError(ValueError):
-    """Root of every exception the Rust core raises (all are bad input, hence ValueError)."""
-
-class UnknownEncodingError(CoreError):
-    """The tokenizer name is not one of the bundled vocabularies."""
-
-class InvalidJsonError(CoreError):
-    """Bytes that had to be JSON were not (message says where)."""
 
 # ---------------------------------------------------------------- SSE
 

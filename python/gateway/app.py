@@ -20,9 +20,9 @@ from starlette.types import ASGIApp
 from . import background as background_responses
 from . import console, jobs
 from . import videos as video_jobs
-from ._core import count_tokens
 from .buckets import BucketStore, FileBuckets
 from .config import ConfigError, Settings, settings_from_env
+from .core import count_tokens
 from .drain import Drain
 from .edge import AnswerEdge
 from .errors import GatewayError, error_response

@@ -17,10 +17,10 @@ from decimal import Decimal
 from typing import Any, Final
 
 from . import billing, jobs
-from ._core import InvalidJsonError, RewrittenResponse, count_tokens, rewrite_response
 from .clock import now_ms
 from .config import ChannelConfig, ModelConfig
 from .context import Call
+from .core import InvalidJsonError, RewrittenResponse, count_tokens, rewrite_response
 from .errors import GatewayError
 from .pricing import Usage, reported_usage
 from .state import GatewayState

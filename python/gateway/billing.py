@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from ._core import count_tokens
 from .config import ModelConfig
 from .context import Call
+from .core import count_tokens
 from .estimates import TextEstimate
 from .funds import NotCovered
 from .pricing import ReportedUsage, Usage, cost, reported_usage

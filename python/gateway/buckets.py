@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from ._core import SharedBuckets
+from .core import SharedBuckets
 
 
 class BucketsUnavailable(OSError):

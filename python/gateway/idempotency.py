@@ -23,9 +23,9 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ._core import fingerprint
 from .clock import now_ms
 from .context import Call
+from .core import fingerprint
 from .errors import GatewayError, ServiceUnavailable, invalid_request
 from .state import GatewayState
 from .store import StoredAnswer

@@ -30,8 +30,8 @@ from typing import Final
 
 from redis.asyncio import Redis
 
-from ._core import CoreError
 from .buckets import BucketsUnavailable
+from .core import CoreError
 from .redis_client import UNAVAILABLE
 
 log = logging.getLogger("gateway.ratelimits")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway._core import AppendFile, file_len
+from gateway.core import AppendFile, file_len
 
 
 def test_append_truncate_and_length(tmp_path: Path) -> None:

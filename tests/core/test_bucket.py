@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import CoreError, TokenBucket
+from gateway.core import CoreError, TokenBucket
 
 MINUTE = 60_000_000_000
 

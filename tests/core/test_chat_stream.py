@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import ChatStreamRewriter, InvalidJsonError, parse_chat_usage, set_json_id
+from gateway.core import ChatStreamRewriter, InvalidJsonError, parse_chat_usage, set_json_id
 
 FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "openai_chat_stream.txt").read_bytes()
 

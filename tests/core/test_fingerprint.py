@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import CoreError, fingerprint
+from gateway.core import CoreError, fingerprint
 
 PATH = "/v1/images/generations"
 json_values = st.recursive(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import InvalidJsonError, MessagesStreamRewriter, SseParser, parse_messages_usage
+from gateway.core import InvalidJsonError, MessagesStreamRewriter, SseParser, parse_messages_usage
 
 FIXTURE = (
     Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "anthropic_messages_stream.txt"

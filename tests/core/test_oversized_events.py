@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway._core import (
+from gateway.core import (
     MAX_EVENT_BYTES,
     OVERSIZED_EVENT_ERROR,
     ChatStreamRewriter,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import InvalidJsonError, ResponsesStreamRewriter, SseParser, rewrite_response
+from gateway.core import InvalidJsonError, ResponsesStreamRewriter, SseParser, rewrite_response
 
 FIXTURE = (
     Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "openai_responses_stream.txt"

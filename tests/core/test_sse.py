@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import SseParser
+from gateway.core import SseParser
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sse"
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiktoken_reference
-from gateway._core import (
+from gateway.core import (
     CoreError,
     InvalidJsonError,
     UnknownEncodingError,

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from test_early_end import ALL_SHAPES, Shape, stream, usage_rows
 
-from gateway._core import count_tokens
+from gateway.core import count_tokens
 from harness import Gateway, KeyHandle
 
 # How long the model waits before its first token (or its plain answer) in the "slow" cases, and

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway._core import count_tokens
 from gateway.config import Prices
+from gateway.core import count_tokens
 from gateway.pricing import Usage, cost
 from harness import Gateway, KeyHandle, chat_model, gateway
 

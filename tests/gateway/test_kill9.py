@@ -27,8 +27,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway._core import count_tokens
 from gateway.config import Settings
+from gateway.core import count_tokens
 from harness import (
     KeyHandle,
     StoreSpec,

@@ -247,7 +247,7 @@ def test_kill_9_of_a_whole_instance_mid_traffic(cluster: Cluster) -> None:
     workers) killed: its processes' leases and owner rows are gone within the stated 20 s, its
     streams are billed what they delivered (incomplete), the others kept answering, and the ledger
     balances to the micro-dollar."""
-    from gateway._core import count_tokens
+    from gateway.core import count_tokens
 
     deposit = Decimal(50)
     key = cluster.new_key(deposit)

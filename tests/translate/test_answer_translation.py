@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import parse_chat_usage, parse_messages_usage
+from gateway.core import parse_chat_usage, parse_messages_usage
 from gateway.pricing import Usage
 from gateway.translate import chat_completion_from_message, message_from_chat_completion
 from gateway.translate.stop_reasons import FINISH_REASON_FOR_STOP_REASON, finish_reason, stop_reason

@@ -11,7 +11,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway._core import SseParser
+from gateway.core import SseParser
 from gateway.pricing import Usage
 from gateway.translate import (
     ChatStreamFromMessages,

@@ -10,9 +10,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from .._core import count_tokens, parse_chat_usage
 from ..config import ModelConfig
 from ..context import Call
+from ..core import count_tokens, parse_chat_usage
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage

@@ -19,9 +19,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing, safety
-from .._core import MultipartPart, count_tokens, parse_multipart
 from ..config import ModelConfig
 from ..context import Call
+from ..core import MultipartPart, count_tokens, parse_multipart
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost

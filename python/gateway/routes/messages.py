@@ -10,15 +10,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing, safety
-from .._core import (
+from ..config import ModelConfig
+from ..context import Call
+from ..core import (
     MessagesStreamRewriter,
     count_chat_tokens,
     count_tokens,
     parse_chat_usage,
     parse_messages_usage,
 )
-from ..config import ModelConfig
-from ..context import Call
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage

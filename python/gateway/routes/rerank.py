@@ -15,9 +15,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from .._core import count_tokens
 from ..config import ModelConfig
 from ..context import Call
+from ..core import count_tokens
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage

@@ -17,16 +17,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import background, billing, safety
-from .._core import (
+from ..clock import now_ms
+from ..config import ChannelConfig, ModelConfig
+from ..context import Call
+from ..core import (
     InvalidJsonError,
     ResponsesStreamRewriter,
     count_chat_tokens,
     count_tokens,
     rewrite_response,
 )
-from ..clock import now_ms
-from ..config import ChannelConfig, ModelConfig
-from ..context import Call
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost, reported_usage

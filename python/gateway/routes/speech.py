@@ -12,9 +12,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing, safety
-from .._core import count_tokens
 from ..config import ChannelConfig
 from ..context import Call
+from ..core import count_tokens
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost

@@ -14,10 +14,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from .._core import InvalidJsonError, count_tokens, parse_multipart, set_json_id
 from ..audio import wav_seconds
 from ..config import ModelConfig
 from ..context import Call
+from ..core import InvalidJsonError, count_tokens, parse_multipart, set_json_id
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import billing
-from .._core import InvalidJsonError, StreamUsage, set_json_id
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
+from ..core import InvalidJsonError, StreamUsage, set_json_id
 from ..errors import GatewayError
 from ..pricing import Usage, format_cost, reported_usage
 from ..providers import PROVIDERS

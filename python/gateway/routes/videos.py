@@ -19,10 +19,10 @@ from starlette.routing import Route
 
 from .. import admin_fields as field
 from .. import billing, jobs, safety, videos
-from .._core import MultipartPart, parse_multipart
 from ..auth import authenticate
 from ..clock import now_ms
 from ..context import Call
+from ..core import MultipartPart, parse_multipart
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..registry import REQUIRED_FIELDS

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from .._core import count_tokens, parse_multipart
+from ..core import count_tokens, parse_multipart
 from . import directives
 from .directives import DirectiveError
 from .wire import Answer, error_answer

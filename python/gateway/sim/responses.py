@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from .._core import count_chat_tokens, count_tokens
+from ..core import count_chat_tokens, count_tokens
 from . import directives, structured
 from .directives import DirectiveError, Directives
 from .tools import ToolCall, responses_tool_call

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import orjson
 
-from .._core import count_chat_tokens, count_tokens
+from ..core import count_chat_tokens, count_tokens
 from . import directives, images, moderation, structured, tools, transcription, videos
 from .directives import DirectiveError, Directives
 from .responses import JOB_ROUTE, ResponsesSim

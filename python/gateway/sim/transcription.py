@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from .._core import count_tokens, parse_multipart
 from ..audio import wav_seconds
+from ..core import count_tokens, parse_multipart
 from .wire import Answer, error_answer
 from .words import WORDS
 

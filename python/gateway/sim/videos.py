@@ -21,7 +21,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from .._core import parse_multipart
+from ..core import parse_multipart
 from . import directives
 from .directives import DirectiveError
 from .video import MAX_SECONDS, render_mp4

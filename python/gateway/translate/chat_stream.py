@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .._core import SseEvent
+from ..core import SseEvent
 from ..pricing import Usage
 from .stop_reasons import finish_reason
 from .stream_base import TranslatedStream

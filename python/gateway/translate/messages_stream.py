@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from .._core import SseEvent
+from ..core import SseEvent
 from ..pricing import Usage
 from .answers import reasoning_text
 from .stop_reasons import stop_reason

@@ -4,7 +4,7 @@ StreamRewriter state (routes/streaming.py) and the loop that hands each event to
 
 from __future__ import annotations
 
-from .._core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+from ..core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
 
 
 class TranslatedStream:

@@ -8,28 +8,32 @@ use gateway_core::shared_buckets::{self, Limit};
 use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
 use gateway_core::tokens::{self, Encoding};
 use gateway_core::{idempotency, CoreError as Core};
-use pyo3::create_exception;
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
-
-create_exception!(_core, CoreError, PyValueError, "Root of every exception the Rust core raises.");
-create_exception!(_core, UnknownEncodingError, CoreError, "The tokenizer name is not a bundled vocabulary.");
-create_exception!(_core, InvalidJsonError, CoreError, "Bytes that had to be JSON were not.");
+use pyo3::types::{PyBytes, PyType};
 
 /// Texts and bodies above these sizes are processed with the GIL released.
 const DETACH_TEXT_BYTES: usize = 4 * 1024;
 const DETACH_BODY_BYTES: usize = 64 * 1024;
 
-/// The one place core errors become Python exceptions.
+/// The one place core errors become Python exceptions. The classes are Python's, in `gateway.core`
+/// (CoreError and its subclasses, under the gateway's GatewayError); only file errors are OSError.
 fn to_py(err: Core) -> PyErr {
     let message = err.to_string();
-    match err {
-        Core::UnknownEncoding(_) => UnknownEncodingError::new_err(message),
-        Core::InvalidJson(_) => InvalidJsonError::new_err(message),
-        Core::InvalidArgument(_) => CoreError::new_err(message),
-        Core::Io(_) => PyOSError::new_err(message),
-    }
+    let class = match err {
+        Core::UnknownEncoding(_) => "UnknownEncodingError",
+        Core::InvalidJson(_) => "InvalidJsonError",
+        Core::InvalidArgument(_) => "CoreError",
+        Core::Io(_) => return PyOSError::new_err(message),
+    };
+    Python::attach(|py| {
+        let found = py.import("gateway.core").and_then(|module| module.getattr(class));
+        match found.map(|c| c.cast_into::<PyType>()) {
+            Ok(Ok(class)) => PyErr::from_type(class, message),
+            Ok(Err(e)) => e.into(),
+            Err(e) => e,
+        }
+    })
 }
 
 fn encoding(name: &str) -> PyResult<Encoding> {
@@ -527,9 +531,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_EVENT_BYTES", sse::MAX_EVENT_BYTES)?;
     m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
-    m.add("CoreError", py.get_type::<CoreError>())?;
-    m.add("UnknownEncodingError", py.get_type::<UnknownEncodingError>())?;
-    m.add("InvalidJsonError", py.get_type::<InvalidJsonError>())?;
     m.add_class::<SseEvent>()?;
     m.add_class::<SseParser>()?;
     m.add_class::<StreamUsage>()?;

@@ -2,7 +2,7 @@
 a database commit.
 
 Each settlement is appended to this process's journal with one write(2) before the response goes
-out (made with the GIL held: _core.AppendFile): the usage record and the request's log entry
+out (made with the GIL held: core.AppendFile): the usage record and the request's log entry
 (without its bodies) on one line, so that a charge and the records that show it are one durable
 step; whatever is replayed, all of them are. No fsync: a killed process cannot lose what the kernel
 already holds (a power cut can; that is the same promise as SQLite's synchronous=NORMAL). The store
@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from ..._core import AppendFile
+from ...core import AppendFile
 from ..records import LOG_BODY_COLUMNS, LOG_COLUMNS, RequestLog, Settlement
 from .rows import usage_record, usage_row
 

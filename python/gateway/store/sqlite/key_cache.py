@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..._core import file_len
+from ...core import file_len
 from ..records import KeyContext
 
 # Past this many keys the cache starts again empty: memory stays bounded whatever the key count.

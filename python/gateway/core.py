@@ -1,0 +1,88 @@
+"""The Rust core, as Python imports it: the one module through which the gateway reaches `gateway._core`.
+
+`gateway._core` is the compiled extension (crate `rust/py`, logic in `rust/core`, types in
+`_core.pyi`); everything else imports from here, as pydantic imports pydantic-core. The core's
+exceptions are defined here, under the gateway's own error type, and the extension raises these
+classes.
+"""
+
+from __future__ import annotations
+
+from ._core import (
+    MAX_EVENT_BYTES,
+    OVERSIZED_EVENT_ERROR,
+    AppendFile,
+    ChatStreamRewriter,
+    MessagesStreamRewriter,
+    MultipartPart,
+    ResponsesStreamRewriter,
+    RewrittenResponse,
+    SharedBuckets,
+    SseEvent,
+    SseParser,
+    StreamUsage,
+    TakeResult,
+    TokenBucket,
+    __version__,
+    count_chat_tokens,
+    count_tokens,
+    file_len,
+    fingerprint,
+    parse_chat_usage,
+    parse_messages_usage,
+    parse_multipart,
+    rewrite_response,
+    set_json_id,
+)
+from .errors import GatewayError
+
+
+class CoreError(GatewayError, ValueError):
+    """Root of every exception the Rust core raises, except OSError from its files.
+
+    Each is bad bytes or a bad argument: callers catch it where they know whose bytes they were
+    (a client's body: invalid_request; an upstream's: provider_error). One that escapes them is the
+    gateway's own failure, hence the code `api_error` (500).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("api_error", message)
+
+
+class UnknownEncodingError(CoreError):
+    """The tokenizer name is not one of the bundled vocabularies."""
+
+
+class InvalidJsonError(CoreError):
+    """Bytes that had to be JSON were not (the message says where)."""
+
+
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "OVERSIZED_EVENT_ERROR",
+    "AppendFile",
+    "ChatStreamRewriter",
+    "CoreError",
+    "InvalidJsonError",
+    "MessagesStreamRewriter",
+    "MultipartPart",
+    "ResponsesStreamRewriter",
+    "RewrittenResponse",
+    "SharedBuckets",
+    "SseEvent",
+    "SseParser",
+    "StreamUsage",
+    "TakeResult",
+    "TokenBucket",
+    "UnknownEncodingError",
+    "__version__",
+    "count_chat_tokens",
+    "count_tokens",
+    "file_len",
+    "fingerprint",
+    "parse_chat_usage",
+    "parse_messages_usage",
+    "parse_multipart",
+    "rewrite_response",
+    "set_json_id",
+]
