@@ -34,8 +34,17 @@ $(STAMPS)/deps: pyproject.toml | $(BIN)/python
 	@touch $@
 
 # The Rust extension, release build, installed editable into the venv (python/ stays the source).
+# `make test-quick` installs a build without fat LTO instead (ext-quick); each removes the other's
+# stamp, so `make test`, `make run` and the benchmarks always get the release build back.
+MATURIN_DEVELOP = VIRTUAL_ENV=$(abspath $(VENV)) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/maturin develop --locked --quiet
 $(STAMPS)/ext: $(STAMPS)/deps $(RUST_SOURCES)
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/maturin develop --release --locked --quiet
+	rm -f $(STAMPS)/ext-quick
+	$(MATURIN_DEVELOP) --release
+	@touch $@
+
+$(STAMPS)/ext-quick: $(STAMPS)/deps $(RUST_SOURCES)
+	rm -f $(STAMPS)/ext
+	$(MATURIN_DEVELOP) --profile quick
 	@touch $@
 
 Cargo.lock:
@@ -50,6 +59,10 @@ run: setup ## start the simulator and the gateway; prints the base URL and a dem
 
 .PHONY: test
 test: setup lint test-rust test-py ## the whole suite: lint, Rust unit tests, then pytest
+
+.PHONY: test-quick
+test-quick: $(STAMPS)/ext-quick $(STAMPS)/js $(STAMPS)/chromium ## for development: no LTO build, no lint, pytest without the slow tests
+	$(BIN)/python -m pytest -q -m "not slow"
 
 .PHONY: test-rust
 test-rust: ## cargo tests of the core (no Python)
