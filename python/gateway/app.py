@@ -207,7 +207,7 @@ def _beside(path: Path, suffix: str) -> Path:
 
 
 def warm_tokenizers(settings: Settings) -> None:
-    """Load every configured vocabulary now, not on the first request that needs it (tens of ms)."""
+    """Load every configured vocabulary now, not on the first request that needs it (~10 ms each)."""
     for tokenizer in {m.tokenizer for m in settings.models}:
         count_tokens("warm", tokenizer)
 

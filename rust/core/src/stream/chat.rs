@@ -194,8 +194,7 @@ impl StreamRewriter for ChatStreamRewriter {
         }
         let data = event.data;
         if data.trim_matches(is_json_ws) == "[DONE]" {
-            self.state.done = true;
-            out.extend_from_slice(b"data: [DONE]\n\n");
+            self.state.end(out);
             return;
         }
         if !starts_object(data.as_bytes()) {
@@ -233,17 +232,13 @@ impl StreamRewriter for ChatStreamRewriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::stream::sse::SseParser;
+    use crate::stream::sse::parse_all;
     use proptest::prelude::*;
 
     const FIXTURE: &[u8] = include_bytes!("../../../../tests/fixtures/sse/openai_chat_stream.txt");
 
     fn events(bytes: &[u8]) -> Vec<String> {
-        let mut p = SseParser::new();
-        let mut out = Vec::new();
-        p.feed(bytes, &mut out);
-        p.finish(&mut out);
-        out.into_iter().map(|e| e.data).collect()
+        parse_all(&[bytes]).into_iter().map(|e| e.data).collect()
     }
 
     #[test]

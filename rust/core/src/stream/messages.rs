@@ -234,8 +234,7 @@ impl StreamRewriter for MessagesStreamRewriter {
         }
         self.state.chunks += 1;
         if is_stop {
-            self.state.done = true;
-            out.extend_from_slice(b"data: [DONE]\n\n");
+            self.state.end(out);
         }
     }
 }
@@ -244,17 +243,13 @@ impl StreamRewriter for MessagesStreamRewriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::stream::sse::{Event, SseParser};
+    use crate::stream::sse::{parse_all, Event};
     use proptest::prelude::*;
 
     const FIXTURE: &[u8] = include_bytes!("../../../../tests/fixtures/sse/anthropic_messages_stream.txt");
 
     fn parse(bytes: &[u8]) -> Vec<Event> {
-        let mut p = SseParser::new();
-        let mut out = Vec::new();
-        p.feed(bytes, &mut out);
-        p.finish(&mut out);
-        out
+        parse_all(&[bytes])
     }
 
     #[test]

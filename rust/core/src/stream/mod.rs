@@ -69,6 +69,12 @@ impl StreamState {
         self.done || self.error.is_some()
     }
 
+    /// The stream ended as its shape ends it; the client gets the gateway's `[DONE]` after it.
+    fn end(&mut self, out: &mut Vec<u8>) {
+        self.done = true;
+        out.extend_from_slice(b"data: [DONE]\n\n");
+    }
+
     /// The model as the first event that names it says.
     fn note_model(&mut self, model: Text<'_>) {
         if self.model.is_none() {

@@ -222,8 +222,7 @@ impl StreamRewriter for ResponsesStreamRewriter {
         }
         self.state.chunks += 1;
         if ends {
-            self.state.done = true;
-            out.extend_from_slice(b"data: [DONE]\n\n");
+            self.state.end(out);
         }
     }
 }
@@ -232,18 +231,14 @@ impl StreamRewriter for ResponsesStreamRewriter {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::stream::sse::{Event, SseParser};
+    use crate::stream::sse::{parse_all, Event};
     use proptest::prelude::*;
 
     const FIXTURE: &[u8] = include_bytes!("../../../../tests/fixtures/sse/openai_responses_stream.txt");
     const UPSTREAM_ID: &str = "resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654";
 
     fn parse(bytes: &[u8]) -> Vec<Event> {
-        let mut p = SseParser::new();
-        let mut out = Vec::new();
-        p.feed(bytes, &mut out);
-        p.finish(&mut out);
-        out
+        parse_all(&[bytes])
     }
 
     fn run(rw: &mut ResponsesStreamRewriter, input: &[u8]) -> Vec<u8> {

@@ -220,21 +220,23 @@ impl SseParser {
     }
 }
 
+/// Every event in `chunks`, fed one after another and finished: what a client would read.
+#[cfg(test)]
+pub(crate) fn parse_all(chunks: &[&[u8]]) -> Vec<Event> {
+    let mut p = SseParser::new();
+    let mut out = Vec::new();
+    for c in chunks {
+        p.feed(c, &mut out);
+    }
+    p.finish(&mut out);
+    out
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    fn parse_all(chunks: &[&[u8]]) -> Vec<Event> {
-        let mut p = SseParser::new();
-        let mut out = Vec::new();
-        for c in chunks {
-            p.feed(c, &mut out);
-        }
-        p.finish(&mut out);
-        out
-    }
 
     fn data(events: &[Event]) -> Vec<&str> {
         events.iter().map(|e| e.data.as_str()).collect()
