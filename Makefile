@@ -119,6 +119,10 @@ bench: setup bench-tools ## every path, workload and concurrency, micro-benchmar
 bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 64, about two minutes
 	$(BIN)/python benches/run.py --quick
 
+.PHONY: bench-core
+bench-core: ## Criterion benchmarks of the Rust core alone (stream rewriters, json.rs), about two minutes
+	cargo bench --locked -p gateway-core
+
 # Distribution: one abi3 wheel (the extension built against CPython's stable ABI from 3.11, so the
 # same file installs on every CPython >= 3.11 of this platform), release and stripped, and an sdist.
 .PHONY: wheel

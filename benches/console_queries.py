@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import sqlite3
@@ -191,7 +192,7 @@ async def measure(
     ):
         since = now - span
         results[name] = await best(
-            repeat, lambda a=account, s=since, b=bucket, w=span: store.log_stats(a, s, s + w, b)
+            repeat, functools.partial(store.log_stats, account, since, since + span, bucket)
         )
 
     def page(query: LogQuery | None) -> Callable[[], Awaitable[Any]]:

@@ -42,6 +42,7 @@ def check_targets(
     gw64 = row(rows, "gateway", "chat", 64)
     ll64 = row(rows, "litellm", "chat", 64)
     stream1 = row(rows, "gateway", "chat_stream", 1)
+    bedrock1 = row(rows, "gateway", "chat_stream_bedrock", 1)
     pg1 = row(rows, "gateway-pg", "chat", 1)
     pg64 = row(rows, "gateway-pg", "chat", 64)
     rss = max((r["rss_mb"] for r in rows if r["path"] == "gateway" and r.get("rss_mb")), default=None)
@@ -51,6 +52,7 @@ def check_targets(
         "added_p99_ms_c1": gw1.get("added_p99_ms") if gw1 else None,
         "throughput_vs_litellm_c64": gw64["rps"] / ll64["rps"] if gw64 and ll64 and ll64["rps"] else None,
         "stream_added_us_per_chunk": stream1.get("added_us_per_chunk") if stream1 else None,
+        "bedrock_stream_added_us_per_chunk": bedrock1.get("added_us_per_chunk") if bedrock1 else None,
         "rss_mb": rss,
         "pg_throughput_vs_embedded_c64": pg64["rps"] / gw64["rps"] if pg64 and gw64 and gw64["rps"] else None,
         "pg_added_p50_ms_c1_over_embedded": pg_paired["median_ms"]
@@ -114,7 +116,7 @@ def write(result: dict[str, Any], stamp: str) -> Path:
             + ", ".join(f"{d:+.2f}" for d in paired["differences_ms"])
             + " ms. The rows below were measured minutes apart and drift with the machine.",
         ]
-    for workload in ("chat", "chat_stream", "embeddings"):
+    for workload in ("chat", "chat_stream", "chat_stream_bedrock", "embeddings"):
         cs = sorted({r["concurrency"] for r in rows if r["workload"] == workload})
         if not cs:
             continue
@@ -135,7 +137,11 @@ def write(result: dict[str, Any], stamp: str) -> Path:
                     f"| {_fmt(r['p90_ms'])} | {_fmt(r['p99_ms'])} | {_fmt(r.get('added_p50_ms'))} "
                     f"| {_fmt(r.get('added_p99_ms'))} | {_fmt(r.get('cpu_s_per_1k'), 3)} | {_fmt(r.get('rss_mb'), 0)} | {r['failures']} |"
                 )
-    streams = [r for r in rows if r["workload"] == "chat_stream" and r.get("added_us_per_chunk") is not None]
+    streams = [
+        r
+        for r in rows
+        if r["workload"] in ("chat_stream", "chat_stream_bedrock") and r.get("added_us_per_chunk") is not None
+    ]
     timings = result.get("stream_timing", [])
     if streams or timings:
         lines += [
@@ -150,11 +156,22 @@ def write(result: dict[str, Any], stamp: str) -> Path:
             "|---|---|---|---|---|",
         ]
         for p in paths:
-            s = next((r for r in streams if r["path"] == p and r["concurrency"] == 1), None)
+            s = next(
+                (
+                    r
+                    for r in streams
+                    if r["path"] == p and r["workload"] == "chat_stream" and r["concurrency"] == 1
+                ),
+                None,
+            )
             t = next((t for t in timings if t["path"] == p), None)
             lines.append(
                 f"| {p} | {_fmt(s['added_us_per_chunk'], 1) if s else '–'} | {_fmt(t['ttft_p50_ms']) if t else '–'} "
                 f"| {_fmt(t['chunk_gap_p50_us'], 0) if t else '–'} | {_fmt(t['chunk_gap_p99_us'], 0) if t else '–'} |"
+            )
+        for b in (r for r in streams if r["workload"] == "chat_stream_bedrock" and r["path"] != "floor"):
+            lines.append(
+                f"| {b['path']}, Bedrock event stream | {_fmt(b['added_us_per_chunk'], 1)} | – | – | – |"
             )
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]

@@ -50,11 +50,13 @@ def wheel_note() -> str | None:
 def measure(
     target: servers.Target, workload: str, concurrency: int, seconds: float, warmup: float
 ) -> dict[str, Any]:
-    data = body(workload, target.model[workload])
-    url = target.url(workload)
-    load.wrk(url, data, target.headers, concurrency, warmup, CLIENT_CPU)
+    if workload in target.requests:
+        url, data, headers = target.requests[workload]
+    else:
+        url, data, headers = target.url(workload), body(workload, target.model[workload]), target.headers
+    load.wrk(url, data, headers, concurrency, warmup, CLIENT_CPU)
     cpu_before = procstat.cpu_seconds(target.pid) if target.pid else 0.0
-    result = load.wrk(url, data, target.headers, concurrency, seconds, CLIENT_CPU)
+    result = load.wrk(url, data, headers, concurrency, seconds, CLIENT_CPU)
     cpu = (procstat.cpu_seconds(target.pid) - cpu_before) if target.pid else None
     row: dict[str, Any] = {
         "path": target.name,
@@ -72,7 +74,7 @@ def measure(
         else None,
     }
     print(
-        f"  {target.name:10} {workload:12} c={concurrency:<4} {row['rps']:>9,.0f} req/s  p50 {result.p50_ms:8.2f} ms"
+        f"  {target.name:10} {workload:19} c={concurrency:<4} {row['rps']:>9,.0f} req/s  p50 {result.p50_ms:8.2f} ms"
         f"  p99 {result.p99_ms:8.2f} ms  failures {result.failures}",
         flush=True,
     )
@@ -92,11 +94,16 @@ def main() -> int:
 
     if args.quick:
         paths = ["floor", "gateway", "gateway-pg", "litellm"]
-        plan = {"chat": [1, 64], "chat_stream": [1]}
+        plan = {"chat": [1, 64], "chat_stream": [1], servers.BEDROCK_STREAM: [1]}
         seconds, warmup = 5.0, 2.0
     else:
         paths = ["floor", "gateway", "gateway-pg", "litellm", "portkey"]
-        plan = {"chat": [1, 16, 64, 256], "chat_stream": [1, 16, 64], "embeddings": [1, 64]}
+        plan = {
+            "chat": [1, 16, 64, 256],
+            "chat_stream": [1, 16, 64],
+            servers.BEDROCK_STREAM: [1],
+            "embeddings": [1, 64],
+        }
         seconds, warmup = 8.0, 3.0
     if args.paths:
         paths = args.paths.split(",")
@@ -183,6 +190,8 @@ def run_path(
         versions[path] = target.version
         time.sleep(0.5)
         for workload, concurrencies in plan.items():
+            if not target.serves(workload):  # the Bedrock path: the floor and this gateway only
+                continue
             for c in concurrencies:
                 rows.append(measure(target, workload, c, seconds, warmup))
         try:
@@ -235,7 +244,7 @@ def add_differences(rows: list[dict[str, Any]]) -> None:
             continue
         r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3)
         r["added_p99_ms"] = round(r["p99_ms"] - base["p99_ms"], 3)
-        if r["workload"] == "chat_stream":
+        if r["workload"] in ("chat_stream", servers.BEDROCK_STREAM):
             r["added_us_per_chunk"] = round((r["p50_ms"] - base["p50_ms"]) * 1000 / 200, 2)
 
 

@@ -39,6 +39,11 @@ UPSTREAM_MODEL = {
 }
 MODEL_TYPE = {"embeddings": "embedding"}  # the rest are chat
 PATH = {"embeddings": "/embeddings"}  # the rest are /chat/completions
+# The Bedrock event-stream path (this gateway only): a 200-chunk stream through a bedrock channel,
+# whose answer is ConverseStream's binary framing, signed with the simulator's own AWS key pair.
+BEDROCK_STREAM = "chat_stream_bedrock"
+BEDROCK_UPSTREAM = "sim-chat+tokens=200"
+BEDROCK_REGION = "us-east-1"
 
 
 @dataclass
@@ -49,6 +54,11 @@ class Target:
     pid: int | None  # the server process whose tree is measured (None for the floor)
     model: dict[str, str] = field(default_factory=dict)  # workload -> model name to send
     version: str = ""
+    # workload -> (url, body, headers) of a request not in the chat shape (the floor's Bedrock one)
+    requests: dict[str, tuple[str, bytes, dict[str, str]]] = field(default_factory=dict)
+
+    def serves(self, workload: str) -> bool:
+        return workload in self.model or workload in self.requests
 
     def url(self, workload: str) -> str:
         return self.base_url + PATH.get(workload, "/chat/completions")
@@ -64,7 +74,7 @@ def wait_for(port: int, proc: subprocess.Popen[bytes], seconds: float = 60) -> N
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -120,7 +130,21 @@ def floor(sim: str) -> Target:
         None,
         model=dict(UPSTREAM_MODEL),
         version="simulator",
+        requests={BEDROCK_STREAM: _converse_stream(sim)},
     )
+
+
+def _converse_stream(sim: str) -> tuple[str, bytes, dict[str, str]]:
+    """The client straight to the simulator's ConverseStream: the Bedrock path's floor, signed once
+    (the simulator takes a signature for 15 minutes)."""
+    from gateway.providers.sigv4 import AwsCredentials, sign
+    from gateway.sim.bedrock import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+
+    url = f"{sim}/model/{BEDROCK_UPSTREAM.replace('+', '%2B')}/converse-stream"
+    body = json.dumps({"messages": [{"role": "user", "content": [{"text": "Say something."}]}]}).encode()
+    headers = {"content-type": "application/json", "accept": "application/json"}
+    creds = AwsCredentials(ACCESS_KEY_ID, SECRET_ACCESS_KEY)
+    return url, body, sign("POST", url, headers, body, creds, BEDROCK_REGION, "bedrock")
 
 
 def _gateway_config(sim: str, port: int, workers: int, services: str) -> str:
@@ -141,6 +165,19 @@ model = "{upstream}"
 """
         for workload, upstream in UPSTREAM_MODEL.items()
     )
+    models += f"""
+[[models]]
+name = "bench/{BEDROCK_STREAM}"
+type = "chat"
+[models.prices]
+input = "0.15"
+output = "0.60"
+[[models.channels]]
+provider = "bedrock"
+base_url = "{sim}"
+model = "{BEDROCK_UPSTREAM}"
+region = "{BEDROCK_REGION}"
+"""
     return f"[server]\nport = {port}\nworkers = {workers}\n{services}{models}"
 
 
@@ -151,15 +188,23 @@ def _serve(name: str, config: Path, port: int, key: str, cpu: str, workdir: Path
         port,
         cpu,
         workdir / f"{name}.log",
+        env=_simulator_aws(),
     ) as proc:
         yield Target(
             name,
             f"http://127.0.0.1:{port}/v1",
             {"content-type": "application/json", "authorization": f"Bearer {key}"},
             proc.pid,
-            model={w: f"bench/{w}" for w in UPSTREAM_MODEL},
+            model={w: f"bench/{w}" for w in [*UPSTREAM_MODEL, BEDROCK_STREAM]},
             version=_git_version(),
         )
+
+
+def _simulator_aws() -> dict[str, str]:
+    """The AWS credentials the gateway signs Bedrock requests with: the simulator's own pair."""
+    from gateway.sim.bedrock import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+
+    return {"AWS_ACCESS_KEY_ID": ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY}
 
 
 @contextmanager

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -346,13 +345,3 @@ class ThrowawayPostgres:
         with suppress(subprocess.SubprocessError, OSError):
             self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def wait_for(predicate: Any, seconds: float, step: float = 0.1) -> float:
-    """Poll `predicate` until it is true; returns the seconds it took, or raises after `seconds`."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > seconds:
-            raise AssertionError(f"not true after {seconds} s")
-        time.sleep(step)
-    return time.monotonic() - started

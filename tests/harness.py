@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.config import Settings, load_settings
@@ -46,17 +47,73 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until_listening(port: int, proc: subprocess.Popen[bytes], seconds: float = 20.0) -> None:
+# ------------------------------------------------------------------ waiting for something to happen
+
+
+class NeverHappened(AssertionError):
+    """What `eventually` raises when what it waits for has not happened in time."""
+
+
+def eventually(
+    check: Callable[[], T | None],
+    seconds: float = 5.0,
+    step: float = 0.02,
+    what: str | Callable[[], str] = "the condition",
+) -> T:
+    """The first truthy result of `check`, called at once and then every `step` seconds until
+    `seconds` have passed (and once more then); NeverHappened naming `what` (a text, or a function
+    that writes one from what it sees at the end) if none came. The way to wait for something that
+    happens moments later (a record written, a state reached, a process up): it returns as soon as
+    it has. Not for showing that something does not happen: that takes a fixed wait."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise NeverHappened(_not_in_time(what, seconds, result))
+        time.sleep(step)
+
+
+async def eventually_async(
+    check: Callable[[], Awaitable[T | None]],
+    seconds: float = 5.0,
+    step: float = 0.02,
+    what: str | Callable[[], str] = "the condition",
+) -> T:
+    """`eventually` in a coroutine, for a check that is one: the loop runs on while it waits."""
+    deadline = time.monotonic() + seconds
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise NeverHappened(_not_in_time(what, seconds, result))
+        await asyncio.sleep(step)
+
+
+def _not_in_time(what: str | Callable[[], str], seconds: float, last: object) -> str:
+    described = what if isinstance(what, str) else what()
+    shown = repr(last)
+    if len(shown) > 500:
+        shown = shown[:500] + "..."
+    return f"{described}: not so after {seconds:g} s (the check last gave {shown})"
+
+
+def wait_until_listening(port: int, proc: subprocess.Popen[Any], seconds: float = 20.0) -> None:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+                return True
         except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on port {port} after {seconds}s")
+            return False
+
+    try:
+        eventually(listening, seconds, 0.05, what=f"something listening on port {port}")
+    except NeverHappened:
+        raise RuntimeError(f"nothing listening on port {port} after {seconds}s") from None
 
 
 @contextmanager
@@ -375,10 +432,15 @@ class Gateway:
     def wait_balance(self, account_id: str, expected: Decimal, seconds: float = 5.0) -> Decimal:
         """The balance once it equals `expected` (settlements land moments after the response), or
         whatever it is when time runs out."""
-        deadline = time.monotonic() + seconds
-        while (value := self.balance(account_id)) != expected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return value
+        seen: list[Decimal] = []
+
+        def settled() -> bool:
+            seen.append(self.balance(account_id))
+            return seen[-1] == expected
+
+        with suppress(NeverHappened):  # not in time: the caller's assertion shows what it is
+            eventually(settled, seconds, what=f"the balance of {account_id} at {expected}")
+        return seen[-1]
 
     def top_up(self, account_id: str, amount: str) -> None:
         async def go(store: Store) -> tuple[TopUp, bool] | None:
@@ -517,17 +579,51 @@ def job_leases(gw: Gateway) -> list[tuple[str, Decimal]]:
 def request_logs(admin: httpx.Client, key_id: str, count: int, **query: str) -> list[dict[str, Any]]:
     """The key's newest request log entries once there are `count` (they are written moments after
     the answer), or what there is after 5 s."""
-    deadline = time.monotonic() + 5
-    while True:
+    seen: list[list[dict[str, Any]]] = []
+
+    def enough() -> bool:
         r = admin.get("/logs", params={"key_id": key_id, **query})
         assert r.status_code == 200, r.text
-        data: list[dict[str, Any]] = r.json()["data"]
-        if len(data) >= count or time.monotonic() > deadline:
-            return data
-        time.sleep(0.02)
+        seen.append(r.json()["data"])
+        return len(seen[-1]) >= count
+
+    with suppress(NeverHappened):  # not in time: the caller's assertion shows what there is
+        eventually(enough, 5, what=f"{count} request log entries of {key_id}")
+    return seen[-1]
 
 
-def sim_requests(sim: httpx.Client, marker: str) -> list[dict[str, object]]:
+@dataclass(frozen=True)
+class ChatStream:
+    """A streamed chat completion as it went over the wire: the request's bytes, the data of every
+    event the client received, and the content text they carried."""
+
+    body: bytes
+    events: list[str]
+    text: str
+
+
+def chat_stream(gw: Gateway, key: str, model: str, content: str) -> ChatStream:
+    """POST a streamed chat completion with one user message, read to its end (an error event
+    included), with a plain HTTP client: the exact bytes the gateway counts a prompt from."""
+    body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": content}], "stream": True})
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/chat/completions",
+        content=body,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        timeout=30,
+    ) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    text = "".join(
+        choice["delta"].get("content") or ""
+        for event in events
+        if event != "[DONE]"
+        for choice in orjson.loads(event).get("choices", [])
+    )
+    return ChatStream(body, events, text)
+
+
+def sim_requests(sim: httpx.Client, marker: str) -> list[dict[str, Any]]:
     """Bodies the simulator received whose messages mention `marker`."""
     entries = sim.get("/_sim/requests").json()
     return [e["body"] for e in entries if "body" in e and marker in str(e["body"].get("messages"))]

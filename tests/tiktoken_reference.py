@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tiktoken
 import tiktoken.load
-from tiktoken_ext import openai_public
+from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,11 +52,11 @@ def load(names: tuple[str, ...] = ("o200k_base", "cl100k_base")) -> dict[str, ti
     saved_loader = openai_public.load_tiktoken_bpe
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TIKTOKEN_CACHE_DIR"] = cache
-        openai_public.load_tiktoken_bpe = load_local  # type: ignore[assignment]
+        openai_public.load_tiktoken_bpe = load_local
         try:
             return {name: tiktoken.Encoding(**getattr(openai_public, name)()) for name in names}
         finally:
-            openai_public.load_tiktoken_bpe = saved_loader  # type: ignore[assignment]
+            openai_public.load_tiktoken_bpe = saved_loader
             if saved_cache is None:
                 os.environ.pop("TIKTOKEN_CACHE_DIR", None)
             else:

@@ -19,6 +19,8 @@ __all__ = [
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",
     "ChatStreamRewriter",
+    "EventStreamMessage",
+    "EventStreamParser",
     "MessagesStreamRewriter",
     "MultipartPart",
     "ResponsesStreamRewriter",
@@ -76,6 +78,34 @@ class SseParser:
     def overflowed(self) -> bool:
         """An event or line grew past MAX_EVENT_BYTES: the parser holds nothing and yields nothing
         more."""
+
+# ---------------------------------------------------------------- AWS event streams
+
+@final
+class EventStreamMessage:
+    """One message of an `application/vnd.amazon.eventstream` stream (Bedrock's ConverseStream)."""
+
+    @property
+    def headers(self) -> dict[str, str | bytes | int | bool]:
+        """Every header: strings as str, bytes and UUIDs as bytes, integers and timestamps
+        (milliseconds) as int, booleans as bool."""
+    def header(self, name: str) -> str | None:
+        """A string header's value (":message-type", ":event-type", ":exception-type" ...)."""
+    @property
+    def payload(self) -> bytes: ...
+
+@final
+class EventStreamParser:
+    """Incremental parser of AWS's binary event stream: feed chunks split anywhere, get whole
+    messages. Prelude and message CRC-32s are checked; a message that breaks the framing raises
+    InvalidEventStreamError, and the parser then stays failed (the rest cannot be trusted)."""
+
+    def __new__(cls) -> Self: ...
+    def feed(self, chunk: bytes) -> list[EventStreamMessage]: ...
+    def finish(self) -> None:
+        """End of input: raises InvalidEventStreamError when it came inside a message."""
+
+# ---------------------------------------------------------------- chat streams
 
 @final
 class ChatStreamRewriter:

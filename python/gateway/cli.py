@@ -171,6 +171,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         key = _run(lambda store: _demo_key(store, settings.store_path.parent / "demo-key"), settings)
         console_password = _run(_demo_member, settings)
         token = _demo_admin_token(settings)
+        _demo_upstream_keys(settings, args.sim_port)
         print("The gateway is starting with the built-in simulator behind every model.")
         print("Base URL (openai clients take it with /v1 appended; anthropic clients as it is):")
         print(f"http://{host}:{port}")
@@ -197,6 +198,52 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         with contextlib.suppress(subprocess.TimeoutExpired):
             sim.wait(5)
     return 0
+
+
+def _demo_upstream_keys(settings: Settings, sim_port: int) -> None:
+    """What channels sign in with, for the simulator behind every demo model: a placeholder for
+    keys and secrets the environment lacks (azure takes any), the simulator's own AWS key pair
+    (bedrock checks the signature), and a service account of the demo's own whose tokens come from
+    the simulator (vertex, through Google's application default credentials)."""
+    from .sim.bedrock import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+
+    for model in settings.models:
+        for channel in model.channels:
+            for env in (channel.api_key_env, channel.oauth and channel.oauth.client_secret_env):
+                if env and not os.environ.get(env):
+                    os.environ[env] = "sim-demo-key"
+            if channel.provider == "bedrock":
+                os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET_ACCESS_KEY)
+                os.environ.pop("AWS_SESSION_TOKEN", None)
+            if channel.provider == "vertex" and channel.credentials_file is None:
+                key_file = settings.store_path.parent / "demo-vertex-key.json"
+                if not key_file.exists():
+                    _write_service_account(key_file, f"http://127.0.0.1:{sim_port}/token")
+                os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(key_file)
+
+
+def _write_service_account(path: Path, token_uri: str) -> None:
+    """A service account key file as Google issues them (a new RSA key), its token endpoint the
+    simulator's: only for the demo."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    account = {
+        "type": "service_account",
+        "project_id": "demo-project",
+        "private_key_id": "demo",
+        "private_key": pem,
+        "client_email": "gateway-demo@demo-project.iam.gserviceaccount.com",
+        "client_id": "0",
+        "token_uri": token_uri,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(account))
+    path.chmod(0o600)
 
 
 def _demo_admin_token(settings: Settings) -> str | None:

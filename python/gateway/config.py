@@ -36,7 +36,26 @@ MODEL_TYPES: Final = frozenset(
 SAFETY_CHECKED_TYPES: Final = frozenset({"chat", "responses", "messages", "image", "video", "speech"})
 Tokenizer = Literal["o200k_base", "cl100k_base"]
 TOKENIZERS: Final = frozenset({"o200k_base", "cl100k_base"})
-PROVIDER_KINDS: Final = frozenset({"openai", "anthropic", "cohere"})
+# The provider kinds, and the model types each serves (its adapter in gateway.providers has an
+# upstream path for each; a test holds the two together). Data here, so that reading a settings
+# file never imports the adapters: a supervisor process stays small.
+SERVED_TYPES: Final[Mapping[str, frozenset[str]]] = {
+    "openai": frozenset(
+        {"chat", "embedding", "image", "responses", "speech", "transcription", "video", "moderation"}
+    ),
+    "anthropic": frozenset({"messages"}),
+    "cohere": frozenset({"rerank"}),
+    "azure": frozenset({"chat", "embedding", "image", "responses", "speech", "transcription"}),
+    "bedrock": frozenset({"chat"}),
+    "gemini": frozenset({"chat", "embedding"}),
+    "vertex": frozenset({"chat", "messages"}),
+}
+PROVIDER_KINDS: Final = frozenset(SERVED_TYPES)
+# Bedrock's runtime endpoint names its region: https://bedrock-runtime.{region}.amazonaws.com
+_BEDROCK_HOST = re.compile(r"^https://bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+# Entra ID (Azure): where a service principal's token comes from, and what it is for.
+ENTRA_TOKEN_URL: Final = "https://login.microsoftonline.com/{tenant_id}/oauth2/v2.0/token"
+AZURE_OPENAI_SCOPE: Final = "https://cognitiveservices.azure.com/.default"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-:@+]+$")
 CONFIG_ENV: Final = "GATEWAY_CONFIG"
 # `gateway serve --workers N` tells the workers N through this (the file may say otherwise).
@@ -75,7 +94,9 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "background": "poll_seconds max_job_seconds file_ttl_seconds",
         "models": "name type tokenizer max_output_tokens supported_params safety prices channels",
         "models.prices": "input cached_input output reasoning search character second minute image images",
-        "models.channels": "provider base_url model api_key_env name weight priority max_concurrency",
+        "models.channels": "provider base_url model api_key_env name weight priority max_concurrency "
+        "api_version tenant_id client_id client_secret_env token_url region aws_profile project location "
+        "credentials_file",
     }.items()
 }
 
@@ -112,6 +133,21 @@ class Prices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientCredentials:
+    """OAuth 2.0 client credentials (an Entra ID service principal): the bearer token a channel
+    sends comes from `token_url` (providers/credentials.py caches and refreshes it)."""
+
+    token_url: str
+    client_id: str
+    client_secret_env: str
+    scope: str
+
+    def client_secret(self) -> str | None:
+        """Read at call time from the environment; never stored in settings, never logged."""
+        return os.environ.get(self.client_secret_env) or None
+
+
+@dataclass(frozen=True, slots=True)
 class ChannelConfig:
     """One deployment of a model (gateway.routing). Requests go to the best `priority` (lowest
     number) among healthy channels, by `weight` within it; `max_concurrency` caps its requests in
@@ -125,6 +161,20 @@ class ChannelConfig:
     weight: int = 1
     priority: int = 0
     max_concurrency: int | None = None
+    # Azure OpenAI: the API version of deployment URLs (/openai/deployments/{model}/...); None: the
+    # v1 API (/openai/v1/...), which takes none.
+    api_version: str | None = None
+    # A bearer token from OAuth client credentials (Entra ID), in place of an API key.
+    oauth: ClientCredentials | None = None
+    # Bedrock: the AWS region requests are signed for, and the shared-credentials profile to sign
+    # with (None: the environment's credentials, else the default profile).
+    region: str | None = None
+    aws_profile: str | None = None
+    # Vertex AI: the Google Cloud project and location models are called in, and the service
+    # account key file to sign in with (None: Google's application default credentials).
+    project: str | None = None
+    location: str | None = None
+    credentials_file: str | None = None
 
     def api_key(self) -> str | None:
         """Read at call time from the environment; never stored in settings, never logged."""
@@ -444,7 +494,7 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
     models_raw: list[Any] = part(
         lambda: _entries(raw, "models", "[[models]]: at least one model is required"), []
     )
-    models = [part(partial(_model, m, f"models[{i}]", check)) for i, m in enumerate(models_raw)]
+    models = [part(partial(_model, m, f"models[{i}]", check, base_dir)) for i, m in enumerate(models_raw)]
     # Each model with its index and table (collecting, a model that is not a table is None: left out).
     indexed = [(i, m, models_raw[i]) for i, m in enumerate(models) if m is not None]
     part(lambda: _distinct_model_names(m for _, m, _ in indexed))
@@ -647,7 +697,7 @@ def _job_settings(table: Mapping[str, Any], name: str, check: _Check) -> JobSett
     )
 
 
-def _model(raw: Any, where: str, check: _Check = _STRICT) -> ModelConfig:
+def _model(raw: Any, where: str, check: _Check = _STRICT, base_dir: Path = Path(".")) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
     part = check.part
@@ -660,11 +710,12 @@ def _model(raw: Any, where: str, check: _Check = _STRICT) -> ModelConfig:
         lambda: _entries(raw, "channels", f"{where}.channels: at least one channel is required"), []
     )
     parsed = [
-        part(partial(_channel, c, f"{where}.channels[{i}]", name, i, check))
+        part(partial(_channel, c, f"{where}.channels[{i}]", name, i, check, base_dir))
         for i, c in enumerate(channels_raw)
     ]
     channels = tuple(c for c in parsed if c is not None)
     part(lambda: _channels_agree(channels, f"{where}.channels"))
+    part(lambda: _provider_serves(channels, type_, where))
     return ModelConfig(
         name=name,
         type=type_,
@@ -674,6 +725,18 @@ def _model(raw: Any, where: str, check: _Check = _STRICT) -> ModelConfig:
         max_output_tokens=part(lambda: _count(raw, f"{where}.max_output_tokens", 16384)),
         supported_params=part(lambda: _supported_params(raw, f"{where}.supported_params")),
     )
+
+
+def _provider_serves(channels: tuple[ChannelConfig, ...], type_: str, where: str) -> None:
+    """The channels' provider serves models of this type."""
+    providers = {c.provider for c in channels}
+    if len(providers) != 1:
+        return  # none parsed, or several: _channels_agree names that
+    (provider,) = providers
+    served = SERVED_TYPES.get(provider)
+    if served is not None and type_ in MODEL_TYPES and type_ not in served:
+        kinds = ", ".join(sorted(served))
+        raise ConfigError(f"{where}.type: provider {provider} serves no {type_} model (it serves {kinds})")
 
 
 def _supported_params(raw: Mapping[str, Any], where: str) -> frozenset[str] | None:
@@ -703,7 +766,9 @@ def _channels_agree(channels: tuple[ChannelConfig, ...], where: str) -> None:
         raise ConfigError(f"{where}: channel names must differ within a model: {names}")
 
 
-def _channel(raw: Any, where: str, model_name: str, index: int, check: _Check = _STRICT) -> ChannelConfig:
+def _channel(
+    raw: Any, where: str, model_name: str, index: int, check: _Check = _STRICT, base_dir: Path = Path(".")
+) -> ChannelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a table")
     part = check.part
@@ -717,6 +782,15 @@ def _channel(raw: Any, where: str, model_name: str, index: int, check: _Check = 
         if raw.get("max_concurrency") is not None
         else None
     )
+    oauth = part(lambda: _client_credentials(raw, where, provider))
+    if oauth is not None:
+        check.env(oauth.client_secret_env, f"{where}.client_secret_env")
+    elif provider == "azure" and raw.get("api_key_env") is None and "tenant_id" not in raw:
+        part(
+            lambda: _refuse(
+                f"{where}: an azure channel signs in with api_key_env or Entra ID (tenant_id ...)"
+            )
+        )
     return ChannelConfig(
         provider=provider,
         base_url=base_url,
@@ -726,6 +800,88 @@ def _channel(raw: Any, where: str, model_name: str, index: int, check: _Check = 
         weight=part(lambda: _count(raw, f"{where}.weight", 1)),
         priority=part(lambda: _get(raw, "priority", int, f"{where}.priority", 0)),
         max_concurrency=cap,
+        api_version=part(lambda: _only_for("azure", raw, "api_version", where, provider)),
+        oauth=oauth,
+        region=part(lambda: _bedrock_region(raw, where, provider, base_url)),
+        aws_profile=part(lambda: _only_for("bedrock", raw, "aws_profile", where, provider)),
+        project=part(lambda: _vertex_required(raw, "project", where, provider)),
+        location=part(lambda: _vertex_required(raw, "location", where, provider)),
+        credentials_file=part(lambda: _key_file(raw, where, provider, base_dir)),
+    )
+
+
+def _key_file(raw: Mapping[str, Any], where: str, provider: str | None, base_dir: Path) -> str | None:
+    """A vertex channel's service account key file; relative to the settings file, as the store's path."""
+    given = _only_for("vertex", raw, "credentials_file", where, provider)
+    return None if given is None else str(base_dir / given)
+
+
+def _vertex_required(raw: Mapping[str, Any], key: str, where: str, provider: str | None) -> str | None:
+    value = _only_for("vertex", raw, key, where, provider)
+    if provider == "vertex" and value is None:
+        raise ConfigError(f"{where}.{key}: required for a vertex channel")
+    return value
+
+
+def _bedrock_region(
+    raw: Mapping[str, Any], where: str, provider: str | None, base_url: str | None
+) -> str | None:
+    """The region a bedrock channel signs for: `region`, else the one its base_url names."""
+    given = _only_for("bedrock", raw, "region", where, provider)
+    if provider != "bedrock" or given is not None:
+        return given
+    match = _BEDROCK_HOST.match(base_url or "")
+    if match is None:
+        raise ConfigError(
+            f"{where}.region: required when base_url is not https://bedrock-runtime.REGION.amazonaws.com"
+        )
+    return match[1]
+
+
+def _refuse(message: str) -> None:
+    raise ConfigError(message)
+
+
+def _only_for(kind: str, raw: Mapping[str, Any], key: str, where: str, provider: str | None) -> str | None:
+    """A string setting only a `kind` channel takes."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if provider != kind:
+        raise ConfigError(f"{where}.{key}: only a{'n' if kind[0] in 'aeiou' else ''} {kind} channel takes it")
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.{key}: must be a non-empty string")
+    return value
+
+
+def _client_credentials(raw: Mapping[str, Any], where: str, provider: str | None) -> ClientCredentials | None:
+    """Entra ID client credentials of an azure channel: tenant_id, client_id and client_secret_env
+    together (token_url only to reach another cloud's login), or none of them."""
+    keys = ("tenant_id", "client_id", "client_secret_env", "token_url")
+    given = [k for k in keys if raw.get(k) is not None]
+    if not given:
+        return None
+    if provider != "azure":
+        raise ConfigError(f"{where}.{given[0]}: only an azure channel takes it")
+    missing = [k for k in keys[:3] if raw.get(k) is None]
+    if missing:
+        raise ConfigError(
+            f"{where}: Entra ID sign-in needs tenant_id, client_id and client_secret_env;"
+            f" missing {', '.join(missing)}"
+        )
+    if raw.get("api_key_env") is not None:
+        raise ConfigError(f"{where}: api_key_env or Entra ID sign-in (tenant_id ...), not both")
+    tenant = _get(raw, "tenant_id", str, f"{where}.tenant_id")
+    secret_env = _env_name(raw, "client_secret_env", f"{where}.client_secret_env")
+    assert secret_env is not None, "checked above"
+    token_url = _get(raw, "token_url", str, f"{where}.token_url", ENTRA_TOKEN_URL.format(tenant_id=tenant))
+    if not token_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.token_url: must start with http:// or https://")
+    return ClientCredentials(
+        token_url=token_url,
+        client_id=_get(raw, "client_id", str, f"{where}.client_id"),
+        client_secret_env=secret_env,
+        scope=AZURE_OPENAI_SCOPE,
     )
 
 

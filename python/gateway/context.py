@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from .errors import ErrorCode
 from .funds import Hold
 from .ratelimits import RateState
 from .routing import Attempt
@@ -27,7 +28,7 @@ class Call:
     model: str | None = None
     charged: Decimal | None = None
     usage_id: str | None = None
-    error_code: str | None = None  # why a stream that had started ended early
+    error_code: ErrorCode | None = None  # why a stream that had started ended early
     # (Idempotency-Key, fingerprint) while this request holds the key (gateway.idempotency).
     idempotency: tuple[str, str] | None = None
     attempts: list[Attempt] = field(default_factory=list)  # the channels tried (gateway.routing)

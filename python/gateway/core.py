@@ -13,6 +13,8 @@ from ._core import (
     OVERSIZED_EVENT_ERROR,
     AppendFile,
     ChatStreamRewriter,
+    EventStreamMessage,
+    EventStreamParser,
     MessagesStreamRewriter,
     MultipartPart,
     ResponsesStreamRewriter,
@@ -57,12 +59,19 @@ class InvalidJsonError(CoreError):
     """Bytes that had to be JSON were not (the message says where)."""
 
 
+class InvalidEventStreamError(CoreError):
+    """Bytes that had to be an AWS event stream broke its framing (a CRC, a length, a header)."""
+
+
 __all__ = [
     "MAX_EVENT_BYTES",
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",
     "ChatStreamRewriter",
     "CoreError",
+    "EventStreamMessage",
+    "EventStreamParser",
+    "InvalidEventStreamError",
     "InvalidJsonError",
     "MessagesStreamRewriter",
     "MultipartPart",

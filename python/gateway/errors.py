@@ -14,8 +14,33 @@ from typing import Any, Final, Literal
 import orjson
 from starlette.responses import Response
 
+# The stable error codes (spec 7.2 and the additions below): a typo in one fails type checking.
+ErrorCode = Literal[
+    "invalid_request",
+    "model_not_found",
+    "insufficient_credits",
+    "key_budget_exceeded",
+    "content_filtered",
+    "invalid_api_key",
+    "key_expired",
+    "invalid_admin_token",
+    "not_signed_in",
+    "model_not_allowed",
+    "forbidden",
+    "not_found",
+    "method_not_allowed",
+    "idempotency_key_reused",
+    "idempotency_key_in_progress",
+    "request_too_large",
+    "rate_limited",
+    "provider_overloaded",
+    "provider_error",
+    "timeout",
+    "api_error",
+    "service_unavailable",
+]
 # code -> (HTTP status, type). Codes are stable: add, never rename or remove.
-ERROR_TABLE: Final[Mapping[str, tuple[int, str]]] = {
+ERROR_TABLE: Final[Mapping[ErrorCode, tuple[int, str]]] = {
     "invalid_request": (400, "invalid_request_error"),
     "model_not_found": (400, "not_found_error"),
     "insufficient_credits": (400, "insufficient_credits"),
@@ -89,7 +114,7 @@ class GatewayError(Exception):
 
     def __init__(
         self,
-        code: str,
+        code: ErrorCode,
         message: str,
         *,
         param: str | None = None,
@@ -116,7 +141,7 @@ class GatewayError(Exception):
 
 
 def error_object(
-    code: str, message: str, param: str | None = None, shape: ErrorShape = "spec"
+    code: ErrorCode, message: str, param: str | None = None, shape: ErrorShape = "spec"
 ) -> dict[str, Any]:
     """The spec's error object (2.1); with shape "messages", `type` in Anthropic's vocabulary."""
     type_ = ERROR_TABLE[code][1]
@@ -126,7 +151,7 @@ def error_object(
     return {"message": message, "type": type_, "param": param, "code": code}
 
 
-def error_body(code: str, message: str, param: str | None = None, shape: ErrorShape = "spec") -> bytes:
+def error_body(code: ErrorCode, message: str, param: str | None = None, shape: ErrorShape = "spec") -> bytes:
     """The whole error answer as JSON bytes: `{"error": {...}}`, and for the message shape also
     Anthropic's top-level `"type": "error"`."""
     error = error_object(code, message, param, shape)

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Final
 
 from . import clock
 from .config import Prices
-from .errors import GatewayError
+from .errors import ErrorCode, GatewayError
 from .estimates import TextEstimate
 from .pricing import Usage, cost, format_cost
 from .store import KeyContext, Store
@@ -56,7 +58,7 @@ LEASE_IDLE_SECONDS = 2.0
 
 
 # What a client can do about each refusal.
-_REMEDY = {
+_REMEDY: Final[Mapping[str, tuple[ErrorCode, str]]] = {
     "account": ("insufficient_credits", "Add credits and retry."),
     "key": ("key_budget_exceeded", "Raise the key's credit limit, wait for its reset, or use another key."),
 }

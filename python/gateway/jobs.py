@@ -162,12 +162,13 @@ async def get(state: GatewayState, channel: ChannelConfig, path: str, limit: int
     its content type, or the spec's error for the upstream's failure (not_found: the upstream has
     no such job)."""
     provider = PROVIDERS[channel.provider]
-    headers = provider.headers(channel, {})
+    url = channel.base_url + path
+    headers = await provider.headers(channel, {}, state.upstream, url=url)
     headers.pop("content-type", None)
     timeout = state.settings.sync_timeout_seconds
     try:
         async with asyncio.timeout(timeout):
-            response = await state.upstream.get(channel.base_url + path, timeout, headers)
+            response = await state.upstream.get(url, timeout, headers)
             try:
                 if response.status == 404:
                     raise GatewayError("not_found", "The model's provider has no such job.")
@@ -193,7 +194,7 @@ async def post(state: GatewayState, channel: ChannelConfig, path: str) -> bytes:
                 state.upstream,
                 channel.base_url + path,
                 b"{}",
-                provider.headers(channel, {}),
+                await provider.headers(channel, {}, state.upstream, url=channel.base_url + path, body=b"{}"),
                 stream=False,
                 read_timeout=timeout,
             )

@@ -165,9 +165,17 @@ def entry_for(
 
 
 def record_refusal(
-    state: GatewayState, request: Request, started_ns: int, status: int, body: bytes, code: str
+    state: GatewayState,
+    request: Request,
+    started_ns: int,
+    status: int,
+    body: bytes,
+    code: str,
+    log_id: str | None = None,
 ) -> None:
-    """Log a request refused for its key (it has no call: no key, account or request id)."""
+    """Log a request that ended before its key was known (it has no call: no key or account): a
+    key refused has no request id; a key that could not be checked has `log_id`, the id its answer
+    carries."""
     state.store.log_request(
         entry(
             state.settings.log_max_body_bytes,
@@ -175,6 +183,7 @@ def record_refusal(
             started_ns=started_ns,
             status=status,
             response_body=body,
+            log_id=log_id,
             error_code=code,
             keep_request=False,
         )

@@ -17,22 +17,22 @@ from collections.abc import Callable
 
 import orjson
 
-from .errors import error_body, error_object
+from .errors import ErrorCode, error_body, error_object
 
 # code, message, and the number of events the client has received so far (the next event's
 # sequence number in the Responses shape, whose numbers start at 0) -> the final event's bytes.
-StreamErrorRenderer = Callable[[str, str, int], bytes]
+StreamErrorRenderer = Callable[[ErrorCode, str, int], bytes]
 
 
-def chat_error_event(code: str, message: str, events_sent: int) -> bytes:
+def chat_error_event(code: ErrorCode, message: str, events_sent: int) -> bytes:
     return b"data: " + error_body(code, message) + b"\n\n"
 
 
-def messages_error_event(code: str, message: str, events_sent: int) -> bytes:
+def messages_error_event(code: ErrorCode, message: str, events_sent: int) -> bytes:
     return b"event: error\ndata: " + error_body(code, message, shape="messages") + b"\n\n"
 
 
-def responses_error_event(code: str, message: str, events_sent: int) -> bytes:
+def responses_error_event(code: ErrorCode, message: str, events_sent: int) -> bytes:
     event = {
         "type": "error",
         "code": code,

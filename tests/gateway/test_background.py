@@ -17,7 +17,7 @@ import pytest
 from openai.types.responses import Response
 
 from gateway.jobs import POLL_LEASE_MS
-from harness import Gateway, KeyHandle, gateway, job_leases, process_tree, store_spec
+from harness import Gateway, KeyHandle, eventually, gateway, job_leases, process_tree, store_spec
 
 DEEP = "openai/o4-mini-deep-research"
 SLOW = "openai/o3-deep-research"
@@ -77,12 +77,11 @@ def cost_of(response: Response) -> Decimal:
 
 
 def wait_until_ended(oai: openai.OpenAI, response_id: str, seconds: float = 10) -> Response:
-    deadline = time.monotonic() + seconds
-    while True:
+    def ended() -> Response | None:
         response = oai.responses.retrieve(response_id)
-        if response.status not in ("queued", "in_progress") or time.monotonic() > deadline:
-            return response
-        time.sleep(0.05)
+        return None if response.status in ("queued", "in_progress") else response
+
+    return eventually(ended, seconds, 0.05, what=f"the background response {response_id} ended")
 
 
 def held_by(gw: Gateway, job_id: str) -> list[Decimal]:
@@ -142,7 +141,9 @@ def test_cancel_charges_what_was_produced_once(bgw: Gateway) -> None:
     deadline = time.monotonic() + 5
     while oai.responses.retrieve(created.id).status != "in_progress" and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)  # some output produced
+    # Some output produced: the simulator's grows with the time spent in_progress, and shows only
+    # in what the cancel reports.
+    time.sleep(0.5)
     cancelled = oai.responses.cancel(created.id)
     assert cancelled.status == "cancelled" and cancelled.id == created.id
     assert cancelled.usage is not None and cancelled.usage.output_tokens > 0
@@ -151,7 +152,7 @@ def test_cancel_charges_what_was_produced_once(bgw: Gateway) -> None:
     assert held_by(bgw, created.id) == []
     # Again: the same answer, nothing more charged; the poller leaves it as it is.
     assert oai.responses.cancel(created.id).status == "cancelled"
-    time.sleep(0.5)
+    time.sleep(0.5)  # the poller runs every 0.2 s: had it changed anything, it would have by now
     assert oai.responses.retrieve(created.id).status == "cancelled"
     assert bgw.balance(handle.account_id) == expected
 

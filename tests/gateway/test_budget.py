@@ -141,5 +141,5 @@ def test_through_the_gateway(gw: Gateway) -> None:
             client.chat.completions.create(**body)  # type: ignore[call-overload]
     assert caught.value.code == "key_budget_exceeded"
     assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "insufficient_credits"
-    time.sleep(0.1)
+    time.sleep(0.1)  # a charge, if there were one, would have landed by now
     assert gw.balance(handle.account_id) == 100

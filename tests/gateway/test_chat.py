@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -12,7 +11,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, eventually
 
 PRICES = Prices(
     input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal("10.00"), reasoning=Decimal("10.00")
@@ -27,12 +26,12 @@ def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
 
 def wait_for_usage(gw: Gateway, key: str, usage_id: str) -> httpx.Response:
     with gw.client(key) as c:
-        deadline = time.monotonic() + 5
-        while True:
+
+        def found() -> httpx.Response | None:
             r = c.get(f"/v1/usage/{usage_id}")
-            if r.status_code == 200 or time.monotonic() > deadline:
-                return r
-            time.sleep(0.05)
+            return r if r.status_code == 200 else None
+
+        return eventually(found, step=0.05, what=f"the usage record {usage_id}")
 
 
 def test_plain_completion_with_openai_client(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:

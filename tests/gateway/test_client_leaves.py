@@ -20,7 +20,7 @@ import pytest
 from test_early_end import ALL_SHAPES, Shape, stream, usage_rows
 
 from gateway.core import count_tokens
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, eventually
 
 # How long the model waits before its first token (or its plain answer) in the "slow" cases, and
 # when the client gives up.
@@ -30,8 +30,8 @@ LEAVE_AFTER = 0.3
 
 def log_rows(g: Gateway, key_id: str, count: int, seconds: float = 5.0) -> list[dict[str, Any]]:
     """The key's request log entries once there are `count`, oldest first."""
-    deadline = time.monotonic() + seconds
-    while True:
+
+    def enough() -> list[dict[str, Any]] | None:
         with sqlite3.connect(g.db_path) as conn:
             conn.row_factory = sqlite3.Row
             rows = [
@@ -42,9 +42,9 @@ def log_rows(g: Gateway, key_id: str, count: int, seconds: float = 5.0) -> list[
                     (key_id,),
                 )
             ]
-        if len(rows) >= count or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.02)
+        return rows if len(rows) >= count else None
+
+    return eventually(enough, seconds, what=f"{count} request log entries of {key_id}")
 
 
 def leave_after(g: Gateway, key: KeyHandle, path: str, body: dict[str, Any], seconds: float) -> None:
@@ -58,7 +58,7 @@ def leave_after(g: Gateway, key: KeyHandle, path: str, body: dict[str, Any], sec
     ).encode()
     with socket.create_connection((url.hostname or "127.0.0.1", url.port or 80)) as s:
         s.sendall(head + payload)
-        time.sleep(seconds)
+        time.sleep(seconds)  # the client stays this long, reading nothing, then leaves
 
 
 def assert_left_unbilled(g: Gateway, key: KeyHandle, before: Decimal) -> None:
@@ -105,7 +105,7 @@ def test_stream_left_at_once_from_a_fast_upstream_bills_at_most_what_was_sent(
         assert r.status_code == 200
     (row,) = log_rows(gw, key.key_id, 1)
     assert row["status"] == 499, row
-    time.sleep(1.0)
+    time.sleep(1.0)  # a charge, if any, has landed by now (and nothing more will): the balance is final
     if row["usage_id"] is None:
         assert gw.balance(key.account_id) == before
         return

@@ -255,7 +255,7 @@ def test_an_empty_url_env_variable_is_not_set(monkeypatch: pytest.MonkeyPatch) -
         ({"models": [model(prices={"outptu": "1"})]}, "unknown setting models[0].prices.outptu"),
         (
             {"models": [model(channels=[CHANNEL, {**CHANNEL, "name": "b", "wieght": 2}])]},
-            "unknown setting models[0].channels[1].wieght (known: api_key_env, base_url, max_concurrency,",
+            "unknown setting models[0].channels[1].wieght (known: api_key_env, api_version, aws_profile,",
         ),
     ],
 )
@@ -337,3 +337,26 @@ def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pyte
     assert os.environ[LISTEN_ENV] == "0.0.0.0:8200"
     s = settings_from_env()
     assert (s.host, s.port, s.workers) == ("0.0.0.0", 8200, 2)
+
+
+def test_the_types_each_provider_serves_are_its_adapters_paths() -> None:
+    from gateway.config import MODEL_TYPES, SERVED_TYPES
+    from gateway.providers import PROVIDERS
+
+    assert set(SERVED_TYPES) == set(PROVIDERS)
+    for kind, adapter in PROVIDERS.items():
+        assert {t for t in adapter.PATHS if t in MODEL_TYPES} == SERVED_TYPES[kind], kind
+        assert set(adapter.PARAMS) <= SERVED_TYPES[kind], kind
+
+
+def test_reading_settings_imports_no_provider_adapter() -> None:
+    """The supervisor reads the settings; the adapters (and aiohttp's client, the translators) are
+    the workers' alone, and would cost the supervisor tens of megabytes."""
+    heavy = ("gateway.providers", "gateway.translate", "aiohttp")
+    code = (
+        "import sys; from gateway.config import load_settings; load_settings('config/demo.toml'); "
+        f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -26,6 +25,7 @@ from gateway.store import Conversation, Store
 from harness import (
     Gateway,
     chat_model,
+    eventually,
     gateway,
     new_console_user,
     new_key,
@@ -81,12 +81,12 @@ def sign_in(page: Page, g: Gateway, email: str, password: str, then: str) -> Non
 
 def logged(g: Gateway, where: str, *args: Any, count: int = 1) -> list[tuple[Any, ...]]:
     """Request log rows matching `where` once there are `count` (written moments after the answer)."""
-    deadline = time.monotonic() + 5
-    while True:
+
+    def enough() -> list[tuple[Any, ...]] | None:
         rows = g.query(f"SELECT id, model, status, cost, key_id FROM request_logs WHERE {where}", *args)
-        if len(rows) >= count or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.02)
+        return rows if len(rows) >= count else None
+
+    return eventually(enough, what=f"{count} request log entries where {where} {args}")
 
 
 def form_values(page: Page, selector: str) -> dict[str, str | float | bool]:

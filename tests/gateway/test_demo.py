@@ -99,13 +99,22 @@ def test_demo_prints_url_key_and_an_admin_token_that_works(demo: tuple[list[str]
         assert time.monotonic() < deadline, r.text
         time.sleep(0.1)
     assert "demo" in [a["name"] for a in r.json()["data"]]
-    chat = httpx.post(
-        f"{base}/v1/chat/completions",
-        headers={"authorization": f"Bearer {key}"},
-        json={"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]},
-        timeout=30,
-    )
-    assert chat.status_code == 200, chat.text
+    # OpenAI's model, and those whose channels must sign in: Azure's (the demo's placeholder key),
+    # Bedrock's (the simulator's AWS key pair), Gemini's, Vertex's (the demo's service account).
+    for model in (
+        "openai/gpt-4o-mini",
+        "azure/gpt-4o-mini",
+        "bedrock/claude-3-haiku",
+        "vertex/claude-sonnet-4-5",
+        "google/gemini-2.5-flash",
+    ):
+        chat = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": model, "messages": [{"role": "user", "content": "Hello"}]},
+            timeout=30,
+        )
+        assert chat.status_code == 200, chat.text
     wrong = httpx.get(f"{base}/admin/v1/accounts", headers={"authorization": f"Bearer {key}"})
     assert wrong.status_code == 403
 

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from gateway.config import load_settings
-from harness import chat_model, free_port, new_key, query, running
+from harness import chat_model, eventually, free_port, new_key, query, running
 
 pytestmark = pytest.mark.slow
 ADMIN_TOKEN = "admin-" + "a" * 32
@@ -82,16 +82,17 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
                 if line.startswith("data: {"):
                     chunks.append(line.encode())
                     break
-            time.sleep(0.2)
+            # The plain request under way before the signal.
+            eventually(lambda: _in_flight(url, "test/slow") == 1, what="the plain request in flight")
             signalled = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
             # The notice (1 s): still served, each answer ending its connection; not ready.
-            health = httpx.get(url + "/health", timeout=2)
+            health = eventually(lambda: _health(url, "draining"), what="the gateway draining after SIGTERM")
             assert health.json() == {"status": "draining"}
             assert health.headers["connection"] == "close"
             assert httpx.get(url + "/ready", timeout=2).status_code == 503
-            time.sleep(1.2)
+            # Past the notice: 1.5 s after the signal, as ever.
+            time.sleep(max(0.0, signalled + 1.5 - time.monotonic()))
             with pytest.raises(httpx.ConnectError):  # then no new connection while draining
                 httpx.get(url + "/health", timeout=2)
             for line in lines:
@@ -150,7 +151,7 @@ def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Pat
                         served += 1
                     except httpx.HTTPError as exc:
                         failures.append(repr(exc))
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # pacing: steady traffic, not a busy loop
 
         thread = threading.Thread(target=traffic)
         thread.start()
@@ -160,7 +161,7 @@ def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Pat
             refused = httpx.post(url + "/admin/v1/config/reload", headers=admin)
             assert refused.status_code == 400 and "bogus" in refused.json()["error"]["message"]
             proc.send_signal(signal.SIGHUP)
-            time.sleep(1.0)
+            time.sleep(1.0)  # a reload, had the bad file been taken, would have happened by now
             assert [
                 m["id"]
                 for m in httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key.key}"}).json()[
@@ -192,12 +193,26 @@ def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Pat
 
 def _wait_for_models(url: str, key: str, wanted: set[str], seconds: float = 30) -> None:
     """Until every worker lists `wanted` (a few asks in a row, since each lands on one worker)."""
-    deadline = time.monotonic() + seconds
     streak = 0
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
+        nonlocal streak
         listed = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"}).json()["data"]
         streak = streak + 1 if {m["id"] for m in listed} == wanted else 0
-        if streak >= 8:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the models never became {wanted}")
+        return streak >= 8
+
+    eventually(settled, seconds, 0.1, what=f"the models {wanted}")
+
+
+def _in_flight(url: str, model: str) -> int:
+    """The requests in flight on `model`'s channels, as the admin API shows them."""
+    r = httpx.get(url + "/admin/v1/channels", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=2)
+    assert r.status_code == 200, r.text
+    [entry] = [m for m in r.json()["data"] if m["model"] == model]
+    return sum(int(c["in_flight"]) for c in entry["channels"])
+
+
+def _health(url: str, status: str) -> httpx.Response | None:
+    """GET /health, when it says `status`."""
+    health = httpx.get(url + "/health", timeout=2)
+    return health if health.json() == {"status": status} else None

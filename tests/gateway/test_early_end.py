@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from gateway.config import Prices
 from gateway.core import count_tokens
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle, chat_model, gateway
+from harness import Gateway, KeyHandle, chat_model, eventually, gateway
 
 # The prices harness.chat_model gives every model (no reasoning price of its own: the output price).
 PRICES = Prices(
@@ -197,9 +198,18 @@ def stream(
 def wait_usage(g: Gateway, key: KeyHandle, rid: str, seconds: float = 5.0) -> dict[str, Any]:
     """The usage record of `rid` once it appeared (settlements land moments after the stream)."""
     with g.client(key.key) as c:
-        deadline = time.monotonic() + seconds
-        while (r := c.get(f"/v1/usage/{rid}")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.03)
+        seen: list[httpx.Response] = []
+
+        def found() -> httpx.Response | None:
+            seen.append(c.get(f"/v1/usage/{rid}"))
+            return seen[-1] if seen[-1].status_code == 200 else None
+
+        r = eventually(
+            found,
+            seconds,
+            0.03,
+            what=lambda: f"no usage record for {rid}: {seen[-1].status_code} {seen[-1].text}",
+        )
     assert r.status_code == 200, f"no usage record for {rid}: {r.status_code} {r.text}"
     return dict(r.json())
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import get_args
 
 import httpx
 import openai
 import pytest
 
+from gateway.errors import ERROR_TABLE, ErrorCode
 from harness import Gateway, KeyHandle
 
 CHAT = "/v1/chat/completions"
@@ -15,6 +17,11 @@ CHAT = "/v1/chat/completions"
 
 def chat_body(content: str = "hi", **extra: object) -> dict[str, object]:
     return {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def test_the_error_code_type_names_exactly_the_table() -> None:
+    # ErrorCode is what type checking holds every raised code to; the table is what renders them.
+    assert list(get_args(ErrorCode)) == list(ERROR_TABLE)
 
 
 def assert_error(r: httpx.Response, status: int, code: str, type_: str) -> dict[str, object]:

@@ -9,9 +9,9 @@ from decimal import Decimal
 from test_store_contract import account_and_key
 from test_store_postgres import play_dead, stores
 
+from gateway.clock import now_ms
 from gateway.funds import Funds, NotCovered
 from gateway.store import KeyContext
-from gateway.store.postgres import store as store_module
 
 
 def test_a_process_reclaimed_while_alive_leases_afresh(postgres_url: str) -> None:
@@ -28,7 +28,7 @@ def test_a_process_reclaimed_while_alive_leases_afresh(postgres_url: str) -> Non
             # It stalls: its heartbeat stops, another process reclaims it, and leases the money.
             await play_dead(postgres_url, stalled)
             assert await other.reclaim_orphans() == 0
-            now = store_module.now_ms()
+            now = now_ms()
             assert await other.lease("account", account_id, Decimal(8), 1, now) == Decimal(10)
             # Back to life: it learns it was reclaimed (its next heartbeat or lease) ...
             await stalled._heartbeat()

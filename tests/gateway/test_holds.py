@@ -8,15 +8,15 @@ balance of K times that cost allows exactly K requests, however they interleave.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
+from contextlib import suppress
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
 
-from harness import Gateway, chat_model, gateway
+from harness import Gateway, NeverHappened, chat_model, eventually, gateway
 
 MODEL = "openai/gpt-4o-mini"
 OUTPUT = 8
@@ -67,10 +67,27 @@ def usage_total(gw: Gateway, account_id: str) -> tuple[int, Decimal]:
 def wait_records(gw: Gateway, account_id: str, count: int) -> int:
     """How many usage records the account has once it has `count` (they land moments after the
     answers), or when time runs out."""
-    deadline = time.monotonic() + 5
-    while (found := usage_total(gw, account_id)[0]) != count and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return found
+    found: list[int] = []
+
+    def landed() -> bool:
+        found.append(usage_total(gw, account_id)[0])
+        return found[-1] == count
+
+    with suppress(NeverHappened):  # not in time: the caller's assertion shows how many there are
+        eventually(landed, what=f"{count} usage records of {account_id}")
+    return found[-1]
+
+
+def leased(gw: Gateway, account_id: str) -> Decimal:
+    """What the worker processes' leases set aside of the account's balance (gateway.funds)."""
+    rows = gw.query("SELECT amount FROM leases WHERE kind = 'account' AND pot_id = ?", account_id)
+    return sum((amount for (amount,) in rows), Decimal(0))
+
+
+def wait_leases_back(gw: Gateway, account_id: str) -> None:
+    """Until no worker leases any of the account's money: an idle lease goes back after about 2 s
+    (LEASE_IDLE_SECONDS and the next housekeeping pass)."""
+    eventually(lambda: leased(gw, account_id) == 0, 10, 0.1, what=f"the idle leases of {account_id} back")
 
 
 def outcomes(responses: list[httpx.Response]) -> Counter[str]:
@@ -138,7 +155,7 @@ def test_two_workers_never_overspend_and_idle_leases_come_back(
         handle = gw2.new_key(balance=str(K * cost))
         first = outcomes(burst(gw2.url, handle.key, CONCURRENT))
         assert first["ok"] <= K and first["ok"] + first["insufficient_credits"] == CONCURRENT, first
-        time.sleep(3.5)  # idle leases are returned after about 2 s
+        wait_leases_back(gw2, handle.account_id)
         # One by one, the requests land on either worker; a refusal while the other worker still
         # leases the rest lasts until that lease goes idle and comes back.
         more, waited = 0, False
@@ -151,7 +168,7 @@ def test_two_workers_never_overspend_and_idle_leases_come_back(
                 assert r.json()["error"]["code"] == "insufficient_credits", r.text
                 if waited:
                     break
-                time.sleep(3.5)
+                wait_leases_back(gw2, handle.account_id)
                 waited = True
         assert first["ok"] + more == K, (first, more)
         assert gw2.wait_balance(handle.account_id, Decimal(0)) == 0

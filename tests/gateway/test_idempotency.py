@@ -21,7 +21,7 @@ from gateway import idempotency
 from gateway.context import Call
 from gateway.errors import ServiceUnavailable
 from gateway.store import Account, ApiKey, KeyContext, Store, open_store
-from harness import Gateway, KeyHandle, store_spec
+from harness import Gateway, KeyHandle, eventually, store_spec
 
 IMAGES = "/v1/images/generations"
 SPEECH = "/v1/audio/speech"
@@ -78,7 +78,8 @@ def test_fifty_identical_requests_run_once_and_charge_once(
     first = next(r for r in answers if r.status_code == 200 and "idempotency-replayed" not in r.headers)
     assert all(r.content == first.content for r in answers if r.status_code == 200)  # byte for byte
     assert sim_calls(sim, IMAGES, prompt) == 1
-    time.sleep(0.3)
+    eventually(lambda: records(gw, key.account_id) >= 1, what="the first request's usage record")
+    time.sleep(0.3)  # a second charge, if there were one, would have landed by now
     assert records(gw, key.account_id) == 1
     cost = Decimal(first.headers["x-service-cost"])
     assert gw.balance(key.account_id) == 100 - cost
@@ -91,7 +92,8 @@ def test_replay_is_free_and_marked_then_other_body_is_409(
     body = {"model": GPT_IMAGE, "prompt": prompt, "n": 2}
     first = post(gw, key.key, IMAGES, body, "k1")
     assert first.status_code == 200 and "idempotency-replayed" not in first.headers
-    time.sleep(0.2)
+    charged = Decimal(100) - Decimal(first.headers["x-service-cost"])
+    eventually(lambda: gw.balance(key.account_id) == charged, what="the first request's charge")
     balance = gw.balance(key.account_id)
     # The same JSON with its keys in another order is the same request.
     again = post(gw, key.key, IMAGES, {"n": 2, "prompt": prompt, "model": GPT_IMAGE}, "k1")
@@ -99,7 +101,7 @@ def test_replay_is_free_and_marked_then_other_body_is_409(
     assert again.content == first.content and again.headers["content-type"] == first.headers["content-type"]
     assert again.headers["x-service-cost"] == "0"
     assert again.headers["x-service-request-id"] != first.headers["x-service-request-id"]
-    time.sleep(0.2)
+    time.sleep(0.2)  # a charge for the replay, if there were one, would have landed by now
     assert gw.balance(key.account_id) == balance and sim_calls(sim, IMAGES, prompt) == 1
     other = post(gw, key.key, IMAGES, {**body, "n": 1}, "k1")
     assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"

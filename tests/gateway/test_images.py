@@ -19,7 +19,7 @@ import pytest
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
 from gateway.sim.images import png
-from harness import Gateway, KeyHandle, chat_model, gateway
+from harness import Gateway, KeyHandle, chat_model, eventually, gateway
 
 GPT_IMAGE = "openai/gpt-image-1"
 DALL_E = "openai/dall-e-3"
@@ -47,9 +47,12 @@ def sim_records(sim: httpx.Client, path: str, marker: str) -> list[dict[str, Any
 
 def usage_record(gw: Gateway, key: KeyHandle, rid: str) -> dict[str, Any]:
     with gw.client(key.key) as c:
-        deadline = time.monotonic() + 5
-        while (r := c.get(f"/v1/usage/{rid}")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+        def found() -> httpx.Response | None:
+            r = c.get(f"/v1/usage/{rid}")
+            return r if r.status_code == 200 else None
+
+        r = eventually(found, step=0.05, what=f"the usage record {rid}")
     assert r.status_code == 200
     record: dict[str, Any] = r.json()
     return record
@@ -278,7 +281,7 @@ def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: Ke
         refused = c.post("/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "x", "n": 11})
     assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"
-    time.sleep(0.2)
+    time.sleep(0.2)  # a charge, if there were one, would have landed by now
     assert gw.balance(key.account_id) == before
 
 
@@ -340,7 +343,7 @@ def test_url_served_then_404_after_ttl_and_row_purged_on_access(short: Gateway) 
     token = url.rsplit("/", 1)[1]
     assert token in stored_tokens(short.db_path)  # committed before the URL was handed out
     assert fetch(url).status_code == 200
-    time.sleep(TTL + 0.2)
+    time.sleep(TTL + 0.2)  # past the URL's time to live: the window the test is about
     r = fetch(url)
     assert r.status_code == 404
     assert (r.json()["error"]["code"], r.json()["error"]["type"]) == ("not_found", "not_found_error")

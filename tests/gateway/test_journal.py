@@ -171,8 +171,13 @@ def test_kill_9_under_load_loses_no_charge(sim_url: str, tmp_path: Path) -> None
 
     with running(["serve", "--config", str(config)], port) as proc:
         killer = asyncio.new_event_loop()
+
+        def kill_all() -> None:
+            for pid in process_tree(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+
         try:
-            killer.call_later(1.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in process_tree(proc.pid)])
+            killer.call_later(1.5, kill_all)
             killer.run_until_complete(load(time.monotonic() + 3))
         finally:
             killer.close()

@@ -282,7 +282,7 @@ def test_ledger_balances_after_random_kill_9_under_mixed_traffic(
         began = time.monotonic()
         whole_kills = 0
         while time.monotonic() - began < 24:
-            time.sleep(rng.uniform(1.0, 2.5))
+            time.sleep(rng.uniform(1.0, 2.5))  # a random moment under traffic for the next kill
             if whole_kills < 2 and time.monotonic() - began > 7 * (whole_kills + 1):
                 g.kill()
                 whole_kills += 1

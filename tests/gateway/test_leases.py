@@ -174,6 +174,8 @@ def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(
             with contextlib.suppress(asyncio.CancelledError):
                 await deleting
             await store.purge_responses(0)  # a write after the delete (SQLite: queued behind it)
+            # A moment for the commit's callbacks (the cache's invalidation) to run, and no more:
+            # the cache is to say what the store holds right after the change, not eventually.
             await asyncio.sleep(0.01)
             record = await store.get_key(key.id)
             assert record is not None

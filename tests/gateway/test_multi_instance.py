@@ -18,9 +18,9 @@ import httpx
 import orjson
 import pytest
 
-from cluster import Cluster, database, forget_redis_prefix, wait_for
+from cluster import Cluster, database, forget_redis_prefix
 from gateway.store.postgres.store import OWNER_TIMEOUT_SECONDS
-from harness import POSTGRES_URL, chat_model
+from harness import POSTGRES_URL, chat_model, eventually
 
 CHAT = "/v1/chat/completions"
 SPEECH = "/v1/audio/speech"
@@ -81,7 +81,12 @@ def error_code(r: httpx.Response) -> str:
 def wait_settled(cluster: Cluster, account_id: str, count: int, seconds: float = 10.0) -> None:
     """Until the account has `count` usage records (settlements commit before the answer; log
     entries a moment later) and every request log entry."""
-    wait_for(lambda: cluster.ledger(account_id)[3] >= count, seconds)
+    eventually(
+        lambda: cluster.ledger(account_id)[3] >= count,
+        seconds,
+        0.1,
+        what=f"{count} usage records of {account_id}",
+    )
 
 
 # ------------------------------------------------------------------ exactness
@@ -130,7 +135,7 @@ def test_a_balance_worth_k_requests_admits_exactly_k_across_instances(cluster: C
     )
 
     # Nothing is left over either: once the idle leases are back, not one more request fits.
-    wait_for(lambda: cluster.held(key.account_id) == 0, 10)
+    eventually(lambda: cluster.held(key.account_id) == 0, 10, 0.1, what="every idle lease back")
     more = 0
     with httpx.Client(
         base_url=cluster.urls[2], headers={"authorization": f"Bearer {key.key}"}, timeout=30
@@ -141,7 +146,7 @@ def test_a_balance_worth_k_requests_admits_exactly_k_across_instances(cluster: C
     assert more == 0, more
 
     wait_settled(cluster, key.account_id, k)
-    wait_for(lambda: cluster.ledger(key.account_id)[2] == deposit, 10)
+    eventually(lambda: cluster.ledger(key.account_id)[2] == deposit, 10, 0.1, what="every charge logged")
     balance, charged, logged, records = cluster.ledger(key.account_id)
     assert (balance, charged, logged, records) == (Decimal(0), deposit, deposit, k)
 
@@ -267,7 +272,7 @@ def test_kill_9_of_a_whole_instance_mid_traffic(cluster: Cluster) -> None:
                     plain[f"{url} {r.status_code}"] += 1
                 except httpx.HTTPError:
                     plain[f"{url} failed"] += 1
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # pacing: not a busy loop against an instance that is down
 
     threads = [
         threading.Thread(target=traffic, args=(url,), daemon=True) for url in cluster.urls for _ in range(2)
@@ -285,7 +290,12 @@ def test_kill_9_of_a_whole_instance_mid_traffic(cluster: Cluster) -> None:
     ]
     for t in threads + readers:
         t.start()
-    wait_for(lambda: all(len(s.get("pieces", ())) >= 150 for s in streams), 15, 0.01)
+    eventually(
+        lambda: all(len(s.get("pieces", ())) >= 150 for s in streams),
+        15,
+        0.01,
+        what="every stream 150 pieces in",
+    )
     owners = [row[0] for row in cluster.query("SELECT id FROM owners WHERE pid = ANY($1::int[])", pids)]
     assert len(owners) == 2
     held = cluster.query("SELECT count(*) FROM leases WHERE owner = ANY($1::text[])", owners)[0][0]
@@ -305,7 +315,7 @@ def test_kill_9_of_a_whole_instance_mid_traffic(cluster: Cluster) -> None:
         )
         return int(left) == 0
 
-    wait_for(reclaimed, RECLAIM_BOUND_SECONDS + 5, 0.2)
+    eventually(reclaimed, RECLAIM_BOUND_SECONDS + 5, 0.2, what="the victim's leases and owner rows gone")
     took = time.monotonic() - killed_at
     assert OWNER_TIMEOUT_SECONDS - 1 <= took <= RECLAIM_BOUND_SECONDS + 0.5, took
 
@@ -343,9 +353,9 @@ def test_kill_9_of_a_whole_instance_mid_traffic(cluster: Cluster) -> None:
         balance, charged, logged_sum, _ = cluster.ledger(key.account_id)
         return balance + charged == deposit and charged == logged_sum
 
-    wait_for(balanced, 10)
+    eventually(balanced, 10, 0.1, what="the ledger balanced")
     # Every hold is back once the survivors' leases go idle.
-    wait_for(lambda: cluster.held(key.account_id) == 0, 10)
+    eventually(lambda: cluster.held(key.account_id) == 0, 10, 0.1, what="every hold back")
 
     victim.start()  # the module's cluster whole again
     victim.wait_ready()

@@ -10,12 +10,13 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.config import ConfigError, load_settings, parse_settings
-from harness import Gateway, chat_model, free_port, running
+from harness import Gateway, chat_model, eventually, free_port, running
 
 ATTACKER = "attacker.invalid"
 ALLOWED = "images.example.test"
@@ -52,16 +53,14 @@ def generate(
 
 
 def logged_body(db: Path, request_id: str) -> bytes:
-    deadline = time.monotonic() + 5
-    while True:
+    def row() -> tuple[Any, ...] | None:
         with sqlite3.connect(db) as conn:
-            row = conn.execute(
+            found: tuple[Any, ...] | None = conn.execute(
                 "SELECT response_body FROM request_logs WHERE id = ?", (request_id,)
             ).fetchone()
-        if row is not None or time.monotonic() > deadline:
-            assert row is not None
-            return bytes(row[0])
-        time.sleep(0.02)
+        return found
+
+    return bytes(eventually(row, what=f"the request log entry {request_id}")[0])
 
 
 def test_a_forged_host_gets_the_listen_address(ugw: Gateway) -> None:

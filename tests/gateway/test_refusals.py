@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from decimal import Decimal
 
 import anthropic
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
-from harness import Gateway
+from harness import Gateway, eventually
 
 MODEL = "openai/gpt-4o-mini"  # $2.50 in, $10.00 out per million tokens in the test gateway
 MESSAGES_MODEL = "anthropic/claude-sonnet-4-5"
 RESPONSES_MODEL = "openai/gpt-4.1-mini"
-SMALL = [{"role": "user", "content": "Say hi"}]
+SMALL: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hi"}]
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_429_only_while_waiting_helps(gw: Gateway) -> None:
     """Two requests that each fit the limit but not together: the second waits for the first (429
     with Retry-After), then runs once the first's reservation has been corrected."""
     handle = gw.new_key(tpm_limit=10_000)
-    slow = [{"role": "user", "content": "wait [sim ttft=3s]"}]
+    slow: list[ChatCompletionMessageParam] = [{"role": "user", "content": "wait [sim ttft=3s]"}]
     done = threading.Event()
 
     def first() -> None:
@@ -112,10 +112,16 @@ def test_429_only_while_waiting_helps(gw: Gateway) -> None:
             c.chat.completions.create(model=MODEL, messages=slow, max_tokens=7_000)
         done.set()
 
+    def remaining_tokens() -> int:
+        """The key's tokens left this minute, from a request that takes none (GET /v1/models)."""
+        with gw.client(handle.key) as c:
+            return int(c.get("/v1/models").headers["x-ratelimit-remaining-tokens"])
+
     runner = threading.Thread(target=first)
     runner.start()
     try:
-        time.sleep(1.0)  # the first has reserved its 7000 tokens and waits for its answer
+        # The first has reserved its 7000 tokens and waits for its answer.
+        eventually(lambda: remaining_tokens() < 7_000, what="the first request's tokens reserved")
         with client(gw, handle.key) as c:
             with pytest.raises(openai.RateLimitError) as caught:
                 c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=7_000)

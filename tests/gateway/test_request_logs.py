@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -16,7 +17,7 @@ import pytest
 
 from gateway.store import RequestLog
 from gateway.store.sqlite import SqliteStore
-from harness import Gateway, KeyHandle, chat_model, gateway, request_logs
+from harness import Gateway, KeyHandle, chat_model, eventually, gateway, request_logs
 
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
 TOKEN = "admin-" + "fedcba9876543210" * 3
@@ -137,13 +138,12 @@ def test_a_refused_key_is_logged_without_key_or_bodies(lgw: Gateway, admin: http
     with lgw.client(marker) as c:
         r = c.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "secret"}]})
     assert r.status_code == 401 and "x-service-request-id" not in r.headers
-    deadline = time.monotonic() + 5
-    while True:
+
+    def refused() -> list[dict[str, Any]]:
         data = admin.get("/logs", params={"limit": "50"}).json()["data"]
-        refused = [e for e in data if e["status"] == 401 and e["error_code"] == "invalid_api_key"]
-        if refused or time.monotonic() > deadline:
-            break
-    entry = refused[0]
+        return [e for e in data if e["status"] == 401 and e["error_code"] == "invalid_api_key"]
+
+    entry = eventually(refused, what="the refused request's log entry")[0]
     assert entry["key_id"] is None and entry["account_id"] is None
     full = admin.get(f"/logs/{entry['id']}").json()
     assert full["request_body"] is None  # nobody it could belong to may read it

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, eventually
 
 MODEL = "cohere/rerank-v3.5"
 PRICES = Prices(input=Decimal("2.50"), output=Decimal(10), search=Decimal("0.002"))
@@ -83,9 +82,11 @@ def test_answer_carries_usage_beside_cohere_meta(gw: Gateway, key: KeyHandle) ->
 
 
 def _usage_record(c: httpx.Client, rid: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 5
-    while (r := c.get(f"/v1/usage/{rid}")).status_code == 404 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    def answered() -> httpx.Response | None:
+        r = c.get(f"/v1/usage/{rid}")
+        return None if r.status_code == 404 else r
+
+    r = eventually(answered, what=f"the usage record {rid}")
     assert r.status_code == 200, r.text
     record: dict[str, Any] = r.json()
     return record

@@ -14,6 +14,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.responses import FunctionToolParam
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
@@ -260,11 +261,12 @@ def test_expired_states_are_not_found_and_purged(tmp_path: Path) -> None:
     assert asyncio.run(go()) == (True, True, 1, True)
 
 
-WEATHER = {
+WEATHER: FunctionToolParam = {
     "type": "function",
     "name": "get_weather",
     "description": "The weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": True,  # the API's default, spelled out as the SDK's type asks
 }
 
 

@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from harness import Gateway, KeyHandle, free_port, gateway, request_logs, running, sim_requests
+from harness import Gateway, KeyHandle, eventually, free_port, gateway, request_logs, running, sim_requests
 
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
 TOKEN = "admin-" + "0123456789abcdef" * 3
@@ -214,17 +214,21 @@ def channels(admin: httpx.Client, model_name: str) -> dict[str, dict[str, Any]]:
 
 
 def wait_in_flight(admin: httpx.Client, model_name: str, count: int) -> None:
-    deadline = time.monotonic() + 5
-    while sum(c["in_flight"] for c in channels(admin, model_name).values()) < count:
-        assert time.monotonic() < deadline, channels(admin, model_name)
-        time.sleep(0.01)
+    eventually(
+        lambda: sum(c["in_flight"] for c in channels(admin, model_name).values()) >= count,
+        step=0.01,
+        what=lambda: f"{count} requests in flight on {model_name}: {channels(admin, model_name)}",
+    )
 
 
 def usage_cost(gw: Gateway, key: str, usage_id: str) -> Decimal:
     with gw.client(key) as c:
-        deadline = time.monotonic() + 5
-        while (r := c.get(f"/v1/usage/{usage_id}")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+
+        def found() -> httpx.Response | None:
+            r = c.get(f"/v1/usage/{usage_id}")
+            return r if r.status_code == 200 else None
+
+        r = eventually(found, what=f"the usage record {usage_id}")
     assert r.status_code == 200, r.text
     return Decimal(str(r.json()["cost"]))
 

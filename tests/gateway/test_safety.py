@@ -326,11 +326,13 @@ def test_safety_check_refuses_before_the_model_runs(
     before = sgw.balance(handle.account_id)
     with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
         send(oai, claude, prompt)
-    error = error_of(caught.value)
-    assert caught.value.status_code == 400
+    refused = caught.value
+    assert isinstance(refused, openai.BadRequestError | anthropic.BadRequestError)
+    error = error_of(refused)
+    assert refused.status_code == 400
     assert error["code"] == "content_filtered" and error["param"] == param
     # A streamed request refused before it starts is an ordinary JSON error.
-    assert caught.value.response.headers["content-type"].startswith("application/json")
+    assert refused.response.headers["content-type"].startswith("application/json")
     assert "hate, violence" in error["message"] and secret not in error["message"]
     assert received(sim, "/v1/moderations", secret) == 1
     assert received(sim, path, secret) == 0  # the model never ran

@@ -20,12 +20,13 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster import Cluster, Key, ThrowawayPostgres, ThrowawayRedis, database, postgres_bin, wait_for
+from cluster import Cluster, Key, ThrowawayPostgres, ThrowawayRedis, database, postgres_bin
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.config import Settings
 from gateway.funds import Funds
 from gateway.store import open_store
 from gateway.store.postgres.errors import StoreUnavailable
+from harness import eventually
 
 CHAT = "/v1/chat/completions"
 # The longest an answer may take while a service is away: a settlement waits 5 s for the database
@@ -132,7 +133,7 @@ class Traffic:
                     r = client.post(url + CHAT, json=body)
                 except httpx.HTTPError:
                     self.answers.append(Answer(url, 0, time.monotonic() - sent, sent))
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # pacing: not a busy loop against an instance that is down
                     continue
                 self.answers.append(
                     Answer(url, r.status_code, time.monotonic() - sent, sent, r.json(), dict(r.headers))
@@ -178,7 +179,9 @@ def assert_ledger(cluster: Cluster, key: Key, deposit: Decimal, answers: list[An
 
     # A success's charge may still be on its way: handed to a database that went away before it
     # committed, it is retried until it does (gateway/store/postgres/writer.py).
-    wait_for(lambda: found() == len(ids) and settled(), 15)
+    eventually(
+        lambda: found() == len(ids) and settled(), 15, 0.1, what="every success charged, the ledger balanced"
+    )
     return int(cluster.ledger(key.account_id)[3])
 
 
@@ -194,14 +197,19 @@ def test_redis_restarted_mid_traffic(services: Services) -> None:
         Traffic(cluster, limited, "limited-" + uuid.uuid4().hex, clients=3) as with_limits,
         Traffic(cluster, free, "free-" + uuid.uuid4().hex, clients=3) as without,
     ):
-        time.sleep(1.0)
+        time.sleep(1.0)  # traffic for a while before the fault
         services.redis.stop()
         down = time.monotonic()
-        time.sleep(3.0)
+        time.sleep(3.0)  # the outage itself: traffic meets Redis away for this long
         restarting = time.monotonic()
         services.redis.start()
         up = time.monotonic()
-        wait_for(lambda: recovered(with_limits, up) and recovered(without, up), 15)
+        eventually(
+            lambda: recovered(with_limits, up) and recovered(without, up),
+            15,
+            0.1,
+            what="both keys served again",
+        )
     for traffic in (with_limits, without):
         assert_clear(traffic.answers)
     # Refused while Redis was away (the first answers after it went may still have been on their way).
@@ -228,12 +236,12 @@ def test_postgres_restarted_mid_traffic(services: Services, sim: httpx.Client) -
     key = cluster.new_key(deposit)
     marker = "pg-" + uuid.uuid4().hex
     with Traffic(cluster, key, marker) as traffic:
-        time.sleep(1.0)
+        time.sleep(1.0)  # traffic for a while before the fault
         services.postgres.stop("fast")
-        time.sleep(7.0)
+        time.sleep(7.0)  # the outage itself: longer than a settlement waits for the database (5 s)
         services.postgres.start()
         up = time.monotonic()
-        wait_for(lambda: recovered(traffic, up), 20)
+        eventually(lambda: recovered(traffic, up), 20, 0.1, what="served again")
     assert_clear(traffic.answers)
     unavailable = [a for a in traffic.answers if a.status == 503]
     assert unavailable, "no request met the outage"
@@ -248,7 +256,8 @@ def test_postgres_restarted_mid_traffic(services: Services, sim: httpx.Client) -
         found = cluster.query("SELECT count(*) FROM usage_records WHERE request_id = ANY($1::text[])", ids)
         return int(found[0][0])
 
-    wait_for(lambda: late() >= len(queued), 15)  # their writers retry until they commit
+    # Their writers retry until they commit.
+    eventually(lambda: late() >= len(queued), 15, 0.1, what="every queued charge committed")
     charged = assert_ledger(cluster, key, deposit, traffic.answers)
     calls = [e for e in sim.get("/_sim/requests").json() if marker in str(e.get("body", {}).get("messages"))]
     successes = sum(a.status == 200 for a in traffic.answers)
@@ -257,7 +266,7 @@ def test_postgres_restarted_mid_traffic(services: Services, sim: httpx.Client) -
     assert charged == successes + len(queued)
     # (Before the fix in gateway.funds.return_idle, a lease whose return failed during the outage
     # was forgotten by its process and stayed set aside in the store for as long as it lived.)
-    wait_for(lambda: cluster.held(key.account_id) == 0, 15)
+    eventually(lambda: cluster.held(key.account_id) == 0, 15, 0.1, what="every hold back")
 
 
 def test_a_lease_that_cannot_go_back_stays_its_processes(tmp_path: Path) -> None:
@@ -279,7 +288,7 @@ def test_a_lease_that_cannot_go_back_stays_its_processes(tmp_path: Path) -> None
             assert await store.free("account", account.id, 0) == 0  # one process leases it all
             real = store.return_lease
 
-            async def away(*_: object) -> None:
+            async def away(kind: str, pot_id: str, amount: Decimal) -> None:
                 raise StoreUnavailable("away")
 
             store.return_lease = away  # type: ignore[method-assign]

@@ -6,7 +6,6 @@ gateway's count in message_start of a translated stream)."""
 from __future__ import annotations
 
 import json
-import time
 from decimal import Decimal
 from typing import Any
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from gateway.errors import ERROR_TABLE, MESSAGES_ERROR_TYPES, error_object
-from harness import Gateway, KeyHandle, chat_model, gateway, request_logs
+from harness import Gateway, KeyHandle, chat_model, eventually, gateway, request_logs
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 GPT = "openai/gpt-4o-mini"
@@ -253,9 +252,12 @@ def test_chat_stream_error_stays_the_spec_chunk(gw: Gateway, key: KeyHandle, mod
 
 def usage_record(gw: Gateway, key: KeyHandle, response_id: str) -> dict[str, Any]:
     with gw.client(key.key) as c:
-        deadline = time.monotonic() + 5
-        while (r := c.get(f"/v1/usage/{response_id}")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+        def found() -> httpx.Response | None:
+            r = c.get(f"/v1/usage/{response_id}")
+            return r if r.status_code == 200 else None
+
+        r = eventually(found, step=0.05, what=f"the usage record {response_id}")
     assert r.status_code == 200, r.text
     record: dict[str, Any] = r.json()
     return record

@@ -20,7 +20,7 @@ from gateway.errors import GatewayError
 from gateway.redis_client import connect
 from gateway.routing import Router, Slot
 from gateway.shared_channels import FRESH_SECONDS, SharedChannels
-from harness import free_port
+from harness import eventually_async, free_port
 
 SETTINGS = RoutingSettings(
     retries=2,
@@ -80,6 +80,16 @@ async def take(
     return await router.run(model, answering(failing), [])
 
 
+async def until_shown(router: Router, name: str, field: str, value: object) -> None:
+    """Until `router`'s report (the deployment's view, from Redis) shows `value` for the channel:
+    slots and breaker changes are written there in the background, moments after the call."""
+
+    async def shown() -> bool:
+        return by_name(await router.report(), "a/model")[name][field] == value
+
+    await eventually_async(shown, what=f"{name}'s {field} at {value!r}")
+
+
 async def tried(router: Router, model: ModelConfig, failing: set[str]) -> list[str]:
     calls: list[str] = []
     _, slot = await router.run(model, answering(failing, calls), [])
@@ -112,13 +122,13 @@ def test_a_cap_is_one_count_across_processes(redis_url: str) -> None:
             )
             first.release()
             first.release()  # twice gives back one slot
-            await asyncio.sleep(0.05)  # the slot goes back in the background
+            await until_shown(b, "only", "in_flight", 1)  # the slot goes back in the background
             _, third = await take(b, model)
             with pytest.raises(GatewayError):
                 await take(a, model)
             second.release()
             third.release()
-            await asyncio.sleep(0.05)
+            await until_shown(b, "only", "in_flight", 0)
             assert by_name(await b.report(), "a/model")["only"]["in_flight"] == 0
 
     asyncio.run(go())
@@ -151,7 +161,7 @@ def test_an_answer_anywhere_resets_the_failures_in_a_row(redis_url: str) -> None
             await tried(a, model, {"flaky"})
             await tried(a, model, {"flaky"})
             assert await tried(b, model, set()) == ["flaky"]
-            await asyncio.sleep(0.05)
+            await until_shown(a, "flaky", "failures_in_a_row", 0)
             assert by_name(await a.report(), "a/model")["flaky"]["failures_in_a_row"] == 0
             await tried(a, model, {"flaky"})
             assert by_name(await b.report(), "a/model")["flaky"]["state"] == "healthy"
@@ -172,7 +182,7 @@ def test_one_probe_in_the_whole_deployment_and_its_answer_reopens_the_channel(re
         try:
             assert await tried(a, model, {"flaky"}) == ["flaky", "steady"]
             assert await tried(b, model, {"flaky"}) == ["steady"]
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)  # past the 0.2 s cool-down: the window the test is about
             assert by_name(await b.report(), "a/model")["flaky"]["state"] == "half_open"
             release = asyncio.Event()
             seen: list[str] = []
@@ -184,7 +194,11 @@ def test_one_probe_in_the_whole_deployment_and_its_answer_reopens_the_channel(re
                 return ch.name
 
             probe = asyncio.ensure_future(a.run(model, slow_probe, []))
-            await asyncio.sleep(0.05)
+
+            async def probing() -> bool:
+                return "flaky" in seen
+
+            await eventually_async(probing, what="a's probe under way")
             answer, slot = await b.run(model, slow_probe, [])  # the probe is a's: b goes elsewhere
             assert answer == "steady"
             slot.release()
@@ -192,9 +206,9 @@ def test_one_probe_in_the_whole_deployment_and_its_answer_reopens_the_channel(re
             answer, slot = await probe
             slot.release()
             assert answer == "flaky" and seen.count("flaky") == 1
-            await asyncio.sleep(0.05)
+            await until_shown(b, "flaky", "state", "healthy")
             assert by_name(await b.report(), "a/model")["flaky"]["state"] == "healthy"
-            # b was told of a's probe: it asks Redis again within FRESH_SECONDS.
+            # b was told of a's probe: it asks Redis again within FRESH_SECONDS (waited out here).
             await asyncio.sleep(FRESH_SECONDS)
             assert await tried(b, model, set()) == ["flaky"]
         finally:
@@ -257,7 +271,7 @@ def test_a_dead_process_slots_come_back_when_their_leases_run_out(redis_url: str
             shared = a._shared
             assert shared is not None and shared._renewer is not None
             shared._renewer.cancel()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # past the 0.4 s lease, which nothing renews now
             _, slot = await take(b, model)
             slot.release()
             del held
@@ -307,15 +321,15 @@ def throwaway_redis() -> Iterator[ThrowawayRedis]:
 
 
 async def wait_for_port(port: int, seconds: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while True:
+    async def listening() -> bool:
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
         except OSError:
-            assert asyncio.get_running_loop().time() < deadline, f"nothing on port {port}"
-            await asyncio.sleep(0.02)
+            return False
+        writer.close()
+        return True
+
+    await eventually_async(listening, seconds, what=f"something on port {port}")
 
 
 def test_without_redis_the_local_view_serves_and_the_shared_one_comes_back(

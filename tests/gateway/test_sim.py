@@ -57,3 +57,53 @@ def test_fail_directive_uses_openai_error_format(sim: httpx.Client) -> None:
 def test_keep_alive_serves_many_requests_on_one_connection(sim: httpx.Client) -> None:
     for _ in range(20):
         assert sim.get("/_sim/health").status_code == 200
+
+
+def test_a_chunked_request_body_is_read_whole(sim: httpx.Client) -> None:
+    body = b'{"model": "m", "input": ["one", "two"], "dimensions": 4}'
+    pieces = (body[i : i + 7] for i in range(0, len(body), 7))  # a generator: httpx sends it chunked
+    r = sim.post("/v1/embeddings", content=pieces, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert [len(d["embedding"]) for d in r.json()["data"]] == [4, 4]
+
+
+def test_routes_match_under_any_prefix(sim: httpx.Client) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    for prefix in ("", "/v1", "/api/v1", "/a/b/c"):
+        assert sim.post(prefix + "/chat/completions", json=body).status_code == 200
+    assert sim.post("/v1/xchat/completions", json=body).status_code == 404
+
+
+def test_unknown_paths_and_methods_are_answered_in_the_provider_format(sim: httpx.Client) -> None:
+    r = sim.get("/v1/nowhere")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "unknown_url"
+    r = sim.get("/v1/chat/completions")
+    assert (r.status_code, r.json()["error"]["message"]) == (405, "Use POST.")
+    r = sim.get("/v1/messages")
+    assert r.status_code == 405
+    assert r.json()["type"] == "error"  # Anthropic's format
+
+
+def test_drop_after_cuts_the_connection_mid_stream(sim: httpx.Client) -> None:
+    body = {
+        "model": "m+tokens=5+drop_after=2",
+        "messages": [{"role": "user", "content": "s"}],
+        "stream": True,
+    }
+    seen: list[str] = []
+    with pytest.raises(httpx.RemoteProtocolError), sim.stream("POST", "/v1/chat/completions", json=body) as r:
+        seen.extend(line for line in r.iter_lines() if line)
+    assert sum('"content":" ' in e for e in seen) == 2
+
+
+def test_error_after_ends_the_stream_with_an_error_event(sim: httpx.Client) -> None:
+    body = {
+        "model": "m+tokens=5+error_after=1",
+        "messages": [{"role": "user", "content": "s"}],
+        "stream": True,
+    }
+    with sim.stream("POST", "/v1/chat/completions", json=body) as r:
+        events = [line for line in r.iter_lines() if line]
+    assert '"error":{"message":"Simulated failure mid-stream."' in events[-1]
+    assert sum('"content":" ' in e for e in events) == 1

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from gateway.sim.directives import DirectiveError, parse
+from harness import eventually
 
 # The client warns on every Sora call that the hosted API is to shut down; the wire format is the point.
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
@@ -34,15 +35,14 @@ def create(sim: httpx.Client, **fields: Any) -> dict[str, Any]:
 
 def wait_for_end(sim: httpx.Client, video_id: str, limit: float = 5.0) -> list[dict[str, Any]]:
     """Every state seen while polling until the job is over."""
-    seen = []
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        video = sim.get(f"/v1/videos/{video_id}").json()
-        seen.append(video)
-        if video["status"] in ("completed", "failed"):
-            return seen
-        time.sleep(0.02)
-    raise AssertionError(f"{video_id} still {seen[-1]['status']} after {limit}s")
+    seen: list[dict[str, Any]] = []
+
+    def over() -> bool:
+        seen.append(sim.get(f"/v1/videos/{video_id}").json())
+        return seen[-1]["status"] in ("completed", "failed")
+
+    eventually(over, limit, what=lambda: f"{video_id} over (still {seen[-1]['status']})")
+    return seen
 
 
 def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:

@@ -98,5 +98,5 @@ def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: Ke
     with gw.client(key.key) as c:
         r = c.post("/v1/audio/speech", json={"model": MODEL, "voice": "alloy", "input": "[sim fail=500]"})
     assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
-    time.sleep(0.2)
+    time.sleep(0.2)  # a charge, if there were one, would have landed by now
     assert gw.balance(key.account_id) == before

@@ -16,6 +16,7 @@ import pytest
 
 from gateway.clock import now_ms
 from gateway.store import Job, RequestLog, UsageRecord
+from harness import eventually_async
 
 StoreFactory = Callable[[], Any]
 
@@ -344,12 +345,12 @@ async def logged(store: Any, *entries: RequestLog) -> None:
     """Keep the entries (log_request, in this order) and wait until every one can be read."""
     for entry in entries:
         store.log_request(entry)
-    for _ in range(500):
+
+    async def written() -> bool:
         await flush(store)
-        if all([await store.get_request_log(e.id) is not None for e in entries]):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the log entries were never written")
+        return all([await store.get_request_log(e.id) is not None for e in entries])
+
+    await eventually_async(written, 5, 0.01, what="the log entries written")
 
 
 def test_console_users_and_invitations(new_store: StoreFactory) -> None:

@@ -18,10 +18,12 @@ import pytest
 from test_store_contract import account_and_key, balance, log_entry, record
 
 from gateway.budget import period_start_ms
+from gateway.clock import now_ms
 from gateway.store import Settlement
 from gateway.store.postgres import PostgresStore, StoreUnavailable, rows
 from gateway.store.postgres import store as store_module
 from gateway.store.postgres.migrate import migrations
+from harness import eventually_async
 
 
 @asynccontextmanager
@@ -47,9 +49,7 @@ async def admin(url: str, sql: str, *args: Any) -> Any:
 async def until(check: Any, timeout: float = 3.0) -> float:
     """Seconds until the async predicate holds (fails after `timeout`)."""
     started = time.monotonic()
-    while not await check():
-        assert time.monotonic() - started < timeout, "not within the time allowed"
-        await asyncio.sleep(0.01)
+    await eventually_async(check, timeout, 0.01, what="the predicate")
     return time.monotonic() - started
 
 
@@ -67,7 +67,7 @@ def test_a_dead_owners_streams_are_billed_and_its_leases_returned(postgres_url: 
         async with stores(postgres_url, 3) as (dead, b, c):
             account_id, key_id = await account_and_key(b, "10", credit_limit="8")
             assert await dead.live_owners() >= 3
-            now = store_module.now_ms()
+            now = now_ms()
             assert await dead.lease("account", account_id, Decimal(1), 1, now) == Decimal(10)
             assert await dead.lease("key", key_id, Decimal(1), 1, now) == Decimal(8)
             running = record(account_id, key_id, "0.4", status="incomplete")
@@ -138,7 +138,7 @@ def test_one_batch_across_periods_counts_as_one_by_one(postgres_url: str) -> Non
         async with stores(postgres_url, 1) as (store,):
             account_id, key_id = await account_and_key(store, "10", credit_limit="8")
             await store.update_key(key_id, {"limit_reset": "daily"})
-            now = store_module.now_ms()
+            now = now_ms()
             today = period_start_ms("daily", now)
             await admin(
                 postgres_url,
@@ -207,7 +207,13 @@ def test_key_changes_reach_other_instances_within_a_second(postgres_url: str) ->
             b._open_control = no_listener  # type: ignore[method-assign]
             assert b._control is not None
             await admin(postgres_url, "SELECT pg_terminate_backend($1)", b._control.get_server_pid())
-            await asyncio.sleep(1.5)  # the watch notices, and stays without a listener
+
+            async def noticed() -> bool:
+                # The watch has dropped the lost listener (and stays without one: none opens), and
+                # has a key_generation to compare with when it reads it through the pool.
+                return b._control is None and b._keys.seen is not None
+
+            await until(noticed)
             assert b._control is None
             assert (await b.find_key(secrets[1])) is not None
             await a.update_account(account.id, {"rpm_limit": 3})

@@ -6,7 +6,6 @@ client's span, the gateway's server span, a client span per try whose id is the 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -21,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from gateway.request_log import _attempts_json
 from gateway.routing import Attempt
 from gateway.telemetry.otlp import traces_url
-from harness import chat_model, gateway, new_key
+from harness import chat_model, eventually, gateway, new_key
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -77,13 +76,11 @@ def collector() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 def _wait_for(spans: list[dict[str, Any]], trace_id: str, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        found = [s for s in spans if s["trace_id"] == trace_id]
-        if len(found) >= count:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{count} spans of trace {trace_id} never came: {spans}")
+    def found() -> list[dict[str, Any]] | None:
+        mine = [s for s in spans if s["trace_id"] == trace_id]
+        return mine if len(mine) >= count else None
+
+    return eventually(found, 15, 0.05, what=lambda: f"{count} spans of trace {trace_id}: {spans}")
 
 
 def test_spans_reach_the_collector_in_one_tree_with_the_ids_upstream_saw(

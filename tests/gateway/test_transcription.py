@@ -17,7 +17,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, eventually
 
 WHISPER = "openai/whisper-1"
 PRICES = Prices(input=Decimal("2.50"), output=Decimal(10), second=Decimal("0.0001"))
@@ -47,10 +47,12 @@ def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
 
 def usage_record(gw: Gateway, key: str, usage_id: str) -> httpx.Response:
     with gw.client(key) as c:
-        deadline = time.monotonic() + 5
-        while (r := c.get(f"/v1/usage/{usage_id}")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    return r
+
+        def found() -> httpx.Response | None:
+            r = c.get(f"/v1/usage/{usage_id}")
+            return r if r.status_code == 200 else None
+
+        return eventually(found, step=0.05, what=f"the usage record {usage_id}")
 
 
 def test_json_transcript_priced_per_second(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
@@ -169,7 +171,7 @@ def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: Ke
         )
     assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
     assert "x-service-request-id" in r.headers
-    time.sleep(0.2)
+    time.sleep(0.2)  # a charge, if there were one, would have landed by now
     assert gw.balance(key.account_id) == before
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle, sim_requests
+from harness import Gateway, KeyHandle, eventually, sim_requests
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 GPT = "openai/gpt-4o-mini"
@@ -73,9 +72,12 @@ def marker() -> str:
 
 def usage_record(gw: Gateway, key: KeyHandle, response_id: str) -> dict[str, Any]:
     with gw.client(key.key) as c:
-        deadline = time.monotonic() + 5
-        while (r := c.get(f"/v1/usage/{response_id}")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+        def found() -> httpx.Response | None:
+            r = c.get(f"/v1/usage/{response_id}")
+            return r if r.status_code == 200 else None
+
+        r = eventually(found, step=0.05, what=f"the usage record {response_id}")
     assert r.status_code == 200, r.text
     record: dict[str, Any] = r.json()
     return record

@@ -8,16 +8,16 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 import wave
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
-from harness import Gateway, chat_model, gateway
+from harness import Gateway, chat_model, eventually, gateway
 
 
 class _NoUsage(BaseHTTPRequestHandler):
@@ -63,9 +63,12 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 def usage_record(gw: Gateway, key: str, rid: str) -> dict[str, Any]:
     with gw.client(key) as c:
-        deadline = time.monotonic() + 5
-        while (r := c.get(f"/v1/usage/{rid}")).status_code == 404 and time.monotonic() < deadline:
-            time.sleep(0.02)
+
+        def answered() -> httpx.Response | None:
+            r = c.get(f"/v1/usage/{rid}")
+            return None if r.status_code == 404 else r
+
+        r = eventually(answered, what=f"the usage record {rid}")
     assert r.status_code == 200, r.text
     record: dict[str, Any] = r.json()
     return record

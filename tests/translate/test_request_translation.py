@@ -459,7 +459,7 @@ def chat_parameters(draw: st.DrawFn) -> dict[str, Any]:
             {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
             for n in draw(st.lists(tool_names, min_size=1, max_size=3, unique=True))
         ]
-        choice = draw(st.sampled_from([None, "auto", "none", "required", "function"]))
+        choice: Any = draw(st.sampled_from([None, "auto", "none", "required", "function"]))
         if choice == "function":
             choice = {"type": "function", "function": {"name": params["tools"][0]["function"]["name"]}}
         if choice is not None:

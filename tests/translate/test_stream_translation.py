@@ -530,7 +530,7 @@ def test_a_translated_messages_stream_adds_up_to_the_translated_answer(
     chunks += [{"choices": [{"index": 0, "delta": {"content": t}}]} for t in text]
     tool_calls = []
     for i, (name, arguments) in enumerate(calls):
-        whole = {
+        whole: dict[str, Any] = {
             "id": f"call_{i}",
             "type": "function",
             "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},

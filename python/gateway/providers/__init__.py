@@ -1,18 +1,90 @@
 """Upstream adapters, one module per provider kind; `PROVIDERS` maps a channel's kind to its adapter.
 
-An adapter module has PARAMS (model type -> the parameters it forwards by default, spec 1.3; a
-model's `supported_params` overrides them), PATHS (model type -> upstream path), url(channel, type)
-and headers(channel, client_headers). Sending and error mapping are shared (base.py).
+Each adapter module is a `Provider`: PARAMS (model type -> the parameters it forwards by default,
+spec 1.3; a model's `supported_params` overrides them), PATHS (model type -> upstream path),
+url(channel, type) and headers(channel, client_headers). Sending and error mapping are shared
+(base.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Final
+from typing import TYPE_CHECKING, Final, Protocol
 
-from . import anthropic, cohere, openai
+from . import anthropic, azure, bedrock, cohere, gemini, openai, vertex
 
-PROVIDERS: Final[Mapping[str, ModuleType]] = {"openai": openai, "anthropic": anthropic, "cohere": cohere}
+if TYPE_CHECKING:
+    from ..config import ChannelConfig
+    from .http import UpstreamClient
 
-__all__ = ["PROVIDERS", "anthropic", "cohere", "openai"]
+
+class Provider(Protocol):
+    """What the gateway asks of an upstream kind; type checking holds each adapter module to it."""
+
+    @property
+    def PARAMS(self) -> Mapping[str, frozenset[str]]:
+        """Model type -> the request parameters forwarded by default."""
+
+    @property
+    def PATHS(self) -> Mapping[str, str]:
+        """Model type -> the upstream path, below the channel's base URL."""
+
+    def url(self, channel: ChannelConfig, model_type: str, *, stream: bool = False) -> str:
+        """Where a request of this model type goes (a streamed one, for providers whose streams
+        have their own URL)."""
+
+    async def headers(
+        self,
+        channel: ChannelConfig,
+        client_headers: Mapping[str, str],
+        upstream: UpstreamClient,
+        *,
+        url: str = "",
+        body: bytes = b"",
+    ) -> dict[str, str]:
+        """The upstream request's headers: credentials (a token fetched through `upstream` when the
+        channel signs in with one, or a signature of `url` and `body`) and what the provider needs
+        of the client's."""
+
+    def encode(self, channel: ChannelConfig, operation: str, body: bytes) -> bytes:
+        """The request body in the upstream's wire format, from the model type's own."""
+
+    def decode(self, channel: ChannelConfig, operation: str, content: bytes, request: bytes) -> bytes:
+        """The upstream's answer in the model type's own shape; `request` is what was asked, in that
+        shape (before encode)."""
+
+    def stream_translator(self, channel: ChannelConfig, operation: str) -> StreamTranslator | None:
+        """A translator of the upstream's stream into the model type's own SSE, or None when the
+        stream is already in it."""
+
+
+class StreamTranslator(Protocol):
+    """Turns an upstream's stream (any framing) into the model type's own SSE bytes; errors in the
+    upstream's framing come out as the shape's error event, not as exceptions."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+
+
+PROVIDERS: Final[Mapping[str, Provider]] = {
+    "openai": openai,
+    "anthropic": anthropic,
+    "cohere": cohere,
+    "azure": azure,
+    "bedrock": bedrock,
+    "gemini": gemini,
+    "vertex": vertex,
+}
+
+__all__ = [
+    "PROVIDERS",
+    "Provider",
+    "StreamTranslator",
+    "anthropic",
+    "azure",
+    "bedrock",
+    "cohere",
+    "gemini",
+    "openai",
+    "vertex",
+]

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from ..config import ChannelConfig
+from .base import no_stream_translation, unchanged, unchanged_answer
+from .http import UpstreamClient
 
 # Messages parameters the native API accepts (spec 1.3 default list): every body field of the
 # official SDK's request types (anthropic-sdk-python types/message_create_params.py and its beta
@@ -42,12 +44,19 @@ PATHS: Final = {"messages": "/v1/messages"}
 DEFAULT_VERSION = "2023-06-01"
 
 
-def url(channel: ChannelConfig, model_type: str) -> str:
+def url(channel: ChannelConfig, model_type: str, *, stream: bool = False) -> str:
     # Anthropic's base URL is the host (https://api.anthropic.com); the path carries /v1.
     return channel.base_url + PATHS[model_type]
 
 
-def headers(channel: ChannelConfig, client_headers: Mapping[str, str]) -> dict[str, str]:
+async def headers(
+    channel: ChannelConfig,
+    client_headers: Mapping[str, str],
+    upstream: UpstreamClient,
+    *,
+    url: str = "",
+    body: bytes = b"",
+) -> dict[str, str]:
     out = {
         "content-type": "application/json",
         "accept": "application/json",
@@ -60,3 +69,9 @@ def headers(channel: ChannelConfig, client_headers: Mapping[str, str]) -> dict[s
     if key:
         out["x-api-key"] = key
     return out
+
+
+# The upstream speaks the model type's own wire format.
+encode = unchanged
+decode = unchanged_answer
+stream_translator = no_stream_translation

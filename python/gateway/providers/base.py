@@ -9,10 +9,25 @@ from typing import Any, Final, TypeVar
 import aiohttp
 import orjson
 
+from ..config import ChannelConfig
 from ..errors import GatewayError
 from .http import UNSENT_FAILURES, UPSTREAM_FAILURES, UpstreamClient, is_timeout
 
 T = TypeVar("T")
+
+
+# For providers whose wire format is the model type's own (OpenAI-compatible, Anthropic, Cohere,
+# Azure): bodies and streams pass unchanged.
+def unchanged(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
+    return body
+
+
+def unchanged_answer(channel: ChannelConfig, operation: str, content: bytes, request: bytes) -> bytes:
+    return content
+
+
+def no_stream_translation(channel: ChannelConfig, operation: str) -> None:
+    return None
 
 
 async def send(
@@ -89,6 +104,11 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
                 "content_filtered",
                 "The model's provider refused the request under its content policy: " + refusal,
             )
+    if status == 400 and _key_refused(payload):
+        # Google answers an invalid API key with 400: the gateway's set-up, not the caller's request.
+        return GatewayError(
+            "provider_error", "The model's provider refused the gateway's key.", retry="other"
+        )
     if status in (400, 413, 422):
         return GatewayError("invalid_request", "The model rejected the request: " + _message(payload))
     if status >= 500:
@@ -103,6 +123,11 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
     return GatewayError(
         "provider_error", f"The model's provider refused the gateway (HTTP {status}).", retry="other"
     )
+
+
+def _key_refused(payload: bytes) -> bool:
+    """Google's error for an API key it does not take (reason API_KEY_INVALID)."""
+    return b"API_KEY_INVALID" in payload
 
 
 def _message(payload: bytes) -> str:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from ..config import ChannelConfig
+from .base import no_stream_translation, unchanged, unchanged_answer
+from .http import UpstreamClient
 
 # "model", "query" and "documents" are the request itself: they always go.
 RERANK_PARAMS: Final = frozenset(
@@ -16,13 +18,26 @@ PARAMS: Final = {"rerank": RERANK_PARAMS}
 PATHS: Final = {"rerank": "/v1/rerank"}
 
 
-def url(channel: ChannelConfig, model_type: str) -> str:
+def url(channel: ChannelConfig, model_type: str, *, stream: bool = False) -> str:
     return channel.base_url + PATHS[model_type]
 
 
-def headers(channel: ChannelConfig, client_headers: Mapping[str, str]) -> dict[str, str]:
+async def headers(
+    channel: ChannelConfig,
+    client_headers: Mapping[str, str],
+    upstream: UpstreamClient,
+    *,
+    url: str = "",
+    body: bytes = b"",
+) -> dict[str, str]:
     out = {"content-type": "application/json", "accept": "application/json"}
     key = channel.api_key()
     if key:
         out["authorization"] = f"Bearer {key}"
     return out
+
+
+# The upstream speaks the model type's own wire format.
+encode = unchanged
+decode = unchanged_answer
+stream_translator = no_stream_translation

@@ -20,7 +20,7 @@ import orjson
 
 from .. import __version__, idempotency
 from .. import admin_fields as field
-from ..errors import ERROR_TABLE
+from ..errors import ERROR_TABLE, ErrorCode
 from ..store import LIMIT_RESETS
 from ..store.records import CONSOLE_ROLES
 from . import console_users
@@ -412,7 +412,7 @@ def _bodies(configured: Collection[str]) -> dict[str, Schema]:
 
 
 # Each error answer of the API: (status, the codes it carries, when).
-ERRORS: Final[Mapping[str, tuple[int, tuple[str, ...], str]]] = {
+ERRORS: Final[Mapping[str, tuple[int, tuple[ErrorCode, ...], str]]] = {
     "InvalidRequest": (
         400,
         ("invalid_request",),

@@ -109,8 +109,13 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         try:
             ctx = await authenticate(request, state.store)
         except GatewayError as err:
+            # A key refused (401) has no request id (spec 7.3.1); a key that could not be checked
+            # (the store away: 503) is not a refusal for the key, and its answer carries one.
+            log_id = None
+            if err.status != 401:
+                log_id = err.headers[REQUEST_ID_HEADER] = request_id()
             request_log.record_refusal(
-                state, request, started_ns, err.status, err.body(request.url.path), err.code
+                state, request, started_ns, err.status, err.body(request.url.path), err.code, log_id
             )
             raise
         call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)

@@ -5,7 +5,7 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
 import orjson
@@ -17,8 +17,9 @@ from .. import billing, request_log
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
 from ..drain import CUT_MESSAGE
-from ..errors import GatewayError
+from ..errors import ErrorCode, GatewayError
 from ..pricing import ReportedUsage
+from ..providers import PROVIDERS, StreamTranslator
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
@@ -82,15 +83,16 @@ async def forward_stream(
     Until the first token the stream is an attempt like any other (gateway.routing): retried, moved
     to another channel; from the first byte the client sees, never."""
 
-    async def attempt(channel: ChannelConfig) -> tuple[ClientResponse, R, bytes]:
+    async def attempt(channel: ChannelConfig) -> tuple[ClientResponse, AsyncIterator[bytes], R, bytes]:
         response = await open_stream(state, request, model, channel, upstream_body)
+        chunks = _in_shape(response, PROVIDERS[channel.provider].stream_translator(channel, model.type))
         rewriter = new_rewriter()
         # Hold the client's bytes back until the first token: an error before it is an ordinary
         # JSON error with its own status (spec 6.1.7), and nothing is billed (6.1.9).
         first = b""
         try:
             while not (rewriter.saw_output or rewriter.done or rewriter.error is not None):
-                chunk = await response.content.readany()
+                chunk = await anext(chunks, b"")
                 if not chunk:
                     first += rewriter.finish()
                     break
@@ -112,14 +114,15 @@ async def forward_stream(
         if not rewriter.saw_output and not rewriter.done:
             response.release()
             raise GatewayError("provider_error", "The model's stream failed before it started.", retry="any")
-        return response, rewriter, first
+        return response, chunks, rewriter, first
 
     started = time.perf_counter_ns()
     try:
-        (response, rewriter, first), slot = await state.router.run(model, attempt, call.attempts, only)
+        (response, upstream, rewriter, first), slot = await state.router.run(
+            model, attempt, call.attempts, only
+        )
     finally:
         call.upstream_ns += time.perf_counter_ns() - started
-    upstream = response.content.iter_any()
     if on_start is not None:
         try:
             await on_start(rewriter, slot.channel)
@@ -133,7 +136,7 @@ async def forward_stream(
 
     async def body() -> AsyncGenerator[bytes, None]:
         # The error that ends the stream, as (code, message), once the model fails mid-way.
-        failure: tuple[str, str] | None = None
+        failure: tuple[ErrorCode, str] | None = None
         # A `yield` returns once the client was sent its chunk (a client gone raises there
         # instead), so `delivered` marks the output the client was sent: what is billed.
         delivered = 0
@@ -224,6 +227,25 @@ async def forward_stream(
         media_type="text/event-stream",
         headers=headers,
     )
+
+
+def _in_shape(response: ClientResponse, translator: StreamTranslator | None) -> AsyncIterator[bytes]:
+    """The upstream's stream in the model type's own SSE: as it comes, or through the provider's
+    translator (a stream of another framing, as Bedrock's event stream). Never an empty chunk
+    before the end."""
+    if translator is None:
+        return response.content.iter_any()
+    return _translated(response, translator)
+
+
+async def _translated(response: ClientResponse, translator: StreamTranslator) -> AsyncIterator[bytes]:
+    async for chunk in response.content.iter_any():
+        out = translator.feed(chunk)
+        if out:
+            yield out
+    tail = translator.finish()
+    if tail:
+        yield tail
 
 
 class _Progress:

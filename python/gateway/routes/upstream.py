@@ -47,11 +47,15 @@ async def open_stream(
     """Send to one channel for an answer read as it arrives (a text stream, audio): the stream idle
     window applies between reads, not the synchronous window."""
     provider = PROVIDERS[channel.provider]
+    url = provider.url(channel, model.type, stream=True)
+    payload = provider.encode(channel, model.type, body(channel))
+    headers = await provider.headers(channel, request.headers, state.upstream, url=url, body=payload)
+    headers["traceparent"] = upstream_traceparent(request.scope)
     return await send(
         state.upstream,
-        provider.url(channel, model.type),
-        body(channel),
-        {**provider.headers(channel, request.headers), "traceparent": upstream_traceparent(request.scope)},
+        url,
+        payload,
+        headers,
         stream=True,
         read_timeout=state.settings.stream_idle_timeout_seconds,
     )
@@ -92,14 +96,18 @@ async def call_upstream(
         if left <= 0:
             raise TimeoutError  # the window is spent: the answer is 504
         provider = PROVIDERS[channel.provider]
-        headers = provider.headers(channel, request.headers)
+        kind = operation or model.type
+        url = provider.url(channel, kind)
+        asked = body(channel)
+        payload = provider.encode(channel, kind, asked)
+        headers = await provider.headers(channel, request.headers, state.upstream, url=url, body=payload)
         headers["traceparent"] = upstream_traceparent(request.scope)
         if content_type is not None:
             headers["content-type"] = content_type
         response = await send(
             state.upstream,
-            provider.url(channel, operation or model.type),
-            body(channel),
+            url,
+            payload,
             headers,
             stream=False,
             read_timeout=left,
@@ -113,7 +121,8 @@ async def call_upstream(
             ) from exc
         finally:
             response.release()
-        return UpstreamAnswer(content, response.headers.get("content-type", "application/json"), channel)
+        answered_as = response.headers.get("content-type", "application/json")
+        return UpstreamAnswer(provider.decode(channel, kind, content, asked), answered_as, channel)
 
     started = time.perf_counter_ns()
     try:

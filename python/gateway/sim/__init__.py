@@ -1,5 +1,6 @@
 """The built-in upstream simulator (`gateway sim`): real HTTP, real provider wire formats."""
 
-from .server import Simulator, run, serve
+from .app import application, run, serve
+from .state import Simulator
 
-__all__ = ["Simulator", "run", "serve"]
+__all__ = ["Simulator", "application", "run", "serve"]

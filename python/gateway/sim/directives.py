@@ -20,6 +20,8 @@ configured model through the gateway, which forwards neither headers nor anythin
   stall_after=N   after N content chunks, send nothing more and keep the connection open
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
+  filter_after=N  (chat) the provider's content filter cuts the answer after N words: it ends there
+                  with finish_reason "content_filter", usage counting what was produced
   tool            call the first tool the request offers (without a value; a tool_choice that forces
                   a call does the same without it, see sim/tools.py)
   render=D        a video job or a background response takes D from creation to its end (default
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 _MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
@@ -49,6 +51,7 @@ class Directives:
     stall_after: int | None = None
     drop_after: int | None = None
     error_after: int | None = None
+    filter_after: int | None = None
     tool: bool = False
     render: float = 2.0
     render_fail: bool = False
@@ -88,7 +91,15 @@ def _apply(d: Directives, pairs: list[str]) -> None:
         try:
             if name in ("ttft", "pace", "render"):
                 setattr(d, name, _duration(value))
-            elif name in ("tokens", "reasoning", "fail", "stall_after", "drop_after", "error_after"):
+            elif name in (
+                "tokens",
+                "reasoning",
+                "fail",
+                "stall_after",
+                "drop_after",
+                "error_after",
+                "filter_after",
+            ):
                 setattr(d, name, int(value))
             else:
                 raise DirectiveError(f"unknown directive {name!r}")
@@ -109,7 +120,9 @@ def parse(model: str, header: str | None, last_message: str | None) -> tuple[str
     return base, d
 
 
-async def before_piece(d: Directives, sent: int, drop: Callable[[], None], fail: Callable[[], None]) -> bool:
+async def before_piece(
+    d: Directives, sent: int, drop: Callable[[], None], fail: Callable[[], Awaitable[None]]
+) -> bool:
     """What every simulated stream does before its piece number `sent` (0-based): wait `pace`, then
     stall, drop the connection or send an error as the directives say. False: the stream is over."""
     if d.pace:
@@ -121,6 +134,6 @@ async def before_piece(d: Directives, sent: int, drop: Callable[[], None], fail:
         drop()
         return False
     if d.error_after is not None and sent >= d.error_after:
-        fail()
+        await fail()
         return False
     return True

@@ -17,14 +17,18 @@ import re
 import struct
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from aiohttp import web
 
 from ..core import count_tokens, parse_multipart
 from . import directives
 from .directives import DirectiveError
-from .wire import Answer, error_answer
+from .wire import Answer, Headers, error_answer, respond
+
+if TYPE_CHECKING:
+    from .state import Simulator
 
 FILES_PATH = "/_sim/files/"
 MAX_SIDE = 64
@@ -36,23 +40,25 @@ _SIZE = re.compile(r"^([1-9]\d{0,4})x([1-9]\d{0,4})$")
 _FILE = re.compile(r"^([0-9a-f]{6})-([1-9]\d{0,2})x([1-9]\d{0,2})\.png$")
 
 
-def create(
-    method: str, path: str, headers: dict[str, str], body: bytes
-) -> tuple[Answer, dict[str, Any] | None]:
-    """The answer to POST .../images/generations or .../images/edits, and what to record of the
-    request (None when it was refused before it was understood)."""
-    if method != "POST":
-        return error_answer("Use POST.", status=405), None
-    if path.endswith("/images/edits"):
-        return _edit(headers, body)
-    return _generate(headers, body)
+async def generate(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """POST .../images/generations (JSON)."""
+    answer, record = _generate(request.headers, await request.read())
+    sim.record(record)
+    return respond(answer)
 
 
-def file(path: str) -> Answer:
+async def edit(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """POST .../images/edits (multipart)."""
+    answer, record = _edit(request.headers, await request.read())
+    sim.record(record)
+    return respond(answer)
+
+
+def file(name: str) -> Answer:
     """GET FILES_PATH<rrggbb>-<w>x<h>.png: the image a link in an answer names."""
-    match = _FILE.match(path.removeprefix(FILES_PATH))
+    match = _FILE.match(name)
     if match is None or int(match[2]) > MAX_SIDE or int(match[3]) > MAX_SIDE:
-        return error_answer(f"Unknown file {path}", status=404)
+        return error_answer(f"Unknown file {FILES_PATH}{name}", status=404)
     return Answer(200, png(int(match[2]), int(match[3]), bytes.fromhex(match[1])), "image/png")
 
 
@@ -72,7 +78,7 @@ def png(width: int, height: int, rgb: bytes) -> bytes:
     )
 
 
-def _generate(headers: dict[str, str], body: bytes) -> tuple[Answer, dict[str, Any] | None]:
+def _generate(headers: Headers, body: bytes) -> tuple[Answer, dict[str, Any] | None]:
     try:
         req = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -86,7 +92,7 @@ def _generate(headers: dict[str, str], body: bytes) -> tuple[Answer, dict[str, A
     return _draw(headers, model, prompt, req, prompt.encode(), 0, None), record
 
 
-def _edit(headers: dict[str, str], body: bytes) -> tuple[Answer, dict[str, Any] | None]:
+def _edit(headers: Headers, body: bytes) -> tuple[Answer, dict[str, Any] | None]:
     content_type = headers.get("content-type", "")
     parts = parse_multipart(body, content_type) if content_type.startswith("multipart/form-data") else None
     if parts is None:
@@ -117,7 +123,7 @@ def _edit(headers: dict[str, str], body: bytes) -> tuple[Answer, dict[str, Any] 
 
 
 def _draw(
-    headers: dict[str, str],
+    headers: Headers,
     model: str,
     prompt: str,
     options: dict[str, Any],

@@ -11,13 +11,17 @@ the x-sim header only, never from the input: a marker there is for the model the
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+from aiohttp import web
 
 from . import directives
 from .directives import DirectiveError, Directives
-from .wire import openai_error_body
+from .wire import Headers, openai_error_body, reply
+
+if TYPE_CHECKING:
+    from .state import Simulator
 
 # Categories and the input types each applies to, as omni-moderation answers.
 CATEGORIES: Final = {
@@ -38,7 +42,14 @@ CATEGORIES: Final = {
 DEFAULT_MODEL: Final = "omni-moderation-latest"
 
 
-def moderate(headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict[str, Any] | None]:
+async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """POST .../moderations."""
+    status, body, record = moderate(request.headers, await request.read())
+    sim.record(record)
+    return reply(status, body)
+
+
+def moderate(headers: Headers, body: bytes) -> tuple[int, bytes, dict[str, Any] | None]:
     """(status, JSON body, the request as /_sim/requests records it)."""
     try:
         req = orjson.loads(body)

@@ -20,24 +20,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from aiohttp import web
 
 from ..core import count_chat_tokens, count_tokens
 from . import directives, structured
 from .directives import DirectiveError, Directives
 from .tools import ToolCall, responses_tool_call
-from .wire import END_OF_CHUNKS, SSE_HEAD, Answer, Send, chunk, full, head, openai_error, openai_error_body
-from .words import WORDS
+from .wire import EventStream, openai_error, reply
+from .words import pick
+
+if TYPE_CHECKING:
+    from .state import Simulator
 
 WEB_SEARCH_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26")
-# .../responses/{id} and .../responses/{id}/cancel, under any prefix.
-JOB_ROUTE = re.compile(r"^.*/responses/([^/]+)(/cancel)?$")
 QUEUED_SHARE = 0.2  # the share of a background response's time it spends queued
 RUNNING = ("queued", "in_progress")
 
@@ -86,131 +86,123 @@ class Background:
         return self.cancelled
 
 
-class ResponsesSim:
+class ResponseStore:
+    """Stored conversations (for previous_response_id) and background responses."""
+
     def __init__(self, history: int = 10_000) -> None:
         # upstream response id -> the conversation up to and including that response, as messages
         self.stored: dict[str, list[dict[str, Any]]] = {}
         self.background: dict[str, Background] = {}
         self.history = history
 
-    def job(self, method: str, path: str) -> tuple[Answer, dict[str, Any]]:
-        """GET /responses/{id} or POST /responses/{id}/cancel of a background response, and what to
-        record of the request."""
-        match = JOB_ROUTE.match(path)
-        assert match is not None, "routed here by JOB_ROUTE"
-        rid, cancel = match[1], match[2] is not None
-        record = {
-            "path": f"/v1/responses/{rid}" + ("/cancel" if cancel else ""),
-            "method": method,
-            "body": {},
-        }
-        if method != ("POST" if cancel else "GET"):
-            return Answer(405, openai_error_body("Method not allowed.", "invalid_request_error")), record
-        job = self.background.get(rid)
-        if job is None:
-            message = f"Response with id '{rid}' not found."
-            return Answer(404, openai_error_body(message, "invalid_request_error", None, "not_found")), record
-        return Answer(200, orjson.dumps(job.cancel() if cancel else job.now())), record
 
-    async def handle(
-        self,
-        headers: dict[str, str],
-        body: bytes,
-        record: Callable[[dict[str, Any]], None],
-        send: Send,
-        abort: Callable[[], None],
-    ) -> None:
-        try:
-            req = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            req = None
-        if not isinstance(req, dict) or not isinstance(req.get("model"), str):
-            send(openai_error(400, "'model' is required.", "invalid_request_error", param="model"))
-            return
-        record({"path": "/v1/responses", "body": req})
-        turn = _messages(req.get("input"))
-        if turn is None:
-            send(openai_error(400, "'input' must be a string or an array.", "invalid_request_error"))
-            return
-        previous_id = req.get("previous_response_id")
-        history: list[dict[str, Any]] = []
-        if previous_id is not None:
-            if not isinstance(previous_id, str) or previous_id not in self.stored:
-                send(
-                    openai_error(
-                        400,
-                        f"Previous response with id '{previous_id}' not found.",
-                        "invalid_request_error",
-                        code="previous_response_not_found",
-                        param="previous_response_id",
-                    )
-                )
-                return
-            history = self.stored[previous_id]
-        try:
-            model, d = directives.parse(req["model"], headers.get("x-sim"), _last_text(turn))
-        except DirectiveError as exc:
-            send(openai_error(400, str(exc), "invalid_request_error"))
-            return
-        if d.ttft:
-            await asyncio.sleep(d.ttft)
-        if d.fail is not None:
-            send(openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error"))
-            return
+async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """POST .../responses."""
+    body = await request.read()
+    store = sim.responses
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        req = None
+    if not isinstance(req, dict) or not isinstance(req.get("model"), str):
+        return openai_error(400, "'model' is required.", param="model")
+    sim.record({"path": "/v1/responses", "body": req})
+    turn = _messages(req.get("input"))
+    if turn is None:
+        return openai_error(400, "'input' must be a string or an array.")
+    previous_id = req.get("previous_response_id")
+    history: list[dict[str, Any]] = []
+    if previous_id is not None:
+        if not isinstance(previous_id, str) or previous_id not in store.stored:
+            return openai_error(
+                400,
+                f"Previous response with id '{previous_id}' not found.",
+                code="previous_response_not_found",
+                param="previous_response_id",
+            )
+        history = store.stored[previous_id]
+    try:
+        model, d = directives.parse(req["model"], request.headers.get("x-sim"), _last_text(turn))
+    except DirectiveError as exc:
+        return openai_error(400, str(exc))
+    if d.ttft:
+        await asyncio.sleep(d.ttft)
+    if d.fail is not None:
+        return openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error")
 
-        limit = req.get("max_output_tokens")
-        n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
-        words = _words(body, n)
-        reasoning = _words(body, d.reasoning, offset=3)
-        schema = structured.requested_schema(req, "responses")
-        if schema is not None:  # JSON for the schema, whole whatever the length
-            words, n = structured.pieces(structured.answer_text(schema, words)), d.tokens
-        instructions = req.get("instructions")
-        prompt = ([{"role": "system", "content": instructions}] if isinstance(instructions, str) else []) + [
-            *history,
-            *turn,
-        ]
-        reasoning_tokens = count_tokens("".join(reasoning)) if reasoning else 0
-        usage: dict[str, Any] = {
-            "input_tokens": count_chat_tokens(orjson.dumps({"messages": prompt})),
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": count_tokens("".join(words)) + reasoning_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-        }
+    limit = req.get("max_output_tokens")
+    n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
+    words = _words(body, n)
+    reasoning = _words(body, d.reasoning, offset=3)
+    schema = structured.requested_schema(req, "responses")
+    if schema is not None:  # JSON for the schema, whole whatever the length
+        words, n = structured.pieces(structured.answer_text(schema, words)), d.tokens
+    instructions = req.get("instructions")
+    prompt = ([{"role": "system", "content": instructions}] if isinstance(instructions, str) else []) + [
+        *history,
+        *turn,
+    ]
+    reasoning_tokens = count_tokens("".join(reasoning)) if reasoning else 0
+    usage: dict[str, Any] = {
+        "input_tokens": count_chat_tokens(orjson.dumps({"messages": prompt})),
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": count_tokens("".join(words)) + reasoning_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+    }
+    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    rid = "resp_" + os.urandom(24).hex()
+    if req.get("store") is not False:
+        if len(store.stored) >= store.history:
+            store.stored.pop(next(iter(store.stored)))
+        store.stored[rid] = [*history, *turn, {"role": "assistant", "content": "".join(words).strip()}]
+    response = _response(req, rid, model, previous_id, incomplete=n < d.tokens)
+    search = _web_search(req.get("tools"), _last_text(turn))
+    call = responses_tool_call(req, d.tool, body)
+    if call is not None:  # a turn that calls a function says nothing else
+        words = []
+        usage["output_tokens"] = count_tokens(call.arguments_json) + reasoning_tokens
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        rid = "resp_" + os.urandom(24).hex()
-        if req.get("store") is not False:
-            if len(self.stored) >= self.history:
-                self.stored.pop(next(iter(self.stored)))
-            self.stored[rid] = [*history, *turn, {"role": "assistant", "content": "".join(words).strip()}]
-        response = _response(req, rid, model, previous_id, incomplete=n < d.tokens)
-        search = _web_search(req.get("tools"), _last_text(turn))
-        call = responses_tool_call(req, d.tool, body)
-        if call is not None:  # a turn that calls a function says nothing else
-            words = []
-            usage["output_tokens"] = count_tokens(call.arguments_json) + reasoning_tokens
-            usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        if req.get("stream") is not True:
-            text = "".join(words).strip()
-            response["output"] = [
-                *([search] if search else []),
-                *([_reasoning_item(rid, "".join(reasoning).strip())] if reasoning else []),
-                _function_call_item(call) if call else _message_item(rid, text, response["status"]),
-            ]
-            response["usage"] = usage
-            if req.get("background") is True:
-                response["background"] = True
-                job = Background(response, time.monotonic(), d.render, d.render_fail)
-                if len(self.background) >= self.history:
-                    self.background.pop(next(iter(self.background)))
-                self.background[rid] = job
-                response = job.now()
-            send(full(200, orjson.dumps(response)))
-            return
-        await _stream(response, usage, search, call, words, reasoning, d, send, abort)
+    if req.get("stream") is not True:
+        text = "".join(words).strip()
+        response["output"] = [
+            *([search] if search else []),
+            *([_reasoning_item(rid, "".join(reasoning).strip())] if reasoning else []),
+            _function_call_item(call) if call else _message_item(rid, text, response["status"]),
+        ]
+        response["usage"] = usage
+        if req.get("background") is True:
+            response["background"] = True
+            job = Background(response, time.monotonic(), d.render, d.render_fail)
+            if len(store.background) >= store.history:
+                store.background.pop(next(iter(store.background)))
+            store.background[rid] = job
+            response = job.now()
+        return reply(200, orjson.dumps(response))
+    return await _stream(request, response, usage, search, call, words, reasoning, d)
+
+
+async def retrieve(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """GET .../responses/{id}: a background response as it is now."""
+    return _job(sim, request, cancel=False)
+
+
+async def cancel(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """POST .../responses/{id}/cancel."""
+    return _job(sim, request, cancel=True)
+
+
+def _job(sim: Simulator, request: web.Request, *, cancel: bool) -> web.StreamResponse:
+    rid = request.match_info["id"]
+    path = f"/v1/responses/{rid}" + ("/cancel" if cancel else "")
+    sim.record({"path": path, "method": request.method, "body": {}})
+    job = sim.responses.background.get(rid)
+    if job is None:
+        return openai_error(404, f"Response with id '{rid}' not found.", code="not_found")
+    return reply(200, orjson.dumps(job.cancel() if cancel else job.now()))
 
 
 async def _stream(
+    request: web.Request,
     response: dict[str, Any],
     usage: dict[str, Any],
     search: dict[str, Any] | None,
@@ -218,42 +210,41 @@ async def _stream(
     words: list[str],
     reasoning: list[str],
     d: Directives,
-    send: Send,
-    abort: Callable[[], None],
-) -> None:
-    send(head(200, SSE_HEAD))
+) -> web.StreamResponse:
+    stream = EventStream(request)
+    await stream.open()
     sequence = 0
 
-    def event(kind: str, **fields: Any) -> None:
+    async def event(kind: str, **fields: Any) -> None:
         nonlocal sequence
-        data = orjson.dumps({"type": kind, "sequence_number": sequence, **fields})
+        await stream.event(kind, {"type": kind, "sequence_number": sequence, **fields})
         sequence += 1
-        send(chunk(b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"))
 
     final = response["status"]
     started = {**response, "status": "in_progress"}
-    event("response.created", response=started)
-    event("response.in_progress", response=started)
+    await event("response.created", response=started)
+    await event("response.in_progress", response=started)
     output: list[dict[str, Any]] = []
     if search:
         index = len(output)
-        event("response.output_item.added", output_index=index, item={**search, "status": "in_progress"})
-        event("response.web_search_call.in_progress", output_index=index, item_id=search["id"])
-        event("response.web_search_call.searching", output_index=index, item_id=search["id"])
-        event("response.web_search_call.completed", output_index=index, item_id=search["id"])
-        event("response.output_item.done", output_index=index, item=search)
+        await event(
+            "response.output_item.added", output_index=index, item={**search, "status": "in_progress"}
+        )
+        await event("response.web_search_call.in_progress", output_index=index, item_id=search["id"])
+        await event("response.web_search_call.searching", output_index=index, item_id=search["id"])
+        await event("response.web_search_call.completed", output_index=index, item_id=search["id"])
+        await event("response.output_item.done", output_index=index, item=search)
         output.append(search)
 
     sent = 0
 
-    def fail() -> None:
-        event("error", code="server_error", message="Simulated failure mid-stream.", param=None)
-        send(END_OF_CHUNKS)
+    async def fail() -> None:
+        await event("error", code="server_error", message="Simulated failure mid-stream.", param=None)
 
     async def pace() -> bool:
         """Before each streamed piece: the directives that slow or break the stream. False: stop."""
         nonlocal sent
-        if not await directives.before_piece(d, sent, abort, fail):
+        if not await directives.before_piece(d, sent, stream.drop, fail):
             return False
         sent += 1
         return True
@@ -261,9 +252,9 @@ async def _stream(
     if reasoning:
         item = _reasoning_item(response["id"], "")
         index = len(output)
-        event("response.output_item.added", output_index=index, item={**item, "summary": []})
+        await event("response.output_item.added", output_index=index, item={**item, "summary": []})
         part = {"type": "summary_text", "text": ""}
-        event(
+        await event(
             "response.reasoning_summary_part.added",
             item_id=item["id"],
             output_index=index,
@@ -272,8 +263,8 @@ async def _stream(
         )
         for word in reasoning:
             if not await pace():
-                return
-            event(
+                return await stream.end()
+            await event(
                 "response.reasoning_summary_text.delta",
                 item_id=item["id"],
                 output_index=index,
@@ -282,14 +273,14 @@ async def _stream(
             )
         text = "".join(reasoning)
         done = {"type": "summary_text", "text": text}
-        event(
+        await event(
             "response.reasoning_summary_text.done",
             item_id=item["id"],
             output_index=index,
             summary_index=0,
             text=text,
         )
-        event(
+        await event(
             "response.reasoning_summary_part.done",
             item_id=item["id"],
             output_index=index,
@@ -297,55 +288,56 @@ async def _stream(
             part=done,
         )
         item = {**item, "summary": [done]}
-        event("response.output_item.done", output_index=index, item=item)
+        await event("response.output_item.done", output_index=index, item=item)
         output.append(item)
 
     if call is not None:
         item = _function_call_item(call)
         index = len(output)
-        event(
+        await event(
             "response.output_item.added",
             output_index=index,
             item={**item, "arguments": "", "status": "in_progress"},
         )
         for piece in call.fragments():
             if not await pace():
-                return
-            event(
+                return await stream.end()
+            await event(
                 "response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=piece
             )
-        event(
+        await event(
             "response.function_call_arguments.done",
             item_id=item["id"],
             output_index=index,
             arguments=call.arguments_json,
         )
-        event("response.output_item.done", output_index=index, item=item)
+        await event("response.output_item.done", output_index=index, item=item)
         output.append(item)
-        event("response.completed", response={**response, "output": output, "usage": usage})
-        send(END_OF_CHUNKS)
-        return
+        await event("response.completed", response={**response, "output": output, "usage": usage})
+        return await stream.end()
 
     message = _message_item(response["id"], "", "in_progress")
     index = len(output)
-    event("response.output_item.added", output_index=index, item={**message, "content": []})
+    await event("response.output_item.added", output_index=index, item={**message, "content": []})
     where: dict[str, Any] = {"item_id": message["id"], "output_index": index, "content_index": 0}
-    event("response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []})
+    await event(
+        "response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []}
+    )
     for word in words:
         if not await pace():
-            return
-        event("response.output_text.delta", **where, delta=word, logprobs=[])
+            return await stream.end()
+        await event("response.output_text.delta", **where, delta=word, logprobs=[])
     text = "".join(words)
-    event("response.output_text.done", **where, text=text, logprobs=[])
+    await event("response.output_text.done", **where, text=text, logprobs=[])
     text_part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    event("response.content_part.done", **where, part=text_part)
+    await event("response.content_part.done", **where, part=text_part)
     status = "completed" if final == "completed" else "incomplete"
     message = {**message, "status": status, "content": [text_part]}
-    event("response.output_item.done", output_index=index, item=message)
+    await event("response.output_item.done", output_index=index, item=message)
     output.append(message)
     finished = {**response, "output": output, "usage": usage}
-    event("response.completed" if final == "completed" else "response.incomplete", response=finished)
-    send(END_OF_CHUNKS)
+    await event("response.completed" if final == "completed" else "response.incomplete", response=finished)
+    return await stream.end()
 
 
 def _messages(value: Any) -> list[dict[str, Any]] | None:
@@ -378,8 +370,8 @@ def _last_text(messages: list[dict[str, Any]]) -> str | None:
 
 
 def _words(seed: bytes, count: int, offset: int = 0) -> list[str]:
-    start = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest()) + offset
-    return [("" if i == 0 else " ") + WORDS[(start + i * 7) % len(WORDS)] for i in range(count)]
+    """Streamed words: the first without a leading space, as the Responses API's text starts."""
+    return [("" if i == 0 else " ") + w for i, w in enumerate(pick(seed, count, offset))]
 
 
 def _response(

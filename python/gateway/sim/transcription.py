@@ -7,19 +7,39 @@ whisper models, by tokens for the gpt-4o-transcribe family.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from aiohttp import web
 
 from ..audio import wav_seconds
 from ..core import count_tokens, parse_multipart
-from .wire import Answer, error_answer
-from .words import WORDS
+from . import directives
+from .directives import DirectiveError
+from .wire import Answer, error_answer, openai_error, respond
+from .words import pick
+
+if TYPE_CHECKING:
+    from .state import Simulator
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 _PLAIN = "text/plain; charset=utf-8"
+
+
+async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """POST .../audio/transcriptions (multipart)."""
+    answer, record = transcribe(request.headers.get("content-type", ""), await request.read())
+    sim.record(record)
+    if record is not None:
+        fields = record["body"]
+        try:
+            _, d = directives.parse(fields["model"], request.headers.get("x-sim"), fields.get("prompt"))
+        except DirectiveError as exc:
+            return openai_error(400, str(exc))
+        if d.fail is not None:
+            return openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error")
+    return respond(answer)
 
 
 def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] | None]:
@@ -41,7 +61,7 @@ def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] |
         return error_answer(f"response_format must be one of {', '.join(FORMATS)}", "response_format"), record
 
     seconds = wav_seconds(upload.data) or len(upload.data) / 16_000  # else: as 128 kbit/s audio
-    words = _words(upload.data, max(1, min(400, round(seconds * 2.5))))
+    words = pick(upload.data, max(1, min(400, round(seconds * 2.5))))
     text = " ".join(words)
     if fmt == "text":
         return Answer(200, text.encode() + b"\n", _PLAIN), record
@@ -85,11 +105,6 @@ def transcribe(content_type: str, body: bytes) -> tuple[Answer, dict[str, Any] |
             "usage": usage,
         }
     return Answer(200, orjson.dumps(answer)), record
-
-
-def _words(seed: bytes, count: int) -> list[str]:
-    start = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest())
-    return [WORDS[(start + i * 7) % len(WORDS)] for i in range(count)]
 
 
 def _subtitles(fmt: str, words: list[str], seconds: float) -> str:

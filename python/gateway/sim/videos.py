@@ -16,19 +16,21 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import orjson
+from aiohttp import web
 
 from ..core import parse_multipart
 from . import directives
 from .directives import DirectiveError
 from .video import MAX_SECONDS, render_mp4
-from .wire import Answer, openai_error_body
+from .wire import Answer, Headers, openai_error_body, respond
 
-# .../videos, .../videos/{id} or .../videos/{id}/content, under any prefix (the gateway may add one).
-ROUTE = re.compile(r"^.*/videos(?:/([^/]+)(/content)?)?$")
+if TYPE_CHECKING:
+    from .state import Simulator
+
 DEFAULT_MODEL = "sora-2"
 DEFAULT_SECONDS = 4
 DEFAULT_SIZE = "720x1280"
@@ -59,40 +61,8 @@ class VideoJobs:
         self.jobs: dict[str, Job] = {}  # in creation order, oldest first
         self.history = history
 
-    async def handle(
-        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
-    ) -> tuple[Answer, dict[str, Any] | None]:
-        """The answer to a request whose path ROUTE matched, and what to record of it (None when it was
-        refused before it was understood)."""
-        match = ROUTE.match(path)
-        if match is None:
-            return _error(404, f"Unknown path {path}", code="unknown_url"), None
-        video_id, content = match[1], match[2] is not None
-        record: dict[str, Any] = {
-            "path": "/v1/videos" + (f"/{video_id}" if video_id else "") + ("/content" if content else ""),
-            "method": method,
-            "authorization": headers.get("authorization"),
-            "body": {},  # a GET has none; a create's fields replace it
-        }
-        if video_id is None:
-            if method == "POST":
-                return await self._create(headers, body, record)
-            if method == "GET":
-                return self._list(parse_qs(query)), record
-            return _error(405, "Use POST or GET."), record
-        if content:
-            if method != "GET":
-                return _error(405, "Use GET."), record
-            return self._content(video_id, parse_qs(query)), record
-        if method == "GET":
-            job = self.jobs.get(video_id)
-            return (Answer(200, orjson.dumps(_video(job))) if job else _not_found(video_id)), record
-        if method == "DELETE":
-            return self._delete(video_id), record
-        return _error(405, "Use GET or DELETE."), record
-
-    async def _create(
-        self, headers: dict[str, str], body: bytes, record: dict[str, Any]
+    async def create(
+        self, headers: Headers, body: bytes, record: dict[str, Any]
     ) -> tuple[Answer, dict[str, Any] | None]:
         content_type = headers.get("content-type", "")
         fields: dict[str, Any]
@@ -156,7 +126,7 @@ class VideoJobs:
             del self.jobs[next(iter(self.jobs))]
         return Answer(200, orjson.dumps(_video(job))), record
 
-    def _list(self, query: dict[str, list[str]]) -> Answer:
+    def page(self, query: dict[str, list[str]]) -> Answer:
         """Jobs newest first (or oldest first with order=asc), a page of `limit` after the id `after`."""
         limit = _whole(query.get("limit", ["20"])[-1], 100)
         order = query.get("order", ["desc"])[-1]
@@ -184,7 +154,7 @@ class VideoJobs:
             ),
         )
 
-    def _content(self, video_id: str, query: dict[str, list[str]]) -> Answer:
+    def content(self, video_id: str, query: dict[str, list[str]]) -> Answer:
         job = self.jobs.get(video_id)
         if job is None:
             return _not_found(video_id)
@@ -202,7 +172,7 @@ class VideoJobs:
             job.content = render_mp4(job.prompt, job.seconds, width, height)
         return Answer(200, job.content, "video/mp4")
 
-    def _delete(self, video_id: str) -> Answer:
+    def delete(self, video_id: str) -> Answer:
         if self.jobs.pop(video_id, None) is None:
             return _not_found(video_id)
         return Answer(200, orjson.dumps({"id": video_id, "object": "video.deleted", "deleted": True}))
@@ -277,3 +247,46 @@ def _error(
 
 def _not_found(video_id: str) -> Answer:
     return _error(404, f"Video with id '{video_id}' not found.", code="not_found")
+
+
+# The routes: POST and GET .../videos, GET and DELETE .../videos/{id}, GET .../videos/{id}/content.
+
+
+async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    answer, record = await sim.videos.create(request.headers, await request.read(), _record(request))
+    sim.record(record)
+    return respond(answer)
+
+
+async def list_jobs(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    sim.record(_record(request))
+    return respond(sim.videos.page(parse_qs(request.query_string)))
+
+
+async def retrieve(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    video_id = request.match_info["id"]
+    sim.record(_record(request, video_id))
+    job = sim.videos.jobs.get(video_id)
+    return respond(Answer(200, orjson.dumps(_video(job))) if job else _not_found(video_id))
+
+
+async def delete(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    video_id = request.match_info["id"]
+    sim.record(_record(request, video_id))
+    return respond(sim.videos.delete(video_id))
+
+
+async def content(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    video_id = request.match_info["id"]
+    sim.record(_record(request, video_id, "/content"))
+    return respond(sim.videos.content(video_id, parse_qs(request.query_string)))
+
+
+def _record(request: web.Request, video_id: str | None = None, tail: str = "") -> dict[str, Any]:
+    """What /_sim/requests keeps of a request; a create's fields replace its empty body."""
+    return {
+        "path": "/v1/videos" + (f"/{video_id}" if video_id else "") + tail,
+        "method": request.method,
+        "authorization": request.headers.get("authorization"),
+        "body": {},
+    }

@@ -12,7 +12,9 @@ from typing import Any
 from ..pricing import Usage
 
 
-def _count(value: Any) -> int:
+def token_count(value: Any) -> int:
+    """A token count as an upstream reports it: a whole number, anything else (absent, negative,
+    a string, a boolean) none."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
@@ -21,23 +23,27 @@ def usage_from_chat(usage: Mapping[str, Any]) -> Usage:
     prompt_details = usage.get("prompt_tokens_details")
     completion_details = usage.get("completion_tokens_details")
     return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
-        cached_tokens=_count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else 0,
+        prompt_tokens=token_count(usage.get("prompt_tokens")),
+        completion_tokens=token_count(usage.get("completion_tokens")),
+        cached_tokens=token_count(prompt_details.get("cached_tokens"))
+        if isinstance(prompt_details, dict)
+        else 0,
         reasoning_tokens=(
-            _count(completion_details.get("reasoning_tokens")) if isinstance(completion_details, dict) else 0
+            token_count(completion_details.get("reasoning_tokens"))
+            if isinstance(completion_details, dict)
+            else 0
         ),
     )
 
 
 def usage_from_messages(usage: Mapping[str, Any]) -> Usage:
     """A message's `usage` object: the prompt is fresh input plus cache reads and cache writes."""
-    cache_read = _count(usage.get("cache_read_input_tokens"))
+    cache_read = token_count(usage.get("cache_read_input_tokens"))
     return Usage(
-        prompt_tokens=_count(usage.get("input_tokens"))
+        prompt_tokens=token_count(usage.get("input_tokens"))
         + cache_read
-        + _count(usage.get("cache_creation_input_tokens")),
-        completion_tokens=_count(usage.get("output_tokens")),
+        + token_count(usage.get("cache_creation_input_tokens")),
+        completion_tokens=token_count(usage.get("output_tokens")),
         cached_tokens=cache_read,
     )
 

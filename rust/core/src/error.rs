@@ -6,6 +6,8 @@ pub enum CoreError {
     UnknownEncoding(String),
     #[error("invalid JSON: {0}")]
     InvalidJson(String),
+    #[error("invalid event stream: {0}")]
+    InvalidEventStream(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{0}")]

@@ -5,12 +5,13 @@ use gateway_core::append_file;
 use gateway_core::multipart;
 use gateway_core::ratelimit;
 use gateway_core::shared_buckets::{self, Limit};
+use gateway_core::stream::eventstream::{self, HeaderValue};
 use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
 use gateway_core::tokens::{self, Encoding};
 use gateway_core::{idempotency, CoreError as Core};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyType};
+use pyo3::types::{PyBytes, PyDict, PyType};
 
 /// Texts and bodies above these sizes are processed with the GIL released.
 const DETACH_TEXT_BYTES: usize = 4 * 1024;
@@ -23,6 +24,7 @@ fn to_py(err: Core) -> PyErr {
     let class = match err {
         Core::UnknownEncoding(_) => "UnknownEncodingError",
         Core::InvalidJson(_) => "InvalidJsonError",
+        Core::InvalidEventStream(_) => "InvalidEventStreamError",
         Core::InvalidArgument(_) => "CoreError",
         Core::Io(_) => return PyOSError::new_err(message),
     };
@@ -90,6 +92,69 @@ impl SseParser {
     #[getter]
     fn overflowed(&self) -> bool {
         self.0.overflowed()
+    }
+}
+
+// ------------------------------------------------------------------ AWS event streams
+
+#[pyclass(frozen, module = "gateway._core")]
+struct EventStreamMessage(eventstream::Message);
+
+#[pymethods]
+impl EventStreamMessage {
+    /// Every header: strings as str, bytes and UUIDs as bytes, numbers and timestamps as int.
+    #[getter]
+    fn headers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (name, value) in &self.0.headers {
+            match value {
+                HeaderValue::Bool(v) => out.set_item(name, v)?,
+                HeaderValue::Byte(v) => out.set_item(name, v)?,
+                HeaderValue::Short(v) => out.set_item(name, v)?,
+                HeaderValue::Int(v) => out.set_item(name, v)?,
+                HeaderValue::Long(v) | HeaderValue::Timestamp(v) => out.set_item(name, v)?,
+                HeaderValue::Bytes(v) => out.set_item(name, PyBytes::new(py, v))?,
+                HeaderValue::String(v) => out.set_item(name, v)?,
+                HeaderValue::Uuid(v) => out.set_item(name, PyBytes::new(py, v))?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// A string header's value, or None.
+    fn header(&self, name: &str) -> Option<String> {
+        self.0.header_str(name).map(str::to_owned)
+    }
+
+    #[getter]
+    fn payload<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.0.payload)
+    }
+
+    fn __repr__(&self) -> String {
+        let names: Vec<&str> = self.0.headers.iter().map(|(n, _)| n.as_str()).collect();
+        format!("EventStreamMessage(headers={names:?}, payload={} bytes)", self.0.payload.len())
+    }
+}
+
+#[pyclass(module = "gateway._core")]
+struct EventStreamParser(eventstream::EventStreamParser);
+
+#[pymethods]
+impl EventStreamParser {
+    #[new]
+    fn new() -> Self {
+        Self(eventstream::EventStreamParser::new())
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> PyResult<Vec<EventStreamMessage>> {
+        let mut out = Vec::new();
+        self.0.feed(chunk, &mut out).map_err(to_py)?;
+        Ok(out.into_iter().map(EventStreamMessage).collect())
+    }
+
+    fn finish(&mut self) -> PyResult<()> {
+        self.0.finish().map_err(to_py)
     }
 }
 
@@ -533,6 +598,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
     m.add_class::<SseEvent>()?;
     m.add_class::<SseParser>()?;
+    m.add_class::<EventStreamMessage>()?;
+    m.add_class::<EventStreamParser>()?;
     m.add_class::<StreamUsage>()?;
     m.add_class::<ChatStreamRewriter>()?;
     m.add_class::<MessagesStreamRewriter>()?;

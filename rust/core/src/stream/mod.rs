@@ -9,6 +9,7 @@
 
 pub mod chat;
 pub mod events;
+pub mod eventstream;
 pub mod messages;
 pub mod responses;
 pub mod sse;

@@ -1,0 +1,43 @@
+"""The chat completions wire format as providers of another format write it (bedrock.py,
+gemini.py): the usage object, and the chunks of a stream, for the chat shape's own rewriter."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+
+def usage_object(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object: the prompt includes its cached tokens, the completion its reasoning."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
+
+
+class ChatChunks:
+    """Chunks of one chat completion stream (the gateway's rewriter sets their id)."""
+
+    def __init__(self, model: str) -> None:
+        self.base = {"id": "", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return b"data: " + orjson.dumps({**self.base, "choices": [choice]}) + b"\n\n"
+
+    def usage_and_done(self, usage: dict[str, Any] | None) -> bytes:
+        """The usage chunk (no choices) and the stream's end."""
+        return (
+            b"data: " + orjson.dumps({**self.base, "choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n"
+        )
+
+    @staticmethod
+    def error(message: str, kind: str = "server_error") -> bytes:
+        """The upstream's failure as an error chunk: the rewriter ends the stream on it."""
+        error = {"message": message, "type": kind, "param": None, "code": None}
+        return b"data: " + orjson.dumps({"error": error}) + b"\n\n"

@@ -1,0 +1,150 @@
+"""Anthropic's Messages API (POST .../v1/messages): its body, its event names, its error format."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from ..core import count_chat_tokens, count_tokens
+from . import directives, structured, tools
+from .directives import DirectiveError, Directives
+from .wire import EventStream, anthropic_error, reply
+from .words import last_text, spaced
+
+if TYPE_CHECKING:
+    from .state import Simulator
+
+# A content block as streamed: its opening, its delta type, the delta's field, and the pieces.
+Block = tuple[dict[str, Any], str, str, list[str]]
+
+
+async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        req = None
+    return await answer(sim, request, body, req)
+
+
+async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) -> web.StreamResponse:
+    """The answer to a Messages request already read (Vertex AI's route names the model itself)."""
+    if not isinstance(req, dict) or not isinstance(req.get("model"), str):
+        return anthropic_error(400, "model: Field required")
+    messages = req.get("messages")
+    max_tokens = req.get("max_tokens")
+    if not isinstance(messages, list) or not messages or not isinstance(max_tokens, int):
+        return anthropic_error(400, "messages and max_tokens are required")
+    headers = request.headers
+    sim.record(
+        {
+            "path": "/v1/messages",
+            "body": req,
+            "x-api-key": headers.get("x-api-key"),
+            "anthropic-version": headers.get("anthropic-version"),
+        }
+    )
+    try:
+        model, d = directives.parse(req["model"], headers.get("x-sim"), last_text(messages))
+    except DirectiveError as exc:
+        return anthropic_error(400, str(exc))
+    if d.ttft:
+        await asyncio.sleep(d.ttft)
+    if d.fail is not None:
+        kind = "rate_limit_error" if d.fail == 429 else "overloaded_error" if d.fail == 529 else "api_error"
+        return anthropic_error(d.fail, f"Simulated failure {d.fail}.", kind)
+    if d.refuse:  # what Anthropic answers when its content filter blocks the output
+        return anthropic_error(400, "Output blocked by content filtering policy")
+    n = min(d.tokens, max_tokens) if max_tokens > 0 else d.tokens
+    words = spaced(body, n)
+    thinking = spaced(body, d.reasoning, offset=3)
+    stop = "max_tokens" if n < d.tokens else "end_turn"
+    schema = structured.requested_schema(req, "messages")
+    if schema is not None:  # JSON for the schema, whole whatever the length
+        words, stop = structured.pieces(structured.answer_text(schema, words)), "end_turn"
+    call = tools.anthropic_tool_call(req, d.tool, body)
+    if call is not None:
+        stop = "tool_use"
+    prompt = [{"role": "system", "content": req["system"]}] if isinstance(req.get("system"), str) else []
+    input_tokens = count_chat_tokens(orjson.dumps({"messages": prompt + messages}))
+    output_tokens = count_tokens("".join(words) if call is None else call.arguments_json) + (
+        count_tokens("".join(thinking)) if thinking else 0
+    )
+    message: dict[str, Any] = {
+        "id": "msg_sim" + hashlib.blake2b(body, digest_size=10).hexdigest(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": output_tokens,
+        },
+    }
+    if req.get("stream") is not True:
+        if thinking:
+            message["content"].append({"type": "thinking", "thinking": "".join(thinking), "signature": "sim"})
+        message["content"].append(
+            {"type": "text", "text": "".join(words)} if call is None else call.tool_use_block()
+        )
+        return reply(200, orjson.dumps(message))
+    answer: Block = (
+        ({"type": "text", "text": ""}, "text_delta", "text", words)
+        if call is None
+        else ({**call.tool_use_block(), "input": {}}, "input_json_delta", "partial_json", call.fragments())
+    )
+    thought: list[Block] = (
+        [({"type": "thinking", "thinking": ""}, "thinking_delta", "thinking", thinking)] if thinking else []
+    )
+    return await _stream(request, message, [*thought, answer], d)
+
+
+async def _stream(
+    request: web.Request, message: dict[str, Any], blocks: list[Block], d: Directives
+) -> web.StreamResponse:
+    stream = EventStream(request)
+    await stream.open()
+    usage = message["usage"]
+    started = {**message, "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    await stream.event("message_start", {"type": "message_start", "message": started})
+
+    async def fail() -> None:
+        error = {"type": "overloaded_error", "message": "Simulated failure mid-stream."}
+        await stream.event("error", {"type": "error", "error": error})
+
+    sent = 0
+    for index, (start, delta_type, field, pieces) in enumerate(blocks):
+        opening = {"type": "content_block_start", "index": index, "content_block": start}
+        await stream.event("content_block_start", opening)
+        if index == 0:
+            await stream.event("ping", {"type": "ping"})
+        for piece in pieces:
+            if not await directives.before_piece(d, sent, stream.drop, fail):
+                return await stream.end()
+            delta = {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": delta_type, field: piece},
+            }
+            await stream.event("content_block_delta", delta)
+            sent += 1
+        await stream.event("content_block_stop", {"type": "content_block_stop", "index": index})
+    await stream.event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            # The real API repeats the input and cache counts here (cumulative usage).
+            "usage": usage,
+        },
+    )
+    await stream.event("message_stop", {"type": "message_stop"})
+    return await stream.end()
