@@ -35,9 +35,9 @@ ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
     "rerank": "/v1/rerank",
     "moderation": "/v1/moderations",
 }
-# The two text shapes the gateway translates between (gateway.translate): the endpoint of one also
-# serves models of the other.
-TRANSLATED_TYPE: Final[Mapping[str, str]] = {"chat": "messages", "messages": "chat"}
+# The text shapes the gateway translates (gateway.translate): the endpoint of the key's type also
+# serves models of the value's type (chat and messages both ways; responses to chat one way).
+TRANSLATED_TYPE: Final[Mapping[str, str]] = {"chat": "messages", "messages": "chat", "responses": "chat"}
 # Fields of a request body that are the request itself, not parameters: always forwarded.
 REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "chat": frozenset({"model", "messages"}),

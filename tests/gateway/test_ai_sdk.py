@@ -35,9 +35,9 @@ def test_the_ai_sdk_on_every_text_shape(gw: Gateway, key: KeyHandle) -> None:
     failed = [f"{r['name']}: {r['detail']}" for r in results if not r["ok"]]
     assert not failed, "\n\n".join(failed) + "\n" + run.stderr[-2000:]
     assert run.returncode == 0, run.stderr[-2000:]
-    for shape in ("chat", "chat->claude", "responses", "messages", "messages->gpt"):
+    for shape in ("chat", "chat->claude", "responses", "responses->gpt", "messages", "messages->gpt"):
         for kind in ("generateText", "streamText", "generateObject", "streamObject"):
             assert f"{shape} {kind}" in names
-    for shape in ("chat", "responses", "messages", "messages->gpt"):
+    for shape in ("chat", "responses", "responses->gpt", "messages", "messages->gpt"):
         assert f"{shape} mid-stream error" in names
     assert "messages error body" in names

@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionToolParam
+from test_responses_translation import check_responses_shape
 
 from gateway.config import ConfigError, Prices, parse_settings
 from gateway.core import count_chat_tokens, count_tokens
@@ -224,3 +225,7 @@ def test_a_bedrock_channel_needs_its_region() -> None:
         {"models": [{"name": "bedrock/m", "type": "chat", "channels": [channel]}]}, Path("/tmp")
     )
     assert settings.models[0].channels[0].region == "eu-central-1"
+
+
+def test_the_responses_shape_through_bedrock(bgw: Gateway) -> None:
+    check_responses_shape(bgw, MODEL)

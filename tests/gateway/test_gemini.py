@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionToolParam
+from test_responses_translation import check_responses_shape
 
 from gateway.config import Prices
 from gateway.core import count_chat_tokens, count_tokens
@@ -243,3 +244,7 @@ def test_token_arrays_are_refused_for_gemini_embeddings(ggw: Gateway) -> None:
         oai.embeddings.create(model=EMBED, input=[[1, 2, 3]])
     body = caught.value.body
     assert isinstance(body, dict) and body["code"] == "invalid_request" and body["param"] == "input"
+
+
+def test_the_responses_shape_through_gemini(ggw: Gateway) -> None:
+    check_responses_shape(ggw, MODEL)

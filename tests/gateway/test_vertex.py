@@ -14,6 +14,7 @@ import openai
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from test_responses_translation import check_responses_shape
 
 from gateway.config import ConfigError, parse_settings
 from harness import Gateway, gateway
@@ -151,3 +152,7 @@ def test_a_vertex_channel_names_its_project_and_location() -> None:
         parse_settings(
             {"models": [{"name": "vertex/m", "type": "chat", "channels": [channel]}]}, Path("/tmp")
         )
+
+
+def test_the_responses_shape_through_vertex(vgw: Gateway) -> None:
+    check_responses_shape(vgw, GEMINI)

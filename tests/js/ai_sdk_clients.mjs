@@ -143,6 +143,12 @@ await check("responses streamText", () => streamedText(openai.responses(RESPONSE
 await check("responses generateObject", () => plainObject(openai.responses(RESPONSES)));
 await check("responses streamObject", () => streamedObject(openai.responses(RESPONSES)));
 await check("responses mid-stream error", () => midStreamError(openai.responses(RESPONSES)));
+// ... serving a chat model (translated: a Response and its stream built from chat completions).
+await check("responses->gpt generateText", () => plainText(openai.responses(GPT)));
+await check("responses->gpt streamText", () => streamedText(openai.responses(GPT)));
+await check("responses->gpt generateObject", () => plainObject(openai.responses(GPT)));
+await check("responses->gpt streamObject", () => streamedObject(openai.responses(GPT)));
+await check("responses->gpt mid-stream error", () => midStreamError(openai.responses(GPT)));
 
 // Messages: the anthropic provider (output_config.format for structured output).
 await check("messages generateText", () => plainText(anthropic(CLAUDE)));

@@ -25,6 +25,7 @@ from ..core import (
     ResponsesStreamRewriter,
     count_chat_tokens,
     count_tokens,
+    parse_chat_usage,
     rewrite_response,
 )
 from ..errors import GatewayError, invalid_request
@@ -34,10 +35,17 @@ from ..routing import json_body
 from ..state import GatewayState
 from ..store import JOB_RUNNING, Job, ResponseState
 from ..stream_errors import responses_error_event
-from ..translate import response_item_text, response_output_text
+from ..translate import (
+    ResponsesStreamFromChat,
+    chat_output_text,
+    chat_request_from_responses,
+    response_from_chat_completion,
+    response_item_text,
+    response_output_text,
+)
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
-from .upstream import call_upstream
+from .upstream import call_upstream, forward_plain, usage_reader
 
 # How long a response can be continued, as OpenAI keeps stored responses (30 days).
 STATE_TTL_MS = 30 * 24 * 3600 * 1000
@@ -48,6 +56,8 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "responses")
         _validate(payload)
+        if model.type == "chat":
+            return await _from_chat_model(state, request, call, model, payload)
         upstream = state.registry.upstream_body(model, payload, call)
         # Run upstream in the background only by a model that takes the parameter (spec 1.3).
         in_background = upstream.get("background") is True
@@ -169,6 +179,68 @@ def routes(state: GatewayState) -> list[Route]:
         Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
     ]
+
+
+async def _from_chat_model(
+    state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
+) -> Response:
+    """A chat model in the responses shape: the request goes out as a chat completions request, the
+    answer or stream comes back as a Response (gateway.translate), billed from the upstream's own
+    usage. A chat upstream holds no conversation and runs nothing in the background, so a request
+    that needs either is refused rather than answered as if it had been kept."""
+    if payload.get("previous_response_id") is not None:
+        raise invalid_request(
+            f"{model.name!r} is a chat model, served here through translation: it keeps no earlier "
+            "responses. Send the whole conversation as `input` instead of previous_response_id.",
+            "previous_response_id",
+        )
+    if payload.get("background") is True:
+        raise invalid_request(
+            f"{model.name!r} is a chat model, served here through translation: it cannot run in the "
+            "background. Leave out `background`.",
+            "background",
+        )
+    await safety.check(state, request, call, model, payload, "responses")
+    await billing.hold(
+        state,
+        call,
+        model,
+        billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_output_tokens"),
+    )
+    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
+    forwarded = state.registry.forwarded_params(model)
+    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
+    upstream = state.registry.channel_body(model, chat_request_from_responses(payload, limit), call)
+    rid = response_id("resp_")
+
+    def counted_usage(output_text: str) -> Usage:
+        return Usage(_prompt_tokens(model, payload), count_tokens(output_text, model.tokenizer))
+
+    if payload.get("stream") is True:
+        return await forward_stream(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            lambda: ResponsesStreamFromChat(rid, payload, counted_usage),
+            lambda: _prompt_tokens(model, payload),
+            error_event=responses_error_event,
+        )
+    return await forward_plain(
+        state,
+        request,
+        call,
+        model,
+        upstream,
+        rid,
+        usage_reader(parse_chat_usage),
+        lambda body: counted_usage(chat_output_text(body)),
+        to_client=lambda body, usage: orjson.dumps(
+            response_from_chat_completion(orjson.loads(body), usage, rid, payload)
+        ),
+    )
 
 
 def _job_response(job: Job) -> Response:

@@ -77,7 +77,7 @@ def message_from_chat_completion(completion: dict[str, Any], usage: Usage) -> di
     reasoning = reasoning_text(reply)
     if reasoning:
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    text = _content_text(reply.get("content"))
+    text = content_text(reply.get("content"))
     refusal = reply.get("refusal")
     if text:
         content.append({"type": "text", "text": text})
@@ -117,7 +117,7 @@ def reasoning_text(message: dict[str, Any]) -> str:
     return ""
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):

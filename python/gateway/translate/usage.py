@@ -68,3 +68,14 @@ def messages_usage(usage: Usage) -> dict[str, Any]:
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     }
+
+
+def responses_usage(usage: Usage) -> dict[str, Any]:
+    """`usage` of a Response (the Responses API counts as the chat shape does, under other names)."""
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
