@@ -203,6 +203,21 @@ def test_throttling_is_provider_overloaded(bgw: Gateway) -> None:
     assert isinstance(body, dict) and body["code"] == "provider_overloaded"
 
 
+def test_throttling_inside_the_stream_before_its_first_token_is_provider_overloaded(bgw: Gateway) -> None:
+    """ConverseStream can say throttlingException as its first event (after the 200): that is the
+    provider at capacity, as its 429 would be, not a broken stream."""
+    handle = bgw.new_key()
+    before = bgw.balance(handle.account_id)
+    with client(bgw, handle.key) as oai, pytest.raises(openai.RateLimitError) as caught:
+        oai.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "[sim error_after=0 overloaded]"}], stream=True
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "provider_overloaded"
+    assert caught.value.response.headers["retry-after"]
+    assert bgw.balance(handle.account_id) == before
+
+
 def test_wrong_credentials_are_the_gateways_fault(sim_url: str, tmp_path: Path) -> None:
     env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
     with gateway(tmp_path, models(sim_url), env=env) as g:

@@ -381,11 +381,13 @@ def test_stall_after_k_times_out_and_bills_streamed_output(quick: Gateway, shape
 @pytest.mark.parametrize("shape", SHAPES)
 def test_failure_before_any_output_is_json_error_and_free(quick: Gateway, shape: Shape) -> None:
     """Spec 6.1.7 and 6.1.9 at k = 0, for each way a stream can end: a plain JSON error with the code's
-    status, and nothing charged or recorded. On the short-window gateway (for the stall), and all three
+    status, and nothing charged or recorded. On the short-window gateway (for the stall), and all the
     ways before one wait for a charge that must not come."""
     ways = [
         ("drop_after=0", 502, "provider_error"),
         ("error_after=0", 502, "provider_error"),
+        # The provider at capacity, said inside the stream: as its 429 (other channels, cool-down).
+        ("error_after=0 overloaded", 429, "provider_overloaded"),
         ("stall_after=0", 408, "timeout"),
     ]
     watched: list[tuple[str, KeyHandle, Decimal]] = []

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from gateway.errors import ERROR_TABLE, ErrorCode
+from gateway.providers.base import stream_failure
 from harness import Gateway, KeyHandle
 
 CHAT = "/v1/chat/completions"
@@ -171,3 +172,40 @@ def test_stream_dropped_upstream_ends_with_error_chunk(gw: Gateway, key: KeyHand
     assert b'"code":"provider_error"' in events[-1]
     content = [e for e in events[:-1] if b'"content":" ' in e]
     assert len(content) == 4
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (
+            b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}',
+            "provider_overloaded",
+        ),
+        (b'{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}', "provider_overloaded"),
+        (
+            b'{"error":{"message":"x","type":"throttlingException","param":null,"code":null}}',
+            "provider_overloaded",
+        ),
+        (b'{"error":{"message":"x","type":"tokens","code":"rate_limit_exceeded"}}', "provider_overloaded"),
+        (b'{"type":"error","code":"rate_limit_exceeded","message":"x"}', "provider_overloaded"),
+        (
+            b'{"type":"response.failed","response":{"error":{"code":"rate_limit_exceeded"}}}',
+            "provider_overloaded",
+        ),
+        (b'{"error":{"code":429,"status":"RESOURCE_EXHAUSTED"}}', "provider_overloaded"),
+        (b'{"type":"error","error":{"type":"api_error","message":"Internal"}}', "provider_error"),
+        (b'{"error":{"message":"x","type":"server_error"}}', "provider_error"),
+        (b"not json", "provider_error"),
+        (b"[1]", "provider_error"),
+        (None, "provider_error"),
+    ],
+)
+def test_a_stream_failing_before_its_first_token(error: bytes | None, code: str) -> None:
+    """The error event a stream ended on before any output: at capacity is the provider's 429 (other
+    channels, a cool-down), anything else a failure another attempt may get past."""
+    failure = stream_failure(error)
+    assert failure.code == code
+    if code == "provider_overloaded":
+        assert failure.retry == "other" and failure.headers.get("retry-after") == "1"
+    else:
+        assert failure.retry == "any"

@@ -125,6 +125,47 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
     )
 
 
+# What a provider says inside a stream when it is at capacity: Anthropic's overloaded_error and
+# rate_limit_error, Bedrock's throttlingException, OpenAI's rate_limit_exceeded, Google's
+# RESOURCE_EXHAUSTED (compared in lower case).
+STREAM_OVERLOAD_KINDS: Final = frozenset(
+    {
+        "overloaded_error",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        "throttlingexception",
+        "resource_exhausted",
+    }
+)
+
+
+def stream_failure(error: bytes | None) -> GatewayError:
+    """A stream that ended before its first token, with the error event it ended on (its raw JSON,
+    in the shape's format) or none, in the spec's vocabulary: the provider at capacity is handled
+    as its 429 (another channel, a cool-down for this one); anything else is a failure another
+    attempt may get past."""
+    if error is not None and _overload_kind(error):
+        return upstream_error(429, error, None)
+    return GatewayError("provider_error", "The model's stream failed before it started.", retry="any")
+
+
+def _overload_kind(error: bytes) -> bool:
+    try:
+        data = orjson.loads(error)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    holders = [data, data.get("error"), (data.get("response") or {}).get("error")]
+    for holder in holders:
+        if isinstance(holder, dict):
+            for field in ("type", "code", "status"):
+                kind = holder.get(field)
+                if isinstance(kind, str) and kind.lower() in STREAM_OVERLOAD_KINDS:
+                    return True
+    return False
+
+
 def _key_refused(payload: bytes) -> bool:
     """Google's error for an API key it does not take (reason API_KEY_INVALID)."""
     return b"API_KEY_INVALID" in payload

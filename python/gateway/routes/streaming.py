@@ -20,6 +20,7 @@ from ..drain import CUT_MESSAGE
 from ..errors import ErrorCode, GatewayError
 from ..pricing import ReportedUsage
 from ..providers import PROVIDERS, StreamTranslator
+from ..providers.base import stream_failure
 from ..providers.http import UPSTREAM_FAILURES, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
@@ -113,7 +114,7 @@ async def forward_stream(
             raise
         if not rewriter.saw_output and not rewriter.done:
             response.release()
-            raise GatewayError("provider_error", "The model's stream failed before it started.", retry="any")
+            raise stream_failure(rewriter.error)
         return response, chunks, rewriter, first
 
     started = time.perf_counter_ns()

@@ -209,6 +209,10 @@ async def _converse(sim: Simulator, request: web.Request, *, stream: bool) -> we
         await out.send(frame(kind, data))
 
     async def fail() -> None:
+        if d.overloaded:
+            message = {"message": "Too many requests, please wait before trying again."}
+            await out.send(frame_exception("throttlingException", message))
+            return
         message = {"message": "Simulated failure mid-stream."}
         await out.send(frame_exception("modelStreamErrorException", message))
 

@@ -181,10 +181,12 @@ async def _stream(
 
     async def fail() -> None:
         error = {
-            "message": "Simulated failure mid-stream.",
-            "type": "server_error",
+            "message": "Rate limit reached: retry later."
+            if d.overloaded
+            else "Simulated failure mid-stream.",
+            "type": "rate_limit_exceeded" if d.overloaded else "server_error",
             "param": None,
-            "code": None,
+            "code": "rate_limit_exceeded" if d.overloaded else None,
         }
         await stream.data({"error": error})
 

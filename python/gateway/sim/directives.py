@@ -20,6 +20,8 @@ configured model through the gateway, which forwards neither headers nor anythin
   stall_after=N   after N content chunks, send nothing more and keep the connection open
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
+  overloaded      (with error_after) the error is the provider's "at capacity" one: Anthropic's
+                  overloaded_error event, Bedrock's throttlingException (without a value)
   filter_after=N  (chat) the provider's content filter cuts the answer after N words: it ends there
                   with finish_reason "content_filter", usage counting what was produced
   tool            call the first tool the request offers (without a value; a tool_choice that forces
@@ -38,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 _MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
-_FLAGS = ("tool", "render_fail")  # the directives without a value
+_FLAGS = ("tool", "render_fail", "overloaded")  # the directives without a value
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class Directives:
     stall_after: int | None = None
     drop_after: int | None = None
     error_after: int | None = None
+    overloaded: bool = False  # the error_after error says the provider is at capacity
     filter_after: int | None = None
     tool: bool = False
     render: float = 2.0

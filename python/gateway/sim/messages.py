@@ -117,7 +117,11 @@ async def _stream(
     await stream.event("message_start", {"type": "message_start", "message": started})
 
     async def fail() -> None:
-        error = {"type": "overloaded_error", "message": "Simulated failure mid-stream."}
+        error = (
+            {"type": "overloaded_error", "message": "Overloaded"}
+            if d.overloaded
+            else {"type": "api_error", "message": "Simulated failure mid-stream."}
+        )
         await stream.event("error", {"type": "error", "error": error})
 
     sent = 0

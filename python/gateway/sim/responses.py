@@ -239,6 +239,9 @@ async def _stream(
     sent = 0
 
     async def fail() -> None:
+        if d.overloaded:
+            await event("error", code="rate_limit_exceeded", message="Rate limit reached.", param=None)
+            return
         await event("error", code="server_error", message="Simulated failure mid-stream.", param=None)
 
     async def pace() -> bool:
