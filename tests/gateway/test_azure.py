@@ -17,10 +17,11 @@ import openai
 import pytest
 
 from gateway.config import ConfigError, Prices, Settings, parse_settings
+from gateway.core import count_chat_tokens, count_tokens
 from gateway.pricing import Usage, cost
 from gateway.providers.credentials import TokenCache
 from gateway.providers.http import UpstreamClient
-from harness import Gateway, gateway
+from harness import Gateway, chat_stream, gateway
 
 DEPLOYED = "azure/gpt-4o-mini"  # the deployment style, with an API key
 ENTRA = "azure-entra/gpt-4o-mini"  # the v1 API, with Entra ID
@@ -131,6 +132,19 @@ def test_a_stream_is_billed_exactly(agw: Gateway, sim: httpx.Client) -> None:
     assert {c.id for c in chunks} == {chunks[0].id}  # the gateway's id on every chunk
     charged = cost(parse_prices(agw.settings, DEPLOYED), Usage(usage.prompt_tokens, usage.completion_tokens))
     assert agw.wait_balance(handle.account_id, Decimal(10) - charged) == Decimal(10) - charged
+
+
+def test_a_stream_cut_short_is_billed_for_what_was_delivered(agw: Gateway) -> None:
+    """Azure's usage chunk comes last: a stream cut before it is billed from the gateway's own
+    counts, the whole prompt and exactly the output the client was sent (spec 6.1.9)."""
+    handle = agw.new_key(balance="10")
+    # Paced: a reset arriving with events still unread would discard them (see test_early_end).
+    got = chat_stream(agw, handle.key, DEPLOYED, "cut [sim tokens=20 drop_after=5 pace=30ms]")
+    assert len(got.text.split()) == 5
+    assert "provider_error" in got.events[-1]
+    usage = Usage(count_chat_tokens(got.body), count_tokens(got.text))
+    expected = cost(parse_prices(agw.settings, DEPLOYED), usage)
+    assert agw.wait_balance(handle.account_id, Decimal(10) - expected) == Decimal(10) - expected
 
 
 def parse_prices(settings: Settings, model: str) -> Prices:

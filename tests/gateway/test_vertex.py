@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,18 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from test_responses_translation import check_responses_shape
+from test_translation import usage_record
 
-from gateway.config import ConfigError, parse_settings
-from harness import Gateway, gateway
+from gateway.config import ConfigError, Prices, parse_settings
+from gateway.core import count_chat_tokens, count_tokens
+from gateway.pricing import Usage, cost
+from harness import Gateway, chat_stream, gateway
 
 GEMINI = "vertex/gemini-2.5-flash"
 CLAUDE = "vertex/claude-sonnet-4-5"
+# As the config below prices them.
+GEMINI_PRICES = Prices(input=Decimal("0.30"), output=Decimal("2.50"), reasoning=Decimal("2.50"))
+CLAUDE_PRICES = Prices(input=Decimal(3), output=Decimal(15), reasoning=Decimal(15))
 
 
 def service_account(tmp: Path, token_uri: str) -> Path:
@@ -130,6 +137,39 @@ def test_anthropic_on_vertex_plain_and_streamed(vgw: Gateway) -> None:
                 model=CLAUDE, messages=[{"role": "user", "content": "x [sim tokens=3]"}]
             )
         assert answer.usage is not None and answer.usage.completion_tokens == 3
+
+
+def test_streams_cut_short_are_billed_for_what_was_delivered(vgw: Gateway) -> None:
+    """Spec 6.1.9 through Vertex, both publishers: the whole prompt and exactly the output the client
+    was sent. Gemini's usage comes with its last event, so its prompt is the gateway's own count;
+    Anthropic's message_start reports the input, which is billed."""
+    handle = vgw.new_key(balance="10")
+    # Paced: a reset arriving with events still unread would discard them (see test_early_end).
+    got = chat_stream(vgw, handle.key, GEMINI, "cut [sim tokens=20 drop_after=6 pace=30ms]")
+    assert len(got.text.split()) == 6 and "provider_error" in got.events[-1]
+    gemini = cost(GEMINI_PRICES, Usage(count_chat_tokens(got.body), count_tokens(got.text)))
+    assert vgw.wait_balance(handle.account_id, Decimal(10) - gemini) == Decimal(10) - gemini
+
+    body = {
+        "model": CLAUDE,
+        "max_tokens": 100,
+        "stream": True,
+        "messages": [{"role": "user", "content": "cut [sim tokens=20 drop_after=4 pace=30ms]"}],
+    }
+    with httpx.stream(
+        "POST", f"{vgw.url}/v1/messages", json=body, headers={"x-api-key": handle.key}, timeout=30
+    ) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert len(text.split()) == 4 and events[-1]["type"] == "error"
+    record = usage_record(vgw, handle, events[0]["message"]["id"])
+    assert record["status"] == "incomplete"
+    assert record["usage"]["prompt_tokens"] == events[0]["message"]["usage"]["input_tokens"] > 0
+    assert record["usage"]["completion_tokens"] == count_tokens(text)
+    claude = cost(CLAUDE_PRICES, Usage(record["usage"]["prompt_tokens"], count_tokens(text)))
+    assert Decimal(str(record["cost"])) == claude
+    left = Decimal(10) - gemini - claude
+    assert vgw.wait_balance(handle.account_id, left) == left
 
 
 def test_a_key_google_refuses_is_the_gateways_fault(sim_url: str, tmp_path: Path) -> None:
