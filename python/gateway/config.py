@@ -48,7 +48,7 @@ SERVED_TYPES: Final[Mapping[str, frozenset[str]]] = {
     "azure": frozenset({"chat", "embedding", "image", "responses", "speech", "transcription"}),
     "bedrock": frozenset({"chat"}),
     "gemini": frozenset({"chat", "embedding"}),
-    "vertex": frozenset({"chat", "messages"}),
+    "vertex": frozenset({"chat", "messages", "embedding"}),
 }
 PROVIDER_KINDS: Final = frozenset(SERVED_TYPES)
 # Bedrock's runtime endpoint names its region: https://bedrock-runtime.{region}.amazonaws.com

@@ -25,8 +25,11 @@ from harness import Gateway, chat_stream, gateway
 
 GEMINI = "vertex/gemini-2.5-flash"
 CLAUDE = "vertex/claude-sonnet-4-5"
+EMBED = "vertex/text-embedding-005"
+GEMINI_EMBED = "vertex/gemini-embedding-001"
 # As the config below prices them.
 GEMINI_PRICES = Prices(input=Decimal("0.30"), output=Decimal("2.50"), reasoning=Decimal("2.50"))
+EMBED_PRICES = Prices(input=Decimal("0.025"))
 CLAUDE_PRICES = Prices(input=Decimal(3), output=Decimal(15), reasoning=Decimal(15))
 
 
@@ -70,6 +73,24 @@ input = "0.30"
 output = "2.50"
 [[models.channels]]
 model = "gemini-2.5-flash"
+{channel}
+
+[[models]]
+name = "{EMBED}"
+type = "embedding"
+[models.prices]
+input = "0.025"
+[[models.channels]]
+model = "text-embedding-005"
+{channel}
+
+[[models]]
+name = "{GEMINI_EMBED}"
+type = "embedding"
+[models.prices]
+input = "0.15"
+[[models.channels]]
+model = "gemini-embedding-001"
 {channel}
 
 [[models]]
@@ -170,6 +191,45 @@ def test_streams_cut_short_are_billed_for_what_was_delivered(vgw: Gateway) -> No
     assert Decimal(str(record["cost"])) == claude
     left = Decimal(10) - gemini - claude
     assert vgw.wait_balance(handle.account_id, left) == left
+
+
+def test_embeddings_through_predict_billed_from_vertex_s_counts(vgw: Gateway, sim: httpx.Client) -> None:
+    handle = vgw.new_key(balance="5")
+    with openai.OpenAI(api_key=handle.key, base_url=vgw.url + "/v1", max_retries=0) as oai:
+        raw = oai.embeddings.with_raw_response.create(
+            model=EMBED, input=["one fish", "two fish"], dimensions=8, encoding_format="float"
+        )
+        floats = raw.parse()
+        packed = oai.embeddings.create(model=EMBED, input="one fish", dimensions=8)  # the SDK asks for base64
+    assert [len(d.embedding) for d in floats.data] == [8, 8] and [d.index for d in floats.data] == [0, 1]
+    assert packed.data[0].embedding == pytest.approx(floats.data[0].embedding)
+    # Vertex's own token counts (each prediction's statistics.token_count), as billed.
+    assert floats.usage.prompt_tokens == count_tokens("one fish") + count_tokens("two fish")
+    assert Decimal(raw.headers["x-service-cost"]) == cost(EMBED_PRICES, Usage(floats.usage.prompt_tokens))
+    (sent, _) = [e for e in requests_to(sim, "/text-embedding-005:predict")][-2:]
+    assert sent["body"] == {
+        "instances": [{"content": "one fish"}, {"content": "two fish"}],
+        "parameters": {"autoTruncate": False, "outputDimensionality": 8},
+    }
+    charged = cost(EMBED_PRICES, Usage(floats.usage.prompt_tokens)) + cost(
+        EMBED_PRICES, Usage(packed.usage.prompt_tokens)
+    )
+    assert vgw.wait_balance(handle.account_id, Decimal(5) - charged) == Decimal(5) - charged
+
+
+def test_embedding_requests_vertex_refuses_are_400_with_its_reason(vgw: Gateway) -> None:
+    handle = vgw.new_key(balance="5")
+    with openai.OpenAI(api_key=handle.key, base_url=vgw.url + "/v1", max_retries=0) as oai:
+        one = oai.embeddings.create(model=GEMINI_EMBED, input="one text", encoding_format="float")
+        assert len(one.data) == 1 and len(one.data[0].embedding) == 768
+        # gemini-embedding-001 takes one text per predict call (Google's limit, passed on).
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.embeddings.create(model=GEMINI_EMBED, input=["a", "b"])
+        assert "at most 1 instance" in caught.value.message
+        with pytest.raises(openai.BadRequestError) as tokens:
+            oai.embeddings.create(model=EMBED, input=[[1, 2, 3]])
+    body = tokens.value.body
+    assert isinstance(body, dict) and body["param"] == "input" and "Vertex AI embeds texts" in body["message"]
 
 
 def test_a_key_google_refuses_is_the_gateways_fault(sim_url: str, tmp_path: Path) -> None:

@@ -21,9 +21,7 @@ API_KEY_INVALID) is the gateway's fault, provider_error.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import struct
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -37,6 +35,7 @@ from ..errors import GatewayError, invalid_request
 from ..translate import messages_request_from_chat
 from ..translate.usage import token_count
 from .chat_wire import ChatChunks, usage_object
+from .embeddings_wire import embedding_list, input_texts
 from .http import UpstreamClient
 
 PARAMS: Final = {
@@ -291,12 +290,7 @@ def _usage(metadata: Any) -> dict[str, Any] | None:
 
 def _embed_request(channel: ChannelConfig, payload: dict[str, Any]) -> bytes:
     """OpenAI's embeddings body (texts; Gemini takes no token arrays) as batchEmbedContents."""
-    raw = payload.get("input")
-    texts = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid_request(
-            "Gemini embeds texts: `input` must be a string or an array of strings.", "input"
-        )
+    texts = input_texts(payload, "Gemini")
     dimensions = payload.get("dimensions")
     requests = [
         {
@@ -316,16 +310,7 @@ def _embeddings(channel: ChannelConfig, content: bytes, request: bytes) -> bytes
         vectors = [e["values"] for e in orjson.loads(content)["embeddings"]]
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
-    as_base64 = orjson.loads(request).get("encoding_format") == "base64"
-    data = [
-        {
-            "object": "embedding",
-            "index": i,
-            "embedding": base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if as_base64 else v,
-        }
-        for i, v in enumerate(vectors)
-    ]
-    return orjson.dumps({"object": "list", "data": data, "model": channel.upstream_model})
+    return embedding_list(vectors, request, channel.upstream_model)
 
 
 # ------------------------------------------------------------------ the stream

@@ -1,9 +1,10 @@
-"""Google Vertex AI: Gemini models (`chat`) and Anthropic's models (`messages`) in a Google Cloud
-project, signed in with Google's credentials.
+"""Google Vertex AI: Gemini models (`chat`), Anthropic's models (`messages`) and Google's embedding
+models (`embedding`) in a Google Cloud project, signed in with Google's credentials.
 
   {base_url}/v1/projects/{project}/locations/{location}/publishers/...
     Gemini:     .../google/models/{model}:generateContent    (streamed: :streamGenerateContent?alt=sse)
     Anthropic:  .../anthropic/models/{model}:rawPredict      (streamed: :streamRawPredict)
+    Embeddings: .../google/models/{model}:predict            (instances of content, token counts back)
 
 `base_url` is the regional endpoint (https://us-east5-aiplatform.googleapis.com, or
 https://aiplatform.googleapis.com for location "global"). The bearer token comes from google-auth
@@ -16,18 +17,25 @@ default credentials. Gemini's bodies, answers and streams are the Generative Lan
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 import orjson
 
 from ..config import ChannelConfig
+from ..errors import GatewayError
+from ..translate.usage import token_count
 from . import anthropic, gemini
 from .credentials import GOOGLE_TOKENS
+from .embeddings_wire import embedding_list, input_texts
 from .http import UpstreamClient
 
-PARAMS: Final = {"chat": gemini.PARAMS["chat"], "messages": anthropic.PARAMS["messages"]}
-PATHS: Final = {"chat": ":generateContent", "messages": ":rawPredict"}
+PARAMS: Final = {
+    "chat": gemini.PARAMS["chat"],
+    "messages": anthropic.PARAMS["messages"],
+    "embedding": gemini.PARAMS["embedding"],
+}
+PATHS: Final = {"chat": ":generateContent", "messages": ":rawPredict", "embedding": ":predict"}
 ANTHROPIC_VERSION = "vertex-2023-10-16"
 
 
@@ -36,6 +44,8 @@ def url(channel: ChannelConfig, model_type: str, *, stream: bool = False) -> str
     base = f"{channel.base_url}/v1/projects/{channel.project}/locations/{channel.location}/publishers"
     if model_type == "messages":
         return f"{base}/anthropic/models/{model}:{'streamRawPredict' if stream else 'rawPredict'}"
+    if model_type == "embedding":
+        return f"{base}/google/models/{model}:predict"
     return f"{base}/google/models/{model}:{'streamGenerateContent?alt=sse' if stream else 'generateContent'}"
 
 
@@ -56,6 +66,8 @@ async def headers(
 
 
 def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
+    if operation == "embedding":
+        return _predict_request(orjson.loads(body))
     if operation != "messages":
         return gemini.encode(channel, operation, body)
     request = orjson.loads(body)
@@ -65,8 +77,37 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
 
 
 def decode(channel: ChannelConfig, operation: str, content: bytes, request: bytes) -> bytes:
+    if operation == "embedding":
+        return _embeddings(channel, content, request)
     return content if operation == "messages" else gemini.decode(channel, operation, content, request)
 
 
 def stream_translator(channel: ChannelConfig, operation: str) -> gemini.GeminiStreamToChat | None:
     return None if operation == "messages" else gemini.stream_translator(channel, operation)
+
+
+# ------------------------------------------------------------------ embeddings (the predict API)
+
+
+def _predict_request(payload: dict[str, Any]) -> bytes:
+    """OpenAI's embeddings body as predict's: one instance per text. autoTruncate is off, so a text
+    longer than the model takes is the upstream's 400 (as OpenAI refuses it), not silently cut."""
+    parameters: dict[str, Any] = {"autoTruncate": False}
+    dimensions = payload.get("dimensions")
+    if isinstance(dimensions, int) and not isinstance(dimensions, bool):
+        parameters["outputDimensionality"] = dimensions
+    instances = [{"content": text} for text in input_texts(payload, "Vertex AI")]
+    return orjson.dumps({"instances": instances, "parameters": parameters})
+
+
+def _embeddings(channel: ChannelConfig, content: bytes, request: bytes) -> bytes:
+    """predict's answer as OpenAI's, with the usage Vertex counted (each prediction's token_count)."""
+    try:
+        predictions = orjson.loads(content)["predictions"]
+        vectors = [p["embeddings"]["values"] for p in predictions]
+        tokens = sum(
+            token_count(p["embeddings"].get("statistics", {}).get("token_count")) for p in predictions
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
+    return embedding_list(vectors, request, channel.upstream_model, tokens)

@@ -69,6 +69,7 @@ PROVIDER_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/model/{model}/converse-stream", bedrock.converse_stream),
     ("POST", vertex.PREFIX + "/google/models/{model}:generateContent", vertex.gemini_generate),
     ("POST", vertex.PREFIX + "/google/models/{model}:streamGenerateContent", vertex.gemini_stream),
+    ("POST", vertex.PREFIX + "/google/models/{model}:predict", vertex.embedding_predict),
     ("POST", vertex.PREFIX + "/anthropic/models/{model}:rawPredict", vertex.anthropic_predict),
     ("POST", vertex.PREFIX + "/anthropic/models/{model}:streamRawPredict", vertex.anthropic_predict),
     ("POST", "/token", vertex.token),

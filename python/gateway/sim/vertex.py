@@ -5,6 +5,8 @@
   POST /v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:rawPredict
        (and :streamRawPredict)                                  Messages bodies, model in the URL,
                                                                 anthropic_version vertex-2023-10-16
+  POST /v1/projects/{project}/locations/{location}/publishers/google/models/{model}:predict
+                                                                text embeddings: instances of content
   POST /token                                                   a service account's JWT for a token
 
 A request must carry a bearer token this simulator issued (401 UNAUTHENTICATED otherwise, as
@@ -24,7 +26,9 @@ from urllib.parse import parse_qs
 import orjson
 from aiohttp import web
 
+from ..core import count_tokens
 from . import gemini, messages
+from .embeddings import vector
 from .wire import anthropic_error, reply
 
 if TYPE_CHECKING:
@@ -68,6 +72,50 @@ async def gemini_stream(sim: Simulator, request: web.Request) -> web.StreamRespo
         return _unauthenticated()
     _record(sim, request)
     return await gemini.answer(sim, request, stream=True)
+
+
+# Google's limits on a predict call: instances per request (gemini-embedding models take one text).
+MAX_INSTANCES = 250
+DEFAULT_DIMENSIONS = 768
+
+
+def _invalid(message: str) -> web.Response:
+    return reply(
+        400, orjson.dumps({"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})
+    )
+
+
+async def embedding_predict(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """predict on a text embedding model: a deterministic unit vector per instance (as
+    sim/embeddings.py makes them), with each text's token count, as Vertex reports it."""
+    if not _signed_in(sim, request):
+        return _unauthenticated()
+    try:
+        req = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        req = None
+    model = request.match_info["model"]
+    sim.record({"path": request.path, "vertex": dict(request.match_info), "body": req})
+    instances = req.get("instances") if isinstance(req, dict) else None
+    if not isinstance(instances, list) or not instances:
+        return _invalid("instances: at least one instance is required.")
+    limit = 1 if model.startswith("gemini-embedding") else MAX_INSTANCES
+    if len(instances) > limit:
+        return _invalid(f"{model} takes at most {limit} instance(s) per request; got {len(instances)}.")
+    parameters = req.get("parameters") if isinstance(req.get("parameters"), dict) else {}
+    size = parameters.get("outputDimensionality")
+    dims = size if isinstance(size, int) and size > 0 else DEFAULT_DIMENSIONS
+    predictions = []
+    for instance in instances:
+        text = instance.get("content") if isinstance(instance, dict) else None
+        if not isinstance(text, str) or not text:
+            return _invalid("instances[].content: a text is required.")
+        statistics = {"truncated": False, "token_count": count_tokens(text)}
+        predictions.append({"embeddings": {"statistics": statistics, "values": vector(text.encode(), dims)}})
+    characters = sum(len(i["content"]) for i in instances)
+    return reply(
+        200, orjson.dumps({"predictions": predictions, "metadata": {"billableCharacterCount": characters}})
+    )
 
 
 async def anthropic_predict(sim: Simulator, request: web.Request) -> web.StreamResponse:
