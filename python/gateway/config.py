@@ -56,6 +56,9 @@ _BEDROCK_HOST = re.compile(r"^https://bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.a
 # Entra ID (Azure): where a service principal's token comes from, and what it is for.
 ENTRA_TOKEN_URL: Final = "https://login.microsoftonline.com/{tenant_id}/oauth2/v2.0/token"
 AZURE_OPENAI_SCOPE: Final = "https://cognitiveservices.azure.com/.default"
+# A managed identity's token endpoint: the VM's instance metadata service (IMDS), unless the platform
+# (App Service, Functions, Container Apps) names its own in IDENTITY_ENDPOINT.
+AZURE_IMDS_TOKEN_URL: Final = "http://169.254.169.254/metadata/identity/oauth2/token"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-:@+]+$")
 CONFIG_ENV: Final = "GATEWAY_CONFIG"
 # `gateway serve --workers N` tells the workers N through this (the file may say otherwise).
@@ -95,8 +98,8 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "models": "name type tokenizer max_output_tokens supported_params safety prices channels",
         "models.prices": "input cached_input output reasoning search character second minute image images",
         "models.channels": "provider base_url model api_key_env name weight priority max_concurrency "
-        "api_version tenant_id client_id client_secret_env token_url region aws_profile project location "
-        "credentials_file",
+        "api_version tenant_id client_id client_secret_env token_url entra_auth federated_token_file region "
+        "aws_profile project location credentials_file",
     }.items()
 }
 
@@ -132,19 +135,30 @@ class Prices:
         return self.image
 
 
+EntraAuth = Literal["client_secret", "workload_identity", "managed_identity"]
+ENTRA_AUTHS: Final = ("client_secret", "workload_identity", "managed_identity")
+
+
 @dataclass(frozen=True, slots=True)
 class ClientCredentials:
-    """OAuth 2.0 client credentials (an Entra ID service principal): the bearer token a channel
-    sends comes from `token_url` (providers/credentials.py caches and refreshes it)."""
+    """How an azure channel gets its Entra ID bearer token from `token_url` (providers/credentials.py
+    fetches, caches and refreshes it): a service principal's secret (`client_secret`), a federated
+    token a Kubernetes service account is given (`workload_identity`), or the machine's managed
+    identity (`managed_identity`: `client_id` names a user-assigned one)."""
 
+    kind: EntraAuth
     token_url: str
-    client_id: str
-    client_secret_env: str
+    client_id: str | None
     scope: str
+    client_secret_env: str | None = None
+    federated_token_file: str | None = None
+    # App Service, Functions and Container Apps: their identity endpoint wants this header, whose
+    # value is in the environment variable IDENTITY_HEADER (None: the VM's IMDS protocol).
+    identity_header_env: str | None = None
 
     def client_secret(self) -> str | None:
         """Read at call time from the environment; never stored in settings, never logged."""
-        return os.environ.get(self.client_secret_env) or None
+        return os.environ.get(self.client_secret_env) or None if self.client_secret_env else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -788,7 +802,8 @@ def _channel(
     elif provider == "azure" and raw.get("api_key_env") is None and "tenant_id" not in raw:
         part(
             lambda: _refuse(
-                f"{where}: an azure channel signs in with api_key_env or Entra ID (tenant_id ...)"
+                f"{where}: an azure channel signs in with api_key_env or Entra ID (entra_auth, or "
+                "tenant_id ... for a client secret)"
             )
         )
     return ChannelConfig(
@@ -855,34 +870,82 @@ def _only_for(kind: str, raw: Mapping[str, Any], key: str, where: str, provider:
 
 
 def _client_credentials(raw: Mapping[str, Any], where: str, provider: str | None) -> ClientCredentials | None:
-    """Entra ID client credentials of an azure channel: tenant_id, client_id and client_secret_env
-    together (token_url only to reach another cloud's login), or none of them."""
-    keys = ("tenant_id", "client_id", "client_secret_env", "token_url")
+    """Entra ID sign-in of an azure channel, or None (it signs in with api_key_env).
+
+    `entra_auth` says how: "client_secret" (the default when tenant_id is given: tenant_id,
+    client_id and client_secret_env), "workload_identity" (AKS: tenant_id, client_id and
+    federated_token_file default to what the workload identity webhook puts in the environment)
+    or "managed_identity" (client_id only for a user-assigned identity). token_url reaches another
+    cloud's login, or another identity endpoint."""
+    keys = ("entra_auth", "tenant_id", "client_id", "client_secret_env", "token_url", "federated_token_file")
     given = [k for k in keys if raw.get(k) is not None]
     if not given:
         return None
     if provider != "azure":
         raise ConfigError(f"{where}.{given[0]}: only an azure channel takes it")
-    missing = [k for k in keys[:3] if raw.get(k) is None]
+    if raw.get("api_key_env") is not None:
+        raise ConfigError(f"{where}: api_key_env or Entra ID sign-in ({given[0]} ...), not both")
+    kind = _get(raw, "entra_auth", str, f"{where}.entra_auth", "client_secret")
+    if kind not in ENTRA_AUTHS:
+        raise ConfigError(f"{where}.entra_auth: must be one of {', '.join(ENTRA_AUTHS)}")
+    allowed = {
+        "client_secret": ("tenant_id", "client_id", "client_secret_env", "token_url"),
+        "workload_identity": ("tenant_id", "client_id", "federated_token_file", "token_url"),
+        "managed_identity": ("client_id", "token_url"),
+    }[kind]
+    for key in given:
+        if key != "entra_auth" and key not in allowed:
+            raise ConfigError(f"{where}.{key}: not used with entra_auth = {kind!r}")
+    token_url = _get(raw, "token_url", str, f"{where}.token_url", "")
+    if token_url and not token_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.token_url: must start with http:// or https://")
+    if kind == "managed_identity":
+        client_id = _get(raw, "client_id", str, f"{where}.client_id", "") or None
+        endpoint = os.environ.get("IDENTITY_ENDPOINT")
+        on_app_service = not token_url and bool(endpoint)
+        return ClientCredentials(
+            kind="managed_identity",
+            token_url=token_url or endpoint or AZURE_IMDS_TOKEN_URL,
+            client_id=client_id,
+            scope=AZURE_OPENAI_SCOPE,
+            identity_header_env="IDENTITY_HEADER" if on_app_service else None,
+        )
+    if kind == "workload_identity":
+        tenant = _from_env(raw, "tenant_id", "AZURE_TENANT_ID", where)
+        client_id = _from_env(raw, "client_id", "AZURE_CLIENT_ID", where)
+        token_file = _from_env(raw, "federated_token_file", "AZURE_FEDERATED_TOKEN_FILE", where)
+        authority = os.environ.get("AZURE_AUTHORITY_HOST", "https://login.microsoftonline.com/")
+        return ClientCredentials(
+            kind="workload_identity",
+            token_url=token_url or f"{authority.rstrip('/')}/{tenant}/oauth2/v2.0/token",
+            client_id=client_id,
+            scope=AZURE_OPENAI_SCOPE,
+            federated_token_file=token_file,
+        )
+    missing = [k for k in ("tenant_id", "client_id", "client_secret_env") if raw.get(k) is None]
     if missing:
         raise ConfigError(
-            f"{where}: Entra ID sign-in needs tenant_id, client_id and client_secret_env;"
-            f" missing {', '.join(missing)}"
+            f"{where}: Entra ID sign-in with a client secret needs tenant_id, client_id and "
+            f"client_secret_env; missing {', '.join(missing)}"
         )
-    if raw.get("api_key_env") is not None:
-        raise ConfigError(f"{where}: api_key_env or Entra ID sign-in (tenant_id ...), not both")
     tenant = _get(raw, "tenant_id", str, f"{where}.tenant_id")
     secret_env = _env_name(raw, "client_secret_env", f"{where}.client_secret_env")
     assert secret_env is not None, "checked above"
-    token_url = _get(raw, "token_url", str, f"{where}.token_url", ENTRA_TOKEN_URL.format(tenant_id=tenant))
-    if not token_url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}.token_url: must start with http:// or https://")
     return ClientCredentials(
-        token_url=token_url,
+        kind="client_secret",
+        token_url=token_url or ENTRA_TOKEN_URL.format(tenant_id=tenant),
         client_id=_get(raw, "client_id", str, f"{where}.client_id"),
-        client_secret_env=secret_env,
         scope=AZURE_OPENAI_SCOPE,
+        client_secret_env=secret_env,
     )
+
+
+def _from_env(raw: Mapping[str, Any], key: str, variable: str, where: str) -> str:
+    """A workload identity setting, or the environment variable AKS's webhook sets for it."""
+    value = _get(raw, key, str, f"{where}.{key}", "") or os.environ.get(variable, "")
+    if not value:
+        raise ConfigError(f"{where}: workload identity needs {key} (or the environment variable {variable})")
+    return value
 
 
 def _channel_url(raw: Mapping[str, Any], where: str) -> str:

@@ -4,6 +4,8 @@ Entra ID tokens, Azure's content filter, through the official openai and anthrop
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import pytest
 
 from gateway.config import ConfigError, Prices, Settings, parse_settings
 from gateway.core import count_chat_tokens, count_tokens
+from gateway.errors import GatewayError
 from gateway.pricing import Usage, cost
 from gateway.providers.credentials import TokenCache
 from gateway.providers.http import UpstreamClient
@@ -263,12 +266,192 @@ def test_tokens_are_cached_and_fetched_again_before_they_expire(
     assert first == again and fresh != first
 
 
+# ---------------------------------------------------------------- workload and managed identities
+
+WORKLOAD = "azure-workload/gpt-4o-mini"  # AKS workload identity: a federated token file
+IMDS = "azure-imds/gpt-4o-mini"  # a VM's user-assigned managed identity
+APP_SERVICE = "azure-app/gpt-4o-mini"  # App Service's managed identity (IDENTITY_ENDPOINT)
+IDENTITY_SECRET = "app-service-identity-header"
+
+
+def identity_models(sim_url: str, token_file: Path) -> str:
+    def model(name: str, sign_in: str) -> str:
+        return f"""
+[[models]]
+name = "{name}"
+type = "chat"
+{PRICES}
+[[models.channels]]
+provider = "azure"
+base_url = "{sim_url}"
+model = "prod-4o-mini"
+{sign_in}
+"""
+
+    workload = "\n".join(
+        [
+            'entra_auth = "workload_identity"',
+            'tenant_id = "tenant-w"',
+            'client_id = "workload-app"',
+            f'federated_token_file = "{token_file}"',
+            f'token_url = "{sim_url}/tenant-w/oauth2/v2.0/token"',
+        ]
+    )
+    imds = "\n".join(
+        [
+            'entra_auth = "managed_identity"',
+            'client_id = "user-assigned-1"',
+            f'token_url = "{sim_url}/metadata/identity/oauth2/token"',
+        ]
+    )
+    return (
+        model(WORKLOAD, workload) + model(IMDS, imds) + model(APP_SERVICE, 'entra_auth = "managed_identity"')
+    )
+
+
+def federated_token(subject: str) -> str:
+    """A JWT as Kubernetes projects it for a service account (the simulator reads, not verifies, it)."""
+
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    claims = {"iss": "https://oidc.example", "sub": subject, "aud": "api://AzureADTokenExchange"}
+    return f"{part({'alg': 'RS256'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+@pytest.fixture(scope="module")
+def igw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("azure-identities")
+    token_file = tmp / "azure-identity-token"
+    token_file.write_text(federated_token("system:serviceaccount:ai:gateway"))
+    env = {"IDENTITY_ENDPOINT": sim_url + "/msi/token", "IDENTITY_HEADER": IDENTITY_SECRET}
+    with gateway(tmp, identity_models(sim_url, token_file), env=env) as g:
+        yield g
+
+
+def signed_in_requests(igw: Gateway, sim: httpx.Client, model: str) -> list[dict[str, Any]]:
+    """Ask `model` something; the simulator's records from then on."""
+    before = len(sim.get("/_sim/requests").json())
+    handle = igw.new_key()
+    with openai.OpenAI(api_key=handle.key, base_url=igw.url + "/v1", max_retries=0) as client:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi [sim tokens=2]"}]
+        )
+    entries: list[dict[str, Any]] = sim.get("/_sim/requests").json()[before:]
+    assert [e.get("auth") for e in entries if e["path"].startswith("/openai/")] == ["entra"]
+    return entries
+
+
+def test_a_workload_identity_signs_in_with_its_federated_token(igw: Gateway, sim: httpx.Client) -> None:
+    (token,) = [e for e in signed_in_requests(igw, sim, WORKLOAD) if e["path"] == "/oauth2/v2.0/token"]
+    assert token["tenant"] == "tenant-w"
+    assert token["body"] == {
+        "grant_type": "client_credentials",
+        "client_id": "workload-app",
+        "scope": "https://cognitiveservices.azure.com/.default",
+        "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+    }
+    assert token["assertion"] == federated_token("system:serviceaccount:ai:gateway")
+
+
+def test_a_vm_s_managed_identity_signs_in_through_imds(igw: Gateway, sim: httpx.Client) -> None:
+    entries = signed_in_requests(igw, sim, IMDS)
+    (token,) = [e for e in entries if e["path"] == "/metadata/identity/oauth2/token"]
+    assert token["metadata"] == "true"
+    assert token["query"] == {
+        "resource": "https://cognitiveservices.azure.com",
+        "api-version": "2018-02-01",
+        "client_id": "user-assigned-1",
+    }
+
+
+def test_app_service_s_managed_identity_uses_its_identity_endpoint(igw: Gateway, sim: httpx.Client) -> None:
+    entries = signed_in_requests(igw, sim, APP_SERVICE)
+    (token,) = [e for e in entries if e["path"] == "/msi/token"]
+    assert token["identity_header"] == IDENTITY_SECRET and token["metadata"] is None
+    assert token["query"] == {"resource": "https://cognitiveservices.azure.com", "api-version": "2019-08-01"}
+
+
+def test_a_rotated_federated_token_is_read_at_the_next_fetch(
+    sim_url: str, sim: httpx.Client, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(federated_token("first"))
+    settings = parse_settings(tomllib.loads(identity_models(sim_url, token_file)), tmp_path)
+    credentials = next(m.channels[0].oauth for m in settings.models if m.name == WORKLOAD)
+    assert credentials is not None and credentials.kind == "workload_identity"
+
+    async def go() -> None:
+        client = UpstreamClient(settings)
+        await client.start()
+        try:
+            cache = TokenCache()
+            await cache.bearer(credentials, client)
+            token_file.write_text(federated_token("second"))  # as the kubelet rotates it
+            cache._tokens[credentials].refresh_at = 0.0  # as if its refresh time had come
+            await cache.bearer(credentials, client)
+            token_file.write_text("")
+            cache._tokens[credentials].refresh_at = 0.0
+            with pytest.raises(GatewayError, match="federated token file is empty"):
+                await cache.bearer(credentials, client)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    assertions = [
+        e["assertion"] for e in sim.get("/_sim/requests").json() if e["path"] == "/oauth2/v2.0/token"
+    ]
+    assert assertions[-2:] == [federated_token("first"), federated_token("second")]
+
+
+def test_identity_settings_come_from_the_platform_s_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AZURE_TENANT_ID", "t-env")
+    monkeypatch.setenv("AZURE_CLIENT_ID", "c-env")
+    monkeypatch.setenv("AZURE_FEDERATED_TOKEN_FILE", "/var/run/secrets/azure/tokens/azure-identity-token")
+    monkeypatch.setenv("AZURE_AUTHORITY_HOST", "https://login.microsoftonline.us/")
+    monkeypatch.delenv("IDENTITY_ENDPOINT", raising=False)
+
+    def credentials(channel: dict[str, Any]) -> Any:
+        raw = {
+            "models": [
+                {
+                    "name": "azure/m",
+                    "type": "chat",
+                    "channels": [{"provider": "azure", "base_url": "https://r.openai.azure.com", **channel}],
+                }
+            ]
+        }
+        return parse_settings(raw, Path("/tmp")).models[0].channels[0].oauth
+
+    workload = credentials({"entra_auth": "workload_identity"})
+    assert (workload.client_id, workload.federated_token_file) == (
+        "c-env",
+        "/var/run/secrets/azure/tokens/azure-identity-token",
+    )
+    assert workload.token_url == "https://login.microsoftonline.us/t-env/oauth2/v2.0/token"
+    vm = credentials({"entra_auth": "managed_identity"})
+    assert vm.token_url == "http://169.254.169.254/metadata/identity/oauth2/token"
+    assert vm.client_id is None and vm.identity_header_env is None
+    monkeypatch.setenv("IDENTITY_ENDPOINT", "http://localhost:8081/msi/token")
+    app = credentials({"entra_auth": "managed_identity", "client_id": "user-assigned"})
+    assert app.token_url == "http://localhost:8081/msi/token" and app.identity_header_env == "IDENTITY_HEADER"
+
+
 @pytest.mark.parametrize(
     ("channel", "message"),
     [
         ({}, "an azure channel signs in with api_key_env or Entra ID"),
+        ({"entra_auth": "password"}, "entra_auth: must be one of"),
+        ({"entra_auth": "managed_identity", "tenant_id": "t"}, "tenant_id: not used with entra_auth"),
+        ({"entra_auth": "client_secret", "federated_token_file": "/f"}, "federated_token_file: not used"),
+        (
+            {"entra_auth": "workload_identity", "client_id": "c", "federated_token_file": "/f"},
+            "needs tenant_id",
+        ),
+        ({"entra_auth": "managed_identity", "api_key_env": "K"}, "not both"),
         ({"api_key_env": "K", "tenant_id": "t", "client_id": "c", "client_secret_env": "S"}, "not both"),
         ({"tenant_id": "t"}, "missing client_id, client_secret_env"),
+        ({"provider": "openai", "entra_auth": "managed_identity"}, "only an azure channel takes it"),
         ({"provider": "openai", "api_version": "2024-10-21"}, "only an azure channel takes it"),
     ],
 )

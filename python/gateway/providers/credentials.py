@@ -1,5 +1,6 @@
-"""Bearer tokens: from OAuth 2.0 client credentials (Entra ID service principals, for Azure
-OpenAI), and from Google's sign-in (Vertex AI) through google-auth.
+"""Bearer tokens: from Entra ID for Azure OpenAI (a service principal's client secret, a workload
+identity's federated token, or a managed identity), and from Google's sign-in (Vertex AI) through
+google-auth.
 
 A token is fetched on first use, kept per process, and fetched again once less than
 REFRESH_BEFORE_SECONDS of its life is left (or a tenth of it, for short-lived tokens), so a request
@@ -11,12 +12,14 @@ request moves to another channel, as for any upstream that turns the gateway awa
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import orjson
+from aiohttp import ClientResponse
 
 from ..config import ClientCredentials
 from ..errors import GatewayError
@@ -24,6 +27,7 @@ from .http import UPSTREAM_FAILURES, UpstreamClient
 
 REFRESH_BEFORE_SECONDS = 300.0
 TOKEN_TIMEOUT_SECONDS = 10.0
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 
 
 @dataclass(slots=True)
@@ -52,22 +56,10 @@ class TokenCache:
 
 
 async def _fetch(credentials: ClientCredentials, upstream: UpstreamClient) -> _Token:
-    secret = credentials.client_secret()
-    if secret is None:
-        raise _refused(f"its client secret ({credentials.client_secret_env}) is not set")
-    form = urlencode(
-        {
-            "grant_type": "client_credentials",
-            "client_id": credentials.client_id,
-            "client_secret": secret,
-            "scope": credentials.scope,
-        }
-    ).encode()
-    headers = {"content-type": "application/x-www-form-urlencoded", "accept": "application/json"}
     started = time.monotonic()
     try:
         async with asyncio.timeout(TOKEN_TIMEOUT_SECONDS):
-            response = await upstream.post(credentials.token_url, form, headers, TOKEN_TIMEOUT_SECONDS)
+            response = await _token_request(credentials, upstream)
             try:
                 status, body = response.status, await response.read()
             finally:
@@ -80,14 +72,80 @@ async def _fetch(credentials: ClientCredentials, upstream: UpstreamClient) -> _T
         answer = orjson.loads(body)
     except orjson.JSONDecodeError:
         answer = None
-    value = answer.get("access_token") if isinstance(answer, dict) else None
-    lifetime = answer.get("expires_in") if isinstance(answer, dict) else None
-    if isinstance(lifetime, str) and lifetime.isdigit():  # Entra's v1 endpoint sends it as a string
-        lifetime = int(lifetime)
-    if not isinstance(value, str) or not value or not isinstance(lifetime, int) or lifetime <= 0:
+    if not isinstance(answer, dict):
+        answer = {}
+    value = answer.get("access_token")
+    lifetime = _seconds(answer.get("expires_in"))
+    if lifetime is None:  # App Service's identity endpoint says only when it expires
+        expires_on = _seconds(answer.get("expires_on"))
+        lifetime = None if expires_on is None else int(expires_on - time.time())
+    if not isinstance(value, str) or not value or lifetime is None or lifetime <= 0:
         raise _refused("its token endpoint sent no usable token")
     margin = min(REFRESH_BEFORE_SECONDS, lifetime / 10)
     return _Token(value, started + lifetime - margin)
+
+
+async def _token_request(credentials: ClientCredentials, upstream: UpstreamClient) -> ClientResponse:
+    """The token request of the credentials' kind: a form POST to Entra ID with the client's
+    secret or its federated token (read afresh each time: Kubernetes rotates the file), or a GET
+    of the managed identity endpoint."""
+    if credentials.kind == "managed_identity":
+        return await _managed_identity_request(credentials, upstream)
+    form = {
+        "grant_type": "client_credentials",
+        "client_id": credentials.client_id or "",
+        "scope": credentials.scope,
+    }
+    if credentials.kind == "workload_identity":
+        assert credentials.federated_token_file is not None, "config requires it"
+        try:
+            with open(credentials.federated_token_file, encoding="utf-8") as f:
+                assertion = f.read().strip()
+        except OSError as exc:
+            raise _refused("its federated token file could not be read") from exc
+        if not assertion:
+            raise _refused("its federated token file is empty")
+        form["client_assertion_type"] = CLIENT_ASSERTION_TYPE
+        form["client_assertion"] = assertion
+    else:
+        secret = credentials.client_secret()
+        if secret is None:
+            raise _refused(f"its client secret ({credentials.client_secret_env}) is not set")
+        form["client_secret"] = secret
+    headers = {"content-type": "application/x-www-form-urlencoded", "accept": "application/json"}
+    return await upstream.post(
+        credentials.token_url, urlencode(form).encode(), headers, TOKEN_TIMEOUT_SECONDS
+    )
+
+
+async def _managed_identity_request(
+    credentials: ClientCredentials, upstream: UpstreamClient
+) -> ClientResponse:
+    """IMDS (a VM, AKS nodes, Arc): `Metadata: true`, api-version 2018-02-01. App Service and its
+    kin: the secret header their platform puts in IDENTITY_HEADER, api-version 2019-08-01."""
+    query = {"resource": credentials.scope.removesuffix("/.default")}
+    if credentials.identity_header_env is not None:
+        secret = os.environ.get(credentials.identity_header_env)
+        if not secret:
+            raise _refused(f"its identity header ({credentials.identity_header_env}) is not set")
+        headers = {"x-identity-header": secret}
+        query["api-version"] = "2019-08-01"
+    else:
+        headers = {"metadata": "true"}
+        query["api-version"] = "2018-02-01"
+    if credentials.client_id:
+        query["client_id"] = credentials.client_id
+    separator = "&" if "?" in credentials.token_url else "?"
+    return await upstream.get(
+        credentials.token_url + separator + urlencode(query), TOKEN_TIMEOUT_SECONDS, headers
+    )
+
+
+def _seconds(value: Any) -> int | None:
+    """A count of seconds as Entra's endpoints write it: a number, or digits in a string."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _refused(why: str) -> GatewayError:

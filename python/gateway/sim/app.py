@@ -65,6 +65,8 @@ PROVIDER_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/openai/deployments/{deployment}/" + azure.OPERATION, azure.deployment),
     ("POST", "/openai/v1/" + azure.OPERATION, azure.v1),
     ("POST", "/{tenant}/oauth2/v2.0/token", azure.token),
+    ("GET", "/metadata/identity/oauth2/token", azure.managed_identity),
+    ("GET", "/msi/token", azure.managed_identity),
     ("POST", "/model/{model}/converse", bedrock.converse),
     ("POST", "/model/{model}/converse-stream", bedrock.converse_stream),
     ("POST", vertex.PREFIX + "/google/models/{model}:generateContent", vertex.gemini_generate),

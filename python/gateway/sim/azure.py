@@ -3,7 +3,10 @@ endpoint.
 
   POST /openai/deployments/{deployment}/{operation}?api-version=...   (the deployment style)
   POST /openai/v1/{operation}                                         (the v1 API)
-  POST /{tenant}/oauth2/v2.0/token                                    (Entra ID, client credentials)
+  POST /{tenant}/oauth2/v2.0/token                                    (Entra ID, client credentials:
+                                                                      a secret or a federated token)
+  GET  /metadata/identity/oauth2/token                                (a managed identity: IMDS)
+  GET  /msi/token                                                     (a managed identity: App Service)
 
 A request signs in with an `api-key` header (any non-empty key) or a bearer token this simulator
 issued; without either it is refused 401 as Azure refuses it, and a deployment URL without
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
@@ -45,6 +49,7 @@ OPERATIONS: dict[str, Operation] = {
 OPERATION = "{operation:" + "|".join(OPERATIONS) + "}"
 TOKEN_LIFETIME = 3599  # seconds, as Entra ID issues them
 SCOPE = "https://cognitiveservices.azure.com/.default"
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 _UNAUTHORIZED = orjson.dumps(
     {
         "error": {
@@ -95,32 +100,82 @@ def _signed_in(sim: Simulator, request: web.Request) -> str | None:
 
 
 async def token(sim: Simulator, request: web.Request) -> web.StreamResponse:
-    """Entra ID's token endpoint for client credentials (a service principal's secret)."""
+    """Entra ID's token endpoint for client credentials: a service principal's secret, or a
+    federated token as the client assertion (a workload identity). The assertion must be a JWT;
+    its signature is not checked (that needs the issuer's keys)."""
     form = {k: v[-1] for k, v in parse_qs((await request.read()).decode(errors="replace")).items()}
     sim.record(
         {
             "path": "/oauth2/v2.0/token",
             "tenant": request.match_info["tenant"],
-            "body": {k: v for k, v in form.items() if k != "client_secret"},
+            "body": {k: v for k, v in form.items() if k not in ("client_secret", "client_assertion")},
+            "assertion": form.get("client_assertion"),
         }
     )
     if form.get("grant_type") != "client_credentials":
         return _entra_error(
             400, "unsupported_grant_type", "AADSTS70003: The app requested an unsupported grant type."
         )
-    if not form.get("client_id") or not form.get("client_secret"):
+    if form.get("client_assertion_type") == CLIENT_ASSERTION_TYPE:
+        if form.get("client_assertion", "").count(".") != 2 or not form.get("client_id"):
+            return _entra_error(400, "invalid_client", "AADSTS50027: JWT token is invalid or malformed.")
+    elif not form.get("client_id") or not form.get("client_secret"):
         return _entra_error(401, "invalid_client", "AADSTS7000215: Invalid client secret provided.")
     if form.get("scope") != SCOPE:
         return _entra_error(400, "invalid_scope", "AADSTS1002012: The provided value for scope is not valid.")
-    issued = "sim-entra-" + hashlib.blake2b(os.urandom(16), digest_size=16).hexdigest()
-    sim.entra_tokens.add(issued)
     answer = {
         "token_type": "Bearer",
         "expires_in": TOKEN_LIFETIME,
         "ext_expires_in": TOKEN_LIFETIME,
-        "access_token": issued,
+        "access_token": _issue(sim),
     }
     return reply(200, orjson.dumps(answer))
+
+
+async def managed_identity(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """A managed identity's token endpoint: the VM's IMDS (`Metadata: true`, api-version
+    2018-02-01; expires_in as a string) at /metadata/identity/oauth2/token, or App Service's
+    (`X-IDENTITY-HEADER`, api-version 2019-08-01; only expires_on) at /msi/token."""
+    app_service = request.path.startswith("/msi/")
+    query = request.query
+    sim.record(
+        {
+            "path": request.path,
+            "query": dict(query),
+            "metadata": request.headers.get("metadata"),
+            "identity_header": request.headers.get("x-identity-header"),
+            "body": {},
+        }
+    )
+    if app_service and not request.headers.get("x-identity-header"):
+        return reply(401, orjson.dumps({"statusCode": 401, "message": "Unauthorized: no identity header."}))
+    if not app_service and request.headers.get("metadata") != "true":
+        return _entra_error(400, "invalid_request", "Required metadata header not specified")
+    if query.get("api-version") != ("2019-08-01" if app_service else "2018-02-01"):
+        return _entra_error(400, "invalid_request", "Invalid or missing api-version.")
+    if query.get("resource") != SCOPE.removesuffix("/.default"):
+        return _entra_error(400, "invalid_resource", "AADSTS500011: The resource principal was not found.")
+    expires_on = str(int(time.time()) + TOKEN_LIFETIME)
+    answer = {
+        "access_token": _issue(sim),
+        "expires_on": expires_on,
+        "resource": query["resource"],
+        "token_type": "Bearer",
+        "client_id": query.get("client_id", "system-assigned-identity"),
+    }
+    if not app_service:
+        answer |= {
+            "expires_in": str(TOKEN_LIFETIME),
+            "ext_expires_in": str(TOKEN_LIFETIME),
+            "not_before": "0",
+        }
+    return reply(200, orjson.dumps(answer))
+
+
+def _issue(sim: Simulator) -> str:
+    issued = "sim-entra-" + hashlib.blake2b(os.urandom(16), digest_size=16).hexdigest()
+    sim.entra_tokens.add(issued)
+    return issued
 
 
 def _entra_error(status: int, error: str, description: str) -> web.Response:
