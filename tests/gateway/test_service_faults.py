@@ -269,6 +269,33 @@ def test_postgres_restarted_mid_traffic(services: Services, sim: httpx.Client) -
     eventually(lambda: cluster.held(key.account_id) == 0, 15, 0.1, what="every hold back")
 
 
+def test_a_key_that_cannot_be_checked_is_503_with_a_request_id(services: Services) -> None:
+    """Spec 7.3: only a key's refusal (401) goes without x-service-request-id. A key no instance has
+    seen yet, while PostgreSQL is away, cannot be checked: 503 service_unavailable, with its id."""
+    cluster = services.cluster
+    key = cluster.new_key(Decimal(5))  # made while PostgreSQL is up; no instance has it cached
+    body = {"model": "test/chat", "messages": [{"role": "user", "content": "hi [sim tokens=2]"}]}
+    headers = {"authorization": f"Bearer {key.key}"}
+    services.postgres.stop("fast")
+    try:
+        with httpx.Client(headers=headers, timeout=30) as client:
+            sent = time.monotonic()
+            r = client.post(cluster.urls[0] + CHAT, json=body)
+            seconds = time.monotonic() - sent
+    finally:
+        services.postgres.start()
+    answer = Answer(cluster.urls[0], r.status_code, seconds, sent, r.json(), dict(r.headers))
+    assert answer.status == 503, answer.body
+    assert_clear([answer])
+    assert r.headers["x-service-request-id"].startswith("req_")
+
+    def served() -> bool:
+        with httpx.Client(headers=headers, timeout=30) as client:
+            return client.post(cluster.urls[0] + CHAT, json=body).status_code == 200
+
+    eventually(served, 20, 0.2, what="the key checked once PostgreSQL is back")
+
+
 def test_a_lease_that_cannot_go_back_stays_its_processes(tmp_path: Path) -> None:
     """gateway.funds.return_idle while the store is away: the idle lease it could not give back is
     kept (not forgotten, which would leave it set aside in the store while the process lives), and
