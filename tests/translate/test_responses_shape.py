@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_stream_translation import chat_sse, counted, events, fragments, inputs, pieces, splits
+from test_stream_translation import chat_chunks, chat_sse, counted, events, inputs, pieces, splits
 
 from gateway.errors import GatewayError
 from gateway.translate import (
@@ -28,41 +27,6 @@ def to_responses(upstream: list[bytes]) -> tuple[bytes, ResponsesStreamFromChat]
     translator = ResponsesStreamFromChat("resp_gw", REQUEST, counted, created_at=1_700_000_000)
     out = b"".join(translator.feed(c) for c in upstream) + translator.finish()
     return out, translator
-
-
-def chat_chunks(
-    reasoning: list[str], text: list[str], calls: list[tuple[str, dict[str, Any]]], finish: str, size: int
-) -> tuple[list[dict[str, Any] | str], dict[str, Any]]:
-    """A chat stream, and the whole chat message it adds up to."""
-    chunks: list[dict[str, Any] | str] = [
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-    ]
-    chunks += [{"choices": [{"index": 0, "delta": {"reasoning_content": r}}]} for r in reasoning]
-    chunks += [{"choices": [{"index": 0, "delta": {"content": t}}]} for t in text]
-    tool_calls = []
-    for i, (name, arguments) in enumerate(calls):
-        whole: dict[str, Any] = {
-            "id": f"call_{i}",
-            "type": "function",
-            "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
-        }
-        tool_calls.append(whole)
-        head = {
-            "index": i,
-            "id": whole["id"],
-            "type": "function",
-            "function": {"name": name, "arguments": ""},
-        }
-        chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [head]}}]})
-        chunks += [
-            {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": f}}]}}]}
-            for f in fragments(whole["function"]["arguments"], size)
-        ]
-    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-    reply: dict[str, Any] = {"content": "".join(text), "tool_calls": tool_calls}
-    if reasoning:
-        reply["reasoning_content"] = "".join(reasoning)
-    return chunks, reply
 
 
 def accumulate(out: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -523,6 +523,24 @@ def test_a_translated_messages_stream_adds_up_to_the_translated_answer(
     prompt: int,
     completion: int,
 ) -> None:
+    chunks, reply = chat_chunks(reasoning, text, calls, finish, size)
+    usage_fields = {"prompt_tokens": prompt, "completion_tokens": completion}
+    chunks += [{"choices": [], "usage": usage_fields}, "[DONE]"]
+    completion_body = {
+        "id": "msg_gw",
+        "model": "gpt",
+        "choices": [{"message": reply, "finish_reason": finish}],
+    }
+
+    out, _ = to_messages([chat_sse(*chunks)])
+    expected = message_from_chat_completion(completion_body, usage_from_chat(usage_fields))
+    assert accumulate_message(out) == expected
+
+
+def chat_chunks(
+    reasoning: list[str], text: list[str], calls: list[tuple[str, dict[str, Any]]], finish: str, size: int
+) -> tuple[list[dict[str, Any] | str], dict[str, Any]]:
+    """A chat stream, and the whole chat message it adds up to."""
     chunks: list[dict[str, Any] | str] = [
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
     ]
@@ -547,24 +565,11 @@ def test_a_translated_messages_stream_adds_up_to_the_translated_answer(
             {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": f}}]}}]}
             for f in fragments(whole["function"]["arguments"], size)
         ]
-    usage_fields = {"prompt_tokens": prompt, "completion_tokens": completion}
-    chunks += [
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
-        {"choices": [], "usage": usage_fields},
-        "[DONE]",
-    ]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
     reply: dict[str, Any] = {"content": "".join(text), "tool_calls": tool_calls}
     if reasoning:
         reply["reasoning_content"] = "".join(reasoning)
-    completion_body = {
-        "id": "msg_gw",
-        "model": "gpt",
-        "choices": [{"message": reply, "finish_reason": finish}],
-    }
-
-    out, _ = to_messages([chat_sse(*chunks)])
-    expected = message_from_chat_completion(completion_body, usage_from_chat(usage_fields))
-    assert accumulate_message(out) == expected
+    return chunks, reply
 
 
 def accumulate_message(out: bytes) -> dict[str, Any]:

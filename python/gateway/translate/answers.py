@@ -69,10 +69,7 @@ def chat_completion_from_message(message: dict[str, Any], usage: Usage, created:
 def message_from_chat_completion(completion: dict[str, Any], usage: Usage) -> dict[str, Any]:
     """A chat completion's first choice as an Anthropic message: its reasoning becomes a thinking
     block, the content (or a refusal) a text block, tool calls tool_use blocks."""
-    choices = completion.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    reply = choice.get("message")
-    reply = reply if isinstance(reply, dict) else {}
+    choice, reply = first_choice(completion)
     content: list[dict[str, Any]] = []
     reasoning = reasoning_text(reply)
     if reasoning:
@@ -105,6 +102,14 @@ def message_from_chat_completion(completion: dict[str, Any], usage: Usage) -> di
         "stop_sequence": None,
         "usage": messages_usage(usage),
     }
+
+
+def first_choice(completion: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A chat completion's first choice and its message (empty when absent or malformed)."""
+    choices = completion.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    reply = choice.get("message")
+    return choice, reply if isinstance(reply, dict) else {}
 
 
 def reasoning_text(message: dict[str, Any]) -> str:

@@ -19,12 +19,11 @@ from typing import Any
 
 import orjson
 
-from ..core import SseEvent
 from ..pricing import Usage
 from .answers import reasoning_text
 from .stop_reasons import stop_reason
-from .stream_base import TranslatedStream
-from .usage import messages_usage, usage_from_chat
+from .stream_base import FromChatStream
+from .usage import messages_usage
 
 # An open content block: its kind ("text", "thinking" or "tool_use") and, for a tool call, the call's
 # index in the chat shape.
@@ -36,7 +35,7 @@ INTERLEAVED_TOOL_CALLS = orjson.dumps(
 )
 
 
-class MessagesStreamFromChat(TranslatedStream):
+class MessagesStreamFromChat(FromChatStream):
     """A StreamRewriter (routes/streaming.py) for a messages client of a chat model.
 
     `counted_usage(output_text)` is the gateway's own count: its prompt tokens are message_start's
@@ -46,54 +45,10 @@ class MessagesStreamFromChat(TranslatedStream):
         super().__init__()
         self._id = response_id
         self._counted_usage = counted_usage
-        self._started = False
         self._open: Block | None = None
         self._blocks = 0
         # The chat shape's indexes of the tool calls seen so far.
         self._tool_calls: set[int] = set()
-        self._finish_reason: Any = None
-        self._usage: Usage | None = None
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._usage
-
-    def finish(self) -> bytes:
-        out = super().finish()
-        if not self.done and self.error is None and self._finish_reason is not None:
-            # An upstream that ends after its finish chunk without `data: [DONE]` is complete too.
-            end: list[bytes] = []
-            self._end(end)
-            out += b"".join(end)
-        return out
-
-    def _handle(self, event: SseEvent, out: list[bytes]) -> None:
-        if event.data.strip() == "[DONE]":
-            self._end(out)
-            return
-        try:
-            data = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return  # not a chunk of the chat shape
-        if not isinstance(data, dict):
-            return
-        if data.get("error") is not None:
-            self.error = event.data.encode()
-            return
-        if not self._started:
-            self._start(data.get("model"), out)
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage_from_chat(usage)
-        choices = data.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if not isinstance(choice, dict):
-            return
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            self._delta(delta, out)
-        if choice.get("finish_reason") is not None:
-            self._finish_reason = choice["finish_reason"]
 
     def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
         reasoning = reasoning_text(delta)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..pricing import Usage
-from .answers import content_text, reasoning_text
+from .answers import content_text, first_choice, reasoning_text
 from .usage import responses_usage
 
 INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -23,10 +23,7 @@ def response_from_chat_completion(
     completion: dict[str, Any], usage: Usage, rid: str, request: dict[str, Any]
 ) -> dict[str, Any]:
     """The first choice of a chat completion, as the Response `request` asked for."""
-    choices = completion.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    reply = choice.get("message")
-    reply = reply if isinstance(reply, dict) else {}
+    choice, reply = first_choice(completion)
     output: list[dict[str, Any]] = []
     reasoning = reasoning_text(reply)
     if reasoning:

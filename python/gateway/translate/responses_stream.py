@@ -22,7 +22,6 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from ..core import SseEvent
 from ..pricing import Usage
 from .answers import reasoning_text
 from .responses_answer import (
@@ -34,8 +33,7 @@ from .responses_answer import (
     refusal_part,
     response_object,
 )
-from .stream_base import TranslatedStream
-from .usage import usage_from_chat
+from .stream_base import FromChatStream
 
 
 @dataclass(slots=True)
@@ -51,7 +49,7 @@ class OpenItem:
     text: list[str] = field(default_factory=list)  # the open part's text, or a call's arguments
 
 
-class ResponsesStreamFromChat(TranslatedStream):
+class ResponsesStreamFromChat(FromChatStream):
     """A StreamRewriter (routes/streaming.py) for a responses client of a chat model.
 
     `request` is the client's responses request (its settings are echoed in the Response object);
@@ -71,54 +69,10 @@ class ResponsesStreamFromChat(TranslatedStream):
         self._counted_usage = counted_usage
         self._created_at = int(time.time()) if created_at is None else created_at
         self._model: Any = None
-        self._started = False
         self._sequence = 0
         self._items: list[dict[str, Any]] = []  # the output items, by output_index
         self._open: OpenItem | None = None  # the open reasoning or message item
         self._calls: dict[int, OpenItem] = {}  # tool calls by their chat index; open until the end
-        self._finish_reason: Any = None
-        self._usage: Usage | None = None
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._usage
-
-    def finish(self) -> bytes:
-        out = super().finish()
-        if not self.done and self.error is None and self._finish_reason is not None:
-            # An upstream that ends after its finish chunk without `data: [DONE]` is complete too.
-            end: list[bytes] = []
-            self._end(end)
-            out += b"".join(end)
-        return out
-
-    def _handle(self, event: SseEvent, out: list[bytes]) -> None:
-        if event.data.strip() == "[DONE]":
-            self._end(out)
-            return
-        try:
-            data = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return  # not a chunk of the chat shape
-        if not isinstance(data, dict):
-            return
-        if data.get("error") is not None:
-            self.error = event.data.encode()
-            return
-        if not self._started:
-            self._start(data.get("model"), out)
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage_from_chat(usage)
-        choices = data.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if not isinstance(choice, dict):
-            return
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            self._delta(delta, out)
-        if choice.get("finish_reason") is not None:
-            self._finish_reason = choice["finish_reason"]
 
     def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
         reasoning = reasoning_text(delta)

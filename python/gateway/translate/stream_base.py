@@ -1,10 +1,17 @@
-"""What both stream translators share: parsing the upstream's SSE bytes (in the Rust core), the
+"""What the stream translators share: parsing the upstream's SSE bytes (in the Rust core), the
 StreamRewriter state (routes/streaming.py) and the loop that hands each event to the shape's own
-`_handle`, stopping at the end of the stream or the first upstream error."""
+`_handle`, stopping at the end of the stream or the first upstream error; and, for the two that
+read a chat completions stream (to messages, to responses), the reading of its chunks."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
+
 from ..core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+from ..pricing import Usage
+from .usage import usage_from_chat
 
 
 class TranslatedStream:
@@ -48,4 +55,69 @@ class TranslatedStream:
         return b"".join(out)
 
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:
+        raise NotImplementedError
+
+
+class FromChatStream(TranslatedStream):
+    """A translator of an upstream chat completions stream: reads each chunk (the first one starts
+    the client's stream, the usage chunk is kept, an error chunk is kept back) and hands the first
+    choice's delta to the shape's `_delta`; `data: [DONE]`, or the upstream's end after its finish
+    chunk, to its `_end`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._started = False
+        self._finish_reason: Any = None
+        self._usage: Usage | None = None
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._usage
+
+    def finish(self) -> bytes:
+        out = super().finish()
+        if not self.done and self.error is None and self._finish_reason is not None:
+            # An upstream that ends after its finish chunk without `data: [DONE]` is complete too.
+            end: list[bytes] = []
+            self._end(end)
+            out += b"".join(end)
+        return out
+
+    def _handle(self, event: SseEvent, out: list[bytes]) -> None:
+        if event.data.strip() == "[DONE]":
+            self._end(out)
+            return
+        try:
+            data = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            return  # not a chunk of the chat shape
+        if not isinstance(data, dict):
+            return
+        if data.get("error") is not None:
+            self.error = event.data.encode()
+            return
+        if not self._started:
+            self._start(data.get("model"), out)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage_from_chat(usage)
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            return
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            self._delta(delta, out)
+        if choice.get("finish_reason") is not None:
+            self._finish_reason = choice["finish_reason"]
+
+    def _start(self, model: Any, out: list[bytes]) -> None:
+        """The client's stream begins (sets `_started`)."""
+        raise NotImplementedError
+
+    def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def _end(self, out: list[bytes]) -> None:
+        """The upstream's stream is complete: the client's ends (sets `done`)."""
         raise NotImplementedError
