@@ -16,7 +16,6 @@ from ..core import (
     MessagesStreamRewriter,
     count_chat_tokens,
     count_tokens,
-    parse_chat_usage,
     parse_messages_usage,
 )
 from ..errors import invalid_request
@@ -26,13 +25,13 @@ from ..state import GatewayState
 from ..stream_errors import messages_error_event
 from ..translate import (
     MessagesStreamFromChat,
-    chat_output_text,
     chat_request_from_messages,
     message_from_chat_completion,
     message_output_text,
 )
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
+from .translated import forward_to_chat_model
 from .upstream import forward_plain, usage_reader
 
 
@@ -83,41 +82,20 @@ def routes(state: GatewayState) -> list[Route]:
 async def _from_chat_model(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> Response:
-    """A chat model in the message shape: the request goes out as a chat completions request, the
-    answer or stream comes back as a message (gateway.translate), billed from the upstream's own
-    usage."""
-    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
-    forwarded = state.registry.forwarded_params(model)
-    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
-    translated = chat_request_from_messages(payload, limit)
-    upstream = state.registry.channel_body(model, translated, call)
+    """A chat model in the message shape (routes/translated.py)."""
     rid = response_id("msg_")
-
-    def counted_usage(output_text: str) -> Usage:
-        return Usage(_prompt_tokens(model, payload), count_tokens(output_text, model.tokenizer))
-
-    if payload.get("stream") is True:
-        return await forward_stream(
-            state,
-            request,
-            call,
-            model,
-            upstream,
-            rid,
-            lambda: MessagesStreamFromChat(rid, counted_usage),
-            lambda: _prompt_tokens(model, payload),
-            error_event=messages_error_event,
-        )
-    return await forward_plain(
+    return await forward_to_chat_model(
         state,
         request,
         call,
         model,
-        upstream,
+        payload,
         rid,
-        usage_reader(parse_chat_usage),
-        lambda body: counted_usage(chat_output_text(body)),
-        to_client=lambda body, usage: orjson.dumps(message_from_chat_completion(orjson.loads(body), usage)),
+        lambda: _prompt_tokens(model, payload),
+        to_chat=chat_request_from_messages,
+        new_stream=lambda counted: MessagesStreamFromChat(rid, counted),
+        from_chat=message_from_chat_completion,
+        error_event=messages_error_event,
     )
 
 

@@ -25,7 +25,6 @@ from ..core import (
     ResponsesStreamRewriter,
     count_chat_tokens,
     count_tokens,
-    parse_chat_usage,
     rewrite_response,
 )
 from ..errors import GatewayError, invalid_request
@@ -37,7 +36,6 @@ from ..store import JOB_RUNNING, Job, ResponseState
 from ..stream_errors import responses_error_event
 from ..translate import (
     ResponsesStreamFromChat,
-    chat_output_text,
     chat_request_from_responses,
     response_from_chat_completion,
     response_item_text,
@@ -45,7 +43,8 @@ from ..translate import (
 )
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
-from .upstream import call_upstream, forward_plain, usage_reader
+from .translated import forward_to_chat_model
+from .upstream import call_upstream
 
 # How long a response can be continued, as OpenAI keeps stored responses (30 days).
 STATE_TTL_MS = 30 * 24 * 3600 * 1000
@@ -207,39 +206,19 @@ async def _from_chat_model(
         model,
         billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_output_tokens"),
     )
-    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
-    forwarded = state.registry.forwarded_params(model)
-    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
-    upstream = state.registry.channel_body(model, chat_request_from_responses(payload, limit), call)
     rid = response_id("resp_")
-
-    def counted_usage(output_text: str) -> Usage:
-        return Usage(_prompt_tokens(model, payload), count_tokens(output_text, model.tokenizer))
-
-    if payload.get("stream") is True:
-        return await forward_stream(
-            state,
-            request,
-            call,
-            model,
-            upstream,
-            rid,
-            lambda: ResponsesStreamFromChat(rid, payload, counted_usage),
-            lambda: _prompt_tokens(model, payload),
-            error_event=responses_error_event,
-        )
-    return await forward_plain(
+    return await forward_to_chat_model(
         state,
         request,
         call,
         model,
-        upstream,
+        payload,
         rid,
-        usage_reader(parse_chat_usage),
-        lambda body: counted_usage(chat_output_text(body)),
-        to_client=lambda body, usage: orjson.dumps(
-            response_from_chat_completion(orjson.loads(body), usage, rid, payload)
-        ),
+        lambda: _prompt_tokens(model, payload),
+        to_chat=chat_request_from_responses,
+        new_stream=lambda counted: ResponsesStreamFromChat(rid, payload, counted),
+        from_chat=lambda completion, usage: response_from_chat_completion(completion, usage, rid, payload),
+        error_event=responses_error_event,
     )
 
 

@@ -1,0 +1,76 @@
+"""A chat model served on another text endpoint (/v1/messages, /v1/responses): the request goes out
+as chat completions, the answer or the stream comes back in the endpoint's shape (gateway.translate),
+billed from the upstream's own usage, or from the gateway's count when it reports none."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..config import ModelConfig
+from ..context import Call
+from ..core import count_tokens, parse_chat_usage
+from ..pricing import Usage
+from ..state import GatewayState
+from ..stream_errors import StreamErrorRenderer
+from ..translate import chat_output_text
+from .streaming import StreamRewriter, forward_stream
+from .upstream import forward_plain, usage_reader
+
+# The shape's request as a chat completions request, told where the token limit goes.
+ToChat = Callable[[dict[str, Any], str], dict[str, Any]]
+# The shape's stream translator, given the gateway's own count of the output (as Usage).
+NewStream = Callable[[Callable[[str], Usage]], StreamRewriter]
+# A whole chat completion as the shape's answer, with the usage billed.
+FromChat = Callable[[dict[str, Any], Usage], dict[str, Any]]
+
+
+async def forward_to_chat_model(
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    payload: dict[str, Any],
+    rid: str,
+    prompt_tokens: Callable[[], int],
+    *,
+    to_chat: ToChat,
+    new_stream: NewStream,
+    from_chat: FromChat,
+    error_event: StreamErrorRenderer,
+) -> Response:
+    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
+    forwarded = state.registry.forwarded_params(model)
+    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
+    upstream = state.registry.channel_body(model, to_chat(payload, limit), call)
+
+    def counted_usage(output_text: str) -> Usage:
+        return Usage(prompt_tokens(), count_tokens(output_text, model.tokenizer))
+
+    if payload.get("stream") is True:
+        return await forward_stream(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            lambda: new_stream(counted_usage),
+            prompt_tokens,
+            error_event=error_event,
+        )
+    return await forward_plain(
+        state,
+        request,
+        call,
+        model,
+        upstream,
+        rid,
+        usage_reader(parse_chat_usage),
+        lambda body: counted_usage(chat_output_text(body)),
+        to_client=lambda body, usage: orjson.dumps(from_chat(orjson.loads(body), usage)),
+    )
