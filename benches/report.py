@@ -10,9 +10,11 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = Path(__file__).resolve().parent / "targets.toml"
-PATHS = ("floor", "gateway", "gateway-pg", "litellm", "portkey")
+PATHS = ("floor", "passthrough", "gateway", "gateway-pg", "litellm", "portkey")
 # Targets that are floors (the measured figure must reach them); every other one is a ceiling.
-AT_LEAST = frozenset({"throughput_vs_litellm_c64", "pg_throughput_vs_embedded_c64"})
+AT_LEAST = frozenset(
+    {"throughput_vs_litellm_c64", "throughput_vs_passthrough_c64", "pg_throughput_vs_embedded_c64"}
+)
 
 
 def machine() -> str:
@@ -32,8 +34,19 @@ def row(rows: list[dict[str, Any]], path: str, workload: str, c: int) -> dict[st
     )
 
 
+def first_token_added_ms(timings: list[dict[str, Any]], path: str = "gateway") -> float | None:
+    """A path's time to the first content token minus the floor's (the stream timing client)."""
+    mine = next((t for t in timings if t["path"] == path), None)
+    floor = next((t for t in timings if t["path"] == "floor"), None)
+    if not mine or not floor or "first_token_p50_ms" not in mine or "first_token_p50_ms" not in floor:
+        return None
+    return float(mine["first_token_p50_ms"] - floor["first_token_p50_ms"])
+
+
 def check_targets(
-    rows: list[dict[str, Any]], pg_paired: dict[str, Any] | None = None
+    rows: list[dict[str, Any]],
+    pg_paired: dict[str, Any] | None = None,
+    timings: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, float, float | None, bool | None]]:
     """Each target's limit, measured value and verdict. gateway-pg's latency over the gateway's comes
     from the interleaved rounds when they ran (`pg_paired`), else from the two paths' own rows."""
@@ -41,6 +54,7 @@ def check_targets(
     gw1 = row(rows, "gateway", "chat", 1)
     gw64 = row(rows, "gateway", "chat", 64)
     ll64 = row(rows, "litellm", "chat", 64)
+    pt64 = row(rows, "passthrough", "chat", 64)
     stream1 = row(rows, "gateway", "chat_stream", 1)
     bedrock1 = row(rows, "gateway", "chat_stream_bedrock", 1)
     pg1 = row(rows, "gateway-pg", "chat", 1)
@@ -51,6 +65,9 @@ def check_targets(
         "added_p50_ms_c1": gw1.get("added_p50_ms") if gw1 else None,
         "added_p99_ms_c1": gw1.get("added_p99_ms") if gw1 else None,
         "throughput_vs_litellm_c64": gw64["rps"] / ll64["rps"] if gw64 and ll64 and ll64["rps"] else None,
+        "throughput_vs_passthrough_c64": gw64["rps"] / pt64["rps"] if gw64 and pt64 and pt64["rps"] else None,
+        "cpu_s_per_1k_c64": gw64.get("cpu_s_per_1k") if gw64 else None,
+        "stream_first_token_added_ms": first_token_added_ms(timings or []),
         "stream_added_us_per_chunk": stream1.get("added_us_per_chunk") if stream1 else None,
         "bedrock_stream_added_us_per_chunk": bedrock1.get("added_us_per_chunk") if bedrock1 else None,
         "rss_mb": rss,
@@ -105,7 +122,7 @@ def write(result: dict[str, Any], stamp: str) -> Path:
         "|---|---|---|---|",
     ]
     paired = result.get("pg_paired")
-    for name, limit, value, ok in check_targets(rows, paired):
+    for name, limit, value, ok in check_targets(rows, paired, result.get("stream_timing")):
         mark = "–" if ok is None else ("met" if ok else "**missed**")
         lines.append(f"| {name} | {limit:g} | {_fmt(value)} | {mark} |")
     if paired:
@@ -149,11 +166,14 @@ def write(result: dict[str, Any], stamp: str) -> Path:
             "## Streaming",
             "",
             "Added per chunk: (path − floor) p50 of a 200-chunk stream at concurrency 1, divided by 200. "
-            "Time to first byte and the gap between chunks come from one client reading a stream of 50 "
-            "chunks paced 2 ms apart by the simulator.",
+            "Time to first byte, to the first content token (the floor's first bytes are the "
+            "upstream's role-only chunk; a gateway holds its bytes back until the first token) and "
+            "the gap between chunks come from one client reading a stream of 50 chunks paced 2 ms "
+            "apart by the simulator; `added` is the first token's time minus the floor's.",
             "",
-            "| path | added µs/chunk | first byte p50 ms | chunk gap p50 µs | chunk gap p99 µs |",
-            "|---|---|---|---|---|",
+            "| path | added µs/chunk | first byte p50 ms | first token p50 ms | added first token ms "
+            "| chunk gap p50 µs | chunk gap p99 µs |",
+            "|---|---|---|---|---|---|---|",
         ]
         for p in paths:
             s = next(
@@ -165,13 +185,16 @@ def write(result: dict[str, Any], stamp: str) -> Path:
                 None,
             )
             t = next((t for t in timings if t["path"] == p), None)
+            token = t.get("first_token_p50_ms") if t else None
+            added = first_token_added_ms(timings, p) if p != "floor" else None
             lines.append(
                 f"| {p} | {_fmt(s['added_us_per_chunk'], 1) if s else '–'} | {_fmt(t['ttft_p50_ms']) if t else '–'} "
+                f"| {_fmt(token)} | {_fmt(added)} "
                 f"| {_fmt(t['chunk_gap_p50_us'], 0) if t else '–'} | {_fmt(t['chunk_gap_p99_us'], 0) if t else '–'} |"
             )
         for b in (r for r in streams if r["workload"] == "chat_stream_bedrock" and r["path"] != "floor"):
             lines.append(
-                f"| {b['path']}, Bedrock event stream | {_fmt(b['added_us_per_chunk'], 1)} | – | – | – |"
+                f"| {b['path']}, Bedrock event stream | {_fmt(b['added_us_per_chunk'], 1)} | – | – | – | – | – |"
             )
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]

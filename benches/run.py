@@ -1,6 +1,7 @@
 """`make bench` / `make bench-quick`: every path against the same simulator, in one run, as ratios.
 
-Usage: python benches/run.py [--quick] [--paths floor,gateway,gateway-pg,litellm,portkey] [--no-micro]
+Usage: python benches/run.py [--quick] [--paths floor,passthrough,gateway,gateway-pg,litellm,portkey]
+       [--no-micro]
 """
 
 from __future__ import annotations
@@ -93,11 +94,11 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.quick:
-        paths = ["floor", "gateway", "gateway-pg", "litellm"]
+        paths = ["floor", "passthrough", "gateway", "gateway-pg", "litellm"]
         plan = {"chat": [1, 64], "chat_stream": [1], servers.BEDROCK_STREAM: [1]}
         seconds, warmup = 5.0, 2.0
     else:
-        paths = ["floor", "gateway", "gateway-pg", "litellm", "portkey"]
+        paths = ["floor", "passthrough", "gateway", "gateway-pg", "litellm", "portkey"]
         plan = {
             "chat": [1, 16, 64, 256],
             "chat_stream": [1, 16, 64],
@@ -124,6 +125,7 @@ def main() -> int:
     ):
         starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]] = {
             "floor": lambda: contextlib.nullcontext(servers.floor(sim)),
+            "passthrough": lambda: servers.passthrough(sim, Path(tmp), SERVER_CPU),
             "gateway": lambda: servers.gateway(sim, Path(tmp), SERVER_CPU),
             "gateway-pg": lambda: servers.gateway_pg(sim, Path(tmp), SERVER_CPU),
             "litellm": lambda: servers.litellm(sim, Path(tmp), SERVER_CPU),
@@ -167,7 +169,7 @@ def main() -> int:
     }
     out = report.write(result, stamp)
     print(f"\nwrote {out}")
-    for name, limit, value, ok in report.check_targets(rows, paired):
+    for name, limit, value, ok in report.check_targets(rows, paired, timings):
         status = "n/a" if ok is None else ("met" if ok else "MISSED")
         print(
             f"  target {name}: limit {limit:g}, measured {value if value is None else round(value, 3)} -> {status}"

@@ -1,6 +1,8 @@
 """The paths under test, each started on loopback against the same simulator.
 
 floor    the client straight to the simulator
+passthrough  a bare pass-through on the gateway's own stack (Granian RSGI + aiohttp, no features:
+         benches/passthrough.py): what a gateway on this stack costs at the least
 gateway  this gateway as a user runs it: auth, billing, usage records, embedded SQLite store
 gateway-pg  the same gateway as several instances run it: PostgreSQL store and Redis (one instance)
 litellm  LiteLLM's proxy (own virtual environment), no database
@@ -132,6 +134,44 @@ def floor(sim: str) -> Target:
         version="simulator",
         requests={BEDROCK_STREAM: _converse_stream(sim)},
     )
+
+
+@contextmanager
+def passthrough(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
+    """benches/passthrough.py on Granian (RSGI, uvloop, one worker: as the gateway is served)."""
+    import aiohttp
+    import granian
+
+    port = free_port()
+    args = [
+        str(Path(sys.executable).parent / "granian"),
+        "--interface",
+        "rsgi",
+        "--loop",
+        "uvloop",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backlog",
+        "4096",
+        "--no-log",
+        "--working-dir",
+        str(HERE),
+        "passthrough:app",
+    ]
+    env = {"PASSTHROUGH_UPSTREAM": sim + "/v1"}
+    with process(args, port, cpu, workdir / "passthrough.log", env) as proc:
+        yield Target(
+            "passthrough",
+            f"http://127.0.0.1:{port}/v1",
+            {"content-type": "application/json"},
+            proc.pid,
+            model=dict(UPSTREAM_MODEL),
+            version=f"granian {granian.__version__}, aiohttp {aiohttp.__version__}",
+        )
 
 
 def _converse_stream(sim: str) -> tuple[str, bytes, dict[str, str]]:
