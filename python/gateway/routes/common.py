@@ -26,10 +26,50 @@ from ..telemetry import MODEL_REQUEST, endpoint_of
 from ..telemetry.tracing import trace
 
 
+class ClientWatch:
+    """Watches a request's connection while it runs (its body has been read, so the server's next
+    message can only be the disconnect): a client that leaves cancels the task at once, the upstream
+    call with it, instead of the gateway learning of it only when it writes. `cancels()` says
+    whether leaving still cancels (a request that started a job upstream runs to its end)."""
+
+    def __init__(self, receive: Receive, cancels: Callable[[], bool] = lambda: True) -> None:
+        self.task = asyncio.current_task()
+        self.left = False  # the client went away and the task was cancelled for it
+        self._active = True
+        self._cancels = cancels
+        self._waiter = asyncio.ensure_future(_disconnected(receive))
+        self._waiter.add_done_callback(self._on_done)
+
+    def _on_done(self, done: asyncio.Future[None]) -> None:
+        # A receive that failed (its exception taken here, so it is not reported as lost) is a
+        # connection that broke: the client is gone as well.
+        if done.cancelled():
+            return
+        done.exception()
+        if self._active and self._cancels() and self.task is not None:
+            self.left = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        self._active = False
+        self._waiter.cancel()
+
+    def cancelled_for_client(self) -> bool:
+        """Inside `except CancelledError`: whether the cancellation was this watch's, the client
+        having left (it is then taken back); else it came from elsewhere (the server stopping)."""
+        return self.left and self.task is not None and self.task.uncancel() == 0
+
+
 class HeldStream(StreamingResponse):
     """A streamed answer whose end is known however it comes: its body's own clean-up (reporting
     what it delivered to billing) runs then, even for a client gone mid-way, and so do the `on_end`
-    hooks (the upstream connection goes back; the request closes: gateway.billing.close)."""
+    hooks (the upstream connection goes back; the request closes: gateway.billing.close).
+
+    It streams in the request's own task, watched by the ClientWatch the request ran under
+    (handed over by model_endpoint, so one receive serves from the request's start to the stream's
+    end), rather than in a task group beside a second disconnect listener as Starlette's
+    StreamingResponse does: the answer's head and first chunk go out without waiting for another
+    task to be scheduled."""
 
     def __init__(
         self,
@@ -48,6 +88,7 @@ class HeldStream(StreamingResponse):
         self.capture: BodyCapture | None = None
         self.sent = 0
         self.finished = False  # the body was read to its end (else the client left mid-way)
+        self.watch: ClientWatch | None = None
 
     def when_done(self, hook: Callable[[], Awaitable[None] | None]) -> None:
         self._on_end.append(hook)
@@ -63,6 +104,8 @@ class HeldStream(StreamingResponse):
     async def collect(self) -> bytes:
         """The whole body, read here rather than sent as it comes (an answer to be kept before it
         goes out); the body's clean-up and the hooks run as when it is sent."""
+        if self.watch is not None:
+            self.watch.stop()
         parts: list[bytes] = []
         try:
             async for chunk in self._tee:
@@ -72,9 +115,22 @@ class HeldStream(StreamingResponse):
         return b"".join(parts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = self.watch if self.watch is not None else ClientWatch(receive)
         try:
-            await super().__call__(scope, receive, send)
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for chunk in self._tee:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not watch.cancelled_for_client():
+                raise
+        except OSError:
+            pass  # the connection broke under a write: the client is gone
         finally:
+            # Stopped before the hooks: the request's close (its charge) must never be cancelled.
+            watch.stop()
             await self._end()
 
     async def _end(self) -> None:
@@ -214,35 +270,25 @@ class ClientGone(Exception):
 
 
 async def _watched(request: Request, call: Call, handler: ModelHandler) -> Response:
-    """Run the handler while watching the connection (the request's body has been read, so the
-    server's next message can only be the disconnect): a client that leaves cancels the request
-    at once, the upstream call with it, instead of the gateway learning of it only when it writes
-    the answer. A request that has started a job upstream (`call.cancel_on_disconnect` off) runs
-    to its end."""
-    task = asyncio.current_task()
-    watching = True
-
-    def left(done: asyncio.Future[None]) -> None:
-        # A receive that failed (its exception taken here, so it is not reported as lost) is a
-        # connection that broke: the client is gone as well.
-        if done.cancelled():
-            return
-        done.exception()
-        if watching and call.cancel_on_disconnect and task is not None:
-            call.client_gone = True
-            task.cancel()
-
-    waiter = asyncio.ensure_future(_disconnected(request.receive))
-    waiter.add_done_callback(left)
+    """Run the handler under a ClientWatch: a client that leaves cancels the request at once. A
+    streamed answer takes the watch over, to the stream's end (HeldStream)."""
+    watch = ClientWatch(request.receive, lambda: call.cancel_on_disconnect)
     try:
-        return await handler(request, call)
+        response = await handler(request, call)
     except asyncio.CancelledError:
-        if call.client_gone and task is not None and task.uncancel() == 0:
+        watch.stop()
+        if watch.cancelled_for_client():
+            call.client_gone = True
             raise ClientGone from None
         raise
-    finally:
-        watching = False
-        waiter.cancel()
+    except BaseException:
+        watch.stop()
+        raise
+    if isinstance(response, HeldStream):
+        response.watch = watch
+    else:
+        watch.stop()
+    return response
 
 
 async def _disconnected(receive: Receive) -> None:
