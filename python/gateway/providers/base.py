@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
-import aiohttp
 import orjson
 
 from ..config import ChannelConfig
 from ..errors import GatewayError
-from .http import UNSENT_FAILURES, UPSTREAM_FAILURES, UpstreamClient, is_timeout
+from .http import UNSENT_FAILURES, UPSTREAM_FAILURES, UpstreamClient, UpstreamResponse, is_timeout
 
 T = TypeVar("T")
 
@@ -39,7 +38,7 @@ async def send(
     stream: bool,
     read_timeout: float,
     replayable: bool = True,
-) -> aiohttp.ClientResponse:
+) -> UpstreamResponse:
     """POST and return a 2xx response whose body is left for the caller.
 
     read_timeout is the longest silence allowed from the upstream: the stream idle window for streams
@@ -73,7 +72,7 @@ async def send(
     return response
 
 
-async def read_capped(response: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+async def read_capped(response: UpstreamResponse, limit: int, what: str) -> bytes:
     """A response's whole body, refused with provider_error once it passes `limit` bytes (never
     buffered beyond it); `what` names the body in that error ("image", "file")."""
     parts: list[bytes] = []

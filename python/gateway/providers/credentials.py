@@ -19,11 +19,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 import orjson
-from aiohttp import ClientResponse
 
 from ..config import ClientCredentials
 from ..errors import GatewayError
-from .http import UPSTREAM_FAILURES, UpstreamClient
+from .http import UPSTREAM_FAILURES, UpstreamClient, UpstreamResponse
 
 REFRESH_BEFORE_SECONDS = 300.0
 TOKEN_TIMEOUT_SECONDS = 10.0
@@ -85,7 +84,7 @@ async def _fetch(credentials: ClientCredentials, upstream: UpstreamClient) -> _T
     return _Token(value, started + lifetime - margin)
 
 
-async def _token_request(credentials: ClientCredentials, upstream: UpstreamClient) -> ClientResponse:
+async def _token_request(credentials: ClientCredentials, upstream: UpstreamClient) -> UpstreamResponse:
     """The token request of the credentials' kind: a form POST to Entra ID with the client's
     secret or its federated token (read afresh each time: Kubernetes rotates the file), or a GET
     of the managed identity endpoint."""
@@ -120,7 +119,7 @@ async def _token_request(credentials: ClientCredentials, upstream: UpstreamClien
 
 async def _managed_identity_request(
     credentials: ClientCredentials, upstream: UpstreamClient
-) -> ClientResponse:
+) -> UpstreamResponse:
     """IMDS (a VM, AKS nodes, Arc): `Metadata: true`, api-version 2018-02-01. App Service and its
     kin: the secret header their platform puts in IDENTITY_HEADER, api-version 2019-08-01."""
     query = {"resource": credentials.scope.removesuffix("/.default")}

@@ -6,7 +6,6 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -18,7 +17,7 @@ from ..core import count_tokens
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
-from ..providers.http import UPSTREAM_FAILURES
+from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body
 from .upstream import open_stream
@@ -39,7 +38,7 @@ def routes(state: GatewayState) -> list[Route]:
         await billing.hold(state, call, model, usage)
         body = state.registry.channel_body(model, payload, call)
 
-        async def attempt(channel: ChannelConfig) -> ClientResponse:
+        async def attempt(channel: ChannelConfig) -> UpstreamResponse:
             return await open_stream(state, request, model, channel, body)
 
         # Retried and failed over until the upstream answers (gateway.routing); the channel is

@@ -9,7 +9,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
 import orjson
-from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -21,7 +20,7 @@ from ..errors import ErrorCode, GatewayError
 from ..pricing import ReportedUsage
 from ..providers import PROVIDERS, StreamTranslator
 from ..providers.base import stream_failure
-from ..providers.http import UPSTREAM_FAILURES, is_timeout
+from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
 from ..state import GatewayState
@@ -84,7 +83,7 @@ async def forward_stream(
     Until the first token the stream is an attempt like any other (gateway.routing): retried, moved
     to another channel; from the first byte the client sees, never."""
 
-    async def attempt(channel: ChannelConfig) -> tuple[ClientResponse, AsyncIterator[bytes], R, bytes]:
+    async def attempt(channel: ChannelConfig) -> tuple[UpstreamResponse, AsyncIterator[bytes], R, bytes]:
         response = await open_stream(state, request, model, channel, upstream_body)
         chunks = _in_shape(response, PROVIDERS[channel.provider].stream_translator(channel, model.type))
         rewriter = new_rewriter()
@@ -230,7 +229,7 @@ async def forward_stream(
     )
 
 
-def _in_shape(response: ClientResponse, translator: StreamTranslator | None) -> AsyncIterator[bytes]:
+def _in_shape(response: UpstreamResponse, translator: StreamTranslator | None) -> AsyncIterator[bytes]:
     """The upstream's stream in the model type's own SSE: as it comes, or through the provider's
     translator (a stream of another framing, as Bedrock's event stream). Never an empty chunk
     before the end."""
@@ -239,7 +238,7 @@ def _in_shape(response: ClientResponse, translator: StreamTranslator | None) -> 
     return _translated(response, translator)
 
 
-async def _translated(response: ClientResponse, translator: StreamTranslator) -> AsyncIterator[bytes]:
+async def _translated(response: UpstreamResponse, translator: StreamTranslator) -> AsyncIterator[bytes]:
     async for chunk in response.content.iter_any():
         out = translator.feed(chunk)
         if out:

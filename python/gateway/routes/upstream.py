@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import orjson
-from aiohttp import ClientResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -21,7 +20,7 @@ from ..errors import GatewayError
 from ..pricing import Usage, format_cost, reported_usage
 from ..providers import PROVIDERS
 from ..providers.base import send
-from ..providers.http import UPSTREAM_FAILURES
+from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..telemetry.tracing import upstream_traceparent
@@ -43,7 +42,7 @@ def usage_reader(parse: Callable[[bytes], StreamUsage | None]) -> Callable[[byte
 
 async def open_stream(
     state: GatewayState, request: Request, model: ModelConfig, channel: ChannelConfig, body: ChannelBody
-) -> ClientResponse:
+) -> UpstreamResponse:
     """Send to one channel for an answer read as it arrives (a text stream, audio): the stream idle
     window applies between reads, not the synchronous window."""
     provider = PROVIDERS[channel.provider]

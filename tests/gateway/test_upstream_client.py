@@ -1,0 +1,397 @@
+"""The upstream HTTP client (providers/http.py) against servers that answer exactly as each test says,
+on real sockets: every way an answer's body is framed, keep-alive reuse and when a connection must
+not be reused, timeouts, refusals, malformed answers, the connection limit, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ipaddress
+import os
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.config import Settings
+from gateway.providers.http import (
+    UNSENT_FAILURES,
+    UPSTREAM_FAILURES,
+    UpstreamClient,
+    UpstreamProtocolError,
+    is_timeout,
+)
+from harness import free_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Upstream:
+    """A server whose every connection runs `handler` per request; counts connections."""
+
+    def __init__(self, answer: Callable[[int], list[bytes] | None], pause: float = 0.0) -> None:
+        self.answer = answer  # request number -> the pieces to write (None: write nothing, hold)
+        self.pause = pause  # between pieces
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+        self.requests = 0
+        self.closed_by_client = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    self.closed_by_client += 1
+                    return
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                pieces = self.answer(self.requests)
+                if pieces is None:
+                    await asyncio.sleep(3600)
+                    return
+                for piece in pieces:
+                    if piece == b"<close>":
+                        writer.close()
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+                    if self.pause:
+                        await asyncio.sleep(self.pause)
+        finally:
+            self.open -= 1
+            writer.close()
+
+
+async def serve(upstream: Upstream, tls: ssl.SSLContext | None = None) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+
+def client(limit: int = 100, connect_timeout: float = 5.0) -> UpstreamClient:
+    return UpstreamClient(
+        Settings(models=(), upstream_max_connections=limit, upstream_connect_timeout_seconds=connect_timeout)
+    )
+
+
+def run(test: Callable[[UpstreamClient], Awaitable[None]], c: UpstreamClient | None = None) -> None:
+    async def go() -> None:
+        upstream_client = c or client()
+        await upstream_client.start()
+        try:
+            await test(upstream_client)
+        finally:
+            await upstream_client.close()
+
+    asyncio.run(go())
+
+
+def ok(body: bytes, extra: bytes = b"") -> list[bytes]:
+    return [
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + extra
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    ]
+
+
+def chunked(body: bytes, size: int) -> bytes:
+    out = b""
+    for i in range(0, len(body), size):
+        part = body[i : i + size]
+        out += b"%x;ext=1\r\n" % len(part) + part + b"\r\n"
+    return out + b"0\r\nX-Trailer: t\r\n\r\n"
+
+
+def test_content_length_answers_reuse_one_connection() -> None:
+    upstream = Upstream(lambda n: ok(b'{"n": %d}' % n))
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            for n in (1, 2, 3):
+                response = await c.post(url + "/v1/chat/completions", b"{}", {"x-a": "1"}, 5)
+                assert response.status == 200 and response.headers["content-type"] == "application/json"
+                assert await response.read() == b'{"n": %d}' % n
+                response.release()
+        assert upstream.connections == 1 and upstream.requests == 3
+
+    run(test)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.binary(max_size=3000), st.integers(1, 700), st.integers(1, 97))
+def test_a_chunked_body_decodes_exactly_however_it_is_split(body: bytes, size: int, piece: int) -> None:
+    encoded = chunked(body, size)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    raw = head + encoded
+    upstream = Upstream(lambda n: [raw[i : i + piece] for i in range(0, len(raw), piece)])
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            for _ in range(2):
+                response = await c.post(url + "/x", b"", {}, 5)
+                got = b"".join([chunk async for chunk in response.content.iter_any()])
+                response.release()
+                assert got == body
+        assert upstream.connections == 1  # the trailer read, the connection went back
+
+    run(test)
+
+
+def test_a_body_framed_by_the_close_and_connection_close_are_not_reused() -> None:
+    answers = {
+        1: [b"HTTP/1.1 200 OK\r\n\r\nto the end", b"<close>"],
+        2: ok(b"bye", b"Connection: close\r\n"),
+        3: ok(b"fresh"),
+    }
+    upstream = Upstream(lambda n: answers[n])
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            bodies = []
+            for _ in range(3):
+                response = await c.post(url + "/x", b"", {}, 5)
+                bodies.append(await response.read())
+                response.release()
+                await asyncio.sleep(0.05)
+            assert bodies == [b"to the end", b"bye", b"fresh"]
+        assert upstream.requests == 3
+
+    run(test)
+
+
+def test_informational_heads_are_skipped_and_empty_bodies_end_at_once() -> None:
+    answers = {
+        1: [b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", *ok(b"after hints")],
+        2: [b"HTTP/1.1 204 No Content\r\n\r\n"],
+        3: ok(b"again"),
+    }
+    upstream = Upstream(lambda n: answers[n])
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            first = await c.post(url + "/x", b"", {}, 5)
+            assert first.status == 200 and await first.read() == b"after hints"
+            first.release()
+            empty = await c.post(url + "/x", b"", {}, 5)
+            assert empty.status == 204 and await empty.read() == b""
+            empty.release()
+            again = await c.post(url + "/x", b"", {}, 5)
+            assert await again.read() == b"again"
+            again.release()
+        assert upstream.connections == 1
+
+    run(test)
+
+
+def test_a_body_left_unread_closes_its_connection() -> None:
+    upstream = Upstream(
+        lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345"] if n == 1 else ok(b"x")
+    )
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            response = await c.post(url + "/x", b"", {}, 5)
+            response.release()  # half of it unread: the connection cannot be reused
+            again = await c.post(url + "/x", b"", {}, 5)
+            assert await again.read() == b"x"
+            again.release()
+        assert upstream.connections == 2
+
+    run(test)
+
+
+def test_silence_is_a_read_timeout_before_the_head_and_within_the_body() -> None:
+    answers: dict[int, list[bytes] | None] = {1: None}
+    upstream = Upstream(answers.get)
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            with pytest.raises(UPSTREAM_FAILURES) as head:
+                await c.post(url + "/x", b"", {}, 0.2)
+            assert is_timeout(head.value)
+
+    run(test)
+
+    stalling = Upstream(lambda n: [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"])
+
+    async def body(c: UpstreamClient) -> None:
+        server, url = await serve(stalling)
+        async with server:
+            response = await c.post(url + "/x", b"", {}, 0.2)
+            chunks = response.content.iter_any()
+            assert await anext(chunks) == b"hello"
+            with pytest.raises(UPSTREAM_FAILURES) as caught:
+                await anext(chunks)
+            assert is_timeout(caught.value)
+            response.release()
+
+    run(body)
+
+
+def test_refused_connections_are_unsent_and_cut_answers_are_not() -> None:
+    async def refused(c: UpstreamClient) -> None:
+        with pytest.raises(UNSENT_FAILURES):
+            await c.post(f"http://127.0.0.1:{free_port()}/x", b"", {}, 5)
+
+    run(refused)
+    upstream = Upstream(lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial", b"<close>"])
+
+    async def cut(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            response = await c.post(url + "/x", b"", {}, 5)
+            with pytest.raises(UPSTREAM_FAILURES) as caught:
+                await response.read()
+            assert not isinstance(caught.value, UNSENT_FAILURES)
+            response.release()
+
+    run(cut)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SPDY/3 200 OK\r\n\r\n",
+        b"HTTP/1.1 two hundred\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",
+    ],
+)
+def test_malformed_answers_fail_as_the_upstream_s_fault(answer: bytes) -> None:
+    upstream = Upstream(lambda n: [answer])
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            with pytest.raises(UPSTREAM_FAILURES) as caught:
+                response = await c.post(url + "/x", b"", {}, 2)
+                try:
+                    await response.read()
+                finally:
+                    response.release()
+            assert isinstance(caught.value, UpstreamProtocolError)
+
+    run(test)
+
+
+def test_the_connection_limit_holds_requests_until_one_is_released() -> None:
+    upstream = Upstream(lambda n: ok(b"%d" % n), pause=0.05)
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+
+            async def one() -> bytes:
+                response = await c.post(url + "/x", b"", {}, 5)
+                try:
+                    return await response.read()
+                finally:
+                    response.release()
+
+            bodies = await asyncio.gather(*(one() for _ in range(5)))
+        assert sorted(bodies) == [b"1", b"2", b"3", b"4", b"5"]
+        assert upstream.most_open == 1
+
+    run(test, client(limit=1))
+
+
+def test_an_idle_connection_the_upstream_closed_is_not_used() -> None:
+    upstream = Upstream(lambda n: ok(b"x", b"Keep-Alive: timeout=0\r\n") + ([b"<close>"] if n == 1 else []))
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            for _ in range(2):
+                response = await c.post(url + "/x", b"", {}, 5)
+                assert await response.read() == b"x"
+                response.release()
+                await asyncio.sleep(0.05)  # the upstream's close arrives while it is idle
+        assert upstream.connections == 2 and upstream.requests == 2
+
+    run(test)
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "upstream.test")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp / "cert.pem", tmp / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+def test_https_upstreams_are_verified_against_the_trust_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert_file, key_file = _self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert_file, key_file)
+    upstream = Upstream(lambda n: ok(b"secret"))
+
+    async def untrusted(c: UpstreamClient) -> None:
+        server, url = await serve(upstream, tls)
+        async with server:
+            with pytest.raises(UNSENT_FAILURES):  # not in the trust store: refused before sending
+                await c.post(url + "/x", b"", {}, 5)
+
+    run(untrusted)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))  # the system trust store, as openssl reads it
+
+    async def trusted(c: UpstreamClient) -> None:
+        server, url = await serve(upstream, tls)
+        async with server:
+            for _ in range(2):
+                response = await c.post(url + "/x", b"", {}, 5)
+                assert await response.read() == b"secret"
+                response.release()
+
+    run(trusted)
+    assert upstream.requests == 2 and os.environ["SSL_CERT_FILE"] == str(cert_file)
