@@ -395,3 +395,34 @@ def test_https_upstreams_are_verified_against_the_trust_store(
 
     run(trusted)
     assert upstream.requests == 2 and os.environ["SSL_CERT_FILE"] == str(cert_file)
+
+
+def test_the_request_head_says_host_and_length_and_no_line_breaks_get_through() -> None:
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        await reader.readexactly(2)
+        writer.write(ok(b"{}")[0])
+        await writer.drain()
+        writer.close()
+
+    async def test(c: UpstreamClient) -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            response = await c.post(
+                f"http://127.0.0.1:{port}/v1/x?a=1", b"{}", {"Authorization": "Bearer k", "Host": "evil"}, 5
+            )
+            assert await response.read() == b"{}"
+            response.release()
+            with pytest.raises(UNSENT_FAILURES):
+                await c.post(f"http://127.0.0.1:{port}/v1/x", b"{}", {"x-a": "1\r\nInjected: yes"}, 5)
+        (head,) = heads
+        lines = head.decode().split("\r\n")
+        assert lines[0] == "POST /v1/x?a=1 HTTP/1.1"
+        assert f"Host: 127.0.0.1:{port}" in lines and "Host: evil" not in lines
+        assert "Authorization: Bearer k" in lines and "Content-Length: 2" in lines
+
+    run(test)

@@ -130,9 +130,9 @@ class _Pool:
         origin = (scheme, parts.hostname, port)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default_port = port == (443 if scheme == "https" else 80)
-        host = parts.hostname if default_port else f"{parts.hostname}:{port}"
-        if ":" in parts.hostname and not default_port:  # an IPv6 literal
-            host = f"[{parts.hostname}]:{port}"
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
+        if not default_port:
+            host = f"{host}:{port}"
         head = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
         for name, value in headers.items():
             if "\n" in name or "\r" in name or "\n" in value or "\r" in value:
@@ -301,7 +301,7 @@ class _Connection(asyncio.Protocol):
         return None  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._closed:
+        if self._closed or self._transport is None:  # never made: the pool counted it back already
             return
         self._closed = True
         self._cancel_timer()
