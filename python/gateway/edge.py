@@ -43,13 +43,14 @@ class AnswerEdge:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = list(message.get("headers", ()))
-                changed = await self._rate_headers.add(scope, slot, headers)
-                if self._drain.closing:
-                    headers.append(_CLOSE)
-                    changed = True
-                if changed:
-                    message = {**message, "headers": headers}
+                closing = self._drain.closing
+                if closing or not RateLimitHeaders.none_for(slot):
+                    headers = list(message.get("headers", ()))
+                    changed = await self._rate_headers.add(scope, slot, headers)
+                    if closing:
+                        headers.append(_CLOSE)
+                    if changed or closing:
+                        message = {**message, "headers": headers}
             await send(message)
 
         try:

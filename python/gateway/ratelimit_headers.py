@@ -33,6 +33,18 @@ class RateLimitHeaders:
         self._store = store
         self._limiter = limiter
 
+    @staticmethod
+    def none_for(slot: KeySlot) -> bool:
+        """Whether the answer surely gets no headers: its key was found and sets no limits (the
+        common case, decided without a lookup or an await)."""
+        ctx = slot.ctx
+        return (
+            slot.rate is None
+            and ctx is not None
+            and ctx.account.rpm_limit is None
+            and ctx.account.tpm_limit is None
+        )
+
     async def add(self, scope: Scope, slot: KeySlot, headers: list[tuple[bytes, bytes]]) -> bool:
         """Append the key's headers to `headers` unless they carry them already (a 429 brings its
         own); whether any were added."""

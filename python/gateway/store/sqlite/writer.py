@@ -25,6 +25,7 @@ log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
 # much later; charges are safe in the journal from the start).
 SETTLEMENT_LINGER_SECONDS = 0.01
+MAX_BATCH = 512  # items of one transaction
 
 _STOP = object()
 
@@ -52,6 +53,7 @@ class Writer:
         self._owner = owner
         self._applied = applied
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._urgent = threading.Event()  # an awaited operation (or the stop) is queued
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bodies = LogBodyBacklog()
@@ -80,6 +82,7 @@ class Writer:
         """Commit what has queued, then end the thread."""
         if self._thread is not None:
             self._queue.put(_STOP)
+            self._urgent.set()
             await asyncio.to_thread(self._thread.join)
             self._thread = None
 
@@ -104,6 +107,7 @@ class Writer:
         if on_commit is not None:
             future.add_done_callback(on_commit)
         self._queue.put(_Op(op, future))
+        self._urgent.set()  # committed at once, not at the end of a settlements' linger
         return await (asyncio.shield(future) if on_commit is not None else future)
 
     def _write_loop(self, conn: sqlite3.Connection) -> None:
@@ -112,12 +116,16 @@ class Writer:
             batch = [self._queue.get()]
             # A journaled settlement is durable already and nobody awaits it: let more gather for a
             # moment so that one commit covers many, which keeps the writer's work (on the core the
-            # event loop shares) off the request path. Anything awaited is committed at once.
-            deadline = time.monotonic() + SETTLEMENT_LINGER_SECONDS
-            while len(batch) < 512 and _nobody_waits(batch[-1]):
-                wait = deadline - time.monotonic()
+            # event loop shares) off the request path. Anything awaited is committed at once: it
+            # sets `_urgent`, which ends the linger. Settlements queued meanwhile do not wake this
+            # thread (each wake-up is a GIL hand-off with the event loop): they are taken together
+            # when the linger ends.
+            if _nobody_waits(batch[0]):
+                self._urgent.wait(SETTLEMENT_LINGER_SECONDS)
+            self._urgent.clear()
+            while len(batch) < MAX_BATCH:
                 try:
-                    batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             if _STOP in batch:
