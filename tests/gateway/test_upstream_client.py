@@ -403,8 +403,9 @@ def test_the_request_head_says_host_and_length_and_no_line_breaks_get_through() 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         heads.append(head)
-        await reader.readexactly(2)
-        writer.write(ok(b"{}")[0])
+        declared = [line for line in head.split(b"\r\n") if line.startswith(b"Content-Length:")]
+        await reader.readexactly(int(declared[0].split(b":")[1]))
+        writer.write(ok(b"{}", b"Connection: close\r\n")[0])  # one request per connection
         await writer.drain()
         writer.close()
 
@@ -419,10 +420,19 @@ def test_the_request_head_says_host_and_length_and_no_line_breaks_get_through() 
             response.release()
             with pytest.raises(UNSENT_FAILURES):
                 await c.post(f"http://127.0.0.1:{port}/v1/x", b"{}", {"x-a": "1\r\nInjected: yes"}, 5)
-        (head,) = heads
+            # A URL an upstream answered with (an image's): never a line break or a space in the
+            # request line, and a port that is no port is refused before anything is sent.
+            odd = await c.get(f"http://127.0.0.1:{port}/files/a b\r\nX: y?q=é&r=%20", 5)
+            assert await odd.read() == b"{}"
+            odd.release()
+            with pytest.raises(UNSENT_FAILURES):
+                await c.get("http://127.0.0.1:99999/x", 5)
+        head, odd_head = heads
         lines = head.decode().split("\r\n")
         assert lines[0] == "POST /v1/x?a=1 HTTP/1.1"
         assert f"Host: 127.0.0.1:{port}" in lines and "Host: evil" not in lines
         assert "Authorization: Bearer k" in lines and "Content-Length: 2" in lines
+        # (urlsplit drops tabs and line breaks from a URL, as browsers do.)
+        assert odd_head.split(b"\r\n")[0] == b"GET /files/a%20bX:%20y?q=%C3%A9&r=%20 HTTP/1.1"
 
     run(test)

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Final, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -104,6 +104,8 @@ class UpstreamClient:
 
 
 _Origin = tuple[str, str, int]  # scheme, host, port
+# What a request target may hold as it is (RFC 3986's reserved and unreserved characters, and `%`).
+_URL_SAFE: Final = "/?#[]@!$&'()*+,;=:%-._~"
 
 
 class _Pool:
@@ -124,11 +126,15 @@ class _Pool:
     ) -> UpstreamResponse:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
-        if scheme not in ("http", "https") or not parts.hostname:
-            raise UpstreamConnectError(f"not an http(s) URL: {url!r}")
-        port = parts.port or (443 if scheme == "https" else 80)
+        try:
+            port = parts.port or (443 if scheme == "https" else 80)
+        except ValueError:  # a port out of range, or not a number (a URL an upstream answered with)
+            port = 0
+        if scheme not in ("http", "https") or not parts.hostname or not port:
+            raise UpstreamConnectError(f"not an http(s) URL: {url[:200]!r}")
         origin = (scheme, parts.hostname, port)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # Spaces, control characters and non-ASCII are percent-encoded, escapes already there kept.
+        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_URL_SAFE)
         default_port = port == (443 if scheme == "https" else 80)
         host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
         if not default_port:
