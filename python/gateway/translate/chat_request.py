@@ -33,13 +33,7 @@ def chat_request_from_messages(payload: dict[str, Any], max_tokens_field: str) -
         "messages": messages,
         max_tokens_field: payload["max_tokens"],
     }
-    for name in SAME_PARAMS:
-        if payload.get(name) is not None:
-            request[name] = payload[name]
-    if payload.get("stream") is True:
-        # The usage chunk is what the stream is billed from, as on the chat endpoint.
-        request["stream"] = True
-        request["stream_options"] = {"include_usage": True}
+    carry_over(payload, request, SAME_PARAMS)
     stop = payload.get("stop_sequences")
     if stop is not None:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
@@ -63,6 +57,18 @@ def chat_request_from_messages(payload: dict[str, Any], max_tokens_field: str) -
     if response_format is not None:
         request["response_format"] = response_format
     return request
+
+
+def carry_over(payload: dict[str, Any], request: dict[str, Any], same_params: tuple[str, ...]) -> None:
+    """Into a chat request translated from another shape: the parameters of the same name and
+    meaning, and `stream` with the usage chunk, which is what the stream is billed from (as on the
+    chat endpoint)."""
+    for name in same_params:
+        if payload.get(name) is not None:
+            request[name] = payload[name]
+    if payload.get("stream") is True:
+        request["stream"] = True
+        request["stream_options"] = {"include_usage": True}
 
 
 def _response_format(payload: dict[str, Any]) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import invalid_request
+from .chat_request import carry_over
 
 # Same name and meaning in both shapes.
 SAME_PARAMS = ("temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs")
@@ -45,13 +46,7 @@ def chat_request_from_responses(payload: dict[str, Any], max_tokens_field: str) 
     limit = payload.get("max_output_tokens")
     if limit is not None:
         request[max_tokens_field] = limit
-    for name in SAME_PARAMS:
-        if payload.get(name) is not None:
-            request[name] = payload[name]
-    if payload.get("stream") is True:
-        # The usage chunk is what the stream is billed from, as on the chat endpoint.
-        request["stream"] = True
-        request["stream_options"] = {"include_usage": True}
+    carry_over(payload, request, SAME_PARAMS)
     reasoning = payload.get("reasoning")
     if isinstance(reasoning, dict) and isinstance(reasoning.get("effort"), str):
         request["reasoning_effort"] = reasoning["effort"]
