@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,9 +25,10 @@ from .config import ConfigError, Settings, settings_from_env
 from .core import count_tokens
 from .drain import Drain
 from .edge import AnswerEdge
-from .errors import GatewayError, error_response
+from .errors import GatewayError, error_response, unexpected_failure
 from .funds import Funds
 from .housekeeping import flush_metrics, purge_expired, sample_gauges, tend_leases
+from .model_dispatch import ModelDispatch
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import RateLimiter
@@ -125,6 +126,10 @@ def create_app(settings: Settings) -> Starlette:
         # scans, which otherwise show up as pauses in the latency tail.
         gc.collect()
         gc.freeze()
+        # A request allocates a few hundred containers: at the default threshold (700) a young-
+        # generation collection ran every few requests, about 3% of a worker's CPU under load
+        # (perf, benches/README.md). Cycles are still collected, a little later.
+        gc.set_threshold(10_000, 10, 10)
         tasks = [
             asyncio.create_task(purge_expired(state)),
             asyncio.create_task(tend_leases(state)),
@@ -171,11 +176,7 @@ def create_app(settings: Settings) -> Starlette:
             *console_users.routes(state),
             *console.routes(state),
         ],
-        exception_handlers={
-            GatewayError: _gateway_error,
-            HTTPException: _http_error,
-            Exception: _unexpected_error,
-        },
+        exception_handlers=dict(EXCEPTION_HANDLERS),
         lifespan=lifespan,
     )
     app.state.gateway = state
@@ -184,7 +185,9 @@ def create_app(settings: Settings) -> Starlette:
 
 class _GatewayApp(Starlette):
     """Starlette inside the gateway's answer edge (gateway.edge), so that every answer carries its
-    headers and is counted, the 500s of Starlette's outermost error handler included."""
+    headers and is counted, the 500s of Starlette's outermost error handler included; the model
+    endpoints are served ahead of Starlette's stack (gateway.model_dispatch), with the same error
+    handlers."""
 
     def __init__(self, state: GatewayState, **kwargs: Any) -> None:
         self._gateway = state
@@ -193,7 +196,7 @@ class _GatewayApp(Starlette):
     def build_middleware_stack(self) -> ASGIApp:
         state = self._gateway
         return AnswerEdge(
-            super().build_middleware_stack(),
+            ModelDispatch(super().build_middleware_stack(), self.routes, answer_exception),
             RateLimitHeaders(state.store, state.limiter),
             state.drain,
             state.telemetry,
@@ -238,7 +241,24 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # Logged with its traceback for operators; the client sees the spec's error object, nothing more.
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _answer(request, GatewayError("api_error", "The gateway failed unexpectedly. Retry later."))
+    return _answer(request, unexpected_failure())
+
+
+# The app's one table of exception handlers: Starlette's, and the model endpoints' ahead of it.
+EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
+    GatewayError: _gateway_error,
+    HTTPException: _http_error,
+    Exception: _unexpected_error,
+}
+
+
+async def answer_exception(request: Request, exc: Exception) -> Response:
+    """The answer the handler for `exc`'s nearest class gives, as Starlette picks it."""
+    for cls in type(exc).__mro__:
+        handler = EXCEPTION_HANDLERS.get(cls)
+        if handler is not None:
+            return await handler(request, exc)
+    raise exc  # not reached: every exception is an Exception
 
 
 def _answer(request: Request, err: GatewayError, headers: Mapping[str, str] | None = None) -> Response:

@@ -177,6 +177,11 @@ def request_too_large(limit: int, whose: str = "gateway's") -> GatewayError:
     )
 
 
+def unexpected_failure() -> GatewayError:
+    """500 for a failure nobody foresaw: the client learns nothing of it (the log has it all)."""
+    return GatewayError("api_error", "The gateway failed unexpectedly. Retry later.")
+
+
 def invalid_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError("invalid_request", message, param=param)
 

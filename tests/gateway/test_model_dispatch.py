@@ -1,0 +1,107 @@
+"""The model endpoints served ahead of Starlette's stack (gateway.model_dispatch): the same answers,
+errors and scope as through Starlette, and everything else still through Starlette."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.app import EXCEPTION_HANDLERS, answer_exception, create_app
+from gateway.config import ChannelConfig, ModelConfig, Settings
+from gateway.model_dispatch import ModelDispatch
+from gateway.routes import chat
+from harness import new_key, query
+
+MODEL_PATHS = {
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/moderations",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v1/v1/rerank",  # the cohere client on a base URL that ends in /v1
+    "/v1/v2/rerank",
+    "/v1/audio/speech",
+    "/v1/audio/transcriptions",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/videos",
+}
+
+
+def _settings(tmp_path: Path) -> Settings:
+    # An upstream nobody listens on: these requests never get that far.
+    return Settings(
+        models=(ModelConfig("a/b", "chat", (ChannelConfig("openai", "http://127.0.0.1:9", "b"),)),),
+        store_path=tmp_path / "g.db",
+    )
+
+
+def test_exactly_the_model_endpoints_are_dispatched_ahead(tmp_path: Path) -> None:
+    app = create_app(_settings(tmp_path))
+
+    async def nowhere(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("not dispatched here")
+
+    dispatch = ModelDispatch(nowhere, app.routes, answer_exception)
+    assert dispatch.paths == MODEL_PATHS
+
+
+def test_an_unexpected_failure_in_a_model_endpoint_is_a_logged_500_with_its_request_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings(tmp_path)
+    key = new_key(settings, Decimal("1"))
+
+    def explode(payload: dict[str, Any]) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(chat, "_validate", explode)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        r = client.post(
+            "/v1/chat/completions",
+            headers={"authorization": f"Bearer {key.key}"},
+            json={"model": "a/b", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "api_error"
+    assert "secret" not in r.text
+    request_id = r.headers["x-service-request-id"]
+    assert query(settings, "SELECT status, error_code FROM request_logs WHERE id = ?", request_id) == [
+        (500, "api_error")
+    ]
+
+
+def test_a_refused_model_request_gets_the_spec_error(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    key = new_key(settings, Decimal("1"))
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        no_key = client.post("/v1/chat/completions", json={"model": "a/b"})
+        bad_json = client.post(
+            "/v1/chat/completions", headers={"authorization": f"Bearer {key.key}"}, content=b"{nope"
+        )
+    assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
+    assert "x-service-request-id" not in no_key.headers
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_request"
+    assert bad_json.headers["x-service-request-id"]
+
+
+def test_what_is_not_a_model_post_still_goes_through_starlette(tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(tmp_path)), raise_server_exceptions=False) as client:
+        wrong_method = client.get("/v1/chat/completions")
+        unknown = client.post("/v1/chat/completion")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in wrong_method.headers["allow"]
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+
+
+def test_the_one_exception_table_serves_both(tmp_path: Path) -> None:
+    app = create_app(_settings(tmp_path))
+    for cls, handler in EXCEPTION_HANDLERS.items():
+        assert app.exception_handlers[cls] is handler
