@@ -86,7 +86,7 @@ def entry(
         key_id=key_id,
         account_id=account_id,
         method=request.method,
-        path=request.url.path,
+        path=request.scope["path"],  # as the server decoded it (request.url costs a URL parse)
         model=model,
         status=status,
         error_code=error_code,

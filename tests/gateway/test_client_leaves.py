@@ -138,3 +138,19 @@ def test_stream_left_mid_way_is_logged_499_and_billed_what_it_received(gw: Gatew
 
 def gw_decimal(value: Any) -> Decimal:
     return Decimal(str(value))
+
+
+def test_a_client_that_leaves_mid_body_is_logged_499_and_nothing_more(gw: Gateway) -> None:
+    key = gw.new_key()
+    url = urlsplit(gw.url)
+    payload = orjson.dumps({"model": "test/chat", "messages": [{"role": "user", "content": "x" * 100}]})
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key.key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname or "127.0.0.1", url.port or 80)) as s:
+        s.sendall(head + payload[:40])
+        time.sleep(0.2)  # the gateway is reading the body when the client goes
+    (row,) = log_rows(gw, key.key_id, 1)
+    assert row["status"] == 499 and row["error_code"] is None, row
+    assert row["cost"] is None and row["usage_id"] is None

@@ -316,7 +316,8 @@ def _charge_queued(err: ServiceUnavailable, call: Call) -> GatewayError:
 
 
 class ClientGone(Exception):
-    """The client left before the answer: the request was cancelled."""
+    """The client left before the answer: the request was cancelled (or, while its body was being
+    read, never really began)."""
 
 
 async def _watched(request: Request, call: Call, handler: ModelHandler) -> Response:
@@ -369,14 +370,24 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise request_too_large(limit)
+    # The server's messages read straight (Starlette's Request.stream() is an async generator
+    # around the same loop, a few microseconds a request more).
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise request_too_large(limit)
-        parts.append(chunk)
-    body = b"".join(parts)
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left before its body was whole
+            raise ClientGone
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise request_too_large(limit)
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = parts[0] if len(parts) == 1 else b"".join(parts)
     request_log.keep_request_body(request, body)
     return body
 
