@@ -64,22 +64,29 @@ def reported_usage(reported: ReportedUsage) -> Usage:
 
 
 def cost(prices: Prices, usage: Usage) -> Decimal:
+    """What `usage` costs at `prices`, exact, rounded to 4 significant figures. Only the kinds the
+    request consumed are computed (a chat request: two products), which is the same sum: this runs
+    twice a request (the hold's estimate and the charge)."""
     cached = min(usage.cached_tokens, usage.prompt_tokens)
     reasoning = min(usage.reasoning_tokens, usage.completion_tokens)
-    raw = (
-        (
-            (usage.prompt_tokens - cached) * prices.input
-            + cached * prices.cached_input
-            + (usage.completion_tokens - reasoning) * prices.output
-            + reasoning * prices.reasoning
-            + usage.characters * prices.character
-        )
-        / _MILLION
-        + usage.searches * prices.search
-        + usage.seconds * prices.second
-        + usage.seconds * prices.minute / _SECONDS_PER_MINUTE
-        + usage.images * prices.image_price(usage.image_size, usage.image_quality)
-    )
+    per_million = ZERO
+    if usage.prompt_tokens:
+        per_million += (usage.prompt_tokens - cached) * prices.input
+    if cached:
+        per_million += cached * prices.cached_input
+    if usage.completion_tokens:
+        per_million += (usage.completion_tokens - reasoning) * prices.output
+    if reasoning:
+        per_million += reasoning * prices.reasoning
+    if usage.characters:
+        per_million += usage.characters * prices.character
+    raw = per_million / _MILLION
+    if usage.searches:
+        raw += usage.searches * prices.search
+    if usage.seconds:
+        raw += usage.seconds * prices.second + usage.seconds * prices.minute / _SECONDS_PER_MINUTE
+    if usage.images:
+        raw += usage.images * prices.image_price(usage.image_size, usage.image_quality)
     return round_significant(raw)
 
 

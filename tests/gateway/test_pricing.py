@@ -75,3 +75,61 @@ def test_images_priced_by_size_and_quality() -> None:
     assert prices.image_price(None, None) == Decimal("0.04")
     usage = Usage(images=2, image_size="1024x1792", image_quality="hd")
     assert cost(prices, usage) == Decimal("0.24")
+
+
+def _every_term(prices: Prices, usage: Usage) -> Decimal:
+    """The pricing formula with every term written out, zero or not (what cost() computed before it
+    skipped the kinds a request did not consume)."""
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    reasoning = min(usage.reasoning_tokens, usage.completion_tokens)
+    raw = (
+        (
+            (usage.prompt_tokens - cached) * prices.input
+            + cached * prices.cached_input
+            + (usage.completion_tokens - reasoning) * prices.output
+            + reasoning * prices.reasoning
+            + usage.characters * prices.character
+        )
+        / Decimal(1_000_000)
+        + usage.searches * prices.search
+        + usage.seconds * prices.second
+        + usage.seconds * prices.minute / Decimal(60)
+        + usage.images * prices.image_price(usage.image_size, usage.image_quality)
+    )
+    return round_significant(raw)
+
+
+_price = st.decimals(min_value=0, max_value=Decimal("1000"), places=6, allow_nan=False, allow_infinity=False)
+_count = st.one_of(st.just(0), st.integers(0, 10**8))
+
+
+@given(
+    st.builds(
+        Prices,
+        input=_price,
+        cached_input=_price,
+        output=_price,
+        reasoning=_price,
+        search=_price,
+        character=_price,
+        second=_price,
+        minute=_price,
+        image=_price,
+        images=st.just((("1024x1024/hd", Decimal("0.08")), ("1024x1024", Decimal("0.04")))),
+    ),
+    st.builds(
+        Usage,
+        prompt_tokens=_count,
+        completion_tokens=_count,
+        cached_tokens=_count,
+        reasoning_tokens=_count,
+        searches=_count,
+        characters=_count,
+        seconds=_count,
+        images=st.integers(0, 10),
+        image_size=st.sampled_from([None, "1024x1024", "512x512"]),
+        image_quality=st.sampled_from([None, "hd", "standard"]),
+    ),
+)
+def test_cost_is_the_whole_formula(prices: Prices, usage: Usage) -> None:
+    assert cost(prices, usage) == _every_term(prices, usage)
