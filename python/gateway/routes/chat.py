@@ -23,7 +23,7 @@ from ..core import (
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
-from ..routing import json_body
+from ..routing import ChannelBody, json_body
 from ..state import GatewayState
 from ..translate import (
     ChatStreamFromMessages,
@@ -45,6 +45,15 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(raw)
         model = state.registry.resolve(payload.get("model"), call.ctx, "chat")
         _validate(payload)
+        # A messages-family model gets the request as a message request, translated before the
+        # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.
+        translated = (
+            state.registry.channel_body(
+                model, messages_request_from_chat(payload, model.max_output_tokens), call
+            )
+            if model.type == "messages"
+            else None
+        )
         await safety.check(state, request, call, model, payload, "chat")
         prompt_tokens = count_chat_tokens(raw, model.tokenizer)
         await billing.hold(
@@ -53,8 +62,8 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             billing.estimate_usage(model, prompt_tokens, payload, "max_completion_tokens", "max_tokens"),
         )
-        if model.type == "messages":
-            return await _from_messages_model(state, request, call, model, raw, payload)
+        if translated is not None:
+            return await _from_messages_model(state, request, call, model, raw, payload, translated)
 
         upstream = state.registry.upstream_body(model, payload, call)
         rid = response_id("chatcmpl-")
@@ -100,12 +109,11 @@ async def _from_messages_model(
     model: ModelConfig,
     raw: bytes,
     payload: dict[str, Any],
+    upstream: ChannelBody,
 ) -> Response:
-    """A messages-family model in the chat shape: the request goes out as a message request, the
-    answer or stream comes back as chat completions (gateway.translate), billed from the upstream's
-    own usage."""
-    translated = messages_request_from_chat(payload, model.max_output_tokens)
-    upstream = state.registry.channel_body(model, translated, call)
+    """A messages-family model in the chat shape: the request goes out as a message request
+    (`upstream`), the answer or stream comes back as chat completions (gateway.translate), billed
+    from the upstream's own usage."""
     rid = response_id("chatcmpl-")
     created = int(time.time())
     if payload.get("stream") is not True:

@@ -31,7 +31,7 @@ from ..translate import (
 )
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
-from .translated import forward_to_chat_model
+from .translated import chat_body, forward_to_chat_model
 from .upstream import forward_plain, usage_reader
 
 
@@ -40,15 +40,9 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
         _validate(payload)
-        await safety.check(state, request, call, model, payload, "messages")
-        await billing.hold(
-            state,
-            call,
-            model,
-            billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_tokens"),
-        )
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
+        await _check_and_hold(state, request, call, model, payload)
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("msg_")
         if payload.get("stream") is True:
@@ -79,10 +73,24 @@ def routes(state: GatewayState) -> list[Route]:
     return [Route("/v1/messages", model_endpoint(state, messages), methods=["POST"])]
 
 
+async def _check_and_hold(
+    state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
+) -> None:
+    await safety.check(state, request, call, model, payload, "messages")
+    await billing.hold(
+        state,
+        call,
+        model,
+        billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_tokens"),
+    )
+
+
 async def _from_chat_model(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> Response:
     """A chat model in the message shape (routes/translated.py)."""
+    upstream = chat_body(state, model, payload, call, chat_request_from_messages)
+    await _check_and_hold(state, request, call, model, payload)
     rid = response_id("msg_")
     return await forward_to_chat_model(
         state,
@@ -90,9 +98,9 @@ async def _from_chat_model(
         call,
         model,
         payload,
+        upstream,
         rid,
         lambda: _prompt_tokens(model, payload),
-        to_chat=chat_request_from_messages,
         new_stream=lambda counted: MessagesStreamFromChat(rid, counted),
         from_chat=message_from_chat_completion,
         error_event=messages_error_event,

@@ -43,7 +43,7 @@ from ..translate import (
 )
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
-from .translated import forward_to_chat_model
+from .translated import chat_body, forward_to_chat_model
 from .upstream import call_upstream
 
 # How long a response can be continued, as OpenAI keeps stored responses (30 days).
@@ -199,6 +199,7 @@ async def _from_chat_model(
             "background. Leave out `background`.",
             "background",
         )
+    upstream = chat_body(state, model, payload, call, chat_request_from_responses)
     await safety.check(state, request, call, model, payload, "responses")
     await billing.hold(
         state,
@@ -213,9 +214,9 @@ async def _from_chat_model(
         call,
         model,
         payload,
+        upstream,
         rid,
         lambda: _prompt_tokens(model, payload),
-        to_chat=chat_request_from_responses,
         new_stream=lambda counted: ResponsesStreamFromChat(rid, payload, counted),
         from_chat=lambda completion, usage: response_from_chat_completion(completion, usage, rid, payload),
         error_event=responses_error_event,

@@ -15,6 +15,7 @@ from ..config import ModelConfig
 from ..context import Call
 from ..core import count_tokens, parse_chat_usage
 from ..pricing import Usage
+from ..routing import ChannelBody
 from ..state import GatewayState
 from ..stream_errors import StreamErrorRenderer
 from ..translate import chat_output_text
@@ -29,24 +30,32 @@ NewStream = Callable[[Callable[[str], Usage]], StreamRewriter]
 FromChat = Callable[[dict[str, Any], Usage], dict[str, Any]]
 
 
+def chat_body(
+    state: GatewayState, model: ModelConfig, payload: dict[str, Any], call: Call, to_chat: ToChat
+) -> ChannelBody:
+    """The request as a chat completions request for `model`. Made before the safety check and the
+    hold: a request that cannot be translated is a 400 that has cost nothing."""
+    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
+    forwarded = state.registry.forwarded_params(model)
+    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
+    return state.registry.channel_body(model, to_chat(payload, limit), call)
+
+
 async def forward_to_chat_model(
     state: GatewayState,
     request: Request,
     call: Call,
     model: ModelConfig,
     payload: dict[str, Any],
+    upstream: ChannelBody,
     rid: str,
     prompt_tokens: Callable[[], int],
     *,
-    to_chat: ToChat,
     new_stream: NewStream,
     from_chat: FromChat,
     error_event: StreamErrorRenderer,
 ) -> Response:
-    # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
-    forwarded = state.registry.forwarded_params(model)
-    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
-    upstream = state.registry.channel_body(model, to_chat(payload, limit), call)
+    """`upstream` is chat_body's; the answer or stream comes back in the endpoint's shape."""
 
     def counted_usage(output_text: str) -> Usage:
         return Usage(prompt_tokens(), count_tokens(output_text, model.tokenizer))
