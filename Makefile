@@ -119,6 +119,15 @@ bench: setup bench-tools ## every path, workload and concurrency, micro-benchmar
 bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 64, about two minutes
 	$(BIN)/python benches/run.py --quick
 
+.PHONY: bench-ab
+bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds
+	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit>"; exit 2; }
+	$(BIN)/python benches/ab.py $(BASE)
+
+.PHONY: bench-profile
+bench-profile: setup bench-tools ## a flame graph and per-thread CPU of one worker under chat load (benches/results/profile*)
+	$(BIN)/python benches/profile.py
+
 .PHONY: bench-core
 bench-core: ## Criterion benchmarks of the Rust core alone (stream rewriters, json.rs), about two minutes
 	cargo bench --locked -p gateway-core

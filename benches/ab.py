@@ -1,0 +1,179 @@
+"""`make bench-ab BASE=<commit>`: the gateway at BASE against the working tree, interleaved.
+
+This machine's speed drifts by tens of percent within an hour, so two runs made one after the other
+cannot show a change of a few percent. Here both gateways run at once against one simulator (each
+pinned to the server core, one worker, embedded store) and take turns: each round measures A then B,
+or B then A, chat at c=64 for throughput and CPU per request, then at c=1 for latency. The medians
+over the rounds are the A/B; the table goes to stdout and, with --out, to a file.
+
+BASE is checked out in a worktree under benches/.ab/. Its Rust extension is the working tree's when
+rust/ and the Cargo files are the same at both; otherwise BASE's own is built (a few minutes). Both
+stores are made by the working tree's code (the bench key is minted with it): a BASE older than a
+store migration cannot be compared this way.
+
+Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import load
+import procstat
+import servers
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_CPU = "0"
+CLIENT_CPU = "1"
+EXTENSION = Path("python/gateway/_core.abi3.so")
+RUST_PATHS = ["rust", "Cargo.toml", "Cargo.lock"]
+FIGURES = (
+    ("rps_c64", "req/s at c=64", "{:,.0f}"),
+    ("cpu_per_1k", "CPU s per 1k requests at c=64", "{:.3f}"),
+    ("p50_c1", "p50 ms at c=1", "{:.3f}"),
+    ("p99_c1", "p99 ms at c=1", "{:.3f}"),
+)
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def base_tree(base: str) -> tuple[Path, str]:
+    """A worktree of `base` (made once per commit) with an extension that matches its Rust code."""
+    sha = git("rev-parse", "--verify", f"{base}^{{commit}}")
+    tree = ROOT / "benches" / ".ab" / sha[:12]
+    if not tree.exists():
+        git("worktree", "add", "--detach", str(tree), sha)
+    if not (tree / EXTENSION).exists():
+        same_rust = (
+            subprocess.run(
+                ["git", "diff", "--quiet", sha, "--", *RUST_PATHS], check=False, cwd=ROOT
+            ).returncode
+            == 0
+        )
+        if same_rust:
+            shutil.copy2(ROOT / EXTENSION, tree / EXTENSION)
+        else:
+            print(f"building the Rust extension of {sha[:12]} ...", file=sys.stderr, flush=True)
+            target = ROOT / "target" / "ab"
+            subprocess.run(
+                [
+                    "cargo",
+                    "build",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "gateway-py",
+                    "--features",
+                    "pyo3/extension-module",
+                ],
+                cwd=tree,
+                check=True,
+                env={**os.environ, "CARGO_TARGET_DIR": str(target), "PYO3_PYTHON": sys.executable},
+            )
+            shutil.copy2(target / "release" / "lib_core.so", tree / EXTENSION)
+    return tree, sha
+
+
+@contextlib.contextmanager
+def python_path(path: Path) -> Iterator[None]:
+    """Processes started meanwhile import the gateway from `path` (ahead of the editable install)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def one_round(target: servers.Target, seconds: float) -> dict[str, float]:
+    body = json.dumps(
+        {"model": target.model["chat"], "messages": [{"role": "user", "content": "Say something."}]}
+    )
+    url, data = target.url("chat"), body.encode()
+    assert target.pid is not None
+    cpu = procstat.cpu_seconds(target.pid)
+    busy = load.wrk(url, data, target.headers, 64, seconds, CLIENT_CPU)
+    cpu = procstat.cpu_seconds(target.pid) - cpu
+    alone = load.wrk(url, data, target.headers, 1, seconds, CLIENT_CPU)
+    if busy.failures or alone.failures:
+        raise RuntimeError(f"{target.name}: {busy.failures + alone.failures} requests failed")
+    return {
+        "rps_c64": busy.rps,
+        "cpu_per_1k": cpu / busy.requests * 1000 if busy.requests else 0.0,
+        "p50_c1": alone.p50_ms,
+        "p99_c1": alone.p99_ms,
+    }
+
+
+def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) -> str:
+    a, b = labels
+    lines = [f"| figure | A: {a} | B: {b} | B / A |", "|---|---|---|---|"]
+    for key, name, fmt in FIGURES:
+        ma = statistics.median(r[key] for r in rounds["A"])
+        mb = statistics.median(r[key] for r in rounds["B"])
+        ratio = f"{mb / ma:.3f}" if ma else "–"
+        lines.append(f"| {name} | {fmt.format(ma)} | {fmt.format(mb)} | {ratio} |")
+    lines.append("")
+    lines.append(f"Medians of {len(rounds['A'])} interleaved rounds; every round:")
+    lines.append("")
+    lines.append("| round | " + " | ".join(f"A {name} | B {name}" for _, name, _ in FIGURES[:2]) + " |")
+    lines.append("|---|" + "---|" * 4)
+    for i, (ra, rb) in enumerate(zip(rounds["A"], rounds["B"], strict=True)):
+        cells = [fmt.format(r[key]) for key, _, fmt in FIGURES[:2] for r in (ra, rb)]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("base")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    tree, sha = base_tree(args.base)
+    dirty = " (uncommitted changes)" if git("status", "--porcelain", "--", "python", "rust") else ""
+    labels = (sha[:12], git("rev-parse", "--short=12", "HEAD") + dirty)
+    rounds: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        work = Path(tmp)
+        (work / "a").mkdir()
+        (work / "b").mkdir()
+        sim = stack.enter_context(servers.simulator(work, CLIENT_CPU))
+        with python_path(tree / "python"):
+            a = stack.enter_context(servers.gateway(sim, work / "a", SERVER_CPU))
+        with python_path(ROOT / "python"):
+            b = stack.enter_context(servers.gateway(sim, work / "b", SERVER_CPU))
+        for target in (a, b):  # warm: connections, caches, the tokenizer
+            one_round(target, 1.0)
+        for i in range(args.rounds):
+            order = (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a))
+            for name, target in order:
+                rounds[name].append(one_round(target, args.seconds))
+            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    text = table(labels, rounds)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(f"# A/B: {labels[0]} against {labels[1]}\n\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
