@@ -9,6 +9,7 @@ import datetime as dt
 import ipaddress
 import os
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -254,6 +255,30 @@ def test_silence_is_a_read_timeout_before_the_head_and_within_the_body() -> None
             response.release()
 
     run(body)
+
+
+def test_a_body_that_keeps_coming_never_times_out_and_silence_after_it_does() -> None:
+    # Twelve pieces 0.1 s apart (1.2 s in all) under a 0.25 s read timeout: never that long a
+    # silence. Then the answer stops mid-body: a timeout, about 0.25 s after the last piece.
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    dripping = Upstream(lambda n: [head, *(b"1\r\nx\r\n" for _ in range(12))], pause=0.1)
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(dripping)
+        async with server:
+            response = await c.post(url + "/x", b"", {}, 0.25)
+            received = b""
+            last = time.monotonic()
+            with pytest.raises(UPSTREAM_FAILURES) as caught:
+                async for chunk in response.content.iter_any():
+                    received += chunk
+                    last = time.monotonic()
+            assert is_timeout(caught.value)
+            assert received == b"x" * 12
+            assert 0.2 <= time.monotonic() - last < 1.0
+            response.release()
+
+    run(test)
 
 
 def test_refused_connections_are_unsent_and_cut_answers_are_not() -> None:

@@ -275,6 +275,7 @@ class _Connection(asyncio.Protocol):
         self._method = "POST"
         self._timer: asyncio.TimerHandle | None = None
         self._read_timeout = 0.0
+        self._last_read = 0.0  # loop time of the last bytes (or the request): when silence began
         self._keep_alive = True
         self._paused = False
 
@@ -444,10 +445,17 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def _touch(self) -> None:
-        """(Re)start the read timeout: the longest silence allowed until the answer is read."""
-        self._cancel_timer()
-        if self._read_timeout > 0:
-            self._timer = asyncio.get_running_loop().call_later(self._read_timeout, self._timed_out)
+        """(Re)start the read timeout: the longest silence allowed until the answer is read. One
+        timer stays armed while bytes keep coming: a read only notes its time, and the timer, when
+        it fires before the silence is long enough, waits for the rest (a timer made and cancelled
+        per read cost more than the read, on every chunk of a stream)."""
+        if self._read_timeout <= 0:
+            self._cancel_timer()
+            return
+        loop = asyncio.get_running_loop()
+        self._last_read = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_at(self._last_read + self._read_timeout, self._timed_out)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -457,6 +465,11 @@ class _Connection(asyncio.Protocol):
     def _timed_out(self) -> None:
         self._timer = None
         if self._head_waiter is None and self._response is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = self._last_read + self._read_timeout
+        if loop.time() < due:  # bytes came since the timer was set: the silence is shorter
+            self._timer = loop.call_at(due, self._timed_out)
             return
         self._fail(ReadTimeout(f"the upstream sent nothing for {self._read_timeout:g} s"))
 
