@@ -10,7 +10,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing, safety
 from ..config import ModelConfig
 from ..context import Call
 from ..core import (
@@ -34,6 +33,7 @@ from ..translate import (
 )
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
+from .text import check_and_hold
 from .upstream import forward_plain, usage_reader
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -54,13 +54,16 @@ def routes(state: GatewayState) -> list[Route]:
             if model.type == "messages"
             else None
         )
-        await safety.check(state, request, call, model, payload, "chat")
-        prompt_tokens = count_chat_tokens(raw, model.tokenizer)
-        await billing.hold(
+        await check_and_hold(
             state,
+            request,
             call,
             model,
-            billing.estimate_usage(model, prompt_tokens, payload, "max_completion_tokens", "max_tokens"),
+            payload,
+            "chat",
+            lambda: count_chat_tokens(raw, model.tokenizer),
+            "max_completion_tokens",
+            "max_tokens",
         )
         if translated is not None:
             return await _from_messages_model(state, request, call, model, raw, payload, translated)

@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import billing, safety
 from ..config import ModelConfig
 from ..context import Call
 from ..core import (
@@ -31,6 +30,7 @@ from ..translate import (
 )
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
+from .text import check_and_hold
 from .translated import chat_body, forward_to_chat_model
 from .upstream import forward_plain, usage_reader
 
@@ -76,12 +76,8 @@ def routes(state: GatewayState) -> list[Route]:
 async def _check_and_hold(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> None:
-    await safety.check(state, request, call, model, payload, "messages")
-    await billing.hold(
-        state,
-        call,
-        model,
-        billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_tokens"),
+    await check_and_hold(
+        state, request, call, model, payload, "messages", lambda: _prompt_tokens(model, payload), "max_tokens"
     )
 
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import background, billing, safety
+from .. import background, billing
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
@@ -43,6 +43,7 @@ from ..translate import (
 )
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
 from .streaming import forward_stream
+from .text import check_and_hold
 from .translated import chat_body, forward_to_chat_model
 from .upstream import call_upstream
 
@@ -62,14 +63,8 @@ def routes(state: GatewayState) -> list[Route]:
         in_background = upstream.get("background") is True
         if in_background:
             _validate_background(payload)
-        await safety.check(state, request, call, model, payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
-        await billing.hold(
-            state,
-            call,
-            model,
-            billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_output_tokens"),
-        )
+        await _check_and_hold(state, request, call, model, payload)
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         if previous is not None:
@@ -180,6 +175,21 @@ def routes(state: GatewayState) -> list[Route]:
     ]
 
 
+async def _check_and_hold(
+    state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
+) -> None:
+    await check_and_hold(
+        state,
+        request,
+        call,
+        model,
+        payload,
+        "responses",
+        lambda: _prompt_tokens(model, payload),
+        "max_output_tokens",
+    )
+
+
 async def _from_chat_model(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> Response:
@@ -200,13 +210,7 @@ async def _from_chat_model(
             "background",
         )
     upstream = chat_body(state, model, payload, call, chat_request_from_responses)
-    await safety.check(state, request, call, model, payload, "responses")
-    await billing.hold(
-        state,
-        call,
-        model,
-        billing.estimate_usage(model, _prompt_tokens(model, payload), payload, "max_output_tokens"),
-    )
+    await _check_and_hold(state, request, call, model, payload)
     rid = response_id("resp_")
     return await forward_to_chat_model(
         state,
