@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -103,10 +102,7 @@ def python_path(path: Path) -> Iterator[None]:
 
 
 def one_round(target: servers.Target, seconds: float) -> dict[str, float]:
-    body = json.dumps(
-        {"model": target.model["chat"], "messages": [{"role": "user", "content": "Say something."}]}
-    )
-    url, data = target.url("chat"), body.encode()
+    url, data = target.url("chat"), load.body("chat", target.model["chat"])
     assert target.pid is not None
     cpu = procstat.cpu_seconds(target.pid)
     busy = load.wrk(url, data, target.headers, 64, seconds, CLIENT_CPU)

@@ -11,6 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -38,6 +39,18 @@ class WrkResult:
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+
+def body(workload: str, model: str) -> bytes:
+    """The request every path is sent for `workload` (its model name is the path's own)."""
+    payload: dict[str, Any]
+    if workload == "embeddings":
+        payload = {"model": model, "input": "Say something.", "encoding_format": "float"}
+    else:
+        payload = {"model": model, "messages": [{"role": "user", "content": "Say something."}]}
+        if workload != "chat":
+            payload["stream"] = True
+    return json.dumps(payload).encode()
 
 
 def _lua_string(text: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import subprocess
@@ -81,14 +80,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    body = json.dumps({"model": "bench/chat", "messages": [{"role": "user", "content": "Say something."}]})
     RESULTS.mkdir(parents=True, exist_ok=True)
     svg = RESULTS / "profile.svg"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         with servers.simulator(work, CLIENT_CPU) as sim, servers.gateway(sim, work, SERVER_CPU) as gw:
             assert gw.pid is not None
-            url, data = gw.url("chat"), body.encode()
+            url, data = gw.url("chat"), load.body("chat", gw.model["chat"])
             load.wrk(url, data, gw.headers, 64, 3, CLIENT_CPU)  # warm
             worker = worker_of(gw.pid)
             names = python_thread_names(py_spy, worker)

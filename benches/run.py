@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import statistics
 import sys
 import tempfile
@@ -30,17 +29,6 @@ SERVER_CPU = "0"  # the path under test
 CLIENT_CPU = "1"  # the simulator and the load generator
 
 
-def body(workload: str, model: str) -> bytes:
-    payload: dict[str, Any]
-    if workload == "embeddings":
-        payload = {"model": model, "input": "Say something.", "encoding_format": "float"}
-    else:
-        payload = {"model": model, "messages": [{"role": "user", "content": "Say something."}]}
-        if workload != "chat":
-            payload["stream"] = True
-    return json.dumps(payload).encode()
-
-
 def wheel_note() -> str | None:
     """The newest wheel `make wheel` left in dist/ and its size (what users download), if any."""
     dist = Path(__file__).resolve().parent.parent / "dist"
@@ -54,7 +42,7 @@ def measure(
     if workload in target.requests:
         url, data, headers = target.requests[workload]
     else:
-        url, data, headers = target.url(workload), body(workload, target.model[workload]), target.headers
+        url, data, headers = target.url(workload), load.body(workload, target.model[workload]), target.headers
     load.wrk(url, data, headers, concurrency, warmup, CLIENT_CPU)
     cpu_before = procstat.cpu_seconds(target.pid) if target.pid else 0.0
     result = load.wrk(url, data, headers, concurrency, seconds, CLIENT_CPU)
@@ -199,7 +187,7 @@ def run_path(
         try:
             t = load.stream_timing(
                 target.url("chat_paced"),
-                body("chat_paced", target.model["chat_paced"]),
+                load.body("chat_paced", target.model["chat_paced"]),
                 target.headers,
             )
         except load.StreamFailed as exc:
@@ -221,7 +209,7 @@ def pg_paired(
             order = (gateway, gateway_pg) if n % 2 == 0 else (gateway_pg, gateway)
             p50: dict[str, float] = {}
             for target in order:
-                data = body("chat", target.model["chat"])
+                data = load.body("chat", target.model["chat"])
                 load.wrk(target.url("chat"), data, target.headers, 1, 1.0, CLIENT_CPU)
                 p50[target.name] = load.wrk(
                     target.url("chat"), data, target.headers, 1, seconds, CLIENT_CPU
