@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from starlette.requests import Request
 
-from gateway.routes.common import ClientWatch
+from gateway.routes.common import ClientWatch, read_body
 
 Message = dict[str, Any]
 
@@ -99,5 +100,29 @@ def test_a_coroutine_receive_is_watched_in_a_task(leaves: bool) -> None:
 
         watch = await asyncio.wait_for(_watched(coroutine_receive(messages), body), 5)
         assert watch.left is leaves
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_as_long_as_its_content_length_does_not_wait_for_the_closing_message(
+    declared: bool,
+) -> None:
+    """Granian sends a body's bytes with more_body, then an empty closing message across threads:
+    with a content-length, read_body returns at the bytes and leaves that message to the watch."""
+
+    async def go() -> None:
+        receive = FutureReceive()
+        headers = [(b"content-length", b"7")] if declared else []
+        request = Request({"type": "http", "method": "POST", "headers": headers}, receive)
+        reading = asyncio.ensure_future(read_body(request, 100))
+        await asyncio.sleep(0)
+        receive.pending[0].set_result({"type": "http.request", "body": b'{"a":1}', "more_body": True})
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert reading.done() is declared
+        if not declared:
+            receive.pending[1].set_result({"type": "http.request", "body": b"", "more_body": False})
+        assert await reading == b'{"a":1}'
 
     asyncio.run(go())
