@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import ipaddress
 import os
 import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -139,6 +141,29 @@ def test_content_length_answers_reuse_one_connection() -> None:
         assert upstream.connections == 1 and upstream.requests == 3
 
     run(test)
+
+
+def test_an_answer_is_freed_as_soon_as_it_is_let_go() -> None:
+    # No reference cycle: an answer (its body, headers, connection) must not wait for the garbage
+    # collector, which would otherwise run every few thousand requests to find them.
+    upstream = Upstream(lambda n: ok(b'{"n": %d}' % n))
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            response = await c.post(url + "/x", b"{}", {}, 5)
+            assert await response.content.read() == b'{"n": 1}'
+            response.release()
+            gone = weakref.ref(response)
+            del response
+            await asyncio.sleep(0)  # the loop's wake-up of this task held the head's future a moment
+            assert gone() is None
+
+    gc.disable()
+    try:
+        run(test)
+    finally:
+        gc.enable()
 
 
 @settings(max_examples=30, deadline=None)

@@ -497,7 +497,6 @@ class UpstreamResponse:
     ) -> None:
         self.status = status
         self.headers = headers
-        self.content = self  # `response.content.iter_any()`, as callers of aiohttp's wrote it
         self._connection: _Connection | None = connection
         self._framing = framing
         self._parts: deque[bytes] = deque()
@@ -506,6 +505,13 @@ class UpstreamResponse:
         self._eof = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def content(self) -> UpstreamResponse:
+        """`response.content.iter_any()`, as callers of aiohttp's wrote it. A property, not an
+        attribute: `self.content = self` made every answer a reference cycle, left to the garbage
+        collector (five objects a request, a 3-5 ms young collection every 1.5 s at c=1)."""
+        return self
 
     # -- fed by the connection
 
