@@ -35,9 +35,11 @@ from ..telemetry.tracing import trace
 
 class ClientWatch:
     """Watches a request's connection while it runs (its body has been read, so the server's next
-    message can only be the disconnect): a client that leaves cancels the task at once, the upstream
-    call with it, instead of the gateway learning of it only when it writes. `cancels()` says
-    whether leaving still cancels (a request that started a job upstream runs to its end).
+    messages can only be the body's empty closing one, which read_body leaves when the body is as
+    long as its content-length, and the disconnect): a client that leaves cancels the task at once,
+    the upstream call with it, instead of the gateway learning of it only when it writes.
+    `cancels()` says whether leaving still cancels (a request that started a job upstream runs to
+    its end).
 
     Granian's `receive()` is a future that Granian itself resolves with `http.disconnect` once the
     answer has gone out (as ASGI asks), so the watch is a callback on it: no task, nothing to
@@ -66,7 +68,7 @@ class ClientWatch:
             self._waiter.add_done_callback(self._on_done)
 
     def _on_message(self, done: asyncio.Future[Message]) -> None:
-        # Any message but the disconnect (none is expected once the body is read) re-arms.
+        # Any message but the disconnect (only the body's closing one is expected) re-arms.
         if (
             self._active
             and not done.cancelled()
