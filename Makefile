@@ -120,9 +120,9 @@ bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 
 	$(BIN)/python benches/run.py --quick
 
 .PHONY: bench-ab
-bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds
+bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds (AB_FLAGS=--keys: also over 50 keys)
 	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit>"; exit 2; }
-	$(BIN)/python benches/ab.py $(BASE)
+	$(BIN)/python benches/ab.py $(BASE) $(AB_FLAGS)
 
 .PHONY: bench-profile
 bench-profile: setup bench-tools ## a flame graph and per-thread CPU of one worker under chat load (benches/results/profile*)

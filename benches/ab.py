@@ -11,7 +11,10 @@ rust/ and the Cargo files are the same at both; otherwise BASE's own is built (a
 stores are made by the working tree's code (the bench key is minted with it): a BASE older than a
 store migration cannot be compared this way.
 
-Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--out FILE]
+With --keys, each round also measures c=64 with requests spread over the bench's 50 keys on 20
+accounts (servers.MANY_KEYS), where the SQLite writer's commits cost what they do in a deployment.
+
+Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--keys] [--out FILE]
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ FIGURES = (
     ("cpu_per_1k", "CPU s per 1k requests at c=64", "{:.3f}"),
     ("p50_c1", "p50 ms at c=1", "{:.3f}"),
     ("p99_c1", "p99 ms at c=1", "{:.3f}"),
+)
+MANY_KEYS_FIGURES = (
+    ("rps_keys", "req/s at c=64, 50 keys", "{:,.0f}"),
+    ("cpu_keys", "CPU s per 1k requests at c=64, 50 keys", "{:.3f}"),
 )
 
 
@@ -101,27 +108,37 @@ def python_path(path: Path) -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
 
 
-def one_round(target: servers.Target, seconds: float) -> dict[str, float]:
+def one_round(target: servers.Target, seconds: float, many_keys: bool = False) -> dict[str, float]:
     url, data = target.url("chat"), load.body("chat", target.model["chat"])
-    assert target.pid is not None
-    cpu = procstat.cpu_seconds(target.pid)
-    busy = load.wrk(url, data, target.headers, 64, seconds, CLIENT_CPU)
-    cpu = procstat.cpu_seconds(target.pid) - cpu
+    busy, cpu = _busy(target, url, data, seconds, ())
     alone = load.wrk(url, data, target.headers, 1, seconds, CLIENT_CPU)
     if busy.failures or alone.failures:
         raise RuntimeError(f"{target.name}: {busy.failures + alone.failures} requests failed")
-    return {
-        "rps_c64": busy.rps,
-        "cpu_per_1k": cpu / busy.requests * 1000 if busy.requests else 0.0,
-        "p50_c1": alone.p50_ms,
-        "p99_c1": alone.p99_ms,
-    }
+    figures = {"rps_c64": busy.rps, "cpu_per_1k": cpu, "p50_c1": alone.p50_ms, "p99_c1": alone.p99_ms}
+    if many_keys:
+        spread, spread_cpu = _busy(target, url, data, seconds, target.keys)
+        if spread.failures:
+            raise RuntimeError(f"{target.name}: {spread.failures} requests failed over many keys")
+        figures |= {"rps_keys": spread.rps, "cpu_keys": spread_cpu}
+    return figures
+
+
+def _busy(
+    target: servers.Target, url: str, data: bytes, seconds: float, keys: list[str] | tuple[()]
+) -> tuple[load.WrkResult, float]:
+    """wrk at c=64 and the CPU seconds the target spent per 1k of its requests."""
+    assert target.pid is not None
+    cpu = procstat.cpu_seconds(target.pid)
+    busy = load.wrk(url, data, target.headers, 64, seconds, CLIENT_CPU, keys)
+    cpu = procstat.cpu_seconds(target.pid) - cpu
+    return busy, cpu / busy.requests * 1000 if busy.requests else 0.0
 
 
 def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) -> str:
     a, b = labels
     lines = [f"| figure | A: {a} | B: {b} | B / A |", "|---|---|---|---|"]
-    for key, name, fmt in FIGURES:
+    figures = FIGURES + (MANY_KEYS_FIGURES if "rps_keys" in rounds["A"][0] else ())
+    for key, name, fmt in figures:
         ma = statistics.median(r[key] for r in rounds["A"])
         mb = statistics.median(r[key] for r in rounds["B"])
         ratio = f"{mb / ma:.3f}" if ma else "–"
@@ -142,6 +159,7 @@ def main() -> int:
     parser.add_argument("base")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--keys", action="store_true", help="also c=64 over 50 keys (MANY_KEYS)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     tree, sha = base_tree(args.base)
@@ -162,7 +180,7 @@ def main() -> int:
         for i in range(args.rounds):
             order = (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a))
             for name, target in order:
-                rounds[name].append(one_round(target, args.seconds))
+                rounds[name].append(one_round(target, args.seconds, args.keys))
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     text = table(labels, rounds)
     print(text)

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,21 @@ done = function(summary, latency, requests)
   io.write(string.format('RESULT {{"requests":%d,"duration_us":%d,"p50":%d,"p90":%d,"p99":%d,"non2xx":%d,"errors":%d}}\\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(90), latency:percentile(99),
     summary.errors.status, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+"""
+
+
+# Chat workloads answered whole (the rest stream); chat_keys is chat spread over many keys.
+NOT_STREAMED = frozenset({"chat", "chat_keys"})
+
+# With keys to spread the requests over, each request takes the next (wrk builds it per request).
+ROTATE_KEYS = """
+local keys = {{{keys}}}
+local sent = 0
+request = function()
+  sent = sent + 1
+  wrk.headers["authorization"] = "Bearer " .. keys[sent % #keys + 1]
+  return wrk.format()
 end
 """
 
@@ -48,7 +64,7 @@ def body(workload: str, model: str) -> bytes:
         payload = {"model": model, "input": "Say something.", "encoding_format": "float"}
     else:
         payload = {"model": model, "messages": [{"role": "user", "content": "Say something."}]}
-        if workload != "chat":
+        if workload not in NOT_STREAMED:
             payload["stream"] = True
     return json.dumps(payload).encode()
 
@@ -58,11 +74,21 @@ def _lua_string(text: str) -> str:
 
 
 def wrk(
-    url: str, body: bytes, headers: dict[str, str], connections: int, seconds: float, cpu: str
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    connections: int,
+    seconds: float,
+    cpu: str,
+    keys: Sequence[str] = (),
 ) -> WrkResult:
+    """wrk's figures for `seconds` of POSTs of `body` over `connections` connections; with `keys`,
+    each request is authorized by the next of them in turn."""
     header_lines = "\n".join(
         f"wrk.headers[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in headers.items()
     )
+    if keys:
+        header_lines += ROTATE_KEYS.format(keys=", ".join(_lua_string(k) for k in keys))
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(LUA.format(body=_lua_string(body.decode()), headers=header_lines))
     try:

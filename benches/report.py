@@ -133,7 +133,7 @@ def write(result: dict[str, Any], stamp: str) -> Path:
             + ", ".join(f"{d:+.2f}" for d in paired["differences_ms"])
             + " ms. The rows below were measured minutes apart and drift with the machine.",
         ]
-    for workload in ("chat", "chat_stream", "chat_stream_bedrock", "embeddings"):
+    for workload in ("chat", "chat_keys", "chat_stream", "chat_stream_bedrock", "embeddings"):
         cs = sorted({r["concurrency"] for r in rows if r["workload"] == workload})
         if not cs:
             continue

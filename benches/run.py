@@ -42,10 +42,12 @@ def measure(
     if workload in target.requests:
         url, data, headers = target.requests[workload]
     else:
-        url, data, headers = target.url(workload), load.body(workload, target.model[workload]), target.headers
-    load.wrk(url, data, headers, concurrency, warmup, CLIENT_CPU)
+        url, data = target.url(workload), load.body(workload, target.model_for(workload))
+        headers = target.headers
+    keys = target.keys if workload == servers.MANY_KEYS else ()
+    load.wrk(url, data, headers, concurrency, warmup, CLIENT_CPU, keys)
     cpu_before = procstat.cpu_seconds(target.pid) if target.pid else 0.0
-    result = load.wrk(url, data, headers, concurrency, seconds, CLIENT_CPU)
+    result = load.wrk(url, data, headers, concurrency, seconds, CLIENT_CPU, keys)
     cpu = (procstat.cpu_seconds(target.pid) - cpu_before) if target.pid else None
     row: dict[str, Any] = {
         "path": target.name,
@@ -89,6 +91,7 @@ def main() -> int:
         paths = ["floor", "passthrough", "gateway", "gateway-pg", "litellm", "portkey"]
         plan = {
             "chat": [1, 16, 64, 256],
+            servers.MANY_KEYS: [64],
             "chat_stream": [1, 16, 64],
             servers.BEDROCK_STREAM: [1],
             "embeddings": [1, 64],

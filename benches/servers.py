@@ -41,6 +41,11 @@ UPSTREAM_MODEL = {
 }
 MODEL_TYPE = {"embeddings": "embedding"}  # the rest are chat
 PATH = {"embeddings": "/embeddings"}  # the rest are /chat/completions
+# The many-keys workload: chat requests spread over this many keys on this many accounts, one key
+# after the other (a deployment's writer dirties a leaf of each key's and account's log indexes per
+# commit; a single key, the other workloads, is the cheap case).
+MANY_KEYS = "chat_keys"
+KEYS, ACCOUNTS = 50, 20
 # The Bedrock event-stream path (this gateway only): a 200-chunk stream through a bedrock channel,
 # whose answer is ConverseStream's binary framing, signed with the simulator's own AWS key pair.
 BEDROCK_STREAM = "chat_stream_bedrock"
@@ -58,12 +63,18 @@ class Target:
     version: str = ""
     # workload -> (url, body, headers) of a request not in the chat shape (the floor's Bedrock one)
     requests: dict[str, tuple[str, bytes, dict[str, str]]] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)  # the MANY_KEYS workload's (this gateway's paths)
 
     def serves(self, workload: str) -> bool:
+        if workload == MANY_KEYS:
+            return bool(self.keys)
         return workload in self.model or workload in self.requests
 
     def url(self, workload: str) -> str:
         return self.base_url + PATH.get(workload, "/chat/completions")
+
+    def model_for(self, workload: str) -> str:
+        return self.model["chat" if workload == MANY_KEYS else workload]
 
 
 def free_port() -> int:
@@ -222,7 +233,7 @@ region = "{BEDROCK_REGION}"
 
 
 @contextmanager
-def _serve(name: str, config: Path, port: int, key: str, cpu: str, workdir: Path) -> Iterator[Target]:
+def _serve(name: str, config: Path, port: int, keys: list[str], cpu: str, workdir: Path) -> Iterator[Target]:
     with process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
         port,
@@ -233,10 +244,11 @@ def _serve(name: str, config: Path, port: int, key: str, cpu: str, workdir: Path
         yield Target(
             name,
             f"http://127.0.0.1:{port}/v1",
-            {"content-type": "application/json", "authorization": f"Bearer {key}"},
+            {"content-type": "application/json", "authorization": f"Bearer {keys[0]}"},
             proc.pid,
             model={w: f"bench/{w}" for w in [*UPSTREAM_MODEL, BEDROCK_STREAM]},
             version=_git_version(),
+            keys=keys,
         )
 
 
@@ -253,8 +265,8 @@ def gateway(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Tar
     db = workdir / "gateway.db"
     config = workdir / "gateway.toml"
     config.write_text(_gateway_config(sim, port, workers, f'[store]\npath = "{db}"\n'))
-    key = asyncio.run(_mint_key(config))
-    with _serve("gateway", config, port, key, cpu, workdir) as target:
+    keys = asyncio.run(_mint_keys(config))
+    with _serve("gateway", config, port, keys, cpu, workdir) as target:
         yield target
 
 
@@ -282,8 +294,8 @@ def gateway_pg(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[
         config = workdir / "gateway-pg.toml"
         services = f'[store]\nbackend = "postgres"\nurl = "{url}"\n[redis]\nurl = "{REDIS_URL}"\nprefix = "{prefix}"\n'
         config.write_text(_gateway_config(sim, port, workers, services))
-        key = asyncio.run(_mint_key(config))
-        with _serve("gateway-pg", config, port, key, cpu, workdir) as target:
+        keys = asyncio.run(_mint_keys(config))
+        with _serve("gateway-pg", config, port, keys, cpu, workdir) as target:
             yield target
     finally:
         try:
@@ -332,8 +344,9 @@ async def _forget_redis(prefix: str) -> None:
         await client.aclose()
 
 
-async def _mint_key(config: Path) -> str:
-    """An account with plenty of money and a key on it, through the store the config names."""
+async def _mint_keys(config: Path) -> list[str]:
+    """KEYS keys over ACCOUNTS accounts with plenty of money, through the store the config names;
+    the first is the one every workload but MANY_KEYS uses."""
     sys.path.insert(0, str(ROOT / "python"))
     from gateway.auth import display_prefix, generate_key, hash_key
     from gateway.config import load_settings
@@ -342,10 +355,18 @@ async def _mint_key(config: Path) -> str:
     store = open_store(load_settings(config))
     await store.start()
     try:
-        account = await store.create_account("bench-" + secrets.token_hex(4), Decimal(1_000_000))
-        key = generate_key()
-        await store.create_key(account.id, "bench", hash_key(key), display_prefix(key), None)
-        return key
+        accounts = [
+            await store.create_account(f"bench-{n}-" + secrets.token_hex(4), Decimal(1_000_000))
+            for n in range(ACCOUNTS)
+        ]
+        keys = []
+        for n in range(KEYS):
+            key = generate_key()
+            await store.create_key(
+                accounts[n % ACCOUNTS].id, f"bench-{n}", hash_key(key), display_prefix(key), None
+            )
+            keys.append(key)
+        return keys
     finally:
         await store.close()
 
