@@ -114,6 +114,7 @@ def create_app(settings: Settings) -> Starlette:
         drain=Drain(settings.drain_seconds),
         redis=redis,
     )
+    store.follow_load(lambda: state.funds.open_holds)  # holds open: this process's requests under way
     logs.configure(settings.log_format, settings.log_level, settings.access_log)
 
     @asynccontextmanager

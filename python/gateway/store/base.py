@@ -5,7 +5,7 @@ store/records.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Protocol
 
@@ -160,6 +160,13 @@ class Ledger(Protocol):
 
     def forget_progress(self, usage_id: str) -> None:
         """A stream that noted progress ended without a settlement."""
+
+    def follow_load(self, running: Callable[[], int]) -> None:
+        """`running()` says how many of this process's requests are under way (an in-memory count,
+        read from any thread). A store whose writes take the process's own CPU may gather more of
+        them into one commit while many requests run: each of those waits in line anyway, and a
+        larger commit costs less per write. While few run, a commit is kept short, since a request
+        that meets it waits for it."""
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         """The record, only if it belongs to this key."""

@@ -44,6 +44,11 @@ class LogBodyBacklog:
                 self._bytes += bodies
         return entry, bodies
 
+    @property
+    def waiting_bytes(self) -> int:
+        """The bodies admitted and not yet released."""
+        return self._bytes
+
     def release(self, count: int) -> None:
         if count:
             with self._lock:

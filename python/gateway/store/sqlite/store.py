@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -210,6 +210,9 @@ class SqliteStore(SqliteConsole):
             .fetchall()
         )
         return [usage_record(row) for row in found]
+
+    def follow_load(self, running: Callable[[], int]) -> None:
+        self._writer.under_way = running  # it lingers longer while many requests run
 
     async def get_usage(self, usage_id: str, key_id: str) -> UsageRecord | None:
         row = (

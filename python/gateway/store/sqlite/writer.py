@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..log_backlog import LogBodyBacklog, body_bytes
+from ..log_backlog import MAX_LOG_BACKLOG_BYTES, LogBodyBacklog, body_bytes
 from ..records import RequestLog, Settlement
 from .ledger import _settle_many
 from .rows import _INSERT_LOG, _log_values
@@ -23,8 +23,19 @@ from .rows import _INSERT_LOG, _log_values
 WriteOp = Callable[[sqlite3.Connection], Any]
 log = logging.getLogger("gateway.store")
 # How long the writer lets settlements gather before committing them (usage records appear this
-# much later; charges are safe in the journal from the start).
+# much later; charges are safe in the journal from the start). The writer shares the core with the
+# event loop, so a request that arrives during a commit waits for it: while few requests run, a
+# commit is kept short. While BUSY_REQUESTS or more run, each of them waits in line anyway and what
+# counts is the writer's CPU per row: a commit rewrites every page it dirtied, and the log rows of
+# a deployment's many keys and accounts land on different leaves of the log's indexes, so larger
+# commits cost less per row (50 keys at c=64: +10 % requests/s with 50 ms instead of 10;
+# benches/README, "many keys").
 SETTLEMENT_LINGER_SECONDS = 0.01
+BUSY_LINGER_SECONDS = 0.05
+BUSY_REQUESTS = 8
+# Log bodies waiting past this end a linger early: a long linger must not push large bodies past
+# the backlog's bound (dropped then, gateway.store.log_backlog).
+LINGER_BODY_BYTES = MAX_LOG_BACKLOG_BYTES // 4
 MAX_BATCH = 512  # items of one transaction
 
 _STOP = object()
@@ -52,6 +63,7 @@ class Writer:
         more settlements are in the store (the journal may then be truncated)."""
         self._owner = owner
         self._applied = applied
+        self.under_way: Callable[[], int] = lambda: 0  # requests running (Store.follow_load)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._urgent = threading.Event()  # an awaited operation (or the stop) is queued
         self._thread: threading.Thread | None = None
@@ -92,12 +104,18 @@ class Writer:
         if settlement.log is not None:
             settlement = replace(settlement, log=self._bodies.admit(settlement.log)[0])
         self._queue.put(settlement)
+        self._commit_soon_if_heavy()
 
     def log(self, entry: RequestLog) -> None:
         """Queue a request log entry that no settlement carries for the next group commit."""
         entry, bodies = self._bodies.admit(entry)
         # Like a settlement, nobody waits for it: it joins the next group commit.
         self._queue.put(_LogRow(_log_values(entry), bodies))
+        self._commit_soon_if_heavy()
+
+    def _commit_soon_if_heavy(self) -> None:
+        if self._bodies.waiting_bytes > LINGER_BODY_BYTES:
+            self._urgent.set()  # ends the linger
 
     async def write(self, op: WriteOp, on_commit: Callable[[asyncio.Future[Any]], None] | None = None) -> Any:
         """Run `op` in the writer's next transaction and return its result once committed. With
@@ -121,7 +139,8 @@ class Writer:
             # thread (each wake-up is a GIL hand-off with the event loop): they are taken together
             # when the linger ends.
             if _nobody_waits(batch[0]):
-                self._urgent.wait(SETTLEMENT_LINGER_SECONDS)
+                busy = self.under_way() >= BUSY_REQUESTS
+                self._urgent.wait(BUSY_LINGER_SECONDS if busy else SETTLEMENT_LINGER_SECONDS)
             self._urgent.clear()
             while len(batch) < MAX_BATCH:
                 try:
