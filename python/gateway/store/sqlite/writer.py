@@ -11,6 +11,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,11 +29,15 @@ log = logging.getLogger("gateway.store")
 # commit is kept short. While BUSY_REQUESTS or more run, each of them waits in line anyway and what
 # counts is the writer's CPU per row: a commit rewrites every page it dirtied, and the log rows of
 # a deployment's many keys and accounts land on different leaves of the log's indexes, so larger
-# commits cost less per row (50 keys at c=64: +10 % requests/s with 50 ms instead of 10;
+# commits cost less per row (50 keys at c=64: +9 to +12 % requests/s with 50 ms instead of 10;
 # benches/README, "many keys").
 SETTLEMENT_LINGER_SECONDS = 0.01
 BUSY_LINGER_SECONDS = 0.05
 BUSY_REQUESTS = 8
+# Busy is judged on the most of the last few counts, one taken as each linger begins: a single
+# count is often low at any load (under chat load at c=64, a quarter of them were 0: every request
+# was in Granian's hands, read or being answered, at that instant).
+LOAD_SAMPLES = 4
 # Log bodies waiting past this end a linger early: a long linger must not push large bodies past
 # the backlog's bound (dropped then, gateway.store.log_backlog).
 LINGER_BODY_BYTES = MAX_LOG_BACKLOG_BYTES // 4
@@ -64,6 +69,7 @@ class Writer:
         self._owner = owner
         self._applied = applied
         self.under_way: Callable[[], int] = lambda: 0  # requests running (Store.follow_load)
+        self._load: deque[int] = deque(maxlen=LOAD_SAMPLES)  # its last counts
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._urgent = threading.Event()  # an awaited operation (or the stop) is queued
         self._thread: threading.Thread | None = None
@@ -139,7 +145,8 @@ class Writer:
             # thread (each wake-up is a GIL hand-off with the event loop): they are taken together
             # when the linger ends.
             if _nobody_waits(batch[0]):
-                busy = self.under_way() >= BUSY_REQUESTS
+                self._load.append(self.under_way())
+                busy = max(self._load) >= BUSY_REQUESTS
                 self._urgent.wait(BUSY_LINGER_SECONDS if busy else SETTLEMENT_LINGER_SECONDS)
             self._urgent.clear()
             while len(batch) < MAX_BATCH:
