@@ -58,6 +58,7 @@ def test_a_disconnect_from_a_future_receive_cancels_the_request() -> None:
         receive = FutureReceive()
 
         async def body(watch: ClientWatch) -> None:
+            await asyncio.sleep(0)  # the request's first wait arms the watch
             receive.pending[0].set_result({"type": "http.disconnect"})
             await asyncio.sleep(10)  # cancelled at once
 
@@ -67,11 +68,38 @@ def test_a_disconnect_from_a_future_receive_cancels_the_request() -> None:
     asyncio.run(go())
 
 
+def test_the_watch_is_armed_at_the_request_s_first_wait_and_never_without_one() -> None:
+    """Arming sets Granian's thread to work on the request's core: not before the request waits
+    (for the upstream, its request already written), and not at all for one that never waits."""
+
+    async def go() -> None:
+        receive = FutureReceive()
+
+        async def works_then_waits(watch: ClientWatch) -> None:
+            assert receive.pending == []  # made, not armed
+            await asyncio.sleep(0)
+            assert len(receive.pending) == 1
+
+        await _watched(receive, works_then_waits)
+
+        never = FutureReceive()
+
+        async def never_waits(watch: ClientWatch) -> None:
+            pass
+
+        await _watched(never, never_waits)
+        await asyncio.sleep(0)  # past the turn the watch would have been armed in
+        assert never.pending == []
+
+    asyncio.run(go())
+
+
 def test_another_message_rearms_and_a_stopped_watch_ignores_the_disconnect() -> None:
     async def go() -> None:
         receive = FutureReceive()
 
         async def body(watch: ClientWatch) -> None:
+            await asyncio.sleep(0)  # armed
             receive.pending[0].set_result({"type": "http.request", "body": b"", "more_body": False})
             await asyncio.sleep(0)
             assert len(receive.pending) == 2  # armed again
@@ -94,7 +122,7 @@ def test_a_coroutine_receive_is_watched_in_a_task(leaves: bool) -> None:
         async def body(watch: ClientWatch) -> None:
             if leaves:
                 messages.put_nowait({"type": "http.disconnect"})
-                await asyncio.sleep(10)  # cancelled at once
+                await asyncio.sleep(10)  # armed at this wait, then cancelled at once
             else:
                 await asyncio.sleep(0)
 

@@ -45,7 +45,12 @@ class ClientWatch:
     answer has gone out (as ASGI asks), so the watch is a callback on it: no task, nothing to
     cancel when the request ends (the task and its cancellation were ~2% of a request's CPU). A
     receive that is a coroutine (Starlette's test client, the console's in-process calls) is
-    awaited in a task of its own, cancelled when the watch stops."""
+    awaited in a task of its own, cancelled when the watch stops.
+
+    It is armed once the request first waits (for the upstream, its request already written), not
+    when it is made: each `receive()` sets Granian's thread to work on the core the request runs
+    on, and before the first wait that work would delay the upstream call. Nothing is missed
+    meanwhile: a client gone by then is reported by the first `receive()`."""
 
     def __init__(self, receive: Receive, cancels: Callable[[], bool] = lambda: True) -> None:
         self.task = asyncio.current_task()
@@ -54,7 +59,12 @@ class ClientWatch:
         self._cancels = cancels
         self._receive = receive
         self._waiter: asyncio.Task[None] | None = None
-        self._arm()
+        self._start: asyncio.Handle | None = asyncio.get_running_loop().call_soon(self._first_arm)
+
+    def _first_arm(self) -> None:
+        self._start = None
+        if self._active:
+            self._arm()
 
     def _arm(self) -> None:
         pending: Any = self._receive()
@@ -91,6 +101,9 @@ class ClientWatch:
 
     def stop(self) -> None:
         self._active = False
+        if self._start is not None:  # never armed: the request did not wait
+            self._start.cancel()
+            self._start = None
         if self._waiter is not None:
             self._waiter.cancel()
 
