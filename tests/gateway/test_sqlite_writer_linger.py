@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from test_store_contract import account_and_key, log_entry, record
+from test_store_contract import StoreFactory, account_and_key, log_entry, record, started
 
 from gateway.store.sqlite import SqliteStore, writer
 from harness import eventually_async
@@ -22,22 +22,25 @@ async def _logged(store: SqliteStore, request_id: str) -> bool:
     return await store.get_request_log(request_id) is not None
 
 
-def _busy_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: list[int]) -> SqliteStore:
+def _following(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: list[int]) -> StoreFactory:
+    """A store whose writer follows `running[0]`, with a busy linger no test waits out."""
     monkeypatch.setattr(writer, "BUSY_LINGER_SECONDS", LONG)
-    store = SqliteStore(tmp_path / "gateway.db")
-    store.follow_load(lambda: running[0])
-    return store
+
+    def new_store() -> SqliteStore:
+        store = SqliteStore(tmp_path / "gateway.db")
+        store.follow_load(lambda: running[0])
+        return store
+
+    return new_store
 
 
 def test_a_quiet_process_commits_at_once_and_a_busy_one_lingers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     running = [0]
-    store = _busy_store(tmp_path, monkeypatch, running)
 
     async def main() -> None:
-        await store.start()
-        try:
+        async with started(_following(tmp_path, monkeypatch, running)) as [store]:
             account_id, key_id = await account_and_key(store, "10")
             quiet = record(account_id, key_id, "0")
             store.log_request(log_entry(quiet))
@@ -51,21 +54,18 @@ def test_a_quiet_process_commits_at_once_and_a_busy_one_lingers(
             # An awaited write ends the linger and takes the lingering entry with it.
             await store.purge_images(0)
             assert await _logged(store, busy.request_id)
-        finally:
-            started = time.monotonic()
-            await store.close()
-            assert time.monotonic() - started < LONG / 2  # closing does not wait the linger out
+            store.log_request(log_entry(record(account_id, key_id, "0")))  # lingering at the close
+            closing = time.monotonic()
+        assert time.monotonic() - closing < LONG / 2  # closing does not wait the linger out
 
     asyncio.run(main())
 
 
 def test_heavy_log_bodies_end_a_busy_linger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     running = [writer.BUSY_REQUESTS]
-    store = _busy_store(tmp_path, monkeypatch, running)
 
     async def main() -> None:
-        await store.start()
-        try:
+        async with started(_following(tmp_path, monkeypatch, running)) as [store]:
             account_id, key_id = await account_and_key(store, "10")
             light = record(account_id, key_id, "0")
             store.log_request(log_entry(light))
@@ -77,8 +77,6 @@ def test_heavy_log_bodies_end_a_busy_linger(tmp_path: Path, monkeypatch: pytest.
                 await eventually_async(partial(_logged, store, r.request_id), what=r.request_id)
             kept = await store.get_request_log(heavy[1].request_id)
             assert kept is not None and kept.request_body == body  # written whole, not dropped
-        finally:
-            await store.close()
 
     asyncio.run(main())
 
