@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -124,7 +124,7 @@ def one_round(target: servers.Target, seconds: float, many_keys: bool = False) -
 
 
 def _busy(
-    target: servers.Target, url: str, data: bytes, seconds: float, keys: list[str] | tuple[()]
+    target: servers.Target, url: str, data: bytes, seconds: float, keys: Sequence[str]
 ) -> tuple[load.WrkResult, float]:
     """wrk at c=64 and the CPU seconds the target spent per 1k of its requests."""
     assert target.pid is not None
