@@ -10,7 +10,7 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = Path(__file__).resolve().parent / "targets.toml"
-PATHS = ("floor", "passthrough", "gateway", "gateway-pg", "litellm", "portkey")
+PATHS = ("floor", "passthrough", "stack", "gateway", "gateway-pg", "litellm", "portkey")
 # Targets that are floors (the measured figure must reach them); every other one is a ceiling.
 AT_LEAST = frozenset(
     {"throughput_vs_litellm_c64", "throughput_vs_passthrough_c64", "pg_throughput_vs_embedded_c64"}
@@ -91,6 +91,41 @@ def check_targets(
     return out
 
 
+def features_cost(rows: list[dict[str, Any]], timings: list[dict[str, Any]]) -> list[str]:
+    """The gateway's distance from the pass-through split in two by the stack floor: what its
+    serving stack costs with no feature, and what every feature together costs over that."""
+    pt, stack, gw = (row(rows, p, "chat", 64) for p in ("passthrough", "stack", "gateway"))
+    if not (pt and stack and gw and pt["rps"] and all(r.get("cpu_s_per_1k") for r in (pt, stack, gw))):
+        return []
+    lines = [
+        "",
+        "## What the features cost",
+        "",
+        "The stack floor (`stack`) is the gateway's serving stack with no feature: Granian's ASGI "
+        "interface and the gateway's own upstream client (benches/stack_floor.py). CPU per request "
+        "is the server's, at c=64 (chat).",
+        "",
+        "| path | req/s at c=64 | × pass-through | CPU µs per request | added first token ms |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in (("passthrough", pt), ("stack", stack), ("gateway", gw)):
+        lines.append(
+            f"| {name} | {_fmt(r['rps'], 0)} | {_fmt(r['rps'] / pt['rps'])} | {_fmt(r['cpu_s_per_1k'] * 1000, 1)} "
+            f"| {_fmt(first_token_added_ms(timings, name))} |"
+        )
+    target = tomllib.loads(TARGETS.read_text())["targets"].get("throughput_vs_passthrough_c64")
+    features = (gw["cpu_s_per_1k"] - stack["cpu_s_per_1k"]) * 1000
+    text = f"Every feature together costs {features:.1f} µs of CPU per request over the stack floor."
+    if target:
+        # Bound by one core at c=64, requests/s is about the inverse of the CPU per request.
+        budget = pt["cpu_s_per_1k"] * 1000 / target - stack["cpu_s_per_1k"] * 1000
+        text += (
+            f" At {target:g}× the pass-through's requests/s, the gateway would have about "
+            f"{pt['cpu_s_per_1k'] * 1000 / target:.1f} µs per request: {budget:.1f} µs for the features."
+        )
+    return [*lines, "", text]
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None:
         return "–"
@@ -133,6 +168,7 @@ def write(result: dict[str, Any], stamp: str) -> Path:
             + ", ".join(f"{d:+.2f}" for d in paired["differences_ms"])
             + " ms. The rows below were measured minutes apart and drift with the machine.",
         ]
+    lines += features_cost(rows, result.get("stream_timing", []))
     for workload in ("chat", "chat_keys", "chat_stream", "chat_stream_bedrock", "embeddings"):
         cs = sorted({r["concurrency"] for r in rows if r["workload"] == workload})
         if not cs:

@@ -1,6 +1,6 @@
 """`make bench` / `make bench-quick`: every path against the same simulator, in one run, as ratios.
 
-Usage: python benches/run.py [--quick] [--paths floor,passthrough,gateway,gateway-pg,litellm,portkey]
+Usage: python benches/run.py [--quick] [--paths floor,passthrough,stack,gateway,gateway-pg,litellm,portkey]
        [--no-micro]
 """
 
@@ -27,6 +27,9 @@ import servers
 
 SERVER_CPU = "0"  # the path under test
 CLIENT_CPU = "1"  # the simulator and the load generator
+# The stack floor is measured only where the gateway's figures are split by it (report.py's "What
+# the features cost"): chat at 1 and 64, a 200-chunk stream and the paced stream's first token.
+STACK_PLAN = {"chat": [1, 64], "chat_stream": [1]}
 
 
 def wheel_note() -> str | None:
@@ -88,7 +91,7 @@ def main() -> int:
         plan = {"chat": [1, 64], "chat_stream": [1], servers.BEDROCK_STREAM: [1]}
         seconds, warmup = 5.0, 2.0
     else:
-        paths = ["floor", "passthrough", "gateway", "gateway-pg", "litellm", "portkey"]
+        paths = ["floor", "passthrough", "stack", "gateway", "gateway-pg", "litellm", "portkey"]
         plan = {
             "chat": [1, 16, 64, 256],
             servers.MANY_KEYS: [64],
@@ -117,6 +120,7 @@ def main() -> int:
         starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]] = {
             "floor": lambda: contextlib.nullcontext(servers.floor(sim)),
             "passthrough": lambda: servers.passthrough(sim, Path(tmp), SERVER_CPU),
+            "stack": lambda: servers.stack_floor(sim, Path(tmp), SERVER_CPU),
             "gateway": lambda: servers.gateway(sim, Path(tmp), SERVER_CPU),
             "gateway-pg": lambda: servers.gateway_pg(sim, Path(tmp), SERVER_CPU),
             "litellm": lambda: servers.litellm(sim, Path(tmp), SERVER_CPU),
@@ -125,7 +129,8 @@ def main() -> int:
         for path in paths:
             print(f"{path}:", flush=True)
             try:
-                run_path(path, starters[path], plan, seconds, warmup, rows, timings, versions, notes)
+                path_plan = STACK_PLAN if path == "stack" else plan
+                run_path(path, starters[path], path_plan, seconds, warmup, rows, timings, versions, notes)
             except servers.Unavailable as exc:  # raised while starting, before any measurement
                 print(f"  skipped: {exc}", flush=True)
                 notes.append(f"{path}: not measured, {exc}; its rows are missing.")

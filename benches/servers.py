@@ -3,6 +3,8 @@
 floor    the client straight to the simulator
 passthrough  a bare pass-through on the gateway's own stack (Granian RSGI + aiohttp, no features:
          benches/passthrough.py): what a gateway on this stack costs at the least
+stack    the gateway's serving stack itself with no feature (Granian ASGI + the gateway's own
+         upstream client: benches/stack_floor.py): what the gateway's features cost over it
 gateway  this gateway as a user runs it: auth, billing, usage records, embedded SQLite store
 gateway-pg  the same gateway as several instances run it: PostgreSQL store and Redis (one instance)
 litellm  LiteLLM's proxy (own virtual environment), no database
@@ -153,11 +155,34 @@ def passthrough(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
     import aiohttp
     import granian
 
+    version = f"granian {granian.__version__}, aiohttp {aiohttp.__version__}"
+    env = {"PASSTHROUGH_UPSTREAM": sim + "/v1"}
+    with _bare_app("passthrough", "passthrough", "rsgi", version, env, workdir, cpu) as target:
+        yield target
+
+
+@contextmanager
+def stack_floor(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
+    """benches/stack_floor.py: the gateway's serving stack (Granian ASGI, uvloop, its own upstream
+    client) with no feature, served as the gateway is."""
+    import granian
+
+    version = f"granian {granian.__version__} (ASGI), gateway.providers.http"
+    env = {"STACK_FLOOR_UPSTREAM": sim + "/v1"}
+    with _bare_app("stack", "stack_floor", "asgi", version, env, workdir, cpu) as target:
+        yield target
+
+
+@contextmanager
+def _bare_app(
+    name: str, module: str, interface: str, version: str, env: dict[str, str], workdir: Path, cpu: str
+) -> Iterator[Target]:
+    """One of the featureless anchors (benches/<module>.py) on one Granian worker with uvloop."""
     port = free_port()
     args = [
         str(Path(sys.executable).parent / "granian"),
         "--interface",
-        "rsgi",
+        interface,
         "--loop",
         "uvloop",
         "--host",
@@ -171,17 +196,16 @@ def passthrough(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
         "--no-log",
         "--working-dir",
         str(HERE),
-        "passthrough:app",
+        f"{module}:app",
     ]
-    env = {"PASSTHROUGH_UPSTREAM": sim + "/v1"}
-    with process(args, port, cpu, workdir / "passthrough.log", env) as proc:
+    with process(args, port, cpu, workdir / f"{module}.log", env) as proc:
         yield Target(
-            "passthrough",
+            name,
             f"http://127.0.0.1:{port}/v1",
             {"content-type": "application/json"},
             proc.pid,
             model=dict(UPSTREAM_MODEL),
-            version=f"granian {granian.__version__}, aiohttp {aiohttp.__version__}",
+            version=version,
         )
 
 
