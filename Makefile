@@ -120,7 +120,7 @@ bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 
 	$(BIN)/python benches/run.py --quick
 
 .PHONY: bench-ab
-bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds (AB_FLAGS=--keys: also over 50 keys)
+bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds (AB_FLAGS=--keys: also over 50 keys; --first-token: also the paced streams' first token)
 	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit>"; exit 2; }
 	$(BIN)/python benches/ab.py $(BASE) $(AB_FLAGS)
 

@@ -13,8 +13,11 @@ store migration cannot be compared this way.
 
 With --keys, each round also measures c=64 with requests spread over the bench's 50 keys on 20
 accounts (servers.MANY_KEYS), where the SQLite writer's commits cost what they do in a deployment.
+With --first-token, each round also times 30 paced streams through each gateway and straight to the
+simulator (the floor, timed in the same round): the first content token's time over the floor's,
+as `make bench` reports it.
 
-Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--keys] [--out FILE]
+Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--keys] [--first-token] [--out FILE]
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ MANY_KEYS_FIGURES = (
     ("rps_keys", "req/s at c=64, 50 keys", "{:,.0f}"),
     ("cpu_keys", "CPU s per 1k requests at c=64, 50 keys", "{:.3f}"),
 )
+FIRST_TOKEN_FIGURES = (("first_token", "first token over the floor, ms", "{:.3f}"),)
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -123,6 +127,12 @@ def one_round(target: servers.Target, seconds: float, many_keys: bool = False) -
     return figures
 
 
+def first_token_ms(target: servers.Target) -> float:
+    """The p50 time to the first content token of 30 paced streams, one at a time."""
+    url, data = target.url("chat_paced"), load.body("chat_paced", target.model["chat_paced"])
+    return load.stream_timing(url, data, target.headers).first_token_p50_ms
+
+
 def _busy(
     target: servers.Target, url: str, data: bytes, seconds: float, keys: Sequence[str]
 ) -> tuple[load.WrkResult, float]:
@@ -138,6 +148,7 @@ def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) ->
     a, b = labels
     lines = [f"| figure | A: {a} | B: {b} | B / A |", "|---|---|---|---|"]
     figures = FIGURES + (MANY_KEYS_FIGURES if "rps_keys" in rounds["A"][0] else ())
+    figures += FIRST_TOKEN_FIGURES if "first_token" in rounds["A"][0] else ()
     for key, name, fmt in figures:
         ma = statistics.median(r[key] for r in rounds["A"])
         mb = statistics.median(r[key] for r in rounds["B"])
@@ -146,10 +157,11 @@ def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) ->
     lines.append("")
     lines.append(f"Medians of {len(rounds['A'])} interleaved rounds; every round:")
     lines.append("")
-    lines.append("| round | " + " | ".join(f"A {name} | B {name}" for _, name, _ in FIGURES[:2]) + " |")
-    lines.append("|---|" + "---|" * 4)
+    shown = FIGURES[:2] + (FIRST_TOKEN_FIGURES if "first_token" in rounds["A"][0] else ())
+    lines.append("| round | " + " | ".join(f"A {name} | B {name}" for _, name, _ in shown) + " |")
+    lines.append("|---|" + "---|" * 2 * len(shown))
     for i, (ra, rb) in enumerate(zip(rounds["A"], rounds["B"], strict=True)):
-        cells = [fmt.format(r[key]) for key, _, fmt in FIGURES[:2] for r in (ra, rb)]
+        cells = [fmt.format(r[key]) for key, _, fmt in shown for r in (ra, rb)]
         lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -160,6 +172,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--keys", action="store_true", help="also c=64 over 50 keys (MANY_KEYS)")
+    parser.add_argument("--first-token", action="store_true", help="also the paced streams' first token")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     tree, sha = base_tree(args.base)
@@ -177,10 +190,15 @@ def main() -> int:
             b = stack.enter_context(servers.gateway(sim, work / "b", SERVER_CPU))
         for target in (a, b):  # warm: connections, caches, the tokenizer
             one_round(target, 1.0)
+        straight = servers.floor(sim)
         for i in range(args.rounds):
             order = (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a))
+            floor = first_token_ms(straight) if args.first_token else 0.0
             for name, target in order:
-                rounds[name].append(one_round(target, args.seconds, args.keys))
+                figures = one_round(target, args.seconds, args.keys)
+                if args.first_token:
+                    figures["first_token"] = first_token_ms(target) - floor
+                rounds[name].append(figures)
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     text = table(labels, rounds)
     print(text)
