@@ -36,6 +36,7 @@ __all__ = [
     "count_tokens",
     "file_len",
     "fingerprint",
+    "key_digest",
     "parse_chat_usage",
     "parse_messages_usage",
     "parse_multipart",
@@ -381,6 +382,11 @@ class AppendFile:
 
 def file_len(path: str | os.PathLike[str]) -> int:
     """The length of the file at `path`, keeping the GIL (as AppendFile); OSError when missing."""
+
+# ---------------------------------------------------------------- keys
+
+def key_digest(key: str) -> bytes:
+    """SHA-256 of the key's text (UTF-8): what API keys are stored and looked up by (32 bytes)."""
 
 # ---------------------------------------------------------------- idempotency
 

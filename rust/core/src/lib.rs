@@ -6,6 +6,7 @@ pub mod bpe;
 pub mod error;
 pub mod idempotency;
 pub mod json;
+pub mod key_digest;
 pub mod multipart;
 pub mod ratelimit;
 pub mod shared_buckets;

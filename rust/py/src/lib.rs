@@ -8,7 +8,7 @@ use gateway_core::shared_buckets::{self, Limit};
 use gateway_core::stream::eventstream::{self, HeaderValue};
 use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
 use gateway_core::tokens::{self, Encoding};
-use gateway_core::{idempotency, CoreError as Core};
+use gateway_core::{idempotency, key_digest as digest, CoreError as Core};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
@@ -573,6 +573,14 @@ fn file_len(path: std::path::PathBuf) -> PyResult<u64> {
     append_file::file_len(&path).map_err(to_py)
 }
 
+// ------------------------------------------------------------------ keys
+
+/// SHA-256 of an API key's text: what keys are stored and looked up by.
+#[pyfunction]
+fn key_digest<'py>(py: Python<'py>, key: &str) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, &digest::key_digest(key.as_bytes()))
+}
+
 // ------------------------------------------------------------------ idempotency
 
 #[pyfunction]
@@ -615,6 +623,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(key_digest, m)?)?;
     m.add_class::<MultipartPart>()?;
     m.add_function(wrap_pyfunction!(parse_multipart, m)?)?;
     m.add_class::<AppendFile>()?;
