@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Settings
+from gateway.providers import http
 from gateway.providers.http import (
     UNSENT_FAILURES,
     UPSTREAM_FAILURES,
@@ -484,5 +485,43 @@ def test_the_request_head_says_host_and_length_and_no_line_breaks_get_through() 
         assert "Authorization: Bearer k" in lines and "Content-Length: 2" in lines
         # (urlsplit drops tabs and line breaks from a URL, as browsers do.)
         assert odd_head.split(b"\r\n")[0] == b"GET /files/a%20bX:%20y?q=%C3%A9&r=%20 HTTP/1.1"
+
+    run(test)
+
+
+def test_request_lines_stay_right_for_each_method_and_url_while_their_parse_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each URL's request line is parsed once and kept, at most MAX_TARGETS of them: the method is
+    # still each request's own, and URLs past the bound (parsed afresh) come out the same.
+    monkeypatch.setattr(http, "MAX_TARGETS", 2)
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        declared = [line for line in head.split(b"\r\n") if line.startswith(b"Content-Length:")]
+        await reader.readexactly(int(declared[0].split(b":")[1]))
+        writer.write(ok(b"{}", b"Connection: close\r\n")[0])
+        await writer.drain()
+        writer.close()
+
+    sent: list[str] = []
+
+    async def test(c: UpstreamClient) -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            for n in (1, 1, 2, 3, 1, 4, 2):
+                url = f"http://127.0.0.1:{port}/v1/x?n={n}"
+                for method in ("POST", "GET"):
+                    response = await (c.post(url, b"{}", {}, 5) if method == "POST" else c.get(url, 5))
+                    assert await response.read() == b"{}"
+                    response.release()
+                    sent.append(f"{method} /v1/x?n={n} HTTP/1.1")
+                with pytest.raises(UNSENT_FAILURES):  # a bad URL is refused each time, never kept
+                    await c.post(f"ftp://127.0.0.1:{port}/v1/x", b"{}", {}, 5)
+        assert [head.split(b"\r\n")[0].decode() for head in heads] == sent
+        assert all(f"Host: 127.0.0.1:{port}".encode() in head for head in heads)
 
     run(test)
