@@ -112,7 +112,7 @@ $(STAMPS)/bench-tools: $(STAMPS)/deps benches/install_litellm.py
 bench-tools: $(STAMPS)/bench-tools ## install wrk, LiteLLM and Portkey for the benchmarks
 
 .PHONY: bench
-bench: setup bench-tools ## every path, workload and concurrency, micro-benchmarks (under 10 minutes)
+bench: setup bench-tools ## every path, workload and concurrency, micro-benchmarks (about 15 minutes)
 	$(BIN)/python benches/run.py
 
 .PHONY: bench-quick
