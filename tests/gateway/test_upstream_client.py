@@ -448,17 +448,25 @@ def test_https_upstreams_are_verified_against_the_trust_store(
     assert upstream.requests == 2 and os.environ["SSL_CERT_FILE"] == str(cert_file)
 
 
-def test_the_request_head_says_host_and_length_and_no_line_breaks_get_through() -> None:
-    heads: list[bytes] = []
+def heads_kept(heads: list[bytes]) -> Handler:
+    """A connection handler that keeps each request's head in `heads` and answers `{}`, one request
+    per connection."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         heads.append(head)
         declared = [line for line in head.split(b"\r\n") if line.startswith(b"Content-Length:")]
         await reader.readexactly(int(declared[0].split(b":")[1]))
-        writer.write(ok(b"{}", b"Connection: close\r\n")[0])  # one request per connection
+        writer.write(ok(b"{}", b"Connection: close\r\n")[0])
         await writer.drain()
         writer.close()
+
+    return handle
+
+
+def test_the_request_head_says_host_and_length_and_no_line_breaks_get_through() -> None:
+    heads: list[bytes] = []
+    handle = heads_kept(heads)
 
     async def test(c: UpstreamClient) -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -496,15 +504,7 @@ def test_request_lines_stay_right_for_each_method_and_url_while_their_parse_is_k
     # still each request's own, and URLs past the bound (parsed afresh) come out the same.
     monkeypatch.setattr(http, "MAX_TARGETS", 2)
     heads: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        heads.append(head)
-        declared = [line for line in head.split(b"\r\n") if line.startswith(b"Content-Length:")]
-        await reader.readexactly(int(declared[0].split(b":")[1]))
-        writer.write(ok(b"{}", b"Connection: close\r\n")[0])
-        await writer.drain()
-        writer.close()
+    handle = heads_kept(heads)
 
     sent: list[str] = []
 
