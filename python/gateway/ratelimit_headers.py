@@ -59,6 +59,10 @@ class RateLimitHeaders:
     async def _state(self, scope: Scope, slot: KeySlot) -> RateState | None:
         if slot.rate is not None:
             await self._limiter.corrected(slot.rate)  # a plain answer shows its corrected tokens
+            try:
+                await self._limiter.tokens_read(slot.rate)  # answered before it reserved any
+            except OSError as exc:  # the buckets cannot be reached: the headers it has
+                log.warning("reading the rate limits of key %s failed: %s", slot.rate.key_id, exc)
             return slot.rate
         ctx = slot.ctx
         # The answer matters more than its headers: no failure here may break it.

@@ -47,7 +47,10 @@ class RateState:
     rpm: int | None
     tpm: int | None
     remaining_requests: int = 0
-    remaining_tokens: int = 0
+    # None until read: a model request learns it when it reserves its tokens (RateLimiter.reserve),
+    # so admitting it does not read the tokens bucket as well; an answer given before that reads it
+    # then (RateLimiter.tokens_read).
+    remaining_tokens: int | None = None
     reserved_tokens: int = 0
     corrected: bool = False
     # The correction under way in the store (Redis) when it was not made at once (RateLimiter.correct).
@@ -60,7 +63,8 @@ class RateState:
             headers["x-ratelimit-remaining-requests"] = str(self.remaining_requests)
         if self.tpm is not None:
             headers["x-ratelimit-limit-tokens"] = str(self.tpm)
-            headers["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens)
+            if self.remaining_tokens is not None:
+                headers["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens)
         return headers
 
 
@@ -106,25 +110,31 @@ class RateLimiter:
 
     async def admit(self, ctx: KeyContext) -> RateState | None:
         """Take one request from the key's requests bucket, or refuse with 429 (503 when the
-        buckets cannot be reached). None when the key's account sets no limits."""
+        buckets cannot be reached). None when the key's account sets no limits. The tokens bucket
+        is left for the reservation (`reserve`): one operation on the buckets fewer a request."""
         rpm, tpm = ctx.account.rpm_limit, ctx.account.tpm_limit
         if rpm is None and tpm is None:
             return None
         state = RateState(ctx.key.id, rpm, tpm)
         now = self._now()
         try:
-            if tpm is not None:
-                state.remaining_tokens = await self._buckets.available(
-                    _tokens(state), tpm, tpm, MINUTE_NS, now
-                )
             if rpm is not None:
                 taken = await self._buckets.try_take(_requests(state), rpm, rpm, MINUTE_NS, 1, now)
                 state.remaining_requests = taken.remaining
                 if not taken.allowed:
+                    await self.tokens_read(state)
                     raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute", "requests")
         except OSError as exc:
             raise _unavailable(state, exc) from exc
         return state
+
+    async def tokens_read(self, state: RateState) -> None:
+        """Read the tokens the key's bucket holds when the request has not learnt them yet (its
+        answer comes before its reservation). Raises OSError when the buckets cannot be reached."""
+        if state.tpm is not None and state.remaining_tokens is None:
+            state.remaining_tokens = await self._buckets.available(
+                _tokens(state), state.tpm, state.tpm, MINUTE_NS, self._now()
+            )
 
     async def peek(self, ctx: KeyContext) -> RateState | None:
         """The key's buckets as they stand, taking nothing (for the headers of an answer that is not

@@ -109,7 +109,10 @@ def test_tokens_are_reserved_then_corrected(store_kind: str | None, tmp_path: Pa
         async with bucket_stores(store_kind, tmp_path) as open_store:
             limiter = RateLimiter(open_store(), clock)
             state = await limiter.admit(ctx(10, 1000))
-            assert state is not None and state.remaining_tokens == 1000
+            # Admitting takes a request and leaves the tokens to the reservation, unread.
+            assert state is not None and state.remaining_tokens is None
+            await limiter.tokens_read(state)  # what an answer before the reservation shows
+            assert state.remaining_tokens == 1000
             await limiter.reserve(state, Usage(800), "embedding")
             assert state.remaining_tokens == 200
             limiter.correct(state, 300)  # used 300 of the 800 held
@@ -266,10 +269,12 @@ def test_state_headers_name_only_the_limits_set() -> None:
         "x-ratelimit-limit-requests",
         "x-ratelimit-remaining-requests",
     }
-    assert set(RateState("k", None, 7).headers()) == {
+    assert set(RateState("k", None, 7, remaining_tokens=3).headers()) == {
         "x-ratelimit-limit-tokens",
         "x-ratelimit-remaining-tokens",
     }
+    # Tokens not read yet (RateLimiter.tokens_read fills them in before an answer's headers).
+    assert set(RateState("k", None, 7).headers()) == {"x-ratelimit-limit-tokens"}
 
 
 def test_headers_on_answers_that_are_not_model_requests(limits_gw: Gateway) -> None:
