@@ -29,7 +29,7 @@ end
 
 
 # Chat workloads answered whole (the rest stream); chat_keys is chat spread over many keys.
-NOT_STREAMED = frozenset({"chat", "chat_keys"})
+NOT_STREAMED = frozenset({"chat", "chat_keys", "chat_limited"})
 
 # With keys to spread the requests over, each request takes the next (wrk builds it per request).
 ROTATE_KEYS = """

@@ -46,7 +46,7 @@ def measure(
         url, data, headers = target.requests[workload]
     else:
         url, data = target.url(workload), load.body(workload, target.model_for(workload))
-        headers = target.headers
+        headers = target.headers_for(workload)
     keys = target.keys if workload == servers.MANY_KEYS else ()
     load.wrk(url, data, headers, concurrency, warmup, CLIENT_CPU, keys)
     cpu_before = procstat.cpu_seconds(target.pid) if target.pid else 0.0
@@ -95,6 +95,7 @@ def main() -> int:
         plan = {
             "chat": [1, 16, 64, 256],
             servers.MANY_KEYS: [64],
+            servers.LIMITED: [64],
             "chat_stream": [1, 16, 64],
             servers.BEDROCK_STREAM: [1],
             "embeddings": [1, 64],

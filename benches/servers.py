@@ -48,6 +48,11 @@ PATH = {"embeddings": "/embeddings"}  # the rest are /chat/completions
 # commit; a single key, the other workloads, is the cheap case).
 MANY_KEYS = "chat_keys"
 KEYS, ACCOUNTS = 50, 20
+# The rate-limited workload: chat on a key whose account sets requests and tokens per minute, high
+# enough never to refuse (the gateway paths only): what every request of a limited key pays for
+# its limits (the embedded bucket file's operations, or Redis's).
+LIMITED = "chat_limited"
+LIMITED_RPM, LIMITED_TPM = 1_000_000_000, 2_000_000_000  # within PostgreSQL's integer
 # The Bedrock event-stream path (this gateway only): a 200-chunk stream through a bedrock channel,
 # whose answer is ConverseStream's binary framing, signed with the simulator's own AWS key pair.
 BEDROCK_STREAM = "chat_stream_bedrock"
@@ -66,17 +71,25 @@ class Target:
     # workload -> (url, body, headers) of a request not in the chat shape (the floor's Bedrock one)
     requests: dict[str, tuple[str, bytes, dict[str, str]]] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)  # the MANY_KEYS workload's (this gateway's paths)
+    limited_key: str | None = None  # the LIMITED workload's (this gateway's paths)
 
     def serves(self, workload: str) -> bool:
         if workload == MANY_KEYS:
             return bool(self.keys)
+        if workload == LIMITED:
+            return self.limited_key is not None
         return workload in self.model or workload in self.requests
+
+    def headers_for(self, workload: str) -> dict[str, str]:
+        if workload == LIMITED and self.limited_key is not None:
+            return {**self.headers, "authorization": f"Bearer {self.limited_key}"}
+        return self.headers
 
     def url(self, workload: str) -> str:
         return self.base_url + PATH.get(workload, "/chat/completions")
 
     def model_for(self, workload: str) -> str:
-        return self.model["chat" if workload == MANY_KEYS else workload]
+        return self.model["chat" if workload in (MANY_KEYS, LIMITED) else workload]
 
 
 def free_port() -> int:
@@ -258,6 +271,7 @@ region = "{BEDROCK_REGION}"
 
 @contextmanager
 def _serve(name: str, config: Path, port: int, keys: list[str], cpu: str, workdir: Path) -> Iterator[Target]:
+    """The gateway of `config`; `keys` as _mint_keys made them (the last on the limited account)."""
     with process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
         port,
@@ -272,7 +286,8 @@ def _serve(name: str, config: Path, port: int, keys: list[str], cpu: str, workdi
             proc.pid,
             model={w: f"bench/{w}" for w in [*UPSTREAM_MODEL, BEDROCK_STREAM]},
             version=_git_version(),
-            keys=keys,
+            keys=keys[:-1],
+            limited_key=keys[-1],
         )
 
 
@@ -369,8 +384,9 @@ async def _forget_redis(prefix: str) -> None:
 
 
 async def _mint_keys(config: Path) -> list[str]:
-    """KEYS keys over ACCOUNTS accounts with plenty of money, through the store the config names;
-    the first is the one every workload but MANY_KEYS uses."""
+    """KEYS keys over ACCOUNTS accounts with plenty of money, through the store the config names
+    (the first is the one every workload but MANY_KEYS and LIMITED uses), then LIMITED's key on an
+    account of its own with limits it never reaches."""
     sys.path.insert(0, str(ROOT / "python"))
     from gateway.auth import display_prefix, generate_key, hash_key
     from gateway.config import load_settings
@@ -390,7 +406,15 @@ async def _mint_keys(config: Path) -> list[str]:
                 accounts[n % ACCOUNTS].id, f"bench-{n}", hash_key(key), display_prefix(key), None
             )
             keys.append(key)
-        return keys
+        limited = await store.create_account(
+            "bench-limited-" + secrets.token_hex(4),
+            Decimal(1_000_000),
+            rpm_limit=LIMITED_RPM,
+            tpm_limit=LIMITED_TPM,
+        )
+        key = generate_key()
+        await store.create_key(limited.id, "bench-limited", hash_key(key), display_prefix(key), None)
+        return [*keys, key]
     finally:
         await store.close()
 
