@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -90,6 +91,14 @@ class Target:
 
     def model_for(self, workload: str) -> str:
         return self.model["chat" if workload in (MANY_KEYS, LIMITED) else workload]
+
+
+class BenchKeys(NamedTuple):
+    """The keys _mint_keys made: `many` over ACCOUNTS accounts (the first serves every workload
+    but MANY_KEYS and LIMITED) and `limited`, on an account of its own with limits."""
+
+    many: list[str]
+    limited: str
 
 
 def free_port() -> int:
@@ -270,8 +279,7 @@ region = "{BEDROCK_REGION}"
 
 
 @contextmanager
-def _serve(name: str, config: Path, port: int, keys: list[str], cpu: str, workdir: Path) -> Iterator[Target]:
-    """The gateway of `config`; `keys` as _mint_keys made them (the last on the limited account)."""
+def _serve(name: str, config: Path, port: int, keys: BenchKeys, cpu: str, workdir: Path) -> Iterator[Target]:
     with process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
         port,
@@ -282,12 +290,12 @@ def _serve(name: str, config: Path, port: int, keys: list[str], cpu: str, workdi
         yield Target(
             name,
             f"http://127.0.0.1:{port}/v1",
-            {"content-type": "application/json", "authorization": f"Bearer {keys[0]}"},
+            {"content-type": "application/json", "authorization": f"Bearer {keys.many[0]}"},
             proc.pid,
             model={w: f"bench/{w}" for w in [*UPSTREAM_MODEL, BEDROCK_STREAM]},
             version=_git_version(),
-            keys=keys[:-1],
-            limited_key=keys[-1],
+            keys=keys.many,
+            limited_key=keys.limited,
         )
 
 
@@ -383,10 +391,9 @@ async def _forget_redis(prefix: str) -> None:
         await client.aclose()
 
 
-async def _mint_keys(config: Path) -> list[str]:
-    """KEYS keys over ACCOUNTS accounts with plenty of money, through the store the config names
-    (the first is the one every workload but MANY_KEYS and LIMITED uses), then LIMITED's key on an
-    account of its own with limits it never reaches."""
+async def _mint_keys(config: Path) -> BenchKeys:
+    """KEYS keys over ACCOUNTS accounts with plenty of money, through the store the config names,
+    and LIMITED's key on an account of its own with limits it never reaches."""
     sys.path.insert(0, str(ROOT / "python"))
     from gateway.auth import display_prefix, generate_key, hash_key
     from gateway.config import load_settings
@@ -414,7 +421,7 @@ async def _mint_keys(config: Path) -> list[str]:
         )
         key = generate_key()
         await store.create_key(limited.id, "bench-limited", hash_key(key), display_prefix(key), None)
-        return [*keys, key]
+        return BenchKeys(keys, key)
     finally:
         await store.close()
 
