@@ -147,8 +147,8 @@ def _busy(
 def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) -> str:
     a, b = labels
     lines = [f"| figure | A: {a} | B: {b} | B / A |", "|---|---|---|---|"]
-    figures = FIGURES + (MANY_KEYS_FIGURES if "rps_keys" in rounds["A"][0] else ())
-    figures += FIRST_TOKEN_FIGURES if "first_token" in rounds["A"][0] else ()
+    first_token = FIRST_TOKEN_FIGURES if "first_token" in rounds["A"][0] else ()
+    figures = FIGURES + (MANY_KEYS_FIGURES if "rps_keys" in rounds["A"][0] else ()) + first_token
     for key, name, fmt in figures:
         ma = statistics.median(r[key] for r in rounds["A"])
         mb = statistics.median(r[key] for r in rounds["B"])
@@ -157,7 +157,7 @@ def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) ->
     lines.append("")
     lines.append(f"Medians of {len(rounds['A'])} interleaved rounds; every round:")
     lines.append("")
-    shown = FIGURES[:2] + (FIRST_TOKEN_FIGURES if "first_token" in rounds["A"][0] else ())
+    shown = FIGURES[:2] + first_token
     lines.append("| round | " + " | ".join(f"A {name} | B {name}" for _, name, _ in shown) + " |")
     lines.append("|---|" + "---|" * 2 * len(shown))
     for i, (ra, rb) in enumerate(zip(rounds["A"], rounds["B"], strict=True)):
