@@ -116,11 +116,11 @@ bench: setup bench-tools ## every path, workload and concurrency, micro-benchmar
 	$(BIN)/python benches/run.py
 
 .PHONY: bench-quick
-bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 64, about two minutes
+bench-quick: setup bench-tools ## gateway vs LiteLLM, chat at concurrency 1 and 64 (and a 4 KB prompt at 64), a stream, about 5 minutes
 	$(BIN)/python benches/run.py --quick
 
 .PHONY: bench-ab
-bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds (AB_FLAGS=--keys: also over 50 keys; --first-token: also the paced streams' first token)
+bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working tree, interleaved rounds (AB_FLAGS=--keys: also over 50 keys; --limited: also a rate-limited key; --prompt: also a 4 KB prompt; --pg: both on PostgreSQL + Redis; --first-token: also the paced streams' first token)
 	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit>"; exit 2; }
 	$(BIN)/python benches/ab.py $(BASE) $(AB_FLAGS)
 

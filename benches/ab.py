@@ -13,11 +13,17 @@ store migration cannot be compared this way.
 
 With --keys, each round also measures c=64 with requests spread over the bench's 50 keys on 20
 accounts (servers.MANY_KEYS), where the SQLite writer's commits cost what they do in a deployment.
+With --limited, each round also measures c=64 on the bench's rate-limited key (servers.LIMITED: its
+account sets requests and tokens per minute it never reaches). With --pg, both gateways run as
+gateway-pg does: PostgreSQL store and Redis (a database and a key prefix of their own each).
+With --prompt, each round also measures c=64 with the chat_prompt workload's 4 KB conversation
+(servers.PROMPT), where counting the prompt is much of the gateway's own work.
 With --first-token, each round also times 30 paced streams through each gateway and straight to the
 simulator (the floor, timed in the same round): the first content token's time over the floor's,
 as `make bench` reports it.
 
-Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--keys] [--first-token] [--out FILE]
+Usage: python benches/ab.py BASE [--rounds 8] [--seconds 3] [--keys] [--limited] [--prompt] [--pg] [--first-token]
+                            [--out FILE]
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ FIGURES = (
 MANY_KEYS_FIGURES = (
     ("rps_keys", "req/s at c=64, 50 keys", "{:,.0f}"),
     ("cpu_keys", "CPU s per 1k requests at c=64, 50 keys", "{:.3f}"),
+)
+PROMPT_FIGURES = (
+    ("rps_prompt", "req/s at c=64, a 4 KB prompt", "{:,.0f}"),
+    ("cpu_prompt", "CPU s per 1k requests at c=64, a 4 KB prompt", "{:.3f}"),
+)
+LIMITED_FIGURES = (
+    ("rps_limited", "req/s at c=64, rate-limited key", "{:,.0f}"),
+    ("cpu_limited", "CPU s per 1k requests at c=64, rate-limited key", "{:.3f}"),
 )
 FIRST_TOKEN_FIGURES = (("first_token", "first token over the floor, ms", "{:.3f}"),)
 
@@ -112,7 +126,13 @@ def python_path(path: Path) -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
 
 
-def one_round(target: servers.Target, seconds: float, many_keys: bool = False) -> dict[str, float]:
+def one_round(
+    target: servers.Target,
+    seconds: float,
+    many_keys: bool = False,
+    limited: bool = False,
+    prompt: bool = False,
+) -> dict[str, float]:
     url, data = target.url("chat"), load.body("chat", target.model["chat"])
     busy, cpu = _busy(target, url, data, seconds, ())
     alone = load.wrk(url, data, target.headers, 1, seconds, CLIENT_CPU)
@@ -120,11 +140,32 @@ def one_round(target: servers.Target, seconds: float, many_keys: bool = False) -
         raise RuntimeError(f"{target.name}: {busy.failures + alone.failures} requests failed")
     figures = {"rps_c64": busy.rps, "cpu_per_1k": cpu, "p50_c1": alone.p50_ms, "p99_c1": alone.p99_ms}
     if many_keys:
-        spread, spread_cpu = _busy(target, url, data, seconds, target.keys)
-        if spread.failures:
-            raise RuntimeError(f"{target.name}: {spread.failures} requests failed over many keys")
-        figures |= {"rps_keys": spread.rps, "cpu_keys": spread_cpu}
+        figures |= _extra(target, "keys", "over many keys", url, data, seconds, target.keys)
+    if prompt:
+        long_body = load.body(servers.PROMPT, target.model_for(servers.PROMPT))
+        figures |= _extra(target, "prompt", "with the long prompt", url, long_body, seconds)
+    if limited:
+        headers = target.headers_for(servers.LIMITED)
+        figures |= _extra(target, "limited", "on the rate-limited key", url, data, seconds, headers=headers)
     return figures
+
+
+def _extra(
+    target: servers.Target,
+    name: str,
+    what: str,
+    url: str,
+    data: bytes,
+    seconds: float,
+    keys: Sequence[str] = (),
+    headers: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """One of a round's optional c=64 figures: `rps_<name>` and `cpu_<name>` (`what` says how it
+    differs from plain chat, in the error when requests failed)."""
+    result, cpu = _busy(target, url, data, seconds, keys, headers)
+    if result.failures:
+        raise RuntimeError(f"{target.name}: {result.failures} requests failed {what}")
+    return {f"rps_{name}": result.rps, f"cpu_{name}": cpu}
 
 
 def first_token_ms(target: servers.Target) -> float:
@@ -134,12 +175,17 @@ def first_token_ms(target: servers.Target) -> float:
 
 
 def _busy(
-    target: servers.Target, url: str, data: bytes, seconds: float, keys: Sequence[str]
+    target: servers.Target,
+    url: str,
+    data: bytes,
+    seconds: float,
+    keys: Sequence[str],
+    headers: dict[str, str] | None = None,
 ) -> tuple[load.WrkResult, float]:
     """wrk at c=64 and the CPU seconds the target spent per 1k of its requests."""
     assert target.pid is not None
     cpu = procstat.cpu_seconds(target.pid)
-    busy = load.wrk(url, data, target.headers, 64, seconds, CLIENT_CPU, keys)
+    busy = load.wrk(url, data, headers or target.headers, 64, seconds, CLIENT_CPU, keys)
     cpu = procstat.cpu_seconds(target.pid) - cpu
     return busy, cpu / busy.requests * 1000 if busy.requests else 0.0
 
@@ -148,7 +194,13 @@ def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) ->
     a, b = labels
     lines = [f"| figure | A: {a} | B: {b} | B / A |", "|---|---|---|---|"]
     first_token = FIRST_TOKEN_FIGURES if "first_token" in rounds["A"][0] else ()
-    figures = FIGURES + (MANY_KEYS_FIGURES if "rps_keys" in rounds["A"][0] else ()) + first_token
+    figures = (
+        FIGURES
+        + (MANY_KEYS_FIGURES if "rps_keys" in rounds["A"][0] else ())
+        + (LIMITED_FIGURES if "rps_limited" in rounds["A"][0] else ())
+        + (PROMPT_FIGURES if "rps_prompt" in rounds["A"][0] else ())
+        + first_token
+    )
     for key, name, fmt in figures:
         ma = statistics.median(r[key] for r in rounds["A"])
         mb = statistics.median(r[key] for r in rounds["B"])
@@ -157,7 +209,7 @@ def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) ->
     lines.append("")
     lines.append(f"Medians of {len(rounds['A'])} interleaved rounds; every round:")
     lines.append("")
-    shown = FIGURES[:2] + first_token
+    shown = FIGURES[:2] + (LIMITED_FIGURES[:1] if "rps_limited" in rounds["A"][0] else ()) + first_token
     lines.append("| round | " + " | ".join(f"A {name} | B {name}" for _, name, _ in shown) + " |")
     lines.append("|---|" + "---|" * 2 * len(shown))
     for i, (ra, rb) in enumerate(zip(rounds["A"], rounds["B"], strict=True)):
@@ -172,6 +224,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--keys", action="store_true", help="also c=64 over 50 keys (MANY_KEYS)")
+    parser.add_argument("--limited", action="store_true", help="also c=64 on the rate-limited key")
+    parser.add_argument("--prompt", action="store_true", help="also c=64 with a 4 KB prompt (chat_prompt)")
+    parser.add_argument("--pg", action="store_true", help="both on PostgreSQL + Redis, as gateway-pg")
     parser.add_argument("--first-token", action="store_true", help="also the paced streams' first token")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -184,10 +239,11 @@ def main() -> int:
         (work / "a").mkdir()
         (work / "b").mkdir()
         sim = stack.enter_context(servers.simulator(work, CLIENT_CPU))
+        serve = servers.gateway_pg if args.pg else servers.gateway
         with python_path(tree / "python"):
-            a = stack.enter_context(servers.gateway(sim, work / "a", SERVER_CPU))
+            a = stack.enter_context(serve(sim, work / "a", SERVER_CPU))
         with python_path(ROOT / "python"):
-            b = stack.enter_context(servers.gateway(sim, work / "b", SERVER_CPU))
+            b = stack.enter_context(serve(sim, work / "b", SERVER_CPU))
         for target in (a, b):  # warm: connections, caches, the tokenizer
             one_round(target, 1.0)
         straight = servers.floor(sim)
@@ -195,7 +251,7 @@ def main() -> int:
             order = (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a))
             floor = first_token_ms(straight) if args.first_token else 0.0
             for name, target in order:
-                figures = one_round(target, args.seconds, args.keys)
+                figures = one_round(target, args.seconds, args.keys, args.limited, args.prompt)
                 if args.first_token:
                     figures["first_token"] = first_token_ms(target) - floor
                 rounds[name].append(figures)

@@ -29,7 +29,48 @@ end
 
 
 # Chat workloads answered whole (the rest stream); chat_keys is chat spread over many keys.
-NOT_STREAMED = frozenset({"chat", "chat_keys", "chat_limited"})
+NOT_STREAMED = frozenset({"chat", "chat_keys", "chat_limited", "chat_prompt"})
+
+# The chat_prompt workload's conversation (about 4 KB): a system prompt, two earlier turns and a
+# question, in the prose and code a deployment's prompts hold.
+_SYSTEM = (
+    "You are a support assistant for a logistics company. Answer in plain English, cite the order"
+    " number when there is one, never promise a delivery date the tracking data does not show, and"
+    " hand the conversation to a person when the customer asks for a refund above 500 dollars. "
+) * 8
+_EARLIER = [
+    (
+        "user",
+        "Hi, my order 48213-B was supposed to arrive on Tuesday but the tracking page has"
+        " not moved since Monday morning. It says 'in transit, Rotterdam hub'. What is going on?",
+    ),
+    (
+        "assistant",
+        "Thanks for the order number. Order 48213-B left the Rotterdam hub on Monday at"
+        " 09:14 and is now on a truck to the regional depot; scans resume when it is unloaded there,"
+        " usually within 24 to 36 hours. I can see no exception on the shipment. Would you like me to"
+        " set up a notification for the next scan?",
+    ),
+    (
+        "user",
+        "Yes please. Also, our integration pulls tracking events with this code and it has"
+        " been failing since yesterday:\n\n```python\nimport requests\n\ndef events(order_id):\n"
+        "    r = requests.get(f'https://api.example.com/v2/orders/{order_id}/events', timeout=10)\n"
+        "    r.raise_for_status()\n    return [e for e in r.json()['events'] if e['type'] != 'noop']\n"
+        "```\n\nIt raises KeyError: 'events'. Did the API change?",
+    ),
+    (
+        "assistant",
+        'The v2 API now pages its results: the body is {"data": [...], "next": ...}.'
+        " Read r.json()['data'] and follow 'next' until it is null. The old field name was kept for"
+        " a transition period that ended on the 1st.",
+    ),
+]
+_QUESTION = (
+    "Got it, thanks. Can you rewrite the function so that it follows the pages, retries twice on a"
+    " 503 with a short backoff, and returns the events oldest first? Keep it dependency-free apart"
+    " from requests, and add a docstring."
+)
 
 # With keys to spread the requests over, each request takes the next (wrk builds it per request).
 ROTATE_KEYS = """
@@ -62,6 +103,11 @@ def body(workload: str, model: str) -> bytes:
     payload: dict[str, Any]
     if workload == "embeddings":
         payload = {"model": model, "input": "Say something.", "encoding_format": "float"}
+    elif workload == "chat_prompt":
+        messages = [{"role": "system", "content": _SYSTEM}]
+        messages += [{"role": role, "content": text} for role, text in _EARLIER]
+        messages.append({"role": "user", "content": _QUESTION})
+        payload = {"model": model, "messages": messages}
     else:
         payload = {"model": model, "messages": [{"role": "user", "content": "Say something."}]}
         if workload not in NOT_STREAMED:

@@ -169,7 +169,16 @@ def write(result: dict[str, Any], stamp: str) -> Path:
             + " ms. The rows below were measured minutes apart and drift with the machine.",
         ]
     lines += features_cost(rows, result.get("stream_timing", []))
-    for workload in ("chat", "chat_keys", "chat_limited", "chat_stream", "chat_stream_bedrock", "embeddings"):
+    workloads = (
+        "chat",
+        "chat_keys",
+        "chat_limited",
+        "chat_prompt",
+        "chat_stream",
+        "chat_stream_bedrock",
+        "embeddings",
+    )
+    for workload in workloads:
         cs = sorted({r["concurrency"] for r in rows if r["workload"] == workload})
         if not cs:
             continue

@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="gateway (embedded and on PostgreSQL) and LiteLLM, chat at 1 and 64",
+        help="gateway (embedded and on PostgreSQL) and LiteLLM, chat at 1 and 64, chat_prompt at 64",
     )
     parser.add_argument("--paths", default=None)
     parser.add_argument("--no-micro", action="store_true")
@@ -88,7 +88,7 @@ def main() -> int:
 
     if args.quick:
         paths = ["floor", "passthrough", "gateway", "gateway-pg", "litellm"]
-        plan = {"chat": [1, 64], "chat_stream": [1], servers.BEDROCK_STREAM: [1]}
+        plan = {"chat": [1, 64], servers.PROMPT: [64], "chat_stream": [1], servers.BEDROCK_STREAM: [1]}
         seconds, warmup = 5.0, 2.0
     else:
         paths = ["floor", "passthrough", "stack", "gateway", "gateway-pg", "litellm", "portkey"]
@@ -96,6 +96,7 @@ def main() -> int:
             "chat": [1, 16, 64, 256],
             servers.MANY_KEYS: [64],
             servers.LIMITED: [64],
+            servers.PROMPT: [1, 64],
             "chat_stream": [1, 16, 64],
             servers.BEDROCK_STREAM: [1],
             "embeddings": [1, 64],

@@ -54,6 +54,11 @@ KEYS, ACCOUNTS = 50, 20
 # its limits (the embedded bucket file's operations, or Redis's).
 LIMITED = "chat_limited"
 LIMITED_RPM, LIMITED_TPM = 1_000_000_000, 2_000_000_000  # within PostgreSQL's integer
+# The realistic-prompt workload: chat whose request carries a conversation of about 4 KB (a system
+# prompt, earlier turns, a question), as a deployment's requests do; every other workload sends one
+# short line. The gateway counts every prompt before it goes upstream (the hold, the token
+# reservation): with a real prompt that count is much of its own time.
+PROMPT = "chat_prompt"
 # The Bedrock event-stream path (this gateway only): a 200-chunk stream through a bedrock channel,
 # whose answer is ConverseStream's binary framing, signed with the simulator's own AWS key pair.
 BEDROCK_STREAM = "chat_stream_bedrock"
@@ -75,6 +80,8 @@ class Target:
     limited_key: str | None = None  # the LIMITED workload's (this gateway's paths)
 
     def serves(self, workload: str) -> bool:
+        if workload == PROMPT:
+            return "chat" in self.model
         if workload == MANY_KEYS:
             return bool(self.keys)
         if workload == LIMITED:
@@ -90,7 +97,7 @@ class Target:
         return self.base_url + PATH.get(workload, "/chat/completions")
 
     def model_for(self, workload: str) -> str:
-        return self.model["chat" if workload in (MANY_KEYS, LIMITED) else workload]
+        return self.model["chat" if workload in (MANY_KEYS, LIMITED, PROMPT) else workload]
 
 
 class BenchKeys(NamedTuple):

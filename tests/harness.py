@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import os
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -27,7 +28,7 @@ import orjson
 
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.config import Settings, load_settings
-from gateway.store import Store, TopUp, open_store
+from gateway.store import KeyContext, Store, TopUp, open_store
 
 T = TypeVar("T")
 
@@ -135,7 +136,13 @@ def running(
             except RuntimeError as exc:
                 log.seek(0)
                 raise RuntimeError(f"{exc}; output:\n{log.read().decode(errors='replace')}") from None
-            yield proc
+            try:
+                yield proc
+            except BaseException:
+                # The server's own account of what happened, beside the test's failure.
+                log.seek(0)
+                print(f"--- output of gateway {' '.join(args)}:\n{log.read().decode(errors='replace')}")
+                raise
         finally:
             proc.terminate()
             try:
@@ -143,6 +150,22 @@ def running(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def workers_serving(log: Path) -> list[str]:
+    """The workers a `gateway serve` whose output is `log` has said are serving, in order of the
+    announcements ("worker-1", "worker-2", "worker-1" again after a replacement, ...)."""
+    return re.findall(r"Started (worker-\d+)", log.read_text(errors="replace"))
+
+
+def kill_worker(log: Path, worker: int, seconds: float = 30) -> None:
+    """kill -9 worker-`worker` (its latest process) of the `gateway serve` whose output is `log`,
+    then wait until its replacement serves."""
+    name = f"worker-{worker}"
+    pid = int(re.findall(rf"Spawning {name} with PID: (\d+)", log.read_text(errors="replace"))[-1])
+    serving = workers_serving(log).count(name)
+    os.kill(pid, signal.SIGKILL)
+    eventually(lambda: workers_serving(log).count(name) > serving, seconds, 0.1, what=f"{name} started again")
 
 
 def process_tree(pid: int) -> list[int]:
@@ -284,11 +307,17 @@ async def _drop_database(name: str) -> None:
 
 
 def _forget_redis_prefix(prefix: str) -> None:
+    forget_redis_keys(prefix + ":*")
+
+
+def forget_redis_keys(match: str, url: str = REDIS_URL) -> None:
+    """Delete the test Redis's keys that `match` (a SCAN pattern) names, through redis-py (the
+    gateway's own client speaks only what the gateway needs)."""
     import redis
 
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(url)
     try:
-        keys = list(client.scan_iter(match=prefix + ":*", count=1000))
+        keys = list(client.scan_iter(match=match, count=1000))
         if keys:
             client.delete(*keys)
     except redis.RedisError:
@@ -469,6 +498,17 @@ class KeyHandle:
     key: str
     key_id: str
     account_id: str
+
+
+async def funded_key(store: Store, balance: Decimal) -> tuple[KeyContext, bytes]:
+    """A new account holding `balance`, with one key, in a started `store`: the key's context as
+    `store` finds it, and the key's hash (for another process's store: find_key)."""
+    account = await store.create_account("acct-" + os.urandom(6).hex(), balance)
+    secret = generate_key()
+    await store.create_key(account.id, "k", hash_key(secret), display_prefix(secret), None)
+    ctx = await store.find_key(hash_key(secret))
+    assert ctx is not None
+    return ctx, hash_key(secret)
 
 
 def new_key(

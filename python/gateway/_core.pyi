@@ -23,6 +23,7 @@ __all__ = [
     "EventStreamParser",
     "MessagesStreamRewriter",
     "MultipartPart",
+    "RequestTally",
     "ResponsesStreamRewriter",
     "RewrittenResponse",
     "SharedBuckets",
@@ -32,14 +33,17 @@ __all__ = [
     "TakeResult",
     "TokenBucket",
     "__version__",
+    "answer_line",
     "count_chat_tokens",
     "count_tokens",
     "file_len",
     "fingerprint",
     "key_digest",
+    "log_timestamp",
     "parse_chat_usage",
     "parse_messages_usage",
     "parse_multipart",
+    "parse_response_head",
     "rewrite_response",
     "set_json_id",
 ]
@@ -276,6 +280,15 @@ def parse_chat_usage(body: bytes) -> StreamUsage | None:
     Raises InvalidJsonError when the body is not a JSON object.
     """
 
+def parse_response_head(buf: bytes) -> tuple[bool, int, list[tuple[str, str]], int] | None:
+    """The HTTP/1.x answer head at the start of `buf` (an upstream's): whether it is HTTP/1.1, its
+    status, each header line as (name, value) in order (values without surrounding blanks, read
+    as Latin-1) and the head's length, its closing blank line included; None while incomplete.
+
+    Raises InvalidHttpError when the bytes are not an answer head (a status line that is not
+    HTTP/1.x, a malformed header line, control bytes in a value, more than 256 header lines).
+    """
+
 def set_json_id(body: bytes, new_id: str) -> bytes:
     """Return the JSON object `body` with its top-level "id" set to `new_id` (inserted when absent),
     all other bytes untouched. Raises InvalidJsonError when the body is not a JSON object (the whole
@@ -417,3 +430,73 @@ class MultipartPart:
 def parse_multipart(body: bytes, content_type: str) -> list[MultipartPart] | None:
     """The parts of a multipart/form-data body, in order; None when the body or the content type's
     boundary is malformed. Releases the GIL for large bodies."""
+
+# ---------------------------------------------------------------- telemetry
+
+_LineFormat: TypeAlias = Literal["json", "text"]
+
+@final
+class RequestTally:
+    """A process's request metrics between two drains: each counter's amount by its labels, each
+    histogram's observations by endpoint (a count per bucket, as prometheus_client's observe()
+    would count them, and their sum). Models not in `models` count as "", and so do channels not
+    configured for their model. Bounds are each histogram's upper bounds, ascending, +Inf excluded.
+    CoreError when a line format is not "json" or "text"."""
+
+    def __new__(
+        cls,
+        added_bounds: list[float],
+        upstream_bounds: list[float],
+        first_byte_bounds: list[float],
+        models: list[tuple[str, list[str]]],
+    ) -> Self: ...
+    def request(self, endpoint: str, model: str | None, status: int, code: str | None) -> None:
+        """One answered request (gateway_requests_total)."""
+    def model_request(
+        self,
+        endpoint: str,
+        model: str | None,
+        status: int,
+        code: str | None,
+        total_ns: int,
+        upstream_ns: int,
+        first_byte_ns: int,
+        attempts: list[tuple[str, str]],
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost: str | None,
+        line: _LineFormat | None,
+        now_ns: int,
+        request_id: str,
+        trace_id: str | None,
+        account_id: str,
+        key_id: str,
+        method: str,
+    ) -> bytes | None:
+        """A model request has ended: its count, its latencies (added: up to a stream's first byte,
+        else the whole request, less the upstream's; upstream_ns and first_byte_ns 0 when there was
+        none), each (channel, outcome) tried (a failover when two channels differ), and when
+        charged (`cost` in plain decimal notation) its tokens and cost. Returns its request line
+        (newline included) in the `line` format, None without one."""
+    def drain(
+        self,
+    ) -> tuple[list[tuple[str, list[str], float]], list[tuple[str, str, list[int], float]]]:
+        """Everything gathered since the last drain, which starts afresh: (counter, labels, amount)
+        for "requests", "tokens", "cost", "attempts" and "failovers"; (histogram, endpoint, counts
+        per bucket with +Inf's last, sum) for "added_latency", "upstream_latency" and "first_byte"."""
+
+def answer_line(
+    line: _LineFormat,
+    now_ns: int,
+    trace_id: str | None,
+    method: str,
+    endpoint: str,
+    status: int,
+    code: str | None,
+    duration_ns: int,
+) -> bytes:
+    """The request line of an answer that is not a model request's (newline included)."""
+
+def log_timestamp(now_ns: int) -> str:
+    """A request line's time: UTC to the millisecond, as datetime.isoformat(timespec="milliseconds")
+    writes it ("2026-11-24T12:00:00.123+00:00")."""

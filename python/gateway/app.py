@@ -23,7 +23,7 @@ from . import videos as video_jobs
 from .buckets import BucketStore, FileBuckets
 from .config import ConfigError, Settings, settings_from_env
 from .core import count_tokens
-from .drain import Drain
+from .drain import Drain, end_with_supervisor, mark_serving
 from .edge import AnswerEdge
 from .errors import GatewayError, error_response, unexpected_failure
 from .funds import Funds
@@ -57,8 +57,7 @@ from .store import open_store
 from .telemetry import ERROR_CODE, Telemetry, logs
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from .redis_client import RedisClient
     from .shared_channels import SharedChannels
     from .telemetry.otlp import SpanExport
 
@@ -67,10 +66,10 @@ log = logging.getLogger("gateway")
 JOB_KINDS = {"video": video_jobs.KIND, "response": background_responses.KIND}
 
 
-def _shared_state(settings: Settings) -> tuple[Redis | None, BucketStore, SharedChannels | None]:
+def _shared_state(settings: Settings) -> tuple[RedisClient | None, BucketStore, SharedChannels | None]:
     """Where rate-limit buckets and channel state live: in Redis when one is configured (every
     instance shares them), else the Rust core's file beside the database and each process's memory.
-    Redis's modules are imported only then: they cost a process about 20 MB."""
+    Its modules are imported only then."""
     if not settings.redis_url:
         return None, FileBuckets(_beside(settings.store_path, ".ratelimits")), None
     from .redis_buckets import RedisBuckets
@@ -105,7 +104,7 @@ def create_app(settings: Settings) -> Starlette:
         registry=ModelRegistry(settings.models),
         store=store,
         upstream=UpstreamClient(settings),
-        funds=Funds(store),
+        funds=Funds(store, settings.workers),
         limiter=RateLimiter(buckets),
         router=Router(settings.models, settings.routing, settings.workers, shared=shared),
         telemetry=Telemetry(
@@ -138,6 +137,7 @@ def create_app(settings: Settings) -> Starlette:
             asyncio.create_task(sample_gauges(state)),
             asyncio.create_task(flush_metrics(state)),
         ]
+        mark_serving()  # for the supervisor: a death from now on is not a start-up failure
         try:
             yield
         finally:
@@ -218,6 +218,7 @@ def warm_tokenizers(settings: Settings) -> None:
 
 def app_from_env() -> Starlette:
     """Factory for server workers: settings come from the file named by GATEWAY_CONFIG."""
+    end_with_supervisor()
     return create_app(settings_from_env())
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +21,7 @@ from .config import ModelConfig
 from .context import Call
 from .core import count_tokens
 from .estimates import TextEstimate
+from .frozen import frozen
 from .funds import NotCovered
 from .pricing import ReportedUsage, Usage, cost, reported_usage
 from .state import GatewayState
@@ -112,7 +113,7 @@ def settle(
     return record.cost
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StreamOutcome:
     """What a stream transport reports when a stream ends, however it ends."""
 

@@ -61,6 +61,11 @@ AZURE_OPENAI_SCOPE: Final = "https://cognitiveservices.azure.com/.default"
 AZURE_IMDS_TOKEN_URL: Final = "http://169.254.169.254/metadata/identity/oauth2/token"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-:@+]+$")
 CONFIG_ENV: Final = "GATEWAY_CONFIG"
+# Under `gateway serve`, a copy of the text the supervisor last accepted (checked at start and at
+# each reload, gateway.supervisor): what a worker loads, so that one started later (a crashed
+# worker's replacement) never takes an edit of the file nobody checked. Relative paths in it are
+# still resolved against CONFIG_ENV's folder.
+ACCEPTED_CONFIG_ENV: Final = "GATEWAY_CONFIG_ACCEPTED"
 # `gateway serve --workers N` tells the workers N through this (the file may say otherwise).
 WORKERS_ENV: Final = "GATEWAY_WORKERS"
 # `gateway serve --host/--port` tell the workers where they listen ("host:port"), for the URLs they
@@ -84,7 +89,10 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "server": "host port workers public_base_url allowed_hosts drain_seconds drain_notice_seconds",
         "store": "backend path url url_env pool_size",
         "redis": "url url_env prefix",
-        "limits": "max_request_bytes sync_timeout_seconds stream_idle_timeout_seconds image_url_ttl_seconds",
+        "limits": (
+            "max_request_bytes sync_timeout_seconds stream_idle_timeout_seconds image_url_ttl_seconds"
+            " body_idle_timeout_seconds"
+        ),
         "upstream": "connect_timeout_seconds max_connections",
         "admin": "token_env",
         "logs": "max_body_bytes body_retention_days format level access",
@@ -263,6 +271,9 @@ class Settings:
     max_request_bytes: int = 10 * 1024 * 1024
     sync_timeout_seconds: float = 240.0
     stream_idle_timeout_seconds: float = 120.0
+    # A request whose body stops arriving for this long is answered 408 timeout (a client that
+    # declares more than it sends would otherwise hold its request open for ever).
+    body_idle_timeout_seconds: float = 60.0
     image_url_ttl_seconds: float = 86400.0
     # Where the URLs the gateway hands out (images, videos) point. None: a request's own scheme and
     # Host when that host is in `allowed_hosts`, else the listen address (host, port); never an
@@ -302,20 +313,36 @@ class Settings:
 
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
+    return settings_from_text(read_config_text(path), path)
+
+
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """A configuration file's text; ConfigError naming the file when it cannot be read."""
+    try:
+        return _read_text(Path(path))
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc.__cause__
+
+
+def settings_from_text(text: str, path: str | os.PathLike[str]) -> Settings:
+    """The settings of `text`, the content of the file at `path` (which names it in errors and
+    anchors its relative paths)."""
     p = Path(path)
     try:
-        raw = _read_toml(p)
+        raw = _toml(text)
     except ConfigError as exc:
         raise ConfigError(f"config file {p}: {exc}") from exc.__cause__
     return parse_settings(raw, base_dir=p.resolve().parent)
 
 
 def settings_from_env() -> Settings:
-    """For server worker processes: the config path travels in GATEWAY_CONFIG."""
+    """For server worker processes: the config path travels in GATEWAY_CONFIG, the text the
+    supervisor accepted in GATEWAY_CONFIG_ACCEPTED (else the file's own)."""
     path = os.environ.get(CONFIG_ENV)
     if not path:
         raise ConfigError(f"{CONFIG_ENV} is not set: pass --config to `gateway serve`")
-    settings = load_settings(path)
+    accepted = os.environ.get(ACCEPTED_CONFIG_ENV)
+    settings = settings_from_text(read_config_text(accepted), path) if accepted else load_settings(path)
     workers = os.environ.get(WORKERS_ENV)
     if workers and workers.isdigit() and int(workers) > 0:
         settings = dataclasses.replace(settings, workers=int(workers))
@@ -362,12 +389,20 @@ def check_config(raw: Mapping[str, Any], base_dir: Path = Path(".")) -> ConfigRe
 
 def check_config_file(path: str | os.PathLike[str]) -> ConfigReport:
     """check_config on a file; a missing or unreadable file, or one not TOML, is its one problem."""
-    p = Path(path)
     try:
-        raw = _read_toml(p)
+        text = _read_text(Path(path))
     except ConfigError as exc:
         return ConfigReport(problems=(str(exc),))
-    return check_config(raw, base_dir=p.resolve().parent)
+    return check_config_text(text, path)
+
+
+def check_config_text(text: str, path: str | os.PathLike[str]) -> ConfigReport:
+    """check_config on `text`, the content of the file at `path`; text not TOML is its one problem."""
+    try:
+        raw = _toml(text)
+    except ConfigError as exc:
+        return ConfigReport(problems=(str(exc),))
+    return check_config(raw, base_dir=Path(path).resolve().parent)
 
 
 def validate_config(raw: Mapping[str, Any]) -> list[str]:
@@ -380,14 +415,18 @@ def validate_config_file(path: str | os.PathLike[str]) -> list[str]:
     return list(check_config_file(path).problems)
 
 
-def _read_toml(p: Path) -> dict[str, Any]:
-    """The file's table; ConfigError (not naming the file) when it cannot be read or is not TOML."""
+def _read_text(p: Path) -> str:
+    """The file's text; ConfigError (not naming the file) when it cannot be read."""
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read it: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})") from exc
+
+
+def _toml(text: str) -> dict[str, Any]:
+    """The table of a file's text; ConfigError (not naming the file) when it is not TOML."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # its message ends "(at line L, column C)"
@@ -517,7 +556,7 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
     backend, store_path, store_url, pool_size = part(  # collecting, a refused [store]: no backend
         lambda: _store(tables["store"], base_dir, check), ("", base_dir, None, 10)
     )
-    redis_url = part(lambda: _url(tables["redis"], "redis", check), "")  # "": given, but wrong
+    redis_url = part(lambda: _redis_url(tables["redis"], check), "")  # "": given, but wrong
     if backend == "postgres":
         part(lambda: _needs_redis(redis_url))
     admin_token_env = part(lambda: _env_name(tables["admin"], "token_env", "admin.token_env"))
@@ -540,6 +579,7 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
         stream_idle_timeout_seconds=part(
             lambda: _seconds(limits, "limits.stream_idle_timeout_seconds", 120.0)
         ),
+        body_idle_timeout_seconds=part(lambda: _seconds(limits, "limits.body_idle_timeout_seconds", 60.0)),
         image_url_ttl_seconds=part(lambda: _seconds(limits, "limits.image_url_ttl_seconds", 86400.0)),
         public_base_url=part(lambda: _base_url(server)),
         allowed_hosts=part(lambda: _allowed_hosts(server)),
@@ -585,6 +625,18 @@ def _distinct_model_names(models: Iterable[ModelConfig]) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"models: duplicate names {dupes}")
+
+
+def _redis_url(table: Mapping[str, Any], check: _Check) -> str | None:
+    url = _url(table, "redis", check)
+    if url:
+        from .redis_client import parse_url  # only a gateway with Redis loads its client
+
+        try:
+            parse_url(url)
+        except ValueError as exc:  # its message never quotes the URL (a password)
+            raise ConfigError(f"redis: {exc}") from None
+    return url
 
 
 def _redis_prefix(redis: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ from ._core import (
     EventStreamParser,
     MessagesStreamRewriter,
     MultipartPart,
+    RequestTally,
     ResponsesStreamRewriter,
     RewrittenResponse,
     SharedBuckets,
@@ -26,14 +27,17 @@ from ._core import (
     TakeResult,
     TokenBucket,
     __version__,
+    answer_line,
     count_chat_tokens,
     count_tokens,
     file_len,
     fingerprint,
     key_digest,
+    log_timestamp,
     parse_chat_usage,
     parse_messages_usage,
     parse_multipart,
+    parse_response_head,
     rewrite_response,
     set_json_id,
 )
@@ -64,6 +68,10 @@ class InvalidEventStreamError(CoreError):
     """Bytes that had to be an AWS event stream broke its framing (a CRC, a length, a header)."""
 
 
+class InvalidHttpError(CoreError):
+    """Bytes that had to be an HTTP/1.x answer head were not (an upstream's: providers/http.py)."""
+
+
 __all__ = [
     "MAX_EVENT_BYTES",
     "OVERSIZED_EVENT_ERROR",
@@ -73,9 +81,11 @@ __all__ = [
     "EventStreamMessage",
     "EventStreamParser",
     "InvalidEventStreamError",
+    "InvalidHttpError",
     "InvalidJsonError",
     "MessagesStreamRewriter",
     "MultipartPart",
+    "RequestTally",
     "ResponsesStreamRewriter",
     "RewrittenResponse",
     "SharedBuckets",
@@ -86,14 +96,17 @@ __all__ = [
     "TokenBucket",
     "UnknownEncodingError",
     "__version__",
+    "answer_line",
     "count_chat_tokens",
     "count_tokens",
     "file_len",
     "fingerprint",
     "key_digest",
+    "log_timestamp",
     "parse_chat_usage",
     "parse_messages_usage",
     "parse_multipart",
+    "parse_response_head",
     "rewrite_response",
     "set_json_id",
 ]

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import math
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -37,6 +40,13 @@ KILL_GRACE_SECONDS: Final = 10.0
 # Sent by the supervisor to a worker ahead of SIGTERM (ignored by a worker still starting: the
 # supervisor ignores it and its children inherit that until Drain.install).
 NOTICE_SIGNAL: Final = signal.SIGUSR1
+# Under `gateway serve`, the supervisor's directory for this start (gateway.supervisor). A worker
+# that has started serving leaves a mark there: the supervisor tells a worker that died in service
+# (started again, however often) from one that never started (a start-up failure).
+RUN_DIR_ENV: Final = "GATEWAY_RUN_DIR"
+# ... and the supervisor's process id: a worker whose supervisor has gone (kill -9) stops too.
+SUPERVISOR_PID_ENV: Final = "GATEWAY_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG: Final = 1  # prctl(2)
 CUT_MESSAGE: Final = "The gateway is shutting down: the stream was ended at its drain deadline. Retry."
 
 
@@ -52,6 +62,7 @@ class Drain:
         self._streams: dict[int, Callable[[], None]] = {}
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._bounded = False  # the kernel's alarm is set (_bound_the_stop)
 
     def install(self) -> None:
         """Chain a handler for SIGTERM and SIGINT before the ones in place (from the lifespan's
@@ -61,6 +72,7 @@ class Drain:
             previous = signal.getsignal(signum)
 
             def handler(number: int, frame: Any, previous: Any = previous) -> None:
+                self._bound_the_stop()
                 if self._loop is not None and not self._loop.is_closed():
                     self._loop.call_soon_threadsafe(self.begin)
                 if callable(previous):
@@ -73,6 +85,16 @@ class Drain:
                 signal.signal(signum, handler)
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             self._loop.add_signal_handler(NOTICE_SIGNAL, self.notice)
+
+    def _bound_the_stop(self) -> None:
+        """From the stop signal on, the kernel ends this process (SIGALRM, its default action) if it
+        is still there drain_seconds + KILL_GRACE_SECONDS later: the bound the supervisor enforces,
+        kept when there is no supervisor (an orphan: end_with_supervisor) and when the process is
+        stuck where no Python runs (seen once: Granian's worker deadlocked in its own signal
+        handling as both workers of a killed supervisor got the signal)."""
+        if not self._bounded:
+            self._bounded = True
+            signal.alarm(math.ceil(self.deadline_seconds + KILL_GRACE_SECONDS) + 1)
 
     def notice(self) -> None:
         """The drain is coming: end every connection after its current answer."""
@@ -113,3 +135,36 @@ class Drain:
             self._streams.pop(token, None)
 
         return unfollow
+
+
+def serving_mark(run_dir: str, pid: int) -> str:
+    """The file that says worker `pid` has started serving."""
+    return os.path.join(run_dir, f"serving.{pid}")
+
+
+def mark_serving() -> None:
+    """This worker has started: its lifespan's start-up is done (a no-op outside `gateway serve`)."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir:
+        with contextlib.suppress(OSError):
+            open(serving_mark(run_dir, os.getpid()), "wb").close()
+
+
+def end_with_supervisor() -> None:
+    """Under `gateway serve` on Linux: this worker gets SIGTERM, and drains, when its supervisor
+    dies, even of kill -9 (prctl PR_SET_PDEATHSIG), rather than serving on as an orphan that
+    nothing reloads or stops, on the port the next `gateway serve` takes too. Workers are forked by
+    the supervisor's main thread, the thread whose end the signal follows. A no-op elsewhere."""
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if not supervisor or not sys.platform.startswith("linux"):
+        return
+    # The supervisor's own SIGTERM handler came with the fork and would swallow the signal (it only
+    # flags the supervisor's copy of itself) until Granian sets the worker's: until then SIGTERM
+    # ends this worker, which has nothing to drain yet.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl here: an orphan is then stopped by hand
+        return
+    if str(os.getppid()) != supervisor:  # it died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -8,9 +8,9 @@ it, and for how many choices. Every other estimate is a plain Usage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
+from .frozen import frozen
 from .pricing import Usage
 
 # The output a request that sets no output limit reserves against its key's tokens-per-minute
@@ -33,7 +33,7 @@ PROMPT_PARAMS: Final = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TextEstimate(Usage):
     """The most a text request may consume (prompt_tokens, and completion_tokens for all its
     choices), and what limits its output."""

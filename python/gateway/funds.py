@@ -11,26 +11,32 @@ process, atomically with every other process's leases, so that the leases of all
 exceed what the pot holds (gateway.store: lease). A hold that its lease cannot cover asks the store
 for more; the store grants what the hold needs plus a 1/N part of what is left free, N being the
 number of live lease owners (every worker process of every instance sharing the store:
-Store.live_owners), so a single process leases the whole pot at once and a request only waits on
-the database when a lease runs short. A charge takes its cost off the lease (in memory at once, in
-the store with the settlement); idle leases go back after a while; a dead process's leases go back
-when another reclaims them (SQLite: its journal replayed; PostgreSQL: its heartbeat stopped), so no
-hold outlives its process for longer than that bound.
+Store.live_owners; at least this instance's worker count, so that the first worker to start does not
+take it all while the others are still starting), so a single process leases the whole pot at once
+and a request only waits on the database when a lease runs short. A charge takes its cost off the
+lease (in memory at once, in the store with the settlement); idle leases go back after a while; a
+dead process's leases go back when another reclaims them (SQLite: its journal replayed; PostgreSQL:
+its heartbeat stopped), so no hold outlives its process for longer than that bound.
 
 Exactness: requests are admitted exactly while the money lasts, within one process and across
 processes and instances: near the end of a pot every lease is exactly what its hold needs
-(store/leasing.py), so a request is refused only when the pot's money is held by running requests
-(a rest a charge left of its hold below its estimate excepted: it stays in its process's lease for
-at most LEASE_IDLE_SECONDS idle). This holds as long as a request costs no more than its
-estimate; one that costs more (an upstream counting more prompt tokens than the gateway, a
-Responses turn continuing an earlier one) is still charged in full, and the balance can go below
-zero by that excess (then every request is refused).
+(store/leasing.py), so a request is refused only when the pot's money is held by running requests.
+The leases of other processes are no exception: a process whose lease cannot be refilled recalls the
+pot (Store.recall), and every process leasing it gives back what none of its holds uses at its next
+housekeeping pass (answer_recalls, every second); the request waits for that, at most
+RECALL_WAIT_SECONDS, and is refused only if the money that came back does not cover it either. That
+covers a spare leased while the pot was plentiful (above all by a process that was alone then, such
+as the first instance's before another started) and the rest a charge left of its hold below its
+estimate. After a recall that brought nothing, the pot's next refusals in that process come at once
+for RECALL_WAIT_SECONDS (a pot that is spent is not waited on by every request). This holds as long
+as a request costs no more than its estimate; one that costs more (an upstream counting more prompt
+tokens than the gateway, a Responses turn continuing an earlier one) is still charged in full, and
+the balance can go below zero by that excess (then every request is refused).
 
-A refusal says the most the request could cost and the money that was free for it (NotCovered):
-what this process has of its lease that nothing holds, plus what no process has leased. With
-several worker processes the unused leases of the others are not counted (they go back within
-LEASE_IDLE_SECONDS), so near the end of the money that figure can be a little low. For a text
-request billing adds the largest output limit that money covers (NotCovered.explained).
+A refusal says the most the request could cost and the money that was free for it (NotCovered): what
+this process has of its lease that nothing holds, plus what no process has leased (after a recall,
+that includes what the others gave back). For a text request billing adds the largest output limit
+that money covers (NotCovered.explained).
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ ZERO = Decimal(0)
 SMALLEST = Decimal("0.000000001")
 # A lease untouched this long, with nothing held on it, goes back to its pot.
 LEASE_IDLE_SECONDS = 2.0
+# How long a request whose lease could not be refilled waits for the other processes to answer its
+# recall (each does at its next housekeeping pass: gateway.housekeeping.LEASE_INTERVAL_SECONDS, 1 s),
+# and how long after a recall that brought nothing the pot's refusals in this process come at once.
+RECALL_WAIT_SECONDS = 2.5
+# How often a waiting request looks whether money came back.
+RECALL_POLL_SECONDS = 0.05
 
 
 # What a client can do about each refusal.
@@ -142,6 +154,9 @@ class Pot:
     held: Decimal = ZERO
     used_at: float = 0.0
     refilling: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Until then (monotonic), a refill the store refuses is not followed by a recall: the last one
+    # brought nothing.
+    futile_until: float = 0.0
 
     def covers(self, amount: Decimal) -> bool:
         free = self.lease - self.held
@@ -161,8 +176,9 @@ class Hold:
 
 
 class Funds:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, workers: int = 1) -> None:
         self._store = store
+        self._workers = workers  # this instance's worker processes: the least share a lease assumes
         self._epoch = 0  # the store's lease_epoch the pots below were leased under
         self._pots: dict[tuple[str, str], Pot] = {}
         self._returning: set[asyncio.Future[None]] = set()  # grants of cancelled refills going back
@@ -215,25 +231,52 @@ class Funds:
                 return True  # given back while this request waited: the next round takes the new pot
             if pot.covers(amount):  # another request's refill brought enough
                 return True
-            # The store commits the grant whatever happens to this request; a request cancelled
-            # meanwhile (its client gone) must not lose it: it then goes back to the store.
-            leasing = asyncio.ensure_future(
-                self._lease(pot, pot.shortfall(amount), clock.now_ms() if now_ms is None else now_ms)
-            )
-            try:
-                granted = await asyncio.shield(leasing)
-            except asyncio.CancelledError:
-                leasing.add_done_callback(lambda done: self._give_back(pot, done))
-                raise
+            need = pot.shortfall(amount)
+            at = clock.now_ms() if now_ms is None else now_ms
+            granted = await self._lease(pot, need, at)
+            if granted.is_zero():
+                granted = await self._recall(pot, need, at)
             if granted.is_zero():
                 return False
             pot.lease += granted
             pot.used_at = time.monotonic()
             return True
 
+    async def _recall(self, pot: Pot, need: Decimal, now_ms: int) -> Decimal:
+        """After the store refused to lease `need`: recall the pot from the other processes and
+        wait (at most RECALL_WAIT_SECONDS) until what they give back covers it. The grant, or zero
+        when nothing came back that covers it (and then the pot's refusals come at once for a while)."""
+        if time.monotonic() < pot.futile_until:
+            return ZERO
+        leased = await self._store.recall(pot.kind, pot.pot_id)
+        deadline = time.monotonic() + RECALL_WAIT_SECONDS
+        while leased > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(RECALL_POLL_SECONDS)
+            free = await self._store.free(pot.kind, pot.pot_id, now_ms)
+            if free is None or free >= need:
+                granted = await self._lease(pot, need, now_ms)
+                if granted > 0:
+                    return granted
+            elif not await self._store.recall_pending(pot.kind, pot.pot_id):
+                break  # every process has answered: nothing more is coming
+        pot.futile_until = time.monotonic() + RECALL_WAIT_SECONDS
+        return ZERO
+
     async def _lease(self, pot: Pot, need: Decimal, now_ms: int) -> Decimal:
-        # The free rest is shared among the live owners: one process alone leases it all.
-        share = await self._store.live_owners()
+        """The store's grant of `need` (and a share of the rest) on `pot`. The store commits the
+        grant whatever happens to this request; a request cancelled meanwhile (its client gone)
+        must not lose it: it then goes back to the store."""
+        leasing = asyncio.ensure_future(self._granted(pot, need, now_ms))
+        try:
+            return await asyncio.shield(leasing)
+        except asyncio.CancelledError:
+            leasing.add_done_callback(lambda done: self._give_back(pot, done))
+            raise
+
+    async def _granted(self, pot: Pot, need: Decimal, now_ms: int) -> Decimal:
+        # The free rest is shared among the live owners (at least this instance's workers, some of
+        # which may still be starting): one process alone leases it all.
+        share = max(await self._store.live_owners(), self._workers)
         return await self._store.lease(pot.kind, pot.pot_id, need, share, now_ms)
 
     def _give_back(self, pot: Pot, leasing: asyncio.Future[Decimal]) -> None:
@@ -263,6 +306,27 @@ class Funds:
         """What this process's open holds set aside, over every account (a key's pot holds the same
         money again: not counted twice)."""
         return sum((pot.held for pot in self._pots.values() if pot.kind == "account"), ZERO)
+
+    async def answer_recalls(self) -> int:
+        """Answer every recall of this process's leases (another process could not lease what its
+        request needed): give back what no hold of this process uses. Returns how many were
+        answered. Called at each housekeeping pass."""
+        recalled = await self._store.recalls()
+        for kind, pot_id in recalled:
+            pot = self._pots.get((kind, pot_id))
+            spare = ZERO
+            # A pot this process has forgotten is on its way back already (return_idle), or was
+            # taken back with every lease of a process reclaimed as dead: nothing to give here.
+            if pot is not None and self._store.lease_epoch == self._epoch:
+                spare = max(ZERO, pot.lease - pot.held)
+                pot.lease -= spare
+            try:
+                await self._store.answer_recall(kind, pot_id, spare)
+            except Exception:
+                if pot is not None:
+                    pot.lease += spare  # still this process's in the store: asked again next pass
+                raise
+        return len(recalled)
 
     async def return_idle(self, idle_seconds: float = LEASE_IDLE_SECONDS) -> int:
         """Give back every lease with nothing held on it and unused for `idle_seconds`; returns how

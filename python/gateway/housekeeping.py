@@ -16,8 +16,8 @@ from .telemetry.metrics import forget_dead_processes
 
 # Expired rows are deleted at least this often (more often when image URLs live shorter).
 PURGE_INTERVAL_SECONDS = 60.0
-# Idle leases go back this often; dead processes' journals and leases are reclaimed every
-# RECLAIM_EVERY passes.
+# Recalled leases are answered and idle ones go back this often (gateway.funds); dead processes'
+# journals and leases are reclaimed every RECLAIM_EVERY passes.
 LEASE_INTERVAL_SECONDS = 1.0
 RECLAIM_EVERY = 10
 # The metrics' gauges are sampled this often; the store's jobs every JOB_SAMPLE_EVERY samples.
@@ -55,6 +55,7 @@ async def tend_leases(state: GatewayState) -> None:
         await asyncio.sleep(LEASE_INTERVAL_SECONDS)
         passes += 1
         try:
+            await state.funds.answer_recalls()  # first: a request elsewhere may be waiting on it
             await state.funds.return_idle()
             if passes % RECLAIM_EVERY == 0:
                 await state.store.reclaim_orphans()

@@ -38,9 +38,13 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-if TYPE_CHECKING:  # redis is imported only by a gateway that uses it (it costs ~20 MB a process)
-    from redis.asyncio import Redis
-    from redis.commands.core import AsyncScript
+from .deadline import within
+from .frozen import frozen
+from .redis_client import UNAVAILABLE
+from .redis_protocol import ReplyError
+
+if TYPE_CHECKING:
+    from .redis_client import RedisClient, Script
 
 log = logging.getLogger("gateway.routing")
 T = TypeVar("T")
@@ -204,7 +208,7 @@ return out
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SharedState:
     """A channel's breaker as Redis answered it (durations in seconds from the answer)."""
 
@@ -237,7 +241,7 @@ class Lease:
         return self.capped or self.probe
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Acquired:
     lease: Lease | None  # None: refused
     reason: str  # "ok", or why not: "full", "busy", "cooling", "probing"
@@ -255,19 +259,17 @@ class SharedChannels:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         prefix: str = KEY_PREFIX,
         lease_seconds: float = LEASE_SECONDS,
         renew_seconds: float = RENEW_SECONDS,
         op_timeout: float = OP_TIMEOUT_SECONDS,
         reconnect_seconds: float = RECONNECT_SECONDS,
     ) -> None:
-        from redis.exceptions import RedisError
-
         self.redis = redis
         self.prefix = prefix
         self.up = True
-        self._errors = (RedisError, OSError, TimeoutError)
+        self._errors = (*UNAVAILABLE, ReplyError)
         self._lease_ms = max(1, int(lease_seconds * 1000))
         self._renew_seconds = renew_seconds
         self._op_timeout = op_timeout
@@ -387,7 +389,7 @@ class SharedChannels:
     async def _call(self, call: Awaitable[T]) -> T:
         """One Redis call within the operation timeout; Unavailable (and the fallback) when it fails."""
         try:
-            async with asyncio.timeout(self._op_timeout):
+            with within(self._op_timeout):
                 return await call
         except self._errors as exc:
             self._down(exc)
@@ -433,7 +435,7 @@ class SharedChannels:
                 with contextlib.suppress(Unavailable):
                     await self._call(self._renew(keys=[hash_key, slots_key], args=[self._lease_ms, *members]))
 
-    def _background(self, script: AsyncScript, keys: list[str], args: list[Any]) -> None:
+    def _background(self, script: Script, keys: list[str], args: list[Any]) -> None:
         """Runs a script without waiting for it; a failure is left behind (a lease runs out by itself)."""
 
         async def run() -> None:

@@ -16,7 +16,7 @@ from .store import Store
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from .redis_client import RedisClient
 
 
 @dataclass
@@ -30,4 +30,4 @@ class GatewayState:
     router: Router
     telemetry: Telemetry
     drain: Drain
-    redis: Redis | None = None  # the process's Redis client, when one is configured
+    redis: RedisClient | None = None  # the process's Redis client, when one is configured

@@ -1,7 +1,11 @@
 """The process `gateway serve` becomes: Granian's supervisor, in a fresh interpreter that imports
 Granian and nothing of the gateway's request path (the workers load the app), so it stays small. A
 worker that dies is started again; its replacement replays the dead one's journal and takes back
-its leases.
+its leases. One that keeps dying soon after its start is started again after a pause that doubles
+each time (up to CRASH_BACKOFF_MAX_SECONDS) while the other workers serve on; Granian's own guard
+would end the whole gateway at a worker's second quick death, healthy workers included. Only a
+worker that dies before it ever served (a start-up failure: the database out of reach, say), twice
+running, with no other worker serving, ends the gateway (exit status 1, the error in the log).
 
 Beyond Granian's own supervisor:
 - Notice: a worker about to be stopped gets SIGUSR1 `[server] drain_notice_seconds` before its
@@ -9,7 +13,10 @@ Beyond Granian's own supervisor:
 - SIGTERM: workers drain (gateway.drain); one still running drain_seconds + KILL_GRACE_SECONDS
   after the signal is killed.
 - SIGHUP (or POST /admin/v1/config/reload): the configuration file is checked first and a bad one
-  refused, the old workers serving on; then each worker is replaced in turn, the new one started
+  refused, the old workers serving on; a good one becomes the accepted configuration, the copy of
+  its text every worker started from then on loads (GATEWAY_CONFIG_ACCEPTED), so that a worker
+  started between two reloads (a crashed one's replacement, one still starting when the file was
+  edited) never takes an edit nobody checked. Then each worker is replaced in turn, the new one started
   and listening before the old one is told to drain. A request is served by one worker from start
   to end, so it sees the old configuration or the new one, never a mix. The same is the
   zero-downtime restart after an upgrade.
@@ -23,6 +30,7 @@ Usage (from gateway.cli only): python -m gateway.supervisor '{"host": ..., "port
 from __future__ import annotations
 
 import json
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -31,44 +39,62 @@ import tempfile
 import time
 from typing import Any
 
+# This start's own files: the workers' metrics and the accepted configuration's text.
+RUN_DIR = tempfile.mkdtemp(prefix="gateway-run-")
+METRICS_DIR = os.path.join(RUN_DIR, "metrics")
+os.mkdir(METRICS_DIR)
 # Before prometheus_client is imported anywhere in this process or the workers forked from it.
-METRICS_DIR = tempfile.mkdtemp(prefix="gateway-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 
 from granian import Granian  # noqa: E402
 from granian.constants import Interfaces, Loops  # noqa: E402
 from granian.log import logger  # noqa: E402
 
-from gateway.drain import NOTICE_SIGNAL  # noqa: E402  (stdlib only: nothing of the request path)
+from gateway.drain import (  # noqa: E402  (stdlib only)
+    NOTICE_SIGNAL,
+    RUN_DIR_ENV,
+    SUPERVISOR_PID_ENV,
+    serving_mark,
+)
+
+os.environ[RUN_DIR_ENV] = RUN_DIR  # where workers say they serve (gateway.drain.mark_serving)
+os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # workers end with it (drain.end_with_supervisor)
 
 APP = "gateway.app:app_from_env"
-CONFIG_ENV = "GATEWAY_CONFIG"  # gateway.config.CONFIG_ENV, without importing the gateway here
+# gateway.config's CONFIG_ENV and ACCEPTED_CONFIG_ENV, without importing the gateway here.
+CONFIG_ENV = "GATEWAY_CONFIG"
+ACCEPTED_CONFIG_ENV = "GATEWAY_CONFIG_ACCEPTED"
 # How long a new worker may take to listen before a reload gives up on it (keeping the old one).
 READY_TIMEOUT_SECONDS = 60.0
 # After a new worker listens, before the old one is told to drain.
 SETTLE_SECONDS = 0.3
+# A worker dying within this long of its start is dying quickly (Granian's crash-loop window).
+CRASH_WINDOW_SECONDS = 5.5
+# The longest pause before a quickly dying worker is started again.
+CRASH_BACKOFF_MAX_SECONDS = 30.0
 
 
 class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
-    """Granian with the gateway's reload: checked before it happens, each new worker up before the
-    old one goes. Uses Granian 2.8's supervisor internals (_respawn_workers, wrks, respawned_wrks,
-    interrupt_children, main_loop_interrupt, _stop_workers): pyproject.toml pins granian below 3."""
+    """Granian with the gateway's reload (checked before it happens, each new worker up before the
+    old one goes) and its own rule for workers that die. Uses Granian 2.8's supervisor internals
+    (_respawn_workers, wrks, respawned_wrks, interrupt_children, interrupt_signal,
+    main_loop_interrupt, _stop_workers, a worker's birth): pyproject.toml pins granian below 3."""
 
     notice_seconds: float = 1.0  # [server] drain_notice_seconds
     kill_grace_seconds: float = 10.0  # gateway.drain.KILL_GRACE_SECONDS
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.quick_deaths: dict[int, int] = {}  # worker index: deaths in a row soon after a start
+
     def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
         if os.getpid() != self.pid:  # a forked worker inherited this handler: not its business
             return
-        from gateway.config import validate_config_file
-
         path = os.environ.get(CONFIG_ENV, "")
         try:
-            problems = validate_config_file(path)
+            problems = _accept(path)
         except Exception as exc:  # never let a check take the supervisor down
             problems = [f"{type(exc).__name__}: {exc}"]
-        if not problems:
-            problems = _fixed_changed(path)
         if problems:
             logger.error(
                 "reload refused: %s is not a valid configuration; the workers keep the one they have: %s",
@@ -81,6 +107,22 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
             self.notice_seconds = _RUNNING[0].drain_notice_seconds
             self.workers_kill_timeout = _kill_timeout(_RUNNING[0].drain_seconds, self.kill_grace_seconds)
         super().signal_handler_reload(*args, **kwargs)
+
+    def _spawn_worker(self, idx: int, target: Any, callback_loader: Any) -> Any:
+        worker = super()._spawn_worker(idx=idx, target=target, callback_loader=callback_loader)
+        granians = worker._watcher
+
+        def watch() -> None:
+            # A worker that ends once this process was told to stop got the signal too (Ctrl-C, a
+            # service manager signalling the whole group): an expected end, not a crash. Granian
+            # would log it as an error and make the whole stop exit 1.
+            worker.inner.join()
+            if self.interrupt_signal:
+                worker.interrupt_by_parent = True
+            granians()
+
+        worker._watcher = watch  # read by Granian's _watch when the worker starts
+        return worker
 
     def _stop_workers(self) -> None:
         self._give_notice(self.wrks)
@@ -104,15 +146,16 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
     def _respawn_workers(
         self, workers: list[int], spawn_target: Any, target_loader: Any, delay: float = 0
     ) -> None:
-        if not delay:  # a crashed worker's replacement: nothing to hand over, Granian's own way
-            super()._respawn_workers(workers, spawn_target, target_loader, delay)
+        if not delay:  # workers that died: started again, nothing to hand over
+            for idx in workers:
+                if not self._respawn_dead(idx, spawn_target, target_loader):
+                    return
             return
         draining = []
         for idx in workers:
             if self.interrupt_signal:
                 logger.info("shutdown requested: the reload stops here")
                 break
-            self.respawned_wrks[idx] = time.monotonic()
             old = self.wrks[idx]
             new = self._spawn_worker(idx=idx, target=spawn_target, callback_loader=target_loader)
             new.start()
@@ -127,12 +170,48 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
             old.terminate()
             draining.append((idx, old))
         for idx, old in draining:
-            old.join(self.workers_kill_timeout)
-            if old.is_alive():
+            ended = _ends_within(old, self.workers_kill_timeout)
+            _forget_serving(old._id())
+            if not ended:
                 logger.warning("killing the old worker-%d: it outlived its drain", idx + 1)
                 old.kill()
                 old.join()
         self._metrics.incr_spawn(len(draining))
+
+    def _respawn_dead(self, idx: int, spawn_target: Any, target_loader: Any) -> bool:
+        """Start worker `idx` again after it died, after a pause when it keeps dying quickly; end
+        the gateway instead when it never served and nothing else does (module notes). False when
+        the gateway is to stop."""
+        dead = self.wrks[idx]
+        served = _forget_serving(dead._id())
+        quickly = time.monotonic() - dead.birth <= CRASH_WINDOW_SECONDS
+        deaths = self.quick_deaths
+        deaths[idx] = deaths.get(idx, 0) + 1 if quickly else 0
+        others = any(_serving(w) for i, w in enumerate(self.wrks) if i != idx)
+        if deaths[idx] >= 2 and not served and not others:
+            logger.error("worker-%d failed to start again and no worker serves: exiting", idx + 1)
+            self.interrupt_children.append(idx)  # exit status 1
+            self.interrupt_signal = True
+            self.main_loop_interrupt.set()
+            return False
+        if deaths[idx] >= 2:
+            pause = min(CRASH_BACKOFF_MAX_SECONDS, 2.0 ** (deaths[idx] - 2))
+            logger.error(
+                "worker-%d keeps dying within %.1f s of its start: starting it again in %.0f s",
+                idx + 1,
+                CRASH_WINDOW_SECONDS,
+                pause,
+            )
+            resume = time.monotonic() + pause
+            while time.monotonic() < resume and not self.interrupt_signal:
+                time.sleep(0.05)  # not main_loop_interrupt: another worker's death must stay noted
+            if self.interrupt_signal:
+                return False
+        super()._respawn_workers([idx], spawn_target, target_loader, 0)
+        # Granian's crash-loop guard (which ends the gateway at a second quick death) stands down:
+        # the policy above replaces it.
+        self.respawned_wrks.pop(idx, None)
+        return True
 
     def _listening(self, worker: Any) -> bool:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
@@ -147,6 +226,7 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
         if new.is_alive():
             new.kill()
         new.join()
+        _forget_serving(new._id())
         time.sleep(0.1)  # Granian's watcher thread notes the exit first
         while idx in self.interrupt_children:  # not a crash of a serving worker
             self.interrupt_children.remove(idx)
@@ -156,26 +236,67 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
             self.main_loop_interrupt.set()
 
 
+def _serving(worker: Any) -> bool:
+    """Whether `worker` is alive and has started serving (gateway.drain.mark_serving)."""
+    return bool(worker.is_alive() and os.path.exists(serving_mark(RUN_DIR, worker._id())))
+
+
+def _forget_serving(pid: int) -> bool:
+    """Whether worker `pid` had started serving (gateway.drain.mark_serving); its mark is removed."""
+    try:
+        os.unlink(serving_mark(RUN_DIR, pid))
+    except OSError:
+        return False
+    return True
+
+
+def _ends_within(worker: Any, seconds: float) -> bool:
+    """Whether `worker` has ended or ends within `seconds`. Its sentinel, not join and is_alive:
+    Granian's watcher thread reaps the process too, and the one of the two that loses the race
+    (waitpid: ECHILD) would take a finished worker for a live one and log that it was killed."""
+    return bool(multiprocessing.connection.wait([worker.inner.sentinel], seconds))
+
+
 def _kill_timeout(drain_seconds: float, kill_grace_seconds: float) -> int:
     """Granian's whole seconds from SIGTERM to a worker's kill."""
     return int(drain_seconds + kill_grace_seconds) + 1
 
 
-_RUNNING: list[Any] = []  # the settings the workers were started with (gateway.config.Settings)
+_RUNNING: list[Any] = []  # the accepted configuration's settings (gateway.config.Settings)
 
 
-def _fixed_changed(path: str) -> list[str]:
-    from gateway.config import load_settings
+def _accept(path: str) -> list[str]:
+    """Check the file at `path` once, read once: if the gateway takes it and it changes nothing a
+    reload cannot, it becomes the accepted configuration (an empty list); else its problems."""
+    from gateway.config import ConfigError, check_config_text, read_config_text, settings_from_text
     from gateway.reload import fixed_changes
 
     try:
-        new = load_settings(path)
-    except Exception as exc:
+        text = read_config_text(path)
+    except ConfigError as exc:
+        return [str(exc)]
+    problems = list(check_config_text(text, path).problems)
+    if problems:
+        return problems
+    try:
+        new = settings_from_text(text, path)
+    except Exception as exc:  # e.g. an environment variable it names, unset here
         return [f"{type(exc).__name__}: {exc}"]
     problems = fixed_changes(_RUNNING[0], new) if _RUNNING else []
     if not problems:
         _RUNNING[:] = [new]
+        _publish(text)
     return problems
+
+
+def _publish(text: str) -> None:
+    """Make `text` what workers started from now on load (replacing the file in one step, so a
+    worker starting meanwhile reads the old text or the new, never part of one)."""
+    accepted = os.path.join(RUN_DIR, "config.toml")
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=RUN_DIR, delete=False) as f:
+        f.write(text)
+    os.replace(f.name, accepted)
+    os.environ[ACCEPTED_CONFIG_ENV] = accepted
 
 
 def _pid_listens(pid: int, port: int) -> bool:
@@ -223,9 +344,17 @@ def main(argv: list[str]) -> None:
     drain = float(options.get("drain_seconds", 30.0))
     config = os.environ.get(CONFIG_ENV)
     if config:
-        from gateway.config import load_settings
+        from gateway.config import ConfigError, read_config_text, settings_from_text
 
-        _RUNNING.append(load_settings(config))
+        # What the workers start with: the file as read now (`gateway serve` checked it just
+        # before; an edit since then is checked again here).
+        try:
+            text = read_config_text(config)
+            _RUNNING.append(settings_from_text(text, config))
+        except ConfigError as exc:
+            shutil.rmtree(RUN_DIR, ignore_errors=True)
+            sys.exit(f"gateway: configuration error: {exc}")
+        _publish(text)
     # Notice (SIGUSR1) must not kill a worker still starting: ignored until gateway.drain handles it.
     signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
     kill_grace = float(options.get("kill_grace_seconds", 10.0))
@@ -247,7 +376,7 @@ def main(argv: list[str]) -> None:
     try:
         server.serve()
     finally:
-        shutil.rmtree(METRICS_DIR, ignore_errors=True)
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,19 @@ def test_random_text_matches_tiktoken(reference: Callable[[str], tiktoken.Encodi
         assert count_tokens(text, encoding) == len(reference(encoding).encode_ordinary(text))
 
 
+# Text the core splits without its automaton (ASCII: its own scan, pretokenize.rs), with the
+# characters its pattern tells apart, and now and then one past ASCII next to them.
+_PARTS = [*"aZq'sStTlLdDmMrRvVeE0127 \t\n\r\x0b\x0c\x1f.,!/-_$", "'ll", "'VE", " \n", "\u00a0", "é", "٣"]
+_ASCII_HEAVY = st.lists(st.sampled_from(_PARTS), max_size=60).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_ASCII_HEAVY | st.text(st.characters(max_codepoint=127), max_size=200))
+def test_ascii_text_matches_tiktoken(reference: Callable[[str], tiktoken.Encoding], text: str) -> None:
+    for encoding in ("o200k_base", "cl100k_base"):
+        assert count_tokens(text, encoding) == len(reference(encoding).encode_ordinary(text))
+
+
 def test_long_text_releases_the_gil_and_still_counts(reference: Callable[[str], tiktoken.Encoding]) -> None:
     text = "The quick brown fox. " * 2000
     assert count_tokens(text) == len(reference("o200k_base").encode_ordinary(text))

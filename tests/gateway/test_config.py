@@ -14,6 +14,7 @@ import pytest
 
 from gateway.cli import SIM_PORT, _granian, _on_sim_port
 from gateway.config import (
+    ACCEPTED_CONFIG_ENV,
     CONFIG_ENV,
     KNOWN_SETTINGS,
     LISTEN_ENV,
@@ -103,6 +104,28 @@ def test_serve_workers_reach_the_workers(monkeypatch: pytest.MonkeyPatch) -> Non
     assert settings_from_env().workers == 3
     monkeypatch.delenv(WORKERS_ENV)
     assert settings_from_env().workers == load_settings(ROOT / "config" / "demo.toml").workers
+
+
+def test_workers_load_the_accepted_text_with_paths_relative_to_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `gateway serve` a worker loads the text the supervisor accepted, not the file as it is
+    now (which may hold an edit nobody checked); the file's folder still anchors relative paths."""
+    demo = (ROOT / "config" / "demo.toml").read_text()
+    config = tmp_path / "etc" / "gateway.toml"
+    config.parent.mkdir()
+    config.write_text(demo + "\n[bogus]\nkey = 1\n")  # edited since it was accepted
+    accepted = tmp_path / "run" / "config.toml"
+    accepted.parent.mkdir()
+    accepted.write_text(demo)
+    monkeypatch.setenv(CONFIG_ENV, str(config))
+    monkeypatch.setenv(ACCEPTED_CONFIG_ENV, str(accepted))
+    settings = settings_from_env()
+    assert settings.models == load_settings(ROOT / "config" / "demo.toml").models
+    assert settings.store_path.resolve() == (tmp_path / "var" / "demo.db").resolve()  # "../var/demo.db"
+    monkeypatch.delenv(ACCEPTED_CONFIG_ENV)
+    with pytest.raises(ConfigError, match="bogus"):
+        settings_from_env()
 
 
 def test_the_demo_on_another_simulator_port_serves_a_copy_that_reaches_it(tmp_path: Path) -> None:
@@ -206,13 +229,24 @@ def test_urls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         ({"backend": "postgres", "url": PG}, {"url": PG}, "redis.url: must be a URL starting with redis://"),
         ({"backend": "postgres", "url": 5}, {"url": REDIS}, "store.url: must be of type str"),
+        (
+            {"backend": "postgres", "url": PG},
+            {"url": "redis://:secret@h/0?socket_timeout=2"},
+            "redis: a Redis URL takes no parameter 'socket_timeout'",
+        ),
+        (None, {"url": "redis://:secret@h:70000/0"}, "redis: a Redis URL's port must be a number"),
     ],
 )
 def test_store_and_redis_mistakes_are_refused(
-    monkeypatch: pytest.MonkeyPatch, store: dict[str, object], redis: dict[str, object] | None, message: str
+    monkeypatch: pytest.MonkeyPatch,
+    store: dict[str, object] | None,
+    redis: dict[str, object] | None,
+    message: str,
 ) -> None:
     monkeypatch.delenv("GW_TEST_UNSET", raising=False)
-    raw: dict[str, object] = {"models": [model()], "store": store}
+    raw: dict[str, object] = {"models": [model()]}
+    if store is not None:
+        raw["store"] = store
     if redis is not None:
         raw["redis"] = redis
     with pytest.raises(ConfigError, match=re.escape(message)) as caught:

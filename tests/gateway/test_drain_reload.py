@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from gateway.config import load_settings
-from harness import chat_model, eventually, free_port, new_key, query, running
+from harness import chat_model, eventually, free_port, kill_worker, new_key, query, running, workers_serving
 
 pytestmark = pytest.mark.slow
 ADMIN_TOKEN = "admin-" + "a" * 32
@@ -187,6 +187,41 @@ def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Pat
             thread.join(30)
         assert served > 50
         assert failures == []
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+def test_a_worker_started_between_reloads_takes_the_accepted_configuration(
+    tmp_path: Path, sim_url: str
+) -> None:
+    """A worker started after the file was edited but before any reload (here a kill -9's
+    replacement; also one still starting when the edit lands) loads what the supervisor accepted:
+    not a broken edit (it would die of it, again and again, until Granian's crash-loop guard took
+    the whole gateway down) and not a good one nobody reloaded. The next reload takes the edit."""
+    port = free_port()
+    old = chat_model("test/a", "sim-chat", sim_url)
+    config = _config(tmp_path, port, sim_url, 2, old)
+    key = new_key(load_settings(config), Decimal("10"))
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    with running(["serve", "--config", str(config)], port, {"T_ADMIN": ADMIN_TOKEN}, output=log) as proc:
+        eventually(lambda: len(workers_serving(log)) == 2, 30, 0.1, what="both workers serving")
+
+        config.write_text(config.read_text() + "\n[bogus]\nkey = 1\n")
+        kill_worker(log, 1)
+        _wait_for_models(url, key.key, {"test/a"})
+        assert _chat(url, key.key, "test/a").status_code == 200
+
+        # A good edit, not reloaded: worker-2's replacement serves what was accepted.
+        config.write_text(
+            _config(tmp_path, port, sim_url, 2, old + chat_model("test/b", "sim-chat", sim_url)).read_text()
+        )
+        kill_worker(log, 2)
+        _wait_for_models(url, key.key, {"test/a"})
+        assert proc.poll() is None
+
+        proc.send_signal(signal.SIGHUP)
+        _wait_for_models(url, key.key, {"test/a", "test/b"})
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
 

@@ -10,16 +10,19 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.auth import display_prefix, generate_key, hash_key
-from gateway.store import Settlement, UsageRecord
+from gateway.store import RequestLog, Settlement, UsageRecord
 from gateway.store.sqlite import SqliteStore
-from gateway.store.sqlite.journal import Journal, orphans
+from gateway.store.sqlite.journal import Journal, decode, encode, orphans
 from harness import chat_model, free_port, process_tree, running
 
 
@@ -258,3 +261,40 @@ def test_a_stream_that_ended_unbilled_leaves_no_progress(tmp_path: Path) -> None
     assert live.path.stat().st_size == 0
     live.close()
     assert not live.path.exists()
+
+
+_TEXT = st.text(max_size=20)
+_OPTIONAL_TEXT = st.none() | _TEXT
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    log=st.builds(
+        RequestLog,
+        id=_TEXT,
+        key_id=_OPTIONAL_TEXT,
+        account_id=_OPTIONAL_TEXT,
+        method=_TEXT,
+        path=_TEXT,
+        model=_OPTIONAL_TEXT,
+        status=st.integers(100, 599),
+        error_code=_OPTIONAL_TEXT,
+        started_at_ms=st.integers(0, 2**53),
+        duration_ms=st.integers(0, 2**40),
+        cost=st.none() | st.decimals(min_value=0, max_value=10**6, places=9),
+        usage_id=_OPTIONAL_TEXT,
+        attempts=_OPTIONAL_TEXT,
+        request_body=st.none() | st.binary(max_size=20),
+        request_bytes=st.integers(0, 2**40),
+        response_body=st.none() | st.binary(max_size=20),
+        response_bytes=st.integers(0, 2**40),
+    ),
+    progress=st.booleans(),
+)
+def test_a_journal_line_reads_back_as_written_without_its_bodies(log: RequestLog, progress: bool) -> None:
+    settlement = Settlement(record("acct", 1, "0.000000138"), log)
+    line = encode(settlement, progress=progress)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    read, was_progress = decode(line)
+    assert was_progress == progress
+    assert read == Settlement(settlement.record, replace(log, request_body=None, response_body=None))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -14,11 +15,11 @@ import pytest
 
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.config import Settings
-from gateway.funds import Funds
+from gateway.funds import RECALL_WAIT_SECONDS, Funds, NotCovered
 from gateway.store import Store, UsageRecord, open_store
 from gateway.store.leasing import SPARE_MIN_HOLDS, grant
 from gateway.store.sqlite import SqliteStore
-from harness import query, store_spec
+from harness import funded_key, query, store_spec
 
 NOW = 1_795_000_000_000
 
@@ -77,9 +78,12 @@ def test_two_processes_share_one_balance(settings: Settings) -> None:
 
         # A charge of 2 held on a's lease: the balance and a's lease both lose it.
         await a.settle(UsageRecord("u1", "r", "key_x", acct, "m", "completed", 1, 1, Decimal(2), NOW, NOW))
-        await a.purge_responses(0)  # queued behind the settlement in a's writer
-        assert leases(settings) == {a.lease_owner: Decimal("3.05"), b.lease_owner: Decimal("4.95")}
+        # Committed once a's writer has taken a write queued behind it (SQLite) and a read of a's
+        # sees it (PostgreSQL: settle returns at the hand-over, before the commit); only then is
+        # the lease table read on a connection of its own.
+        await a.purge_responses(0)
         assert (await a.get_account(acct)).balance == 8  # type: ignore[union-attr]
+        assert leases(settings) == {a.lease_owner: Decimal("3.05"), b.lease_owner: Decimal("4.95")}
 
         # b returns part of its lease; a can then lease it.
         await b.return_lease("account", acct, Decimal("0.5"))
@@ -133,11 +137,7 @@ def test_a_refill_cancelled_midway_gives_its_grant_back(settings: Settings) -> N
         await store.start()
         funds = Funds(store)
         try:
-            account = await store.create_account("acct", Decimal(10))
-            secret = generate_key()
-            await store.create_key(account.id, "k", hash_key(secret), display_prefix(secret), None)
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            ctx, _ = await funded_key(store, Decimal(10))
             waiting = asyncio.create_task(funds.hold(ctx, Decimal(1)))
             await asyncio.sleep(0)  # the refill is queued in the writer
             waiting.cancel()
@@ -155,6 +155,80 @@ def test_a_refill_cancelled_midway_gives_its_grant_back(settings: Settings) -> N
 
     after, amount = asyncio.run(go())
     assert after == {} and amount == 10
+
+
+def test_a_lease_that_runs_short_recalls_what_other_processes_do_not_hold(settings: Settings) -> None:
+    """Money one process leased while the pot was plentiful and does not use is no reason to refuse
+    another's request: the refused refill recalls the pot, the first process gives back what none
+    of its holds uses (at its next housekeeping pass), and the request goes ahead. When what comes
+    back does not cover it, it is refused as soon as every process has answered, and the pot's next
+    refusals in that process come at once."""
+
+    async def go() -> None:
+        a, b = open_store(settings), open_store(settings)
+        await a.start()
+        await b.start()
+        funds_a, funds_b = Funds(a), Funds(b)
+        answering = True
+
+        async def housekeeping() -> None:  # gateway.housekeeping.tend_leases, faster
+            while answering:
+                await funds_a.answer_recalls()
+                await asyncio.sleep(0.1)
+
+        try:
+            ctx_a, key_hash = await funded_key(a, Decimal(100))
+            ctx_b = await b.find_key(key_hash)
+            assert ctx_b is not None
+            # a leases 1 and half of the rest while the pot is plentiful, then holds nothing.
+            funds_a.release(await funds_a.hold(ctx_a, Decimal(1)), Decimal(0))
+            assert leases(settings) == {a.lease_owner: Decimal("50.5")}
+            held = [await funds_b.hold(ctx_b, Decimal(49))]  # scarce for so much: exactly 49
+            assert leases(settings)[b.lease_owner] == 49
+            keeper = asyncio.create_task(housekeeping())
+            # Only 0.5 is free: b's next dollar comes from a's unused lease, once a answers.
+            held.append(await funds_b.hold(ctx_b, Decimal(1)))
+            assert leases(settings) == {b.lease_owner: Decimal(75)}  # 49 + 1 + half of the rest
+            # a now holds all that is free: nothing unheld comes back from it.
+            held_a = await funds_a.hold(ctx_a, Decimal(25))
+            started = time.monotonic()
+            with pytest.raises(NotCovered) as refused:
+                await funds_b.hold(ctx_b, Decimal(26))
+            assert time.monotonic() - started < RECALL_WAIT_SECONDS  # as soon as a had answered
+            assert refused.value.available == 25  # b's own lease, unheld
+            started = time.monotonic()
+            with pytest.raises(NotCovered):
+                await funds_b.hold(ctx_b, Decimal(26))
+            assert time.monotonic() - started < 0.5  # no second wait on a pot just found spent
+            assert not await b.recall_pending("account", ctx_a.account.id)
+            answering = False
+            await keeper
+            funds_a.release(held_a, Decimal(0))
+            for hold in held:
+                funds_b.release(hold, Decimal(0))
+        finally:
+            await b.close()
+            await a.close()
+
+    asyncio.run(go())
+
+
+def test_the_first_worker_to_start_leaves_a_share_for_the_others(settings: Settings) -> None:
+    """Alone in the store (the others still starting), a worker of several leases as one of them,
+    not the whole pot: the others start with money to lease."""
+
+    async def go() -> dict[str, Decimal]:
+        store = open_store(settings)
+        await store.start()
+        try:
+            ctx, _ = await funded_key(store, Decimal(100))
+            funds = Funds(store, workers=2)
+            funds.release(await funds.hold(ctx, Decimal(1)), Decimal(0))
+            return leases(settings)
+        finally:
+            await store.close()
+
+    assert list(asyncio.run(go()).values()) == [Decimal("50.5")]  # not 100
 
 
 def test_a_key_change_invalidates_caches_even_when_its_caller_is_cancelled(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gateway.config import Prices
@@ -30,6 +30,23 @@ def test_rounding_to_four_significant_figures() -> None:
     assert format_cost(Decimal("123500")) == "123500"
     assert format_cost(Decimal(0)) == "0"
     assert format_cost(Decimal("1.5E-7")) == "0.00000015"
+
+
+def _quantized(value: Decimal) -> Decimal:
+    """The rounding as it was first written: quantized at the value's own exponent, half up."""
+    if value.is_zero():
+        return Decimal(0)
+    quantum = Decimal(1).scaleb(value.adjusted() - 3)
+    return value.quantize(quantum, rounding=ROUND_HALF_UP).normalize()
+
+
+@example(Decimal("9.9995"))  # rounds up to a fifth digit: 10
+@example(Decimal("0E-9"))
+@given(st.builds(lambda c, e: Decimal(c).scaleb(e), st.integers(0, 10**27), st.integers(-30, 10)))
+def test_round_significant_is_quantizing_at_four_figures(value: Decimal) -> None:
+    rounded = round_significant(value)
+    assert rounded == _quantized(value)
+    assert str(rounded) == str(_quantized(value))  # the same digits and exponent, not only equal
 
 
 @given(

@@ -28,7 +28,7 @@ from gateway.ratelimits import RateLimiter, RateState, reserved_tokens
 from gateway.redis_buckets import RedisBuckets
 from gateway.redis_client import connect
 from gateway.store import Account, ApiKey, KeyContext
-from harness import Gateway, chat_model, free_port, gateway, wait_until_listening
+from harness import Gateway, chat_model, forget_redis_keys, free_port, gateway, wait_until_listening
 
 MODEL = "openai/gpt-4o-mini"
 CHAT = "/v1/chat/completions"
@@ -73,10 +73,8 @@ async def bucket_stores(redis_url: str | None, tmp_path: Path) -> AsyncIterator[
     try:
         yield lambda: RedisBuckets(client, prefix)
     finally:
-        keys = [k async for k in client.scan_iter(match=prefix + "*")]
-        if keys:
-            await client.delete(*keys)
         await client.aclose()
+        forget_redis_keys(prefix + "*", redis_url)
 
 
 def test_requests_per_minute_with_an_injected_clock(store_kind: str | None, tmp_path: Path) -> None:

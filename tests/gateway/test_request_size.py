@@ -4,12 +4,15 @@ with 413 request_too_large before it is buffered whole and never reaches a model
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+import orjson
 
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, chat_model, gateway
 
 LIMIT = 10 * 1024 * 1024
 CHAT = "/v1/chat/completions"
@@ -68,3 +71,27 @@ def test_exactly_10_mb_is_read_and_then_judged_on_its_content(gw: Gateway, key: 
         over = c.post(CHAT, content=body + b" ", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
     assert over.status_code == 413 and over.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_body_that_stops_arriving_is_answered_408_timeout(tmp_path: Path, sim_url: str) -> None:
+    """A client that declares more than it sends is not waited on for ever ([limits]
+    body_idle_timeout_seconds); one whose body keeps coming, however slowly, is."""
+    models = chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url)
+    with gateway(tmp_path, models, limits_toml="body_idle_timeout_seconds = 1") as g:
+        key = g.new_key()
+        started = time.monotonic()
+        answer = raw_post(g, key.key, "Content-Length: 500\r\n", b'{"model": "openai/gpt-4o-mini"')
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b'"code":"timeout"' in answer and b"stopped arriving for 1 seconds" in answer
+        assert time.monotonic() - started < 5
+        # Slow but steady (a piece every 0.4 s, each within the idle window): answered in full.
+        body = orjson.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+
+        def trickle() -> Iterator[bytes]:
+            for i in range(0, len(body), len(body) // 4 + 1):
+                time.sleep(0.4)
+                yield body[i : i + len(body) // 4 + 1]
+
+        with g.client(key.key) as c:
+            r = c.post(CHAT, content=trickle(), headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text

@@ -21,12 +21,11 @@ import httpx
 import pytest
 
 from cluster import Cluster, Key, ThrowawayPostgres, ThrowawayRedis, database, postgres_bin
-from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.config import Settings
 from gateway.funds import Funds
 from gateway.store import open_store
 from gateway.store.postgres.errors import StoreUnavailable
-from harness import eventually
+from harness import eventually, funded_key
 
 CHAT = "/v1/chat/completions"
 # The longest an answer may take while a service is away: a settlement waits 5 s for the database
@@ -306,11 +305,8 @@ def test_a_lease_that_cannot_go_back_stays_its_processes(tmp_path: Path) -> None
         await store.start()
         funds = Funds(store)
         try:
-            account = await store.create_account("acct", Decimal(10))
-            secret = generate_key()
-            await store.create_key(account.id, "k", hash_key(secret), display_prefix(secret), None)
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            ctx, _ = await funded_key(store, Decimal(10))
+            account = ctx.account
             funds.release(await funds.hold(ctx, Decimal(1)), Decimal(0))
             assert await store.free("account", account.id, 0) == 0  # one process leases it all
             real = store.return_lease

@@ -13,11 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
-from redis.asyncio import Redis
 
 from gateway.config import ChannelConfig, ModelConfig, RoutingSettings
 from gateway.errors import GatewayError
-from gateway.redis_client import connect
+from gateway.redis_client import RedisClient, connect
 from gateway.routing import Router, Slot
 from gateway.shared_channels import FRESH_SECONDS, SharedChannels
 from harness import eventually_async, free_port
@@ -47,7 +46,7 @@ async def processes(
 ) -> AsyncIterator[list[Router]]:
     """`count` routers sharing one key prefix in Redis, each with its own client, like processes."""
     prefix = f"test:{uuid.uuid4().hex}:"
-    clients: list[Redis] = [connect(url) for _ in range(count)]
+    clients: list[RedisClient] = [connect(url) for _ in range(count)]
     routers = [
         Router((model,), SETTINGS, workers, shared=SharedChannels(c, prefix=prefix, **shared))
         for c in clients

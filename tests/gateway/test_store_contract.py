@@ -199,6 +199,37 @@ def test_settlement_takes_the_charge_off_the_lease(new_store: StoreFactory) -> N
     asyncio.run(main())
 
 
+def test_a_recall_asks_every_other_process_and_each_answers_once(new_store: StoreFactory) -> None:
+    """recall flags the other processes' leases on the pot (not the caller's, not a job's) and says
+    what they amount to; each owner sees its flag in `recalls` until it answers, giving back what
+    it chose to; `recall_pending` is true until the last has answered."""
+
+    async def main() -> None:
+        async with started(new_store, 3) as [a, b, c]:
+            account_id, key_id = await account_and_key(a, "10")
+            now = now_ms()
+            assert await a.lease("account", account_id, Decimal(1), 1, now) == Decimal(1) + Decimal(9)
+            await a.return_lease("account", account_id, Decimal(6))  # a keeps 4
+            assert await b.lease("account", account_id, Decimal(3), 4, now) == Decimal(3)
+            assert await c.lease("account", account_id, Decimal(2), 4, now) == Decimal(2)
+            assert await c.recall("account", account_id) == Decimal(7)  # a's 4 and b's 3
+            assert await a.recalls() == [("account", account_id)]
+            assert await b.recalls() == [("account", account_id)]
+            assert await c.recalls() == []
+            assert await c.recall_pending("account", account_id)
+            await a.answer_recall("account", account_id, Decimal(4))
+            assert await a.recalls() == []
+            assert await c.recall_pending("account", account_id)  # b has not answered
+            await b.answer_recall("account", account_id, Decimal(0))  # b's 3 is all held
+            assert not await c.recall_pending("account", account_id)
+            assert await c.free("account", account_id, now) == Decimal(5)  # 10 - b's 3 - c's 2
+            assert await c.lease("account", account_id, Decimal(5), 4, now) == Decimal(5)
+            # Nobody else leases the key's pot (no credit limit): nothing to ask.
+            assert await a.recall("key", key_id) == 0
+
+    asyncio.run(main())
+
+
 def _job(account_id: str, key_id: str, hold: str) -> Job:
     return Job(
         id="video_" + os.urandom(8).hex(),

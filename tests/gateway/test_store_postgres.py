@@ -78,10 +78,15 @@ def test_a_dead_owners_streams_are_billed_and_its_leases_returned(postgres_url: 
             dead.note_progress(forgotten, log_entry(forgotten))
             dead.forget_progress(forgotten.id)
             await dead.settle(ended, log_entry(ended))  # its own settlement: progress not applied
-            rows = await admin(
-                postgres_url, "SELECT usage_id FROM stream_progress WHERE owner = $1", dead.lease_owner
-            )
-            assert [row[0] for row in rows] == [running.id]
+
+            async def progress_kept() -> bool:
+                # Read on a connection of its own: the batch is handed over, its commit follows.
+                rows = await admin(
+                    postgres_url, "SELECT usage_id FROM stream_progress WHERE owner = $1", dead.lease_owner
+                )
+                return [row[0] for row in rows] == [running.id]
+
+            await until(progress_kept)
             assert await b.reclaim_orphans() == 0  # alive: nothing to do
             await play_dead(postgres_url, dead)
             # Two reclaimers at once: the stream is billed once.
@@ -346,5 +351,36 @@ def test_database_away_then_back(postgres_url: str, monkeypatch: pytest.MonkeyPa
             assert await store.get_usage(r.id, key_id) == r
             assert await balance(store, account_id) == Decimal("8.5")
         await proxy.cut()
+
+    asyncio.run(main())
+
+
+def test_a_settlement_batch_keeps_every_value_exactly(postgres_url: str) -> None:
+    """The batch travels as one JSON parameter (migrations/0004): text with quotes, backslashes,
+    control characters and non-ASCII, absent values, every byte value in a body, costs with many
+    decimals or an exponent, large whole numbers; each read back exactly as it was written."""
+
+    async def main() -> None:
+        async with stores(postgres_url, 1) as (store,):
+            account_id, key_id = await account_and_key(store, "1000")
+            odd = 'q"uo\\te \u0001\t\n é 中 😀 </script>'
+            written = [
+                record(
+                    account_id, key_id, "0.000000138", model=odd, prompt_tokens=2**53, completion_tokens=0
+                ),
+                record(account_id, key_id, "1.38E-7", status="incomplete"),
+                record(account_id, key_id, "123.4567"),
+            ]
+            entries = [
+                log_entry(written[0], attempts=odd, request_body=bytes(range(256)), response_body=b""),
+                log_entry(written[1], error_code="provider_error", request_body=None, response_body=None),
+                log_entry(written[2], model=None, usage_id=None, cost=None),
+            ]
+            for r, entry in zip(written, entries, strict=True):
+                await store.settle(r, entry)
+            for r, entry in zip(written, entries, strict=True):
+                assert await store.get_usage(r.id, key_id) == r
+                assert await store.get_request_log(entry.id) == entry
+            assert await balance(store, account_id) == Decimal("1000") - sum(r.cost for r in written)
 
     asyncio.run(main())

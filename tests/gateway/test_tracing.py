@@ -5,6 +5,8 @@ client's span, the gateway's server span, a client span per try whose id is the 
 
 from __future__ import annotations
 
+import random
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,11 +17,13 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gateway.request_log import _attempts_json
 from gateway.routing import Attempt
 from gateway.telemetry.otlp import traces_url
+from gateway.telemetry.tracing import trace
 from harness import chat_model, eventually, gateway, new_key
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -152,3 +156,14 @@ def test_the_request_log_keeps_an_attempts_documented_fields_not_its_span() -> N
     assert logged == [
         {"channel": "main", "started_ms": 1_700_000_000_000, "duration_ms": 12, "error": None, "status": None}
     ]
+
+
+def test_a_new_trace_has_valid_ids_even_from_a_draw_of_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = trace({"headers": []})
+    assert re.fullmatch("[0-9a-f]{32}", found.trace_id) and re.fullmatch("[0-9a-f]{16}", found.span_id)
+    assert (found.flags, found.parent_id) == ("01", None)
+    monkeypatch.setattr(random, "getrandbits", lambda bits: 0)  # the module tracing draws from
+    zeros = trace({"headers": []})
+    assert (zeros.trace_id, zeros.span_id) == ("0" * 31 + "1", "0" * 15 + "1")  # all-zero ids are invalid
+    client = trace({"headers": [(b"traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01".encode())]})
+    assert (client.trace_id, client.parent_id, client.span_id) == (CLIENT_TRACE, CLIENT_SPAN, "0" * 15 + "1")

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import gc
 import ipaddress
+import itertools
 import os
 import ssl
 import time
@@ -232,6 +233,40 @@ def test_informational_heads_are_skipped_and_empty_bodies_end_at_once() -> None:
             assert await again.read() == b"again"
             again.release()
         assert upstream.connections == 1
+
+    run(test)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cuts=st.lists(st.integers(1, 120), min_size=1, max_size=12))
+def test_heads_however_they_are_split_are_read_whole(cuts: list[int]) -> None:
+    # An early hint, then the answer, written in pieces cut anywhere (heads and the body alike).
+    raw = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + ok(b"split", b"X-Value:  v \r\n")[0]
+    bounds = sorted({0, len(raw), *(min(c, len(raw)) for c in cuts)})
+    upstream = Upstream(lambda n: [raw[a:b] for a, b in itertools.pairwise(bounds)], pause=0.002)
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            response = await c.post(url + "/x", b"", {}, 5)
+            try:
+                assert (response.status, response.headers["x-value"]) == (200, "v")
+                assert await response.read() == b"split"
+            finally:
+                response.release()
+
+    run(test)
+
+
+def test_a_head_that_trickles_past_its_limit_fails_without_waiting_for_its_end() -> None:
+    piece = b"X: " + b"a" * 8_000 + b"\r\n"
+    upstream = Upstream(lambda n: [b"HTTP/1.1 200 OK\r\n", *[piece] * 10])  # then silence, never its end
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            with pytest.raises(UpstreamProtocolError, match="too large"):
+                await c.post(url + "/x", b"", {}, 5)
 
     run(test)
 

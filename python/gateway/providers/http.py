@@ -30,6 +30,7 @@ from urllib.parse import quote, urlsplit
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..config import Settings
+from ..core import InvalidHttpError, parse_response_head
 
 KEEPALIVE_SECONDS: Final = 30.0
 MAX_HEAD_BYTES: Final = 64 * 1024  # status line and headers of an answer
@@ -306,13 +307,17 @@ class _Connection(asyncio.Protocol):
                 self._keep_alive = False  # bytes nobody asked for: this connection is not reused
                 self.abort()
                 return
-            self._buffer += data
-            if not self._parse_head():
+            if self._buffer:  # the head came in pieces: parsed again once its end may be there
+                self._buffer += data
+                if b"\n\r\n" not in self._buffer and b"\n\n" not in self._buffer:
+                    self._fail_if_head_too_large(len(self._buffer))
+                    return
+                data = bytes(self._buffer)
+                self._buffer.clear()
+            rest = self._take_head(data)
+            if not rest:  # the head is incomplete (kept), failed, or all there was
                 return
-            data = bytes(self._buffer)
-            self._buffer.clear()
-            if not data:
-                return
+            data = rest
         response = self._response
         assert response is not None
         response.feed(data)
@@ -393,46 +398,42 @@ class _Connection(asyncio.Protocol):
 
     # -- internals
 
-    def _parse_head(self) -> bool:
-        """The answer's head, once whole: the response is made and handed to the sender. 1xx
-        heads (103 Early Hints) are skipped. False while it is incomplete."""
+    def _take_head(self, data: bytes) -> bytes | None:
+        """The answer's head, read from the start of `data` once whole (the Rust core parses it):
+        the response is made and handed to the sender, and the bytes after the head returned. 1xx
+        heads (103 Early Hints) are skipped. None while it is incomplete (`data` is kept for the
+        next read) or when it failed."""
         while True:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end > MAX_HEAD_BYTES or (end < 0 and len(self._buffer) > MAX_HEAD_BYTES):
-                self._fail(UpstreamProtocolError("the upstream's answer head is too large"))
-                return False
-            if end < 0:
-                return False
-            head = bytes(self._buffer[:end]).decode("latin-1")
-            del self._buffer[: end + 4]
-            lines = head.split("\r\n")
-            status_line = lines[0].split(" ", 2)
-            if (
-                len(status_line) < 2
-                or not status_line[0].startswith("HTTP/1.")
-                or not status_line[1].isdigit()
-            ):
-                self._fail(UpstreamProtocolError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}"))
-                return False
-            status = int(status_line[1])
-            if 100 <= status < 200:
-                continue
-            headers: CIMultiDict[str] = CIMultiDict()
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    self._fail(UpstreamProtocolError("a header line without a colon"))
-                    return False
-                headers.add(name.strip(), value.strip())
-            break
-        connection = headers.get("connection", "").lower()
-        self._keep_alive = status_line[0] == "HTTP/1.1" and "close" not in connection
+            try:
+                head = parse_response_head(data)
+            except InvalidHttpError as exc:
+                self._fail(UpstreamProtocolError(str(exc)))
+                return None
+            if head is None:  # incomplete: kept unless it is past the limit already
+                if not self._fail_if_head_too_large(len(data)):
+                    self._buffer += data
+                return None
+            if self._fail_if_head_too_large(head[3]):
+                return None
+            http11, status, pairs, length = head
+            data = data[length:]
+            if not 100 <= status < 200:
+                break
+        headers = CIMultiDict(pairs)
+        self._keep_alive = http11 and "close" not in headers.get("connection", "").lower()
         response = UpstreamResponse(self, status, CIMultiDictProxy(headers), self._framing(status, headers))
         self._response = response
         waiter, self._head_waiter = self._head_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(response)
         response.begin()
+        return data
+
+    def _fail_if_head_too_large(self, size: int) -> bool:
+        """Fail the answer when `size` bytes of its head (whole or not yet) pass MAX_HEAD_BYTES."""
+        if size <= MAX_HEAD_BYTES:
+            return False
+        self._fail(UpstreamProtocolError("the upstream's answer head is too large"))
         return True
 
     def _framing(self, status: int, headers: CIMultiDict[str]) -> _Framing:

@@ -64,7 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
         return run
 
     async def body(request: Request) -> dict[str, Any]:
-        return _decode(await read_body(request, body_limit))
+        return _decode(await read_body(request, body_limit, state.settings.body_idle_timeout_seconds))
 
     async def account_of(request: Request) -> Account:
         return await management.account(store, request.path_params["account_id"])

@@ -17,9 +17,11 @@ from starlette.types import Message, Receive, Scope, Send
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
 from ..context import Call
+from ..deadline import within
 from ..errors import (
     GatewayError,
     ServiceUnavailable,
+    error_response,
     invalid_request,
     request_too_large,
     unexpected_failure,
@@ -238,7 +240,9 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             call.rate = await state.limiter.admit(ctx)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
             key = idempotency.requested_key(request) if idempotent else None
-            body = await read_body(request, state.settings.max_request_bytes)
+            body = await read_body(
+                request, state.settings.max_request_bytes, state.settings.body_idle_timeout_seconds
+            )
             replay = None if key is None else await idempotency.claim(state, request, call, key, body)
             if replay is not None:
                 replay.headers[REQUEST_ID_HEADER] = call.request_id
@@ -258,7 +262,15 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         except ClientGone:
             await _close(state, request, call, request_log.CLIENT_CLOSED, None)
             await idempotency.forget(state, call)
-            return Response(status_code=request_log.CLIENT_CLOSED)  # nobody is there to read it
+            if call.client_gone:
+                return Response(status_code=request_log.CLIENT_CLOSED)  # nobody is there to read it
+            # The body ended early: the client left, or (the server says the same of both) sent a
+            # malformed chunked body and waits for an answer, which it gets in the spec's format.
+            cut = invalid_request(
+                "The request's body ended before it was whole (or its chunked encoding is malformed)."
+            )
+            cut.headers[REQUEST_ID_HEADER] = call.request_id
+            return error_response(cut, path=request.url.path)
         except Exception as exc:
             # Logged with its traceback for operators; the client gets the spec's 500 with the
             # request's id, as every answer after the key is checked carries it (spec 7.3).
@@ -291,22 +303,28 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
 
             stream.when_done(close_stream)
         else:
-            answer = (state, call, response.status_code, dict(response.headers), bytes(response.body))
+            body = bytes(response.body)
+
+            def answer() -> tuple[GatewayState, Call, int, dict[str, str], bytes]:
+                # What an Idempotency-Key keeps: made only for a request that has one.
+                return state, call, response.status_code, dict(response.headers), body
+
             try:
-                await _close(state, request, call, response.status_code, bytes(response.body))
+                await _close(state, request, call, response.status_code, body)
             except ServiceUnavailable as err:
                 # The charge could not be made durable in time (the store is away): it stays queued
                 # and is made when the store is back, so the answer must not say nothing was charged,
                 # and a retry with its Idempotency-Key must replay it, not run and charge again.
-                idempotency.keep_when_possible(*answer)
+                if call.idempotency is not None:
+                    idempotency.keep_when_possible(*answer())
                 raise _charge_queued(err, call) from None
             if call.idempotency is not None:
                 held = call.idempotency
                 try:
-                    await idempotency.keep(*answer)
+                    await idempotency.keep(*answer())
                 except ServiceUnavailable:  # charged and answered: the answer is kept later
                     call.idempotency = held
-                    idempotency.keep_when_possible(*answer)
+                    idempotency.keep_when_possible(*answer())
         return response
 
     setattr(endpoint, _MODEL_ENDPOINT, True)
@@ -376,14 +394,20 @@ async def _close(
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole).
-    Read once: a second call returns the same bytes."""
+# How long a request's body may stop arriving, where no setting says ([limits]
+# body_idle_timeout_seconds, which the model endpoints pass).
+BODY_IDLE_SECONDS = 60.0
+
+
+async def read_body(request: Request, limit: int, idle_seconds: float = BODY_IDLE_SECONDS) -> bytes:
+    """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole),
+    and with 408 timeout when nothing of it arrives for `idle_seconds` (a client declaring more
+    than it sends would otherwise hold the request, and its connection, open for ever). Read
+    once: a second call returns the same bytes."""
     kept: bytes | None = request.scope.get(request_log.BODY_SCOPE_KEY)
     if kept is not None:
         return kept
-    header = request.headers.get("content-length")
-    declared = int(header) if header is not None and header.isdigit() else -1
+    declared = _declared_length(request.scope)
     if declared > limit:
         raise request_too_large(limit)
     # The server's messages read straight (Starlette's Request.stream() is an async generator
@@ -392,7 +416,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     size = 0
     receive = request.receive
     while True:
-        message = await receive()
+        try:
+            with within(idle_seconds):
+                message = await receive()
+        except TimeoutError:
+            raise GatewayError(
+                "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408
+            ) from None
         if message["type"] != "http.request":  # the client left before its body was whole
             raise ClientGone
         chunk: bytes = message.get("body", b"")
@@ -409,6 +439,15 @@ async def read_body(request: Request, limit: int) -> bytes:
     body = parts[0] if len(parts) == 1 else b"".join(parts)
     request_log.keep_request_body(request, body)
     return body
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length (the first one, as Starlette's Headers reads it), -1 without a
+    valid one; read from the scope's header list, without making a Headers object for it."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else -1
+    return -1
 
 
 def public_base(state: GatewayState, request: Request) -> str:

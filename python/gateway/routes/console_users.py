@@ -178,7 +178,7 @@ def routes(state: GatewayState) -> list[Route]:
         return run
 
     async def body(request: Request) -> dict[str, Any]:
-        raw = await read_body(request, body_limit)
+        raw = await read_body(request, body_limit, state.settings.body_idle_timeout_seconds)
         if not raw.strip():
             return {}
         try:

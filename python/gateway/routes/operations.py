@@ -80,7 +80,7 @@ async def not_ready(state: GatewayState) -> list[str]:
         problems.append(store)
     redis = state.redis
     if redis is not None:
-        # Only here: Redis's modules cost a process about 20 MB, and one without Redis never loads them.
+        # Only here: a gateway without Redis never loads its modules.
         from ..redis_client import UNAVAILABLE
 
         try:

@@ -3,7 +3,6 @@ settle, answer. Every endpoint that answers with one JSON body goes through here
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,6 +15,7 @@ from .. import billing
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
 from ..core import InvalidJsonError, StreamUsage, set_json_id
+from ..deadline import within
 from ..errors import GatewayError
 from ..pricing import Usage, format_cost, reported_usage
 from ..providers import PROVIDERS
@@ -125,7 +125,7 @@ async def call_upstream(
 
     started = time.perf_counter_ns()
     try:
-        async with asyncio.timeout(window):
+        with within(window):
             answer, slot = await state.router.run(model, attempt, call.attempts, only)
     except TimeoutError as exc:
         raise GatewayError(

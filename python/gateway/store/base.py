@@ -140,6 +140,21 @@ class Ledger(Protocol):
         """What a pot holds that no process has leased, as `lease` counts it (None: a key without a
         credit limit). A read for what a refusal says, never for deciding about money."""
 
+    async def recall(self, kind: str, pot_id: str) -> Decimal:
+        """Ask every other process leasing the pot to give back what none of its holds uses (each
+        answers at its next housekeeping pass: `recalls`, `answer_recall`). Returns what their
+        leases on it amount to: the most that can come back (jobs' leases are all held: not asked)."""
+
+    async def recalls(self) -> list[tuple[str, str]]:
+        """The pots (kind, pot_id) on which another process has recalled this process's lease and
+        this process has not answered."""
+
+    async def answer_recall(self, kind: str, pot_id: str, amount: Decimal) -> None:
+        """Give back `amount` (possibly zero) of this process's lease on the pot, answering its recall."""
+
+    async def recall_pending(self, kind: str, pot_id: str) -> bool:
+        """Whether a recall on the pot is still waiting for some process's answer."""
+
     async def live_owners(self) -> int:
         """How many lease owners (processes, of every instance sharing the store) are alive, at
         least 1: a pot's free money is shared among them (gateway.funds)."""

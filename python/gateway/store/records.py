@@ -1,5 +1,7 @@
 """What the gateway keeps: the records every store backend reads and writes (gateway.store.base
-says what each role of a store does with them)."""
+says what each role of a store does with them). The ones every request makes (its usage record, log
+entry and settlement) are `@frozen` (gateway.frozen): immutable to the type checker, as quick to make
+as plain dataclasses."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from decimal import Decimal
 from typing import Any, Final, TypedDict
 
 from ..clock import now_ms
+from ..frozen import frozen
 
 # How often a key's spending against its own credit limit starts again from zero (spec 2.4, 8).
 LIMIT_RESETS: Final = ("daily", "weekly", "monthly")
@@ -95,7 +98,7 @@ class KeyContext:
     account: Account
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class UsageRecord:
     """Spec 2.3. `id` is the response body's id; the record belongs to the key that made the request."""
 
@@ -157,7 +160,7 @@ LOG_COLUMNS = (
 LOG_BODY_COLUMNS = ("request_body", "response_body")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RequestLog:
     """One model request as the console's Logs show it (spec 1.4.3, 7.3, 7.5.3), failures included.
     `id` is the request id (x-service-request-id); a request refused for its key has none of its
@@ -272,7 +275,7 @@ class ResponseState:
     expires_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Settlement:
     """A charge and its records: the usage record and, when the request was logged, its log entry.
     Applied as one step by every backend."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from starlette.types import Scope
 
+from ..core import answer_line
+from ..pricing import format_cost
 from .logs import ACCESS
 from .metrics import Observer
 
@@ -40,59 +42,39 @@ class Telemetry:
         self.spans = spans  # the OpenTelemetry exporter, when [tracing] otlp_endpoint is set
 
     def model_request(self, call: Call, entry: RequestLog, record: UsageRecord | None) -> None:
-        """A model request has ended (and its charge, if any, is settled)."""
+        """A model request has ended (and its charge, if any, is settled): its metrics and its line,
+        in one call to the Rust core (RequestTally)."""
         now_ns = time.time_ns()
-        total_s = (now_ns - call.started_ns) / 1e9
-        upstream_s = call.upstream_ns / 1e9 if call.upstream_ns else None
-        first_byte_s = (call.first_byte_ns - call.started_ns) / 1e9 if call.first_byte_ns else None
-        if upstream_s is None:
-            added_s = None
-        elif first_byte_s is not None:
-            added_s = first_byte_s - upstream_s
-        else:
-            added_s = total_s - upstream_s
-        metrics = self.metrics
-        metrics.request(
+        attempts = [
+            (attempt.channel, attempt.error or "ok")
+            for attempt in call.attempts
+            if getattr(attempt, "check", None) is None  # a safety check's try is not the model's
+        ]
+        ctx = call.ctx
+        line = self.metrics.tally.model_request(
             call.endpoint,
             call.model,
             entry.status,
             entry.error_code,
-            added_s=added_s,
-            upstream_s=upstream_s,
-            first_byte_s=first_byte_s,
+            now_ns - call.started_ns,
+            call.upstream_ns,
+            call.first_byte_ns - call.started_ns if call.first_byte_ns else 0,
+            attempts,
+            0 if record is None else record.prompt_tokens,
+            0 if record is None else record.completion_tokens,
+            None if record is None else format_cost(record.cost),
+            ACCESS.format,
+            now_ns,
+            call.request_id,
+            call.trace.trace_id if call.trace else None,
+            ctx.account.id,
+            ctx.key.id,
+            entry.method,
         )
-        channels = []
-        for attempt in call.attempts:
-            if getattr(attempt, "check", None) is None:  # a safety check's try is not the model's
-                metrics.attempt(call.model, attempt.channel, attempt.error or "ok")
-                channels.append(attempt.channel)
-        if len(set(channels)) > 1:
-            metrics.failover(call.model)
-        if record is not None:
-            metrics.usage(record.model, record.prompt_tokens, record.completion_tokens, record.cost)
+        if line is not None:
+            ACCESS.add(line)
         if self.spans is not None:
             self.spans.model_request(call, entry, record, now_ns)
-        if ACCESS.enabled:
-            fields: dict[str, Any] = {
-                "request_id": call.request_id,
-                "trace_id": call.trace.trace_id if call.trace else None,
-                "account_id": call.ctx.account.id,
-                "key_id": call.ctx.key.id,
-                "method": entry.method,
-                "endpoint": call.endpoint,
-                "model": call.model,
-                "status": entry.status,
-                "code": entry.error_code,
-                "duration_ms": round(total_s * 1000, 3),
-                "added_ms": None if added_s is None else round(added_s * 1000, 3),
-                "upstream_ms": None if upstream_s is None else round(upstream_s * 1000, 3),
-                "first_byte_ms": None if first_byte_s is None else round(first_byte_s * 1000, 3),
-            }
-            if record is not None:
-                fields["prompt_tokens"] = record.prompt_tokens
-                fields["completion_tokens"] = record.completion_tokens
-                fields["cost"] = str(record.cost)
-            ACCESS.write(f"{entry.method} {call.endpoint} {entry.status}", fields)
 
     def answered(
         self, scope: Scope, status: int, code: str | None, started_ns: int, trace_id: str | None = None
@@ -100,18 +82,13 @@ class Telemetry:
         """Any other request has been answered (a refusal for the key included)."""
         endpoint = endpoint_of(scope)
         self.metrics.request(endpoint, None, status, code)
-        if scope.get("path") in QUIET_PATHS or not ACCESS.enabled:
+        line_format = ACCESS.format
+        if line_format is None or scope.get("path") in QUIET_PATHS:
             return
+        now_ns = time.time_ns()
         method = scope.get("method", "")
-        fields = {
-            "trace_id": trace_id,
-            "method": method,
-            "endpoint": endpoint,
-            "status": status,
-            "code": code,
-            "duration_ms": round((time.time_ns() - started_ns) / 1e6, 3),
-        }
-        ACCESS.write(f"{method} {endpoint} {status}", fields)
+        duration_ns = now_ns - started_ns
+        ACCESS.add(answer_line(line_format, now_ns, trace_id, method, endpoint, status, code, duration_ns))
 
 
 # Where error_response notes the code of an error answer, for the middleware's count.

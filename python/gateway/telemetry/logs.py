@@ -14,12 +14,11 @@ import datetime as dt
 import logging
 import os
 import sys
-import time
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
-ACCESS_LOGGER: Final = "gateway.access"
+LineFormat = Literal["json", "text"]
 # Request lines are written together at most this long after the first of them (one write(2) for
 # many requests instead of one each through the logging module: a tenth of the gateway's
 # throughput at c=64). A process killed with -9 loses at most this much of them.
@@ -54,31 +53,23 @@ def configure(format_: str = "auto", level: str = "info", access: bool = True) -
     root.setLevel(level.upper())
     root.propagate = False  # Granian's own handler would print it a second time
     ACCESS.flush()
-    ACCESS.enabled = access
-    ACCESS.use_json = use_json
+    ACCESS.format = ("json" if use_json else "text") if access else None
 
 
 class AccessLines:
-    """The request lines (gateway.access): formatted here and written to stderr in batches. Other
-    records go through the logging module as usual."""
+    """The request lines (gateway.access): formatted by the Rust core (RequestTally.model_request,
+    answer_line) and written to stderr here, in batches. Other records go through the logging
+    module as usual."""
 
-    def __init__(self, use_json: bool, enabled: bool) -> None:
-        self.enabled = enabled
-        self.use_json = use_json
+    def __init__(self, line_format: LineFormat | None) -> None:
+        self.format = line_format  # None: no request lines
         self._pending: list[bytes] = []
         self._flushing = False
         atexit.register(self.flush)
 
-    def write(self, message: str, fields: dict[str, Any]) -> None:
-        if self.use_json:
-            line = orjson.dumps(
-                {"ts": _now(), "level": "info", "logger": ACCESS_LOGGER, "message": message, **fields},
-                default=str,
-            )
-        else:
-            details = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-            line = f"{_now()} INFO    {ACCESS_LOGGER} {message} {details}".encode()
-        self._pending.append(line + b"\n")
+    def add(self, line: bytes) -> None:
+        """A request's line, newline included: written with the others within FLUSH_SECONDS."""
+        self._pending.append(line)
         if not self._flushing:
             self._flushing = True
             try:
@@ -97,27 +88,4 @@ class AccessLines:
                 data = data[os.write(sys.stderr.fileno(), data) :]
 
 
-class _Clock:
-    """The time of a log line, as datetime's isoformat writes it in UTC to the millisecond
-    ("2026-11-24T23:54:13.726+00:00"), with the part down to the second made once a second (every
-    request writes one line)."""
-
-    __slots__ = ("_prefix", "_second")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
-
-    def now(self) -> str:
-        millis = time.time_ns() // 1_000_000
-        second, ms = divmod(millis, 1000)
-        if second != self._second:
-            self._second = second
-            self._prefix = dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        return f"{self._prefix}.{ms:03d}+00:00"
-
-
-_now = _Clock().now
-
-
-ACCESS = AccessLines(use_json=True, enabled=True)
+ACCESS = AccessLines("json")

@@ -15,7 +15,6 @@ configured ones (a client's made-up model name is counted as ""), codes are the 
 
 from __future__ import annotations
 
-import bisect
 import os
 import re
 from collections.abc import Iterable
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+from ..core import RequestTally
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -119,12 +120,6 @@ JOBS = Gauge(
     multiprocess_mode="mostrecent",
     registry=_REGISTRY,
 )
-# Each histogram's upper bounds, +Inf excluded (the bucket past the last is +Inf's).
-_BOUNDS: Final[dict[object, tuple[float, ...]]] = {
-    ADDED_LATENCY: _ADDED_BUCKETS,
-    UPSTREAM_LATENCY: _UPSTREAM_BUCKETS,
-    FIRST_BYTE: _UPSTREAM_BUCKETS,
-}
 CHANNEL_STATES: Final = ("healthy", "busy", "at_capacity", "cooling_down", "half_open")
 
 
@@ -161,26 +156,39 @@ def forget_dead_processes() -> None:
             pass
 
 
-class Observer:
-    """The metrics of one process. A request's counts and observations are gathered here, in plain
-    dictionaries, and added to prometheus_client's values once a second (`flush`, a task of the
-    app's lifespan) and at shutdown: each of those values is a locked write to a shared file, about
-    a dozen a request otherwise, a few a second this way. A scrape thus sees a worker's requests up
-    to FLUSH_SECONDS late. Label children are cached; names outside the configuration fold to ""."""
+# The Rust tally's names for the metrics a request's end adds to (gateway._core.RequestTally).
+_COUNTERS: Final[dict[str, Counter]] = {
+    "requests": REQUESTS,
+    "tokens": TOKENS,
+    "cost": COST,
+    "attempts": ATTEMPTS,
+    "failovers": FAILOVERS,
+}
+_HISTOGRAMS: Final[dict[str, Histogram]] = {
+    "added_latency": ADDED_LATENCY,
+    "upstream_latency": UPSTREAM_LATENCY,
+    "first_byte": FIRST_BYTE,
+}
 
-    __slots__ = ("_cache", "_channels", "_counts", "_histograms", "_models")
+
+class Observer:
+    """The metrics of one process. A request's counts and observations are gathered by the Rust
+    core's RequestTally (one call a request: gateway.telemetry), and added to prometheus_client's
+    values once a second (`flush`, a task of the app's lifespan) and at shutdown: each of those
+    values is a locked write to a shared file, about a dozen a request otherwise, a few a second
+    this way. A scrape thus sees a worker's requests up to FLUSH_SECONDS late. Label children are
+    cached; the tally folds models and channels outside the configuration to ""."""
+
+    __slots__ = ("_cache", "tally")
 
     def __init__(self, models: Iterable[tuple[str, Iterable[str]]]) -> None:
-        pairs = [(name, tuple(channels)) for name, channels in models]
-        self._models = frozenset(name for name, _ in pairs)
-        self._channels = frozenset((name, c) for name, channels in pairs for c in channels)
+        self.tally = RequestTally(
+            list(_ADDED_BUCKETS),
+            list(_UPSTREAM_BUCKETS),
+            list(_UPSTREAM_BUCKETS),
+            [(name, list(channels)) for name, channels in models],
+        )
         self._cache: dict[tuple[object, ...], Any] = {}
-        self._counts: dict[tuple[Any, ...], float] = {}  # counter child key -> amount to add
-        # histogram child key -> [count per bucket..., sum]
-        self._histograms: dict[tuple[Any, ...], list[float]] = {}
-
-    def model(self, name: str | None) -> str:
-        return name if name is not None and name in self._models else ""
 
     def _child(self, metric: Counter | Histogram | Gauge, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -189,69 +197,22 @@ class Observer:
             child = self._cache[key] = metric.labels(*labels)
         return child
 
-    def _count(self, metric: Counter, amount: float, *labels: str) -> None:
-        key = (metric, *labels)
-        self._counts[key] = self._counts.get(key, 0.0) + amount
-
-    def _observe(self, metric: Histogram, value: float, *labels: str) -> None:
-        key = (metric, *labels)
-        slot = self._histograms.get(key)
-        if slot is None:
-            slot = self._histograms[key] = [0.0] * (len(_BOUNDS[metric]) + 2)  # +Inf's too
-        # The bucket prometheus_client's observe() would count: the first bound >= value.
-        slot[bisect.bisect_left(_BOUNDS[metric], value)] += 1
-        slot[-1] += value
-
     def flush(self) -> None:
         """Add what was gathered since the last flush to the shared values."""
-        counts, self._counts = self._counts, {}
-        histograms, self._histograms = self._histograms, {}
-        for (metric, *labels), amount in counts.items():
-            self._child(metric, *labels).inc(amount)
-        for (metric, *labels), slot in histograms.items():
-            child = self._child(metric, *labels)
+        counts, histograms = self.tally.drain()
+        for name, labels, amount in counts:
+            self._child(_COUNTERS[name], *labels).inc(amount)
+        for name, endpoint, buckets, total in histograms:
+            child = self._child(_HISTOGRAMS[name], endpoint)
             # prometheus_client has no observe-many; its per-bucket values are what observe() adds to.
-            child._sum.inc(slot[-1])
-            for bucket, n in zip(child._buckets, slot[:-1], strict=True):
+            child._sum.inc(total)
+            for bucket, n in zip(child._buckets, buckets, strict=True):
                 if n:
                     bucket.inc(n)
 
-    def request(
-        self,
-        endpoint: str,
-        model: str | None,
-        status: int,
-        code: str | None,
-        *,
-        added_s: float | None = None,
-        upstream_s: float | None = None,
-        first_byte_s: float | None = None,
-    ) -> None:
-        self._count(REQUESTS, 1, endpoint, self.model(model), str(status), code or "")
-        if added_s is not None:
-            self._observe(ADDED_LATENCY, max(added_s, 0.0), endpoint)
-        if upstream_s is not None:
-            self._observe(UPSTREAM_LATENCY, upstream_s, endpoint)
-        if first_byte_s is not None:
-            self._observe(FIRST_BYTE, first_byte_s, endpoint)
-
-    def usage(self, model: str, prompt_tokens: int, completion_tokens: int, cost: Decimal) -> None:
-        name = self.model(model)
-        if prompt_tokens:
-            self._count(TOKENS, prompt_tokens, name, "in")
-        if completion_tokens:
-            self._count(TOKENS, completion_tokens, name, "out")
-        if cost:
-            self._count(COST, float(cost), name)
-
-    def attempt(self, model: str | None, channel: str, outcome: str) -> None:
-        name = self.model(model)
-        if (name, channel) not in self._channels:
-            channel = ""
-        self._count(ATTEMPTS, 1, name, channel, outcome)
-
-    def failover(self, model: str | None) -> None:
-        self._count(FAILOVERS, 1, self.model(model))
+    def request(self, endpoint: str, model: str | None, status: int, code: str | None) -> None:
+        """An answer that is not a model request's (those report with RequestTally.model_request)."""
+        self.tally.request(endpoint, model, status, code)
 
     def channel_state(self, model: str, channel: str, state: str) -> None:
         for each in CHANNEL_STATES:

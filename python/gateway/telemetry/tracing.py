@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 from typing import Final
 
 from starlette.types import Scope
 
+from ..frozen import frozen
 from ..routing import CURRENT_ATTEMPT
 
 SCOPE_KEY: Final = "gateway.trace"
 _TRACEPARENT: Final = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _ZERO_TRACE: Final = b"0" * 32
 _ZERO_SPAN: Final = b"0" * 16
+# All-zero ids are invalid (W3C): a draw of zeros, once in 2**64 or 2**128, becomes ...01.
+_ZERO_TRACE_TEXT: Final = "0" * 32
+_ZERO_SPAN_TEXT: Final = "0" * 16
+_ONE_TRACE: Final = f"{1:032x}"
+_ONE_SPAN: Final = f"{1:016x}"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Trace:
     """One request's place in a trace: ids in lowercase hex, as W3C writes them."""
 
@@ -44,7 +49,9 @@ def trace(scope: Scope) -> Trace:
     found: Trace | None = scope.get(SCOPE_KEY)
     if found is not None:
         return found
-    span_id = f"{random.getrandbits(64) or 1:016x}"
+    # One draw for both ids a new trace needs: its trace id (128 bits) and the gateway's span (64).
+    ids = f"{random.getrandbits(192):048x}"
+    span_id = ids[32:] if ids[32:] != _ZERO_SPAN_TEXT else _ONE_SPAN
     for name, value in scope.get("headers", ()):
         if name == b"traceparent":
             match = _TRACEPARENT.match(value.strip().lower())
@@ -52,7 +59,7 @@ def trace(scope: Scope) -> Trace:
                 found = Trace(match[2].decode(), match[4].decode(), match[3].decode(), span_id)
             break
     if found is None:
-        found = Trace(f"{random.getrandbits(128):032x}", "01", None, span_id)
+        found = Trace(ids[:32] if ids[:32] != _ZERO_TRACE_TEXT else _ONE_TRACE, "01", None, span_id)
     scope[SCOPE_KEY] = found
     return found
 

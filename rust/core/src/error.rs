@@ -8,6 +8,8 @@ pub enum CoreError {
     InvalidJson(String),
     #[error("invalid event stream: {0}")]
     InvalidEventStream(String),
+    #[error("invalid HTTP answer: {0}")]
+    InvalidHttp(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{0}")]

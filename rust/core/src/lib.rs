@@ -4,13 +4,16 @@
 pub mod append_file;
 pub mod bpe;
 pub mod error;
+pub mod http_head;
 pub mod idempotency;
 pub mod json;
 pub mod key_digest;
 pub mod multipart;
+pub mod pretokenize;
 pub mod ratelimit;
 pub mod shared_buckets;
 pub mod stream;
+pub mod telemetry;
 pub mod tokens;
 
 pub use error::CoreError;

@@ -2,16 +2,18 @@
 //! Types and docs for Python live in python/gateway/_core.pyi.
 
 use gateway_core::append_file;
+use gateway_core::http_head;
 use gateway_core::multipart;
 use gateway_core::ratelimit;
 use gateway_core::shared_buckets::{self, Limit};
 use gateway_core::stream::eventstream::{self, HeaderValue};
 use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
+use gateway_core::telemetry::{self, LineFormat};
 use gateway_core::tokens::{self, Encoding};
 use gateway_core::{idempotency, key_digest as digest, CoreError as Core};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 /// Texts and bodies above these sizes are processed with the GIL released.
 const DETACH_TEXT_BYTES: usize = 4 * 1024;
@@ -25,6 +27,7 @@ fn to_py(err: Core) -> PyErr {
         Core::UnknownEncoding(_) => "UnknownEncodingError",
         Core::InvalidJson(_) => "InvalidJsonError",
         Core::InvalidEventStream(_) => "InvalidEventStreamError",
+        Core::InvalidHttp(_) => "InvalidHttpError",
         Core::InvalidArgument(_) => "CoreError",
         Core::Io(_) => return PyOSError::new_err(message),
     };
@@ -573,6 +576,27 @@ fn file_len(path: std::path::PathBuf) -> PyResult<u64> {
     append_file::file_len(&path).map_err(to_py)
 }
 
+// ------------------------------------------------------------------ HTTP
+
+/// The answer head at the start of `buf` as (HTTP/1.1?, status, [(name, value)], its length), or
+/// None while incomplete. Values are read as Latin-1, as HTTP's obs-text is.
+#[pyfunction]
+fn parse_response_head<'py>(py: Python<'py>, buf: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let Some(head) = http_head::parse_response_head(buf).map_err(to_py)? else {
+        return Ok(None);
+    };
+    let pairs = head.headers.iter().map(|(name, value)| {
+        let value = match std::str::from_utf8(value) {
+            Ok(text) if value.is_ascii() => PyString::new(py, text),
+            _ => PyString::new(py, &value.iter().map(|&b| char::from(b)).collect::<String>()),
+        };
+        PyTuple::new(py, [PyString::new(py, name), value])
+    });
+    let headers = PyList::new(py, pairs.collect::<PyResult<Vec<_>>>()?)?;
+    let fields = (head.http11, head.status, headers, head.length);
+    Ok(Some(fields.into_pyobject(py)?))
+}
+
 // ------------------------------------------------------------------ keys
 
 /// SHA-256 of an API key's text: what keys are stored and looked up by.
@@ -596,6 +620,118 @@ fn fingerprint(
     let run = || idempotency::fingerprint(method, path, body, content_type, key);
     let result = if body.len() > DETACH_BODY_BYTES { py.detach(run) } else { run() };
     result.map_err(to_py)
+}
+
+// ------------------------------------------------------------------ telemetry
+
+fn line_format(name: &str) -> PyResult<LineFormat> {
+    match name {
+        "json" => Ok(LineFormat::Json),
+        "text" => Ok(LineFormat::Text),
+        other => Err(to_py(Core::InvalidArgument(format!("line format {other:?}: expected \"json\" or \"text\"")))),
+    }
+}
+
+/// A process's request metrics between two flushes, and the requests' lines (see telemetry.rs).
+#[pyclass(module = "gateway._core")]
+struct RequestTally(telemetry::Tally);
+
+type DrainedCounts = Vec<(&'static str, Vec<String>, f64)>;
+type DrainedHistograms = Vec<(&'static str, String, Vec<u64>, f64)>;
+
+#[pymethods]
+impl RequestTally {
+    #[new]
+    fn new(
+        added_bounds: Vec<f64>,
+        upstream_bounds: Vec<f64>,
+        first_byte_bounds: Vec<f64>,
+        models: Vec<(String, Vec<String>)>,
+    ) -> Self {
+        Self(telemetry::Tally::new([added_bounds, upstream_bounds, first_byte_bounds], &models))
+    }
+
+    #[pyo3(signature = (endpoint, model, status, code))]
+    fn request(&mut self, endpoint: &str, model: Option<&str>, status: u16, code: Option<&str>) {
+        self.0.request(endpoint, model, status, code);
+    }
+
+    #[pyo3(signature = (
+        endpoint, model, status, code, total_ns, upstream_ns, first_byte_ns, attempts,
+        prompt_tokens, completion_tokens, cost, line, now_ns, request_id, trace_id, account_id,
+        key_id, method
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn model_request<'py>(
+        &mut self,
+        py: Python<'py>,
+        endpoint: &str,
+        model: Option<&str>,
+        status: u16,
+        code: Option<&str>,
+        total_ns: i64,
+        upstream_ns: i64,
+        first_byte_ns: i64,
+        attempts: Vec<(String, String)>,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        cost: Option<&str>,
+        line: Option<&str>,
+        now_ns: i64,
+        request_id: &str,
+        trace_id: Option<&str>,
+        account_id: &str,
+        key_id: &str,
+        method: &str,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let request = telemetry::ModelRequest {
+            endpoint,
+            model,
+            status,
+            code,
+            total_ns,
+            upstream_ns,
+            first_byte_ns,
+            attempts: &attempts,
+            usage: cost.map(|cost| telemetry::Usage { prompt_tokens, completion_tokens, cost }),
+        };
+        self.0.model_request(&request);
+        let Some(format) = line else { return Ok(None) };
+        let ids = telemetry::RequestIds { request_id, trace_id, account_id, key_id };
+        let text = telemetry::model_request_line(line_format(format)?, now_ns, &ids, method, &request);
+        Ok(Some(PyBytes::new(py, &text)))
+    }
+
+    fn drain(&mut self) -> (DrainedCounts, DrainedHistograms) {
+        let drained = self.0.drain();
+        let counts = drained.counts.into_iter().map(|(c, labels, amount)| (c.name(), labels, amount)).collect();
+        let observed =
+            drained.observed.into_iter().map(|(h, endpoint, o)| (h.name(), endpoint, o.counts, o.sum)).collect();
+        (counts, observed)
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (line, now_ns, trace_id, method, endpoint, status, code, duration_ns))]
+#[allow(clippy::too_many_arguments)]
+fn answer_line<'py>(
+    py: Python<'py>,
+    line: &str,
+    now_ns: i64,
+    trace_id: Option<&str>,
+    method: &str,
+    endpoint: &str,
+    status: u16,
+    code: Option<&str>,
+    duration_ns: i64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let answer = telemetry::Answer { trace_id, method, endpoint, status, code, duration_ns };
+    Ok(PyBytes::new(py, &telemetry::answer_line(line_format(line)?, now_ns, &answer)))
+}
+
+#[pyfunction]
+fn log_timestamp(now_ns: i64) -> String {
+    telemetry::timestamp(now_ns)
 }
 
 #[pymodule]
@@ -624,9 +760,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_response_head, m)?)?;
     m.add_class::<MultipartPart>()?;
     m.add_function(wrap_pyfunction!(parse_multipart, m)?)?;
     m.add_class::<AppendFile>()?;
     m.add_function(wrap_pyfunction!(file_len, m)?)?;
+    m.add_class::<RequestTally>()?;
+    m.add_function(wrap_pyfunction!(answer_line, m)?)?;
+    m.add_function(wrap_pyfunction!(log_timestamp, m)?)?;
     Ok(())
 }

@@ -10,6 +10,7 @@ gateway_lease) take their locks in the same order.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
@@ -54,21 +55,6 @@ LOG_WITHOUT_BODIES = ", ".join(f"NULL::bytea AS {c}" if c in LOG_BODIES else c f
 
 def marks(count: int, start: int = 1) -> str:
     return ", ".join(f"${i}" for i in range(start, start + count))
-
-
-# The PostgreSQL types of the usage record's and the log entry's columns, in their order.
-_USAGE_TYPES = ("text",) * 6 + ("bigint", "bigint", "numeric", "bigint", "bigint")
-_LOG_TYPES = (
-    ("text",) * 6
-    + ("integer", "text", "bigint", "bigint", "numeric", "text", "text")
-    + (
-        "bytea",
-        "bigint",
-        "bytea",
-        "bigint",
-    )
-)
-assert len(_USAGE_TYPES) == len(USAGE_COLUMNS) and len(_LOG_TYPES) == len(LOG_COLUMNS)
 
 
 # A row as the driver returns it (asyncpg.Record), or a slice of one.
@@ -123,14 +109,6 @@ def job_values(value: Job) -> tuple[Any, ...]:
     return tuple(getattr(value, c) for c in JOB_COLUMNS)
 
 
-def usage_arrays(records: Iterable[UsageRecord]) -> list[list[Any]]:
-    columns: list[list[Any]] = [[] for _ in USAGE_COLUMNS]
-    for record in records:
-        for i, c in enumerate(USAGE_COLUMNS):
-            columns[i].append(getattr(record, c))
-    return columns
-
-
 def encode_progress(settlement: Settlement) -> bytes:
     """A stream's settlement so far, for the stream_progress table (log entry without bodies)."""
     entry = settlement.log
@@ -168,11 +146,17 @@ def count(status: str) -> int:
 # ---------------------------------------------------------------------- money
 
 
-# A settlement batch as one statement, its own transaction when called alone (migrations/0002): the
-# owner, stream progress (ids, data), usage records and log entries (a column each, in the records'
-# field order) and the streams whose progress goes.
-_SETTLE_TYPES = ("text", "text[]", "bytea[]", *(t + "[]" for t in _USAGE_TYPES + _LOG_TYPES), "text[]")
-SETTLE = "SELECT gateway_settle({})".format(", ".join(f"${i}::{t}" for i, t in enumerate(_SETTLE_TYPES, 1)))
+# A settlement batch as one statement, its own transaction when called alone: gateway_settle_json
+# (migrations/0004) takes the batch as one JSON parameter and settles it with gateway_settle
+# (migrations/0002). One text parameter costs the gateway a few microseconds to send, where
+# gateway_settle's 32 array parameters cost it ~93 us for one settlement (asyncpg encodes arrays
+# element by element; benches/README.md, 2026-11-29).
+SETTLE = "SELECT gateway_settle_json($1::text, $2::jsonb)"
+# Where the money and the bodies are in a usage record's and a log entry's values (their columns'
+# order, which gateway_settle's parameters follow).
+_USAGE_COST = USAGE_COLUMNS.index("cost")
+_LOG_COST = LOG_COLUMNS.index("cost")
+_LOG_BODIES = (LOG_COLUMNS.index("request_body"), LOG_COLUMNS.index("response_body"))
 
 
 async def settle_many(conn: asyncpg.Connection, settlements: Sequence[Settlement], owner: str | None) -> int:
@@ -212,25 +196,39 @@ def settle_args(
     logs: Sequence[tuple[Any, ...]] = (),
     settlements: Sequence[Settlement] = (),
     ended: Iterable[str] = (),
-) -> tuple[Any, ...]:
-    """The arguments of SETTLE for a batch (settle_batch)."""
+) -> tuple[str | None, str]:
+    """The arguments of SETTLE for a batch (settle_batch): the owner and the batch as JSON, as
+    migrations/0004 reads it (money as decimal text, bodies and progress as base64)."""
     entries = list(logs) + [log_values(s.log) for s in settlements if s.log is not None]
     progress = progress or {}
-    return (
-        owner,
-        list(progress),
-        list(progress.values()),
-        *usage_arrays(s.record for s in settlements),
-        *_columns(entries, len(LOG_COLUMNS)),
-        list(ended),
-    )
+    batch = {
+        "pi": list(progress),
+        "pd": [_base64(data) for data in progress.values()],
+        "u": [_usage_json(s.record) for s in settlements],
+        "l": [_log_json(values) for values in entries],
+        "e": list(ended),
+    }
+    return owner, orjson.dumps(batch).decode()
 
 
-def _columns(values: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """Rows as columns: the i-th list holds every row's i-th value."""
-    if not values:
-        return [[] for _ in range(width)]
-    return [list(column) for column in zip(*values, strict=True)]
+def _usage_json(record: UsageRecord) -> list[Any]:
+    row: list[Any] = [getattr(record, c) for c in USAGE_COLUMNS]
+    row[_USAGE_COST] = str(row[_USAGE_COST])
+    return row
+
+
+def _log_json(values: tuple[Any, ...]) -> list[Any]:
+    row = list(values)
+    if row[_LOG_COST] is not None:
+        row[_LOG_COST] = str(row[_LOG_COST])
+    for i in _LOG_BODIES:
+        if row[i] is not None:
+            row[i] = _base64(row[i])
+    return row
+
+
+def _base64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 async def add_to_lease(conn: asyncpg.Connection, kind: str, pot_id: str, owner: str, delta: Decimal) -> None:

@@ -37,7 +37,9 @@ Key lookups are cached per process and invalidated across instances within a sec
 
 Round trips on the request path: none for a key already cached and a hold its lease covers (the
 usual request, gateway.funds); one for its settlement (above); one for a lease that runs short
-(gateway_lease, migrations/0002), plus one at most every second to count the live owners. Pooled
+(gateway_lease, migrations/0002), plus one at most every second to count the live owners; when
+no lease can be had, a recall and a read every RECALL_POLL_SECONDS while the other processes answer
+(gateway.funds: each looks for recalls of its leases once a second, housekeeping). Pooled
 connections go back without the pool's reset query (see _keep_session).
 
 Faults: every method raises StoreUnavailable (errors.py) when the database is out of reach; the
@@ -566,6 +568,55 @@ class PostgresStore(PostgresConsole):
     async def free(self, kind: str, pot_id: str, now_ms: int) -> Decimal | None:
         async with self._acquire() as conn:
             return await rows.free(conn, kind, pot_id, now_ms, lock=False)
+
+    async def recall(self, kind: str, pot_id: str) -> Decimal:
+        owner = self.lease_owner
+
+        async def ask(conn: asyncpg.Connection) -> Decimal:
+            await rows.lock_pot(conn, kind, pot_id)  # the lock order of every change to its leases
+            leased: Decimal = await conn.fetchval(
+                "WITH asked AS (UPDATE leases SET recalled = true WHERE kind = $1 AND pot_id = $2"
+                " AND owner <> $3 AND owner NOT LIKE $4 RETURNING amount)"  # a job's lease is all held
+                " SELECT coalesce(sum(amount), 0) FROM asked",
+                kind,
+                pot_id,
+                owner,
+                JOB_LEASE_PREFIX + "%",
+            )
+            return leased
+
+        return await self._tx(ask)
+
+    async def recalls(self) -> list[tuple[str, str]]:
+        # Not behind this process's own settlements (_fetch would wait for its writer): a recall
+        # does not depend on them, and a writer held up must not hold the answer up.
+        async with self._acquire() as conn:
+            found = await conn.fetch(
+                "SELECT kind, pot_id FROM leases WHERE owner = $1 AND recalled", self.lease_owner
+            )
+        return [(kind, pot_id) for kind, pot_id in found]
+
+    async def answer_recall(self, kind: str, pot_id: str, amount: Decimal) -> None:
+        owner = self.lease_owner
+
+        async def answer(conn: asyncpg.Connection) -> None:
+            await rows.lock_pot(conn, kind, pot_id)
+            await conn.execute(
+                "UPDATE leases SET recalled = false WHERE kind = $1 AND pot_id = $2 AND owner = $3",
+                kind,
+                pot_id,
+                owner,
+            )
+            await rows.add_to_lease(conn, kind, pot_id, owner, -amount)
+
+        await self._tx(answer)
+
+    async def recall_pending(self, kind: str, pot_id: str) -> bool:
+        row = await self._statement(
+            "SELECT EXISTS (SELECT 1 FROM leases WHERE kind = $1 AND pot_id = $2 AND recalled)", kind, pot_id
+        )
+        pending: bool = row[0]
+        return pending
 
     # ------------------------------------------------------------------ images and response states
 

@@ -10,10 +10,11 @@ hands (below). A settlement that finds a connection free starts its batch itself
 otherwise the writer task starts the next batch when a connection frees up, so under load each
 commit carries many settlements (about a commit's time of them, a millisecond or two).
 
-A batch is one statement, `SELECT gateway_settle(...)` (migrations/0002, rows.settle_batch), its
-columns sent as arrays: one round trip, and its own transaction, instead of BEGIN, a statement per
-step and COMMIT (measured by benches/pg_settle.py: a settlement at concurrency 1 took 1.4 ms in six
-or seven round trips, 0.53 ms in one). The commit is durable (nothing sets synchronous_commit off).
+A batch is one statement, `SELECT gateway_settle_json(...)` (migrations/0004, then 0002's
+gateway_settle; rows.settle_batch), the batch sent as one JSON parameter: one round trip, and its
+own transaction, instead of BEGIN, a statement per step and COMMIT (measured by
+benches/pg_settle.py: a settlement at concurrency 1 took 1.4 ms in six or seven round trips, 0.53 ms
+in one). The commit is durable (nothing sets synchronous_commit off).
 
 A settlement's caller is released once its batch has been handed to the database: the statement
 written whole to the connection's socket (`_sent`), not when its commit returns, which would add the

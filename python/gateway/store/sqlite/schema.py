@@ -313,6 +313,10 @@ MIGRATIONS: tuple[str, ...] = (
         ON request_logs(account_id, model, started_at_ms, status, cost_pico);
     CREATE INDEX request_logs_model ON request_logs(model, started_at_ms, status, cost_pico);
     """,
+    # A lease another process has asked back (gateway.funds: a recall), until its owner answers.
+    """
+    ALTER TABLE leases ADD COLUMN recalled INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 

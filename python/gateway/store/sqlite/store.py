@@ -346,6 +346,56 @@ class SqliteStore(SqliteConsole):
     async def free(self, kind: str, pot_id: str, now_ms: int) -> Decimal | None:
         return _free(self._read(), kind, pot_id, now_ms)
 
+    async def recall(self, kind: str, pot_id: str) -> Decimal:
+        owner = self.lease_owner
+
+        def op(conn: sqlite3.Connection) -> Decimal:
+            others = [
+                (other, Decimal(amount))
+                for other, amount in conn.execute(
+                    "SELECT owner, amount FROM leases WHERE kind = ? AND pot_id = ? AND owner <> ?",
+                    (kind, pot_id, owner),
+                )
+                if not other.startswith(JOB_LEASE_PREFIX)  # a job's lease is all held
+            ]
+            conn.executemany(
+                "UPDATE leases SET recalled = 1 WHERE kind = ? AND pot_id = ? AND owner = ?",
+                [(kind, pot_id, other) for other, _ in others],
+            )
+            return sum((amount for _, amount in others), Decimal(0))
+
+        leased: Decimal = await self._write(op)
+        return leased
+
+    async def recalls(self) -> list[tuple[str, str]]:
+        rows = self._read().execute(
+            "SELECT kind, pot_id FROM leases WHERE owner = ? AND recalled = 1", (self.lease_owner,)
+        )
+        return [(kind, pot_id) for kind, pot_id in rows]
+
+    async def answer_recall(self, kind: str, pot_id: str, amount: Decimal) -> None:
+        owner = self.lease_owner
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE leases SET recalled = 0 WHERE kind = ? AND pot_id = ? AND owner = ?",
+                (kind, pot_id, owner),
+            )
+            if amount > 0:
+                _add_to_lease(conn, kind, pot_id, owner, -amount)
+
+        await self._write(op)
+
+    async def recall_pending(self, kind: str, pot_id: str) -> bool:
+        row = (
+            self._read()
+            .execute(
+                "SELECT 1 FROM leases WHERE kind = ? AND pot_id = ? AND recalled = 1 LIMIT 1", (kind, pot_id)
+            )
+            .fetchone()
+        )
+        return row is not None
+
     async def put_images(self, images: Sequence[StoredImage]) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.executemany(

@@ -13,9 +13,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from ...frozen import frozen
 from ..log_backlog import MAX_LOG_BACKLOG_BYTES, LogBodyBacklog, body_bytes
 from ..records import RequestLog, Settlement
 from .ledger import _settle_many
@@ -46,7 +47,7 @@ MAX_BATCH = 512  # items of one transaction
 _STOP = object()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Op:
     """An operation someone awaits: committed at once, its outcome set on `future`."""
 
@@ -54,7 +55,7 @@ class _Op:
     future: asyncio.Future[Any]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _LogRow:
     """A request log entry's column values, written with the next group commit."""
 
@@ -108,7 +109,9 @@ class Writer:
         """Queue a journaled settlement for the next group commit. Its log entry is written whole,
         bodies included (the journal keeps it without them), in the one row insert."""
         if settlement.log is not None:
-            settlement = replace(settlement, log=self._bodies.admit(settlement.log)[0])
+            admitted = self._bodies.admit(settlement.log)[0]
+            if admitted is not settlement.log:  # its bodies are dropped: the backlog is full
+                settlement = replace(settlement, log=admitted)
         self._queue.put(settlement)
         self._commit_soon_if_heavy()
 

@@ -1,0 +1,240 @@
+"""Workers of `gateway serve` that die (gateway.supervisor): each is started again, after a
+growing pause when it keeps dying soon after its start, while the others serve on; the gateway ends
+only when workers fail to start at all (exit status 1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.config import load_settings
+from harness import (
+    chat_model,
+    eventually,
+    free_port,
+    kill_worker,
+    new_key,
+    running,
+    wait_until_listening,
+    workers_serving,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp: Path, port: int, workers: int, sim_url: str) -> Path:
+    config = tmp / "gateway.toml"
+    config.write_text(
+        f'[server]\nport = {port}\nworkers = {workers}\n[store]\npath = "{tmp / "gw.db"}"\n'
+        + chat_model("test/a", "sim-chat", sim_url)
+    )
+    return config
+
+
+def _chat(url: str, key: str) -> int:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "test/a", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    ).status_code
+
+
+@dataclass
+class Serving:
+    proc: subprocess.Popen[bytes]
+    url: str
+    key: str
+    log: Path  # the gateway's output (workers_serving, kill_worker read it)
+
+
+@contextmanager
+def _serving(tmp: Path, sim_url: str, workers: int) -> Iterator[Serving]:
+    """`gateway serve` with `workers` workers, once every one serves, and a key with $10."""
+    port = free_port()
+    config = _config(tmp, port, workers, sim_url)
+    key = new_key(load_settings(config), Decimal(10))
+    log = tmp / "serve.log"
+    with running(["serve", "--config", str(config)], port, output=log) as proc:
+        eventually(lambda: len(workers_serving(log)) == workers, 30, 0.1, what="every worker serving")
+        yield Serving(proc, f"http://127.0.0.1:{port}", key.key, log)
+
+
+def test_a_worker_killed_again_and_again_is_restarted_while_the_other_serves(
+    tmp_path: Path, sim_url: str
+) -> None:
+    """Granian alone would end the whole gateway at the second quick death; here each death costs
+    only that worker, brought back after a pause that doubles (1 s, 2 s), and worker-2 answers
+    every request meanwhile."""
+    with _serving(tmp_path, sim_url, 2) as gw:
+        refused: list[str] = []
+        stop = threading.Event()
+
+        def traffic() -> None:  # new connections, as a load balancer's: never onto a dead worker
+            while not stop.is_set():
+                try:
+                    if _chat(gw.url, gw.key) != 200:
+                        refused.append("status")
+                except httpx.ConnectError as exc:
+                    refused.append(repr(exc))
+                except httpx.HTTPError:
+                    pass  # a request the killed worker had accepted: lost with it, as with any crash
+                time.sleep(0.02)
+
+        thread = threading.Thread(target=traffic)
+        thread.start()
+        try:
+            for _ in range(3):
+                kill_worker(gw.log, 1)
+        finally:
+            stop.set()
+            thread.join(30)
+        output = gw.log.read_text()
+        assert "starting it again in 1 s" in output and "starting it again in 2 s" in output
+        assert gw.proc.poll() is None
+        assert refused == []
+        assert all(_chat(gw.url, gw.key) == 200 for _ in range(8))
+
+
+def test_a_single_worker_that_had_served_is_started_again_after_quick_deaths(
+    tmp_path: Path, sim_url: str
+) -> None:
+    with _serving(tmp_path, sim_url, 1) as gw:
+        for _ in range(2):
+            assert _chat(gw.url, gw.key) == 200
+            kill_worker(gw.log, 1)
+        assert gw.proc.poll() is None
+        assert _chat(gw.url, gw.key) == 200
+
+
+def test_workers_that_cannot_start_end_the_gateway(tmp_path: Path, sim_url: str) -> None:
+    """The database out of reach from the start: each worker's start-up fails, twice, and `gateway
+    serve` ends with status 1, the reason in its log, rather than retrying for ever."""
+    port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[server]\nport = {port}\nworkers = 2\n[store]\nbackend = "postgres"\nurl_env = "T_PG"\n'
+        '[redis]\nurl = "redis://127.0.0.1:6379/0"\n' + chat_model("test/a", "sim-chat", sim_url)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        env={**os.environ, "T_PG": f"postgresql://postgres@127.0.0.1:{free_port()}/none"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "PostgreSQL is out of reach" in done.stdout + done.stderr
+    assert "no worker serves: exiting" in done.stdout + done.stderr
+
+
+def test_a_stop_signalled_to_the_whole_group_is_a_clean_stop(tmp_path: Path, sim_url: str) -> None:
+    """Ctrl-C, or a service manager that signals every process of the group: the workers end on
+    their own signal, which is no crash. `gateway serve` exits 0 and logs no error (Granian alone
+    logs 'Unexpected exit' for each and exits 1)."""
+    port = free_port()
+    config = _config(tmp_path, port, 2, sim_url)
+    with (tmp_path / "serve.log").open("w+b") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a process group of its own, as under a terminal or a service
+        )
+        try:
+            wait_until_listening(port, proc)
+            eventually(
+                lambda: len(workers_serving(tmp_path / "serve.log")) == 2, 30, 0.1, what="both workers"
+            )
+            os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    assert "Unexpected exit" not in output and "[ERROR]" not in output, output
+
+
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, sim_url: str) -> None:
+    """kill -9 of `gateway serve` itself: its workers drain and stop (they would otherwise serve on
+    as orphans, on the port the next `gateway serve` takes as well), and the next start on the same
+    store serves, with nothing of theirs left held."""
+    with _serving(tmp_path, sim_url, 2) as gw:
+        assert _chat(gw.url, gw.key) == 200
+        workers = [int(p) for p in re.findall(r"Spawning worker-\d with PID: (\d+)", gw.log.read_text())]
+        gw.proc.kill()
+        gw.proc.wait()
+        # At once, as a rule; at the latest when their own bound runs out (drain_seconds 30 + 10 + 1).
+        eventually(lambda: not any(_alive(pid) for pid in workers), 50, 0.1, what="the orphaned workers gone")
+    with _serving(tmp_path, sim_url, 2) as again:
+        assert _chat(again.url, again.key) == 200
+
+
+def test_a_worker_whose_supervisor_is_already_gone_does_not_start() -> None:
+    """A worker forked just before its supervisor was killed: its SIGTERM handler is still the
+    supervisor's (it came with the fork and would swallow the signal), so end_with_supervisor
+    restores the default first, and the worker ends instead of serving on as an orphan."""
+    code = (
+        "import os, signal\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)  # the supervisor's, inherited\n"
+        "os.environ['GATEWAY_SUPERVISOR_PID'] = '1'  # not this process's parent: gone\n"
+        "from gateway.drain import end_with_supervisor\n"
+        "end_with_supervisor()\n"
+        "print('serving')\n"
+    )
+    done = _python(code)
+    assert done.returncode == -signal.SIGTERM and "serving" not in done.stdout, done
+
+
+def test_a_stopping_worker_is_ended_by_the_kernel_past_its_bound() -> None:
+    """The stop signal sets the kernel's alarm at drain_seconds + KILL_GRACE_SECONDS + 1: a worker
+    stuck where no Python runs (or with no supervisor to kill it) still ends then."""
+    code = (
+        "import asyncio, os, signal\n"
+        "from gateway.drain import Drain\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)  # what Granian's worker would do instead\n"
+        "async def main():\n"
+        "    Drain(1.0).install()\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    await asyncio.sleep(0.1)\n"
+        "    print(signal.alarm(0))\n"
+        "asyncio.run(main())\n"
+    )
+    done = _python(code)
+    assert done.returncode == 0, done
+    assert int(done.stdout) in (11, 12), done  # ceil(1 + 10) + 1, a moment later
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by a fresh interpreter, as a worker process would start."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (ended, not yet reaped by init) has stopped too
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
