@@ -252,12 +252,16 @@ class Funds:
         deadline = time.monotonic() + RECALL_WAIT_SECONDS
         while leased > 0 and time.monotonic() < deadline:
             await asyncio.sleep(RECALL_POLL_SECONDS)
+            # Pending first, free after: an answer gives back and clears its flag in one commit, so
+            # "none pending" read first means the free read next already counts every answer.
+            # The other order could read free before the last answer and "none pending" after it.
+            pending = await self._store.recall_pending(pot.kind, pot.pot_id)
             free = await self._store.free(pot.kind, pot.pot_id, now_ms)
             if free is None or free >= need:
                 granted = await self._lease(pot, need, now_ms)
                 if granted > 0:
                     return granted
-            elif not await self._store.recall_pending(pot.kind, pot.pot_id):
+            elif not pending:
                 break  # every process has answered: nothing more is coming
         pot.futile_until = time.monotonic() + RECALL_WAIT_SECONDS
         return ZERO

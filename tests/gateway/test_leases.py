@@ -213,6 +213,44 @@ def test_a_lease_that_runs_short_recalls_what_other_processes_do_not_hold(settin
     asyncio.run(go())
 
 
+def test_an_answer_between_two_reads_of_a_recall_is_not_missed(settings: Settings) -> None:
+    """The other process answers the recall just after the waiting request read what is free (still
+    too little): the request must still see what came back, not take "no recall pending" read after
+    the answer for "nothing is coming". (CI once refused a request here with the money back.)"""
+
+    async def go() -> None:
+        a, b = open_store(settings), open_store(settings)
+        await a.start()
+        await b.start()
+        funds_a, funds_b = Funds(a), Funds(b)
+        read_free = b.free
+
+        async def free_then_answered(kind: str, pot_id: str, now_ms: int) -> Decimal | None:
+            found = await read_free(kind, pot_id, now_ms)
+            if await a.recalls():  # a answers between this read and the next one
+                await funds_a.answer_recalls()
+            return found
+
+        try:
+            ctx_a, key_hash = await funded_key(a, Decimal(100))
+            ctx_b = await b.find_key(key_hash)
+            assert ctx_b is not None
+            funds_a.release(await funds_a.hold(ctx_a, Decimal(1)), Decimal(0))  # a leases 50.5
+            held = await funds_b.hold(ctx_b, Decimal(49))  # all but 0.5 of the rest
+            b.free = free_then_answered  # type: ignore[method-assign]
+            started = time.monotonic()
+            second = await funds_b.hold(ctx_b, Decimal(1))
+            assert time.monotonic() - started < RECALL_WAIT_SECONDS
+            assert leases(settings) == {b.lease_owner: Decimal(75)}
+            funds_b.release(second, Decimal(0))
+            funds_b.release(held, Decimal(0))
+        finally:
+            await b.close()
+            await a.close()
+
+    asyncio.run(go())
+
+
 def test_the_first_worker_to_start_leaves_a_share_for_the_others(settings: Settings) -> None:
     """Alone in the store (the others still starting), a worker of several leases as one of them,
     not the whole pot: the others start with money to lease."""
