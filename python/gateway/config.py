@@ -405,14 +405,34 @@ def check_config_text(text: str, path: str | os.PathLike[str]) -> ConfigReport:
     return check_config(raw, base_dir=Path(path).resolve().parent)
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedConfig:
+    """A configuration file read once: its text and settings, or the problems that refuse it."""
+
+    text: str = ""
+    settings: Settings | None = None
+    problems: tuple[str, ...] = ()
+
+
+def check_and_load(path: str | os.PathLike[str]) -> CheckedConfig:
+    """Read the file at `path` once, check that text and parse it: what a reload takes (the
+    supervisor publishes that very text to the workers it starts)."""
+    try:
+        text = read_config_text(path)
+    except ConfigError as exc:
+        return CheckedConfig(problems=(str(exc),))
+    problems = check_config_text(text, path).problems
+    if problems:
+        return CheckedConfig(text, problems=problems)
+    try:
+        return CheckedConfig(text, settings_from_text(text, path))
+    except Exception as exc:  # e.g. an environment variable it names, unset here
+        return CheckedConfig(text, problems=(f"{type(exc).__name__}: {exc}",))
+
+
 def validate_config(raw: Mapping[str, Any]) -> list[str]:
     """Every problem of a parsed file (check_config), none when the gateway would take it."""
     return list(check_config(raw).problems)
-
-
-def validate_config_file(path: str | os.PathLike[str]) -> list[str]:
-    """Every problem of a configuration file (check_config_file); an empty list: it is valid."""
-    return list(check_config_file(path).problems)
 
 
 def _read_text(p: Path) -> str:

@@ -268,24 +268,17 @@ _RUNNING: list[Any] = []  # the accepted configuration's settings (gateway.confi
 def _accept(path: str) -> list[str]:
     """Check the file at `path` once, read once: if the gateway takes it and it changes nothing a
     reload cannot, it becomes the accepted configuration (an empty list); else its problems."""
-    from gateway.config import ConfigError, check_config_text, read_config_text, settings_from_text
+    from gateway.config import check_and_load
     from gateway.reload import fixed_changes
 
-    try:
-        text = read_config_text(path)
-    except ConfigError as exc:
-        return [str(exc)]
-    problems = list(check_config_text(text, path).problems)
-    if problems:
-        return problems
-    try:
-        new = settings_from_text(text, path)
-    except Exception as exc:  # e.g. an environment variable it names, unset here
-        return [f"{type(exc).__name__}: {exc}"]
+    checked = check_and_load(path)
+    if checked.settings is None:
+        return list(checked.problems)
+    new = checked.settings
     problems = fixed_changes(_RUNNING[0], new) if _RUNNING else []
     if not problems:
         _RUNNING[:] = [new]
-        _publish(text)
+        _publish(checked.text)
     return problems
 
 

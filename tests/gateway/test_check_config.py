@@ -4,6 +4,7 @@ and their checks."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -14,11 +15,11 @@ import pytest
 from gateway.config import (
     ConfigError,
     Settings,
+    check_and_load,
     check_config,
     load_settings,
     parse_settings,
     validate_config,
-    validate_config_file,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,9 @@ def test_the_demo_configuration_is_valid() -> None:
     assert done.returncode == 0, done.stderr
     models = len(load_settings(DEMO).models)
     assert done.stdout == f"ok: {DEMO} ({models} models)\n"
-    assert validate_config_file(DEMO) == []
+    checked = check_and_load(DEMO)
+    assert checked.problems == () and checked.settings == load_settings(DEMO)
+    assert checked.text == DEMO.read_text()
 
 
 def test_every_problem_is_named_with_its_place_in_file_order(tmp_path: Path) -> None:
@@ -95,7 +98,9 @@ def test_every_problem_is_named_with_its_place_in_file_order(tmp_path: Path) -> 
     for line, place in zip(lines, MANY_PLACES, strict=True):
         assert line.startswith(f"{config}: {place}"), (line, place)
     # The same list for the live reload, without the file's name; start-up stops at the first.
-    assert validate_config_file(config) == [line.removeprefix(f"{config}: ") for line in lines]
+    checked = check_and_load(config)
+    assert checked.settings is None
+    assert list(checked.problems) == [line.removeprefix(f"{config}: ") for line in lines]
     with pytest.raises(ConfigError, match="unknown setting colour"):
         load_settings(config)
 
@@ -135,6 +140,11 @@ def test_unset_environment_variables_are_warnings_not_problems(tmp_path: Path) -
         ("GW_CHECK_UNSET_KEY", "models[0].channels[0].api_key_env"),
     ]:
         assert f"{config}: warning: the environment variable {name} is not set here ({place})" in done.stderr
+    # What a reload reads: the store's unset URL variable is a problem of the reload, not an error.
+    assert "GW_CHECK_UNSET_PG" not in os.environ
+    checked = check_and_load(config)
+    assert checked.settings is None and len(checked.problems) == 1
+    assert "GW_CHECK_UNSET_PG" in checked.problems[0]
 
 
 # ---------------------------------------------------------------- the settings themselves

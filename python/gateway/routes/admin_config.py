@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..auth import admin_token, authenticate_admin
-from ..config import CONFIG_ENV, load_settings, validate_config_file
+from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
 from ..reload import fixed_changes
 from ..state import GatewayState
@@ -32,9 +32,10 @@ def routes(state: GatewayState) -> list[Route]:
     async def reload(request: Request) -> Response:
         authenticate_admin(request, token)
         path = os.environ.get(CONFIG_ENV, "")
-        problems = await asyncio.to_thread(validate_config_file, path)
-        if not problems:
-            problems = fixed_changes(state.settings, await asyncio.to_thread(load_settings, path))
+        checked = await asyncio.to_thread(check_and_load, path)
+        problems = list(checked.problems)
+        if checked.settings is not None:
+            problems = fixed_changes(state.settings, checked.settings)
         if problems:
             raise GatewayError(
                 "invalid_request",
