@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -239,7 +240,7 @@ def main() -> int:
         (work / "a").mkdir()
         (work / "b").mkdir()
         sim = stack.enter_context(servers.simulator(work, CLIENT_CPU))
-        serve = servers.gateway_pg if args.pg else servers.gateway
+        serve = partial(servers.gateway_pg, services_cpu=CLIENT_CPU) if args.pg else servers.gateway
         with python_path(tree / "python"):
             a = stack.enter_context(serve(sim, work / "a", SERVER_CPU))
         with python_path(ROOT / "python"):

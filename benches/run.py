@@ -124,7 +124,7 @@ def main() -> int:
             "passthrough": lambda: servers.passthrough(sim, Path(tmp), SERVER_CPU),
             "stack": lambda: servers.stack_floor(sim, Path(tmp), SERVER_CPU),
             "gateway": lambda: servers.gateway(sim, Path(tmp), SERVER_CPU),
-            "gateway-pg": lambda: servers.gateway_pg(sim, Path(tmp), SERVER_CPU),
+            "gateway-pg": lambda: servers.gateway_pg(sim, Path(tmp), SERVER_CPU, services_cpu=CLIENT_CPU),
             "litellm": lambda: servers.litellm(sim, Path(tmp), SERVER_CPU),
             "portkey": lambda: servers.portkey(sim, Path(tmp), SERVER_CPU),
         }
@@ -188,6 +188,8 @@ def run_path(
 ) -> None:
     with start() as target:
         versions[path] = target.version
+        if target.placement and f"{path}: {target.placement}." not in notes:
+            notes.append(f"{path}: {target.placement}.")
         time.sleep(0.5)
         for workload, concurrencies in plan.items():
             if not target.serves(workload):  # the Bedrock path: the floor and this gateway only

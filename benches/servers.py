@@ -78,6 +78,7 @@ class Target:
     requests: dict[str, tuple[str, bytes, dict[str, str]]] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)  # the MANY_KEYS workload's (this gateway's paths)
     limited_key: str | None = None  # the LIMITED workload's (this gateway's paths)
+    placement: str = ""  # where the services it uses ran, when that is not the default (gateway-pg)
 
     def serves(self, workload: str) -> bool:
         if workload == PROMPT:
@@ -334,9 +335,49 @@ class Unavailable(Exception):
     """A service a path needs does not answer: the path is skipped, saying why."""
 
 
+# The machine's own service processes, by the name the kernel gives them (/proc/PID/comm).
+SERVICE_PROCESSES = ("postgres", "redis-server")
+
+
 @contextmanager
-def gateway_pg(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
-    """The `gateway` path's gateway (same workers, models and kind of key) on PostgreSQL + Redis."""
+def services_on(cpu: str) -> Iterator[list[int]]:
+    """PostgreSQL's and Redis's processes, every thread, kept off the server's core while the block
+    runs: on `cpu`, as a database on a machine of its own would be; their affinity restored after.
+    PostgreSQL's later backends inherit it from its postmaster. Yields the processes moved: none
+    when they are not this machine's processes or may not be moved (another user's, no privilege),
+    and the path is then measured as before, with them on either core."""
+    moved: dict[int, set[int]] = {}  # thread id: its affinity before
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or (entry / "comm").read_text().strip() not in SERVICE_PROCESSES:
+                continue
+            tids = [int(task.name) for task in (entry / "task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                before = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, {int(cpu)})
+            except OSError:
+                continue
+            moved[tid] = before
+        if any(tid in moved for tid in tids):
+            pids.append(int(entry.name))
+    try:
+        yield pids
+    finally:
+        for tid, before in moved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before)
+
+
+@contextmanager
+def gateway_pg(
+    sim: str, workdir: Path, cpu: str, workers: int = 1, services_cpu: str | None = None
+) -> Iterator[Target]:
+    """The `gateway` path's gateway (same workers, models and kind of key) on PostgreSQL + Redis;
+    with `services_cpu`, their processes run there (services_on) while it serves."""
     run = secrets.token_hex(4)
     database = f"gw_bench_{run}"
     prefix = f"bench-{run}"
@@ -349,8 +390,19 @@ def gateway_pg(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[
         services = f'[store]\nbackend = "postgres"\nurl = "{url}"\n[redis]\nurl = "{REDIS_URL}"\nprefix = "{prefix}"\n'
         config.write_text(_gateway_config(sim, port, workers, services))
         keys = asyncio.run(_mint_keys(config))
-        with _serve("gateway-pg", config, port, keys, cpu, workdir) as target:
-            yield target
+        with contextlib.ExitStack() as placed:
+            placement = ""
+            if services_cpu is not None:
+                moved = placed.enter_context(services_on(services_cpu))
+                placement = (
+                    f"PostgreSQL and Redis ran on CPU {services_cpu}, off the server's core"
+                    if moved
+                    else "PostgreSQL and Redis could not be moved off the server's core"
+                )
+                print(f"  {placement} ({len(moved)} processes moved)", flush=True)
+            with _serve("gateway-pg", config, port, keys, cpu, workdir) as target:
+                target.placement = placement
+                yield target
     finally:
         try:
             asyncio.run(_postgres(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
