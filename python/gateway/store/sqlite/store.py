@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -149,7 +150,7 @@ class SqliteStore(SqliteConsole):
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=check_same_thread, timeout=30.0
         )
-        conn.execute("PRAGMA journal_mode=WAL")
+        _write_ahead_log(conn)
         # NORMAL in WAL mode: a commit survives a killed process (the WAL is in the OS), not a power cut.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -844,3 +845,24 @@ def _unique_name(name: str) -> Iterator[None]:
         yield
     except sqlite3.IntegrityError as exc:
         raise NameTaken(f"an account named {name!r} exists already") from exc
+
+
+# How long a process opening the database waits for another one's lock to put it in WAL mode.
+WAL_WAIT_SECONDS = 30.0
+
+
+def _write_ahead_log(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode (the file's own mode, kept once set). Setting it on a new file
+    takes the file's exclusive lock, and SQLite does not wait for that lock through the busy
+    timeout: while another process (a second worker starting at the same time) reads or migrates
+    the file, it answers "database is locked" at once. So it is retried here, as the busy timeout
+    would wait."""
+    deadline = time.monotonic() + WAL_WAIT_SECONDS
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
