@@ -39,8 +39,10 @@ import tempfile
 import time
 from typing import Any
 
-# This start's own files: the workers' metrics and the accepted configuration's text.
-RUN_DIR = tempfile.mkdtemp(prefix="gateway-run-")
+# This start's own files: the workers' metrics and the accepted configuration's text. Named with
+# this process's id, so that a later start can tell it was left behind (_sweep_run_dirs).
+RUN_DIR_PREFIX = "gateway-run-"
+RUN_DIR = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
 METRICS_DIR = os.path.join(RUN_DIR, "metrics")
 os.mkdir(METRICS_DIR)
 # Before prometheus_client is imported anywhere in this process or the workers forked from it.
@@ -330,8 +332,47 @@ def _serve_metrics(listen: list[Any]) -> None:
     logger.info("metrics served at http://%s:%s/metrics", host, port)
 
 
+def _sweep_run_dirs() -> int:
+    """Remove what supervisors killed with SIGKILL left behind (nothing else stops one before its
+    own clean-up): their run directories, each a copy of the configuration and the workers' metrics
+    files. A directory stays while its supervisor's process id is alive and, where /proc says what
+    that process is, it is a supervisor. Returns how many were removed."""
+    base = os.path.dirname(RUN_DIR)
+    removed = 0
+    for name in os.listdir(base):
+        pid, dash, _ = name.removeprefix(RUN_DIR_PREFIX).partition("-")
+        path = os.path.join(base, name)
+        if not name.startswith(RUN_DIR_PREFIX) or not dash or not pid.isdigit() or path == RUN_DIR:
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid() or _supervisor_alive(int(pid)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _supervisor_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: not this one to judge
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"gateway.supervisor" in f.read()
+    except OSError:
+        return True  # alive, and nothing says what it is: kept
+
+
 def main(argv: list[str]) -> None:
     options = json.loads(argv[1])
+    swept = _sweep_run_dirs()
+    if swept:
+        logger.info("removed %d run directories of gateways that were killed", swept)
     if options.get("metrics_listen"):
         _serve_metrics(options["metrics_listen"])
     drain = float(options.get("drain_seconds", 30.0))
