@@ -56,6 +56,7 @@ from gateway.drain import (  # noqa: E402  (stdlib only)
     NOTICE_SIGNAL,
     RUN_DIR_ENV,
     SUPERVISOR_PID_ENV,
+    is_supervisor,
     serving_mark,
 )
 
@@ -361,11 +362,7 @@ def _supervisor_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # another user's process: not this one to judge
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"gateway.supervisor" in f.read()
-    except OSError:
-        return True  # alive, and nothing says what it is: kept
+    return is_supervisor(pid) is not False  # alive, and nothing says what it is: kept
 
 
 def main(argv: list[str]) -> None:
