@@ -29,6 +29,7 @@ Usage (from gateway.cli only): python -m gateway.supervisor '{"host": ..., "port
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing.connection
 import os
@@ -39,10 +40,24 @@ import tempfile
 import time
 from typing import Any
 
-# This start's own files: the workers' metrics and the accepted configuration's text. Named with
-# this process's id, so that a later start can tell it was left behind (_sweep_run_dirs).
+# This start's own files: the workers' metrics and the accepted configuration's text. Its lock
+# file is held for as long as this process or a worker forked from it lives (they share it): a
+# later start removes a directory whose lock it can take (_sweep_run_dirs).
 RUN_DIR_PREFIX = "gateway-run-"
+RUN_LOCK = "lock"
 RUN_DIR = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
+
+
+def _hold(run_dir: str) -> int:
+    """Lock `run_dir` for this process's life. The lock file takes its name only once locked, so a
+    sweep never finds it free while its owner is still starting."""
+    fd, made = tempfile.mkstemp(dir=run_dir)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(made, os.path.join(run_dir, RUN_LOCK))
+    return fd
+
+
+_RUN_DIR_HELD = _hold(RUN_DIR)
 METRICS_DIR = os.path.join(RUN_DIR, "metrics")
 os.mkdir(METRICS_DIR)
 # Before prometheus_client is imported anywhere in this process or the workers forked from it.
@@ -56,7 +71,6 @@ from gateway.drain import (  # noqa: E402  (stdlib only)
     NOTICE_SIGNAL,
     RUN_DIR_ENV,
     SUPERVISOR_PID_ENV,
-    is_supervisor,
     serving_mark,
 )
 
@@ -336,33 +350,28 @@ def _serve_metrics(listen: list[Any]) -> None:
 def _sweep_run_dirs() -> int:
     """Remove what supervisors killed with SIGKILL left behind (nothing else stops one before its
     own clean-up): their run directories, each a copy of the configuration and the workers' metrics
-    files. A directory stays while its supervisor's process id is alive and, where /proc says what
-    that process is, it is a supervisor. Returns how many were removed."""
+    files. One whose lock can be taken has no process left (the kernel drops a lock with its last
+    holder, whatever the process ids say); one without a lock (an earlier version's, or one being
+    made) stays. Returns how many were removed."""
     base = os.path.dirname(RUN_DIR)
     removed = 0
     for name in os.listdir(base):
-        pid, dash, _ = name.removeprefix(RUN_DIR_PREFIX).partition("-")
         path = os.path.join(base, name)
-        if not name.startswith(RUN_DIR_PREFIX) or not dash or not pid.isdigit() or path == RUN_DIR:
+        if not name.startswith(RUN_DIR_PREFIX) or path == RUN_DIR:
             continue
         try:
-            if os.stat(path).st_uid != os.getuid() or _supervisor_alive(int(pid)):
-                continue
+            fd = os.open(os.path.join(path, RUN_LOCK), os.O_RDONLY)
         except OSError:
-            continue
+            continue  # no lock file, or another user's directory
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its gateway runs
+        finally:
+            os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
     return removed
-
-
-def _supervisor_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: not this one to judge
-    return is_supervisor(pid) is not False  # alive, and nothing says what it is: kept
 
 
 def main(argv: list[str]) -> None:

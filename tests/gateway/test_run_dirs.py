@@ -4,9 +4,9 @@ removed by the next start, and a running gateway's is never touched."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +36,13 @@ def test_a_killed_gateways_run_directory_goes_at_the_next_start(tmp_path: Path, 
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp)}
-    # Not a supervisor's: an earlier version's name (no process id) and a living process that is
-    # not a supervisor (this test) are told apart from a dead one.
+    # Kept: an earlier version's (no lock file) and one whose lock a living process holds.
     (temp / "gateway-run-olderformat").mkdir()
-    (temp / f"gateway-run-{os.getpid()}-notours").mkdir()
+    held = temp / "gateway-run-1-held"
+    held.mkdir()
+    holder = os.open(held / "lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    kept = {"gateway-run-olderformat", held.name}
 
     killed_config, killed_port = _config(tmp_path, "killed", sim_url)
     killed = subprocess.Popen(
@@ -50,31 +53,36 @@ def test_a_killed_gateways_run_directory_goes_at_the_next_start(tmp_path: Path, 
     )
     try:
         wait_until_listening(killed_port, killed)
-        [left] = _run_dirs(temp) - {"gateway-run-olderformat", f"gateway-run-{os.getpid()}-notours"}
+        [left] = _run_dirs(temp) - kept
         assert left.startswith(f"gateway-run-{killed.pid}-")
         assert (temp / left / "config.toml").exists()
     finally:
         killed.send_signal(signal.SIGKILL)  # no clean-up: its worker ends with it (PDEATHSIG)
         killed.wait()
-    eventually(lambda: not _listening(killed_port), 30, 0.1, what="the killed gateway's worker gone")
+    # Its worker ends with it (PDEATHSIG), and the lock they shared with it.
+    eventually(lambda: _lock_free(temp / left), 30, 0.1, what="the killed gateway's worker gone")
     assert left in _run_dirs(temp)
 
     config, port = _config(tmp_path, "next", sim_url)
     with running(["serve", "--config", str(config)], port, env={"TMPDIR": str(temp)}) as proc:
         [own] = [name for name in _run_dirs(temp) if name.startswith(f"gateway-run-{proc.pid}-")]
-        # The killed one's is gone, and a pid that is alive but not a supervisor's counts as gone.
-        assert _run_dirs(temp) == {own, "gateway-run-olderformat"}
+        assert _run_dirs(temp) == {own, *kept}  # the killed one's is gone
 
         # A second gateway starting meanwhile leaves the running one's alone.
         other_config, other_port = _config(tmp_path, "other", sim_url)
         with running(["serve", "--config", str(other_config)], other_port, env={"TMPDIR": str(temp)}):
             assert own in _run_dirs(temp)
     # Both stopped cleanly: nothing of theirs is left.
-    eventually(
-        lambda: _run_dirs(temp) == {"gateway-run-olderformat"}, 15, 0.1, what="the run directories removed"
-    )
+    eventually(lambda: _run_dirs(temp) == kept, 15, 0.1, what="the run directories removed")
+    os.close(holder)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def _lock_free(run_dir: Path) -> bool:
+    fd = os.open(run_dir / "lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
