@@ -222,59 +222,52 @@ def pg_paired(
     """gateway-pg's p50 minus the gateway's at c=1 (chat), both running, measured in alternating
     rounds: the machine's speed drifts by tenths of a millisecond over minutes, more than the
     difference itself, so rows taken a minute apart compare the drift as much as the paths."""
-    differences: list[float] = []
+
+    def p50(target: servers.Target) -> float:
+        data = load.body("chat", target.model["chat"])
+        load.wrk(target.url("chat"), data, target.headers, 1, 1.0, CLIENT_CPU)
+        return load.wrk(target.url("chat"), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
+
     with starters["gateway"]() as gateway, starters["gateway-pg"]() as gateway_pg:
-        time.sleep(0.5)
-        for n in range(rounds):
-            order = (gateway, gateway_pg) if n % 2 == 0 else (gateway_pg, gateway)
-            p50: dict[str, float] = {}
-            for target in order:
-                data = load.body("chat", target.model["chat"])
-                load.wrk(target.url("chat"), data, target.headers, 1, 1.0, CLIENT_CPU)
-                p50[target.name] = load.wrk(
-                    target.url("chat"), data, target.headers, 1, seconds, CLIENT_CPU
-                ).p50_ms
-            differences.append(round(p50["gateway-pg"] - p50["gateway"], 3))
-            print(
-                f"  round {n + 1}: gateway {p50['gateway']:.2f} ms, gateway-pg {p50['gateway-pg']:.2f} ms",
-                flush=True,
-            )
-    return {
-        "rounds": rounds,
-        "seconds": seconds,
-        "differences_ms": differences,
-        "median_ms": round(statistics.median(differences), 3),
-    }
+        return {"seconds": seconds, **_alternating(gateway, gateway_pg, rounds, p50)}
 
 
 def first_token_paired(
     starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]], rounds: int, streams: int
 ) -> dict[str, Any]:
     """The gateway's time to a stream's first content token minus the floor's, from alternating
-    rounds of `streams` paced streams on each (order alternating): the difference is tenths of a
-    millisecond, as much as the machine drifts between two paths' own timings minutes apart (the
-    per-path table's), as for pg_paired."""
+    rounds of `streams` paced streams on each: the difference is tenths of a millisecond, as much
+    as the machine drifts between two paths' own timings minutes apart (the per-path table's), as
+    for pg_paired."""
+
+    def first_token(target: servers.Target) -> float:
+        body = load.body("chat_paced", target.model["chat_paced"])
+        return load.stream_timing(
+            target.url("chat_paced"), body, target.headers, count=streams
+        ).first_token_p50_ms
+
+    with starters["floor"]() as floor, starters["gateway"]() as gateway:
+        return {"streams": streams, **_alternating(floor, gateway, rounds, first_token)}
+
+
+def _alternating(
+    base: servers.Target, other: servers.Target, rounds: int, measure: Callable[[servers.Target], float]
+) -> dict[str, Any]:
+    """`measure(other)` minus `measure(base)` in each of `rounds` rounds, which of the two goes
+    first alternating; every round's difference and their median (ms)."""
+    time.sleep(0.5)
     differences: list[float] = []
-    with starters["gateway"]() as gateway, starters["floor"]() as floor:
-        time.sleep(0.5)
-        for n in range(rounds):
-            order = (gateway, floor) if n % 2 == 0 else (floor, gateway)
-            first: dict[str, float] = {}
-            for target in order:
-                first[target.name] = load.stream_timing(
-                    target.url("chat_paced"),
-                    load.body("chat_paced", target.model["chat_paced"]),
-                    target.headers,
-                    count=streams,
-                ).first_token_p50_ms
-            differences.append(round(first["gateway"] - first["floor"], 3))
-            print(
-                f"  round {n + 1}: gateway {first['gateway']:.2f} ms, floor {first['floor']:.2f} ms",
-                flush=True,
-            )
+    for n in range(rounds):
+        figures = {}
+        for target in (base, other) if n % 2 == 0 else (other, base):
+            figures[target.name] = measure(target)
+        differences.append(round(figures[other.name] - figures[base.name], 3))
+        print(
+            f"  round {n + 1}: {other.name} {figures[other.name]:.2f} ms, {base.name} {figures[base.name]:.2f} ms",
+            flush=True,
+        )
     return {
         "rounds": rounds,
-        "streams": streams,
         "differences_ms": differences,
         "median_ms": round(statistics.median(differences), 3),
     }
