@@ -148,13 +148,13 @@ class SqliteStore(SqliteConsole):
 
     def _connect(self, *, check_same_thread: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=check_same_thread, timeout=30.0
+            self.path, isolation_level=None, check_same_thread=check_same_thread, timeout=BUSY_TIMEOUT_SECONDS
         )
         _write_ahead_log(conn)
         # NORMAL in WAL mode: a commit survives a killed process (the WAL is in the OS), not a power cut.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
         return conn
 
     # ------------------------------------------------------------------ writes, through the writer
@@ -847,8 +847,9 @@ def _unique_name(name: str) -> Iterator[None]:
         raise NameTaken(f"an account named {name!r} exists already") from exc
 
 
-# How long a process opening the database waits for another one's lock to put it in WAL mode.
-WAL_WAIT_SECONDS = 30.0
+# How long a connection waits for another process's lock: SQLite's busy timeout, and the wait to put
+# a new file in WAL mode, which that timeout does not cover (_write_ahead_log).
+BUSY_TIMEOUT_SECONDS = 30.0
 
 
 def _write_ahead_log(conn: sqlite3.Connection) -> None:
@@ -857,7 +858,7 @@ def _write_ahead_log(conn: sqlite3.Connection) -> None:
     timeout: while another process (a second worker starting at the same time) reads or migrates
     the file, it answers "database is locked" at once. So it is retried here, as the busy timeout
     would wait."""
-    deadline = time.monotonic() + WAL_WAIT_SECONDS
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
     while True:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
