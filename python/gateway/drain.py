@@ -137,16 +137,6 @@ class Drain:
         return unfollow
 
 
-def is_supervisor(pid: int) -> bool | None:
-    """Whether process `pid` runs gateway.supervisor, as /proc says; None where it cannot (no
-    /proc, no such process, not readable)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"gateway.supervisor" in f.read()
-    except OSError:
-        return None
-
-
 def serving_mark(run_dir: str, pid: int) -> str:
     """The file that says worker `pid` has started serving."""
     return os.path.join(run_dir, f"serving.{pid}")

@@ -284,7 +284,8 @@ _RUNNING: list[Any] = []  # the accepted configuration's settings (gateway.confi
 
 def _accept(path: str) -> list[str]:
     """Check the file at `path` once, read once: if the gateway takes it and it changes nothing a
-    reload cannot, it becomes the accepted configuration (an empty list); else its problems."""
+    reload cannot (at start, nothing is running yet), it becomes the accepted configuration (an
+    empty list); else its problems."""
     from gateway.config import check_and_load
     from gateway.reload import fixed_changes
 
@@ -384,17 +385,12 @@ def main(argv: list[str]) -> None:
     drain = float(options.get("drain_seconds", 30.0))
     config = os.environ.get(CONFIG_ENV)
     if config:
-        from gateway.config import ConfigError, read_config_text, settings_from_text
-
         # What the workers start with: the file as read now (`gateway serve` checked it just
-        # before; an edit since then is checked again here).
-        try:
-            text = read_config_text(config)
-            _RUNNING.append(settings_from_text(text, config))
-        except ConfigError as exc:
+        # before; an edit since then is checked again here), accepted as a reload's would be.
+        problems = _accept(config)
+        if problems:
             shutil.rmtree(RUN_DIR, ignore_errors=True)
-            sys.exit(f"gateway: configuration error: {exc}")
-        _publish(text)
+            sys.exit(f"gateway: configuration error: {'; '.join(problems)}")
     # Notice (SIGUSR1) must not kill a worker still starting: ignored until gateway.drain handles it.
     signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
     kill_grace = float(options.get("kill_grace_seconds", 10.0))

@@ -18,11 +18,12 @@ from starlette.routing import Route
 
 from ..auth import admin_token, authenticate_admin
 from ..config import CONFIG_ENV, check_and_load
-from ..drain import is_supervisor
 from ..errors import GatewayError
 from ..reload import fixed_changes
 from ..state import GatewayState
 from .common import json_response
+
+SUPERVISOR_MODULE = "gateway.supervisor"
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -41,7 +42,7 @@ def routes(state: GatewayState) -> list[Route]:
                 "The configuration file is not valid; nothing was reloaded: " + "; ".join(problems),
             )
         supervisor = os.getppid()
-        if not is_supervisor(supervisor):
+        if not _is_supervisor(supervisor):
             raise GatewayError(
                 "service_unavailable",
                 "This gateway was not started by `gateway serve`: there is no supervisor to reload it.",
@@ -50,3 +51,11 @@ def routes(state: GatewayState) -> list[Route]:
         return json_response({"status": "reloading", "config": os.path.basename(path)}, 202)
 
     return [Route("/admin/v1/config/reload", reload, methods=["POST"])]
+
+
+def _is_supervisor(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return SUPERVISOR_MODULE.encode() in f.read()
+    except OSError:
+        return False
