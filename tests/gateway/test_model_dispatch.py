@@ -3,7 +3,9 @@ errors and scope as through Starlette, and everything else still through Starlet
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import weakref
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -108,10 +110,9 @@ def test_the_one_exception_table_serves_both(tmp_path: Path) -> None:
         assert app.exception_handlers[cls] is handler
 
 
-def test_model_requests_leave_no_cyclic_garbage(tmp_path: Path, sim_url: str) -> None:
-    """What a request makes is freed when it ends, not left to the garbage collector: a reference
-    cycle per request (the upstream answer's `content = self` once) made the young collection run
-    every few thousand requests, milliseconds each, on the event loop."""
+def _model_requests(tmp_path: Path, sim_url: str) -> tuple[Settings, list[tuple[str, dict[str, Any]]]]:
+    """Settings with a chat and a messages model on the simulator, and one request of every kind
+    the model endpoints answer: plain, streamed, translated, refused."""
     settings = Settings(
         models=(
             ModelConfig("a/chat", "chat", (ChannelConfig("openai", sim_url + "/v1", "gpt-4o-mini"),)),
@@ -119,10 +120,9 @@ def test_model_requests_leave_no_cyclic_garbage(tmp_path: Path, sim_url: str) ->
         ),
         store_path=tmp_path / "g.db",
     )
-    key = new_key(settings, Decimal("1"))
     chat = {"model": "a/chat", "messages": [{"role": "user", "content": "hi"}]}
     messages = {"model": "a/claude", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
-    requests = [
+    return settings, [
         ("/v1/chat/completions", chat),
         ("/v1/chat/completions", {**chat, "stream": True}),
         ("/v1/messages", messages),
@@ -131,6 +131,14 @@ def test_model_requests_leave_no_cyclic_garbage(tmp_path: Path, sim_url: str) ->
         ("/v1/chat/completions", {**chat, "model": "a/claude", "stream": True}),  # translated
         ("/v1/chat/completions", {"model": "a/chat"}),  # refused
     ]
+
+
+def test_model_requests_leave_no_cyclic_garbage(tmp_path: Path, sim_url: str) -> None:
+    """What a request makes is freed when it ends, not left to the garbage collector: a reference
+    cycle per request (the upstream answer's `content = self` once) made the young collection run
+    every few thousand requests, milliseconds each, on the event loop."""
+    settings, requests = _model_requests(tmp_path, sim_url)
+    key = new_key(settings, Decimal("1"))
     with TestClient(create_app(settings)) as client:
         headers = {"authorization": f"Bearer {key.key}"}
 
@@ -152,3 +160,45 @@ def test_model_requests_leave_no_cyclic_garbage(tmp_path: Path, sim_url: str) ->
             gc.set_debug(0)
             gc.garbage.clear()
     assert ours == []
+
+
+class _Receive:
+    """The server's `receive`, as an object a weak reference can follow (Granian's is a method of
+    the connection's protocol object)."""
+
+    def __init__(self, receive: Any) -> None:
+        self._receive = receive
+
+    async def __call__(self) -> Any:
+        return await self._receive()
+
+
+def test_model_requests_let_go_of_the_server_s_receive_when_they_end(tmp_path: Path, sim_url: str) -> None:
+    """Nothing outlives a request holding its `receive` (nor its `Request`, which holds it): on
+    Granian that keeps the connection's protocol object alive, and hyper then reads the
+    connection's next request only once it is freed. A watch kept 50 ms past its request did, and
+    cost 14 % of the requests per second at c = 64 (benches/README.md, "2026-11-29, afternoon")."""
+    settings, requests = _model_requests(tmp_path, sim_url)
+    key = new_key(settings, Decimal("1"))
+    app = create_app(settings)
+    held: list[str] = []
+
+    async def watched(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        ours = _Receive(receive)
+        gone = weakref.ref(ours)
+        await app(scope, ours, send)
+        del ours
+        for _ in range(3):  # a cancelled watcher task lets go at its next step
+            await asyncio.sleep(0)
+        if gone() is not None:
+            held.append(scope["path"])
+
+    with TestClient(watched) as client:
+        headers = {"authorization": f"Bearer {key.key}"}
+        for path, body in requests:
+            r = client.post(path, headers=headers, json=body)
+            assert r.status_code in (200, 400), r.text
+    assert held == []
