@@ -175,9 +175,9 @@ class _Receive:
 
 def test_model_requests_let_go_of_the_server_s_receive_when_they_end(tmp_path: Path, sim_url: str) -> None:
     """Nothing outlives a request holding its `receive` (nor its `Request`, which holds it): on
-    Granian that keeps the connection's protocol object alive, and hyper then reads the
-    connection's next request only once it is freed. A watch kept 50 ms past its request did, and
-    cost 14 % of the requests per second at c = 64 (benches/README.md, "2026-11-29, afternoon")."""
+    Granian that keeps the connection's protocol object alive. A watch kept 50 ms past its request
+    held it and the request's Call, and cost 14 % of the requests per second at c = 64
+    (benches/README.md, "2026-11-29, afternoon")."""
     settings, requests = _model_requests(tmp_path, sim_url)
     key = new_key(settings, Decimal("1"))
     app = create_app(settings)
