@@ -177,11 +177,27 @@ def write(result: dict[str, Any], stamp: str) -> Path:
         lines += [
             "",
             f"`stream_first_token_added_ms` is the median of {first_token['rounds']} interleaved rounds "
-            f"({first_token['streams']} paced streams each on the gateway and on the floor, order "
-            "alternating): "
+            f"({first_token['streams']} paced streams each on "
+            + (
+                "the floor, the gateway and the held stack floor, order rotating"
+                if "held_median_ms" in first_token
+                else "the gateway and on the floor, order alternating"
+            )
+            + "): "
             + ", ".join(f"{d:+.2f}" for d in first_token["differences_ms"])
             + " ms. The table's `added first token` compares stream timings taken minutes apart.",
         ]
+        if "held_median_ms" in first_token:
+            held = first_token["held_median_ms"]
+            lines += [
+                "",
+                "The same rounds timed the held stack floor (`held`: the serving stack with no feature,"
+                " holding a stream's head back until its first token as spec 6.1.7 asks of the gateway):"
+                f" {held:+.2f} ms over the floor (rounds "
+                + ", ".join(f"{d:+.2f}" for d in first_token["held_differences_ms"])
+                + "). What the features add to the first token is the rest:"
+                f" {first_token['median_ms'] - held:+.2f} ms.",
+            ]
     lines += features_cost(rows, result.get("stream_timing", []))
     workloads = (
         "chat",

@@ -123,6 +123,7 @@ def main() -> int:
             "floor": lambda: contextlib.nullcontext(servers.floor(sim)),
             "passthrough": lambda: servers.passthrough(sim, Path(tmp), SERVER_CPU),
             "stack": lambda: servers.stack_floor(sim, Path(tmp), SERVER_CPU),
+            "held": lambda: servers.held_floor(sim, Path(tmp), SERVER_CPU),
             "gateway": lambda: servers.gateway(sim, Path(tmp), SERVER_CPU),
             "gateway-pg": lambda: servers.gateway_pg(sim, Path(tmp), SERVER_CPU, services_cpu=CLIENT_CPU),
             "litellm": lambda: servers.litellm(sim, Path(tmp), SERVER_CPU),
@@ -147,7 +148,7 @@ def main() -> int:
                 notes.append(f"the interleaved gateway/gateway-pg comparison was not measured: {exc}.")
         first_token = None
         if "gateway" in paths and "floor" in paths:
-            print("the first token, gateway against floor, interleaved:", flush=True)
+            print("the first token, gateway and held stack floor against floor, interleaved:", flush=True)
             try:
                 first_token = first_token_paired(starters, rounds=4 if args.quick else 8, streams=15)
             except load.StreamFailed as exc:
@@ -229,7 +230,8 @@ def pg_paired(
         return load.wrk(target.url("chat"), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
 
     with starters["gateway"]() as gateway, starters["gateway-pg"]() as gateway_pg:
-        return {"seconds": seconds, **_alternating(gateway, gateway_pg, rounds, p50)}
+        found = _alternating(gateway, [gateway_pg], rounds, p50)
+        return {"seconds": seconds, "rounds": rounds, **found[gateway_pg.name]}
 
 
 def first_token_paired(
@@ -238,7 +240,9 @@ def first_token_paired(
     """The gateway's time to a stream's first content token minus the floor's, from alternating
     rounds of `streams` paced streams on each: the difference is tenths of a millisecond, as much
     as the machine drifts between two paths' own timings minutes apart (the per-path table's), as
-    for pg_paired."""
+    for pg_paired. The same rounds time the held stack floor (servers.held_floor: the serving stack
+    with no feature, holding the head back to the first token as spec 6.1.7 asks), so the report
+    can split the figure into what the stack and that rule cost and what the features add."""
 
     def first_token(target: servers.Target) -> float:
         body = load.body("chat_paced", target.model["chat_paced"])
@@ -246,30 +250,42 @@ def first_token_paired(
             target.url("chat_paced"), body, target.headers, count=streams
         ).first_token_p50_ms
 
-    with starters["floor"]() as floor, starters["gateway"]() as gateway:
-        return {"streams": streams, **_alternating(floor, gateway, rounds, first_token)}
+    with starters["floor"]() as floor, starters["gateway"]() as gateway, starters["held"]() as held:
+        found = _alternating(floor, [gateway, held], rounds, first_token)
+        return {
+            "streams": streams,
+            "rounds": rounds,
+            **found[gateway.name],
+            "held_differences_ms": found[held.name]["differences_ms"],
+            "held_median_ms": found[held.name]["median_ms"],
+        }
 
 
 def _alternating(
-    base: servers.Target, other: servers.Target, rounds: int, measure: Callable[[servers.Target], float]
-) -> dict[str, Any]:
-    """`measure(other)` minus `measure(base)` in each of `rounds` rounds, which of the two goes
-    first alternating; every round's difference and their median (ms)."""
+    base: servers.Target,
+    others: list[servers.Target],
+    rounds: int,
+    measure: Callable[[servers.Target], float],
+) -> dict[str, dict[str, Any]]:
+    """`measure(other)` minus `measure(base)` for each of `others`, in each of `rounds` rounds,
+    which of them goes first rotating; by other's name, every round's difference and their
+    median (ms)."""
     time.sleep(0.5)
-    differences: list[float] = []
+    every = [base, *others]
+    differences: dict[str, list[float]] = {other.name: [] for other in others}
     for n in range(rounds):
         figures = {}
-        for target in (base, other) if n % 2 == 0 else (other, base):
+        for target in every[n % len(every) :] + every[: n % len(every)]:
             figures[target.name] = measure(target)
-        differences.append(round(figures[other.name] - figures[base.name], 3))
+        for other in others:
+            differences[other.name].append(round(figures[other.name] - figures[base.name], 3))
         print(
-            f"  round {n + 1}: {other.name} {figures[other.name]:.2f} ms, {base.name} {figures[base.name]:.2f} ms",
+            f"  round {n + 1}: " + ", ".join(f"{name} {value:.2f} ms" for name, value in figures.items()),
             flush=True,
         )
     return {
-        "rounds": rounds,
-        "differences_ms": differences,
-        "median_ms": round(statistics.median(differences), 3),
+        name: {"differences_ms": found, "median_ms": round(statistics.median(found), 3)}
+        for name, found in differences.items()
     }
 
 

@@ -204,6 +204,18 @@ def stack_floor(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
 
 
 @contextmanager
+def held_floor(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
+    """The stack floor holding a stream's head back until its first token (STACK_FLOOR_HOLD_HEAD),
+    as spec 6.1.7 asks of the gateway: the first token's anchor."""
+    import granian
+
+    version = f"granian {granian.__version__} (ASGI), gateway.providers.http, head held to the first token"
+    env = {"STACK_FLOOR_UPSTREAM": sim + "/v1", "STACK_FLOOR_HOLD_HEAD": "1"}
+    with _bare_app("held", "stack_floor", "asgi", version, env, workdir, cpu) as target:
+        yield target
+
+
+@contextmanager
 def _bare_app(
     name: str, module: str, interface: str, version: str, env: dict[str, str], workdir: Path, cpu: str
 ) -> Iterator[Target]:

@@ -7,6 +7,11 @@ Beside the pass-through anchor (benches/passthrough.py: RSGI and aiohttp), it sp
 distance from that anchor into what the stack costs and what the features cost: the gateway's CPU
 per request minus this path's is the price of every feature together.
 
+With STACK_FLOOR_HOLD_HEAD=1 it holds a stream's head and first chunks back until the first chunk
+with content, then sends them, as spec 6.1.7 asks of a gateway (an error before the first token
+must be an ordinary JSON error): the anchor for the first token, whose cost that rule adds to any
+gateway's (the client reads the head and the token together, not the head while the model thinks).
+
     STACK_FLOOR_UPSTREAM=http://127.0.0.1:PORT/v1 \\
         granian --interface asgi --loop uvloop --workers 1 --port N --app-dir benches stack_floor:app
 """
@@ -16,11 +21,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import orjson
+
 from gateway.config import Settings
 from gateway.providers.http import UpstreamClient
 
 UPSTREAM = os.environ.get("STACK_FLOOR_UPSTREAM", "http://127.0.0.1:8081/v1")
 READ_TIMEOUT_SECONDS = 60.0
+HOLD_HEAD = os.environ.get("STACK_FLOOR_HOLD_HEAD") == "1"
 _client = UpstreamClient(Settings(models=()))
 
 
@@ -46,13 +54,44 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     upstream = await _client.post(UPSTREAM + path, b"".join(parts), headers, READ_TIMEOUT_SECONDS)
     try:
         content_type = upstream.headers.get("content-type", "application/json")
-        answer = [(b"content-type", content_type.encode())]
-        await send({"type": "http.response.start", "status": upstream.status, "headers": answer})
-        if content_type.startswith("text/event-stream"):
-            async for chunk in upstream.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        else:
+        start = {
+            "type": "http.response.start",
+            "status": upstream.status,
+            "headers": [(b"content-type", content_type.encode())],
+        }
+        if not content_type.startswith("text/event-stream"):
+            await send(start)
             await send({"type": "http.response.body", "body": await upstream.read()})
+            return
+        held: list[bytes] | None = [] if HOLD_HEAD else None
+        if held is None:
+            await send(start)
+        async for chunk in upstream.iter_any():
+            out = chunk
+            if held is not None:
+                held.append(chunk)
+                out = b"".join(held)
+                if not _has_content(out):
+                    continue
+                await send(start)
+                held = None
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        if held is not None:  # the stream ended without content
+            await send(start)
+            await send({"type": "http.response.body", "body": b"".join(held), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
     finally:
         upstream.release()
+
+
+def _has_content(sse: bytes) -> bool:
+    """Whether these SSE bytes hold a whole chat chunk whose delta has content."""
+    for line in sse.split(b"\n"):
+        if line.startswith(b"data: {"):
+            try:
+                choices = orjson.loads(line[6:]).get("choices") or [{}]
+            except orjson.JSONDecodeError:
+                continue  # not whole yet
+            if (choices[0].get("delta") or {}).get("content"):
+                return True
+    return False
