@@ -27,6 +27,7 @@ import servers
 
 SERVER_CPU = "0"  # the path under test
 CLIENT_CPU = "1"  # the simulator and the load generator
+STREAM_CHUNKS = 200  # the chat_stream workload's chunks (servers.UPSTREAM_MODEL: tokens=200)
 # The stack floor is measured only where the gateway's figures are split by it (report.py's "What
 # the features cost"): chat at 1 and 64, a 200-chunk stream and the paced stream's first token.
 STACK_PLAN = {"chat": [1, 64], "chat_stream": [1]}
@@ -153,6 +154,10 @@ def main() -> int:
                 first_token = first_token_paired(starters, rounds=4 if args.quick else 8, streams=15)
             except load.StreamFailed as exc:
                 notes.append(f"the interleaved first-token comparison was not measured: {exc}.")
+        chunks = None
+        if "gateway" in paths and "floor" in paths:
+            print("the cost per streamed chunk, gateway against floor, interleaved:", flush=True)
+            chunks = chunk_paired(starters, rounds=4 if args.quick else 8, seconds=2.0 if args.quick else 3.0)
     for r in rows:
         if r["failures"]:
             notes.append(
@@ -171,12 +176,13 @@ def main() -> int:
         "stream_timing": timings,
         "pg_paired": paired,
         "first_token_paired": first_token,
+        "chunk_paired": chunks,
         "micro": micro_rows,
         "notes": notes,
     }
     out = report.write(result, stamp)
     print(f"\nwrote {out}")
-    for name, limit, value, ok in report.check_targets(rows, paired, timings, first_token):
+    for name, limit, value, ok in report.check_targets(rows, paired, timings, first_token, chunks):
         status = "n/a" if ok is None else ("met" if ok else "MISSED")
         print(
             f"  target {name}: limit {limit:g}, measured {value if value is None else round(value, 3)} -> {status}"
@@ -261,6 +267,29 @@ def first_token_paired(
         }
 
 
+def chunk_paired(
+    starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]], rounds: int, seconds: float
+) -> dict[str, Any]:
+    """What the gateway adds per streamed chunk, (gateway - floor) p50 of the 200-chunk stream at
+    c = 1 over 200, from alternating rounds: the stream's p50 moves by a millisecond between rows
+    taken minutes apart (5 µs a chunk, the target itself), as for pg_paired."""
+
+    def p50(target: servers.Target) -> float:
+        data = load.body("chat_stream", target.model["chat_stream"])
+        load.wrk(target.url("chat_stream"), data, target.headers, 1, 1.0, CLIENT_CPU)
+        return load.wrk(target.url("chat_stream"), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
+
+    with starters["floor"]() as floor, starters["gateway"]() as gateway:
+        found = _alternating(floor, [gateway], rounds, p50)[gateway.name]
+    per_chunk = [round(ms * 1000 / STREAM_CHUNKS, 2) for ms in found["differences_ms"]]
+    return {
+        "seconds": seconds,
+        "rounds": rounds,
+        "differences_us": per_chunk,
+        "median_us": round(statistics.median(per_chunk), 2),
+    }
+
+
 def _alternating(
     base: servers.Target,
     others: list[servers.Target],
@@ -297,7 +326,7 @@ def add_differences(rows: list[dict[str, Any]]) -> None:
         r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3)
         r["added_p99_ms"] = round(r["p99_ms"] - base["p99_ms"], 3)
         if r["workload"] in ("chat_stream", servers.BEDROCK_STREAM):
-            r["added_us_per_chunk"] = round((r["p50_ms"] - base["p50_ms"]) * 1000 / 200, 2)
+            r["added_us_per_chunk"] = round((r["p50_ms"] - base["p50_ms"]) * 1000 / STREAM_CHUNKS, 2)
 
 
 def micro() -> list[dict[str, Any]]:
