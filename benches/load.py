@@ -185,7 +185,7 @@ class StreamTiming:
     chunks: int
 
 
-def _has_content(buffer: bytes) -> bool:
+def has_content(buffer: bytes) -> bool:
     """Whether the SSE bytes read so far hold a chat chunk whose delta has content."""
     for line in buffer.split(b"\n"):
         if not line.startswith(b"data: {"):
@@ -219,7 +219,7 @@ async def _stream_timing(url: str, body: bytes, headers: dict[str, str], count: 
                     now = time.perf_counter()
                     if token_at is None:
                         seen += chunk
-                        if _has_content(seen):
+                        if has_content(seen):
                             token_at = now
                     if last is None:
                         if i >= 5:  # the first streams warm up

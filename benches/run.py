@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -230,13 +231,8 @@ def pg_paired(
     rounds: the machine's speed drifts by tenths of a millisecond over minutes, more than the
     difference itself, so rows taken a minute apart compare the drift as much as the paths."""
 
-    def p50(target: servers.Target) -> float:
-        data = load.body("chat", target.model["chat"])
-        load.wrk(target.url("chat"), data, target.headers, 1, 1.0, CLIENT_CPU)
-        return load.wrk(target.url("chat"), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
-
     with starters["gateway"]() as gateway, starters["gateway-pg"]() as gateway_pg:
-        found = _alternating(gateway, [gateway_pg], rounds, p50)
+        found = _alternating(gateway, [gateway_pg], rounds, partial(_p50_at_c1, "chat", seconds))
         return {"seconds": seconds, "rounds": rounds, **found[gateway_pg.name]}
 
 
@@ -274,13 +270,10 @@ def chunk_paired(
     c = 1 over 200, from alternating rounds: the stream's p50 moves by a millisecond between rows
     taken minutes apart (5 µs a chunk, the target itself), as for pg_paired."""
 
-    def p50(target: servers.Target) -> float:
-        data = load.body("chat_stream", target.model["chat_stream"])
-        load.wrk(target.url("chat_stream"), data, target.headers, 1, 1.0, CLIENT_CPU)
-        return load.wrk(target.url("chat_stream"), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
-
     with starters["floor"]() as floor, starters["gateway"]() as gateway:
-        found = _alternating(floor, [gateway], rounds, p50)[gateway.name]
+        found = _alternating(floor, [gateway], rounds, partial(_p50_at_c1, "chat_stream", seconds))[
+            gateway.name
+        ]
     per_chunk = [round(ms * 1000 / STREAM_CHUNKS, 2) for ms in found["differences_ms"]]
     return {
         "seconds": seconds,
@@ -288,6 +281,13 @@ def chunk_paired(
         "differences_us": per_chunk,
         "median_us": round(statistics.median(per_chunk), 2),
     }
+
+
+def _p50_at_c1(workload: str, seconds: float, target: servers.Target) -> float:
+    """The p50 (ms) of `workload` on `target` at c=1 over `seconds`, after a second's warm-up."""
+    data = load.body(workload, target.model[workload])
+    load.wrk(target.url(workload), data, target.headers, 1, 1.0, CLIENT_CPU)
+    return load.wrk(target.url(workload), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
 
 
 def _alternating(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import orjson
+from load import has_content  # benches/load.py: the client's own test of a first token
 
 from gateway.config import Settings
 from gateway.providers.http import UpstreamClient
@@ -71,7 +71,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if held is not None:
                 held.append(chunk)
                 out = b"".join(held)
-                if not _has_content(out):
+                if not has_content(out):
                     continue
                 await send(start)
                 held = None
@@ -82,16 +82,3 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b""})
     finally:
         upstream.release()
-
-
-def _has_content(sse: bytes) -> bool:
-    """Whether these SSE bytes hold a whole chat chunk whose delta has content."""
-    for line in sse.split(b"\n"):
-        if line.startswith(b"data: {"):
-            try:
-                choices = orjson.loads(line[6:]).get("choices") or [{}]
-            except orjson.JSONDecodeError:
-                continue  # not whole yet
-            if (choices[0].get("delta") or {}).get("content"):
-                return True
-    return False
