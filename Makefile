@@ -101,6 +101,7 @@ $(STAMPS)/chromium:
 # LiteLLM's proxy in its own venv, Portkey's gateway from npm (skipped without Node.js).
 $(STAMPS)/bench-tools: $(STAMPS)/deps benches/install_litellm.py
 	command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 	$(REQUIREMENTS) bench > $(STAMPS)/bench-requirements.txt
 	$(BIN)/pip install --quiet -r $(STAMPS)/bench-requirements.txt
 	$(BIN)/python benches/install_litellm.py
@@ -127,6 +128,10 @@ bench-ab: setup bench-tools ## the gateway at BASE=<commit> against the working 
 .PHONY: bench-profile
 bench-profile: setup bench-tools ## a flame graph and per-thread CPU of one worker under chat load (benches/results/profile*)
 	$(BIN)/python benches/profile.py
+
+.PHONY: bench-instructions
+bench-instructions: setup bench-tools ## instructions per chat request, gateway and stack floor, by callgrind (benches/results/instructions.md)
+	$(BIN)/python benches/instructions.py
 
 .PHONY: bench-core
 bench-core: ## Criterion benchmarks of the Rust core alone (stream rewriters, json.rs), about two minutes

@@ -128,14 +128,28 @@ def wait_for(port: int, proc: subprocess.Popen[bytes], seconds: float = 60) -> N
     raise RuntimeError(f"nothing listening on {port}")
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a path's server process is started: under `wrapper` (a program that runs the command
+    after it, such as valgrind), given `start_seconds` to listen."""
+
+    wrapper: tuple[str, ...] = ()
+    start_seconds: float = 60.0
+
+
 @contextmanager
 def process(
-    args: list[str], port: int, cpu: str, log: Path, env: dict[str, str] | None = None
+    args: list[str],
+    port: int,
+    cpu: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    launch: Launch = Launch(),
 ) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # no database, as stated
         proc = subprocess.Popen(
-            ["taskset", "-c", cpu, *args],
+            ["taskset", "-c", cpu, *launch.wrapper, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**environment, **(env or {})},
@@ -143,7 +157,7 @@ def process(
         )
         try:
             try:
-                wait_for(port, proc)
+                wait_for(port, proc, launch.start_seconds)
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}; see {log}:\n{log.read_text(errors='replace')[-3000:]}") from None
             yield proc
@@ -192,14 +206,14 @@ def passthrough(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
 
 
 @contextmanager
-def stack_floor(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
+def stack_floor(sim: str, workdir: Path, cpu: str, launch: Launch = Launch()) -> Iterator[Target]:
     """benches/stack_floor.py: the gateway's serving stack (Granian ASGI, uvloop, its own upstream
     client) with no feature, served as the gateway is."""
     import granian
 
     version = f"granian {granian.__version__} (ASGI), gateway.providers.http"
     env = {"STACK_FLOOR_UPSTREAM": sim + "/v1"}
-    with _bare_app("stack", "stack_floor", "asgi", version, env, workdir, cpu) as target:
+    with _bare_app("stack", "stack_floor", "asgi", version, env, workdir, cpu, launch) as target:
         yield target
 
 
@@ -217,7 +231,14 @@ def held_floor(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
 
 @contextmanager
 def _bare_app(
-    name: str, module: str, interface: str, version: str, env: dict[str, str], workdir: Path, cpu: str
+    name: str,
+    module: str,
+    interface: str,
+    version: str,
+    env: dict[str, str],
+    workdir: Path,
+    cpu: str,
+    launch: Launch = Launch(),
 ) -> Iterator[Target]:
     """One of the featureless anchors (benches/<module>.py) on one Granian worker with uvloop."""
     port = free_port()
@@ -240,7 +261,7 @@ def _bare_app(
         str(HERE),
         f"{module}:app",
     ]
-    with process(args, port, cpu, workdir / f"{module}.log", env) as proc:
+    with process(args, port, cpu, workdir / f"{module}.log", env, launch) as proc:
         yield Target(
             name,
             f"http://127.0.0.1:{port}/v1",
@@ -299,13 +320,16 @@ region = "{BEDROCK_REGION}"
 
 
 @contextmanager
-def _serve(name: str, config: Path, port: int, keys: BenchKeys, cpu: str, workdir: Path) -> Iterator[Target]:
+def _serve(
+    name: str, config: Path, port: int, keys: BenchKeys, cpu: str, workdir: Path, launch: Launch = Launch()
+) -> Iterator[Target]:
     with process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
         port,
         cpu,
         workdir / f"{name}.log",
         env=_simulator_aws(),
+        launch=launch,
     ) as proc:
         yield Target(
             name,
@@ -327,13 +351,15 @@ def _simulator_aws() -> dict[str, str]:
 
 
 @contextmanager
-def gateway(sim: str, workdir: Path, cpu: str, workers: int = 1) -> Iterator[Target]:
+def gateway(
+    sim: str, workdir: Path, cpu: str, workers: int = 1, launch: Launch = Launch()
+) -> Iterator[Target]:
     port = free_port()
     db = workdir / "gateway.db"
     config = workdir / "gateway.toml"
     config.write_text(_gateway_config(sim, port, workers, f'[store]\npath = "{db}"\n'))
     keys = asyncio.run(_mint_keys(config))
-    with _serve("gateway", config, port, keys, cpu, workdir) as target:
+    with _serve("gateway", config, port, keys, cpu, workdir, launch) as target:
         yield target
 
 
