@@ -105,3 +105,59 @@ def test_within_nested_in_a_longer_timeout_is_the_one_that_fires() -> None:
 def test_within_outside_a_task_is_refused() -> None:
     with pytest.raises(RuntimeError), within(1):
         pass
+
+
+@pytest.mark.parametrize("use_uvloop", [False, True], ids=["asyncio", "uvloop"])
+def test_blocks_of_one_length_share_a_timer_yet_each_ends_at_its_own_time(use_uvloop: bool) -> None:
+    """Blocks of one length share one timer (gateway.deadline._Deadlines): one that ends in time
+    leaves the others' deadlines as they were, and each later one times out when its own time is up,
+    not at the deadline of the one begun before it."""
+    seconds = 0.2
+
+    async def block(start_after: float, body_seconds: float) -> tuple[str, float]:
+        await asyncio.sleep(start_after)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            with within(seconds):
+                await asyncio.sleep(body_seconds)
+            return "done", loop.time() - began
+        except TimeoutError:
+            return "timeout", loop.time() - began
+
+    async def main() -> list[tuple[str, float]]:
+        return await asyncio.gather(
+            block(0.0, 0.02),  # ends in time: the shared timer's first deadline is gone
+            block(0.05, 10),  # times out at its own deadline, 0.05 s after the first one's
+            block(0.1, 0.15),  # ends in time, with the second still running
+            block(0.12, 10),
+        )
+
+    run = uvloop.run if use_uvloop else asyncio.run
+    outcomes = run(main())
+    assert [what for what, _ in outcomes] == ["done", "timeout", "done", "timeout"]
+    for what, took in outcomes:
+        if what == "timeout":
+            assert seconds <= took < seconds + 0.15, outcomes
+
+
+def test_a_block_begun_on_one_loop_ends_on_it_after_another_loop_ran() -> None:
+    """A thread may run one loop, then another, then the first again: a block keeps its own loop's
+    timer, whatever loop the thread ran meanwhile."""
+    first = asyncio.new_event_loop()
+    try:
+
+        async def long_block() -> str:
+            try:
+                with within(0.1):
+                    await asyncio.sleep(10)
+            except TimeoutError:
+                return "timeout"
+            return "done"
+
+        task = first.create_task(long_block())
+        first.run_until_complete(asyncio.sleep(0))  # the block has begun
+        assert asyncio.run(_outcome(within, 0.01, _too_long)) == ("timeout", 0)
+        assert first.run_until_complete(task) == "timeout"
+    finally:
+        first.close()
