@@ -7,6 +7,7 @@ GatewayError), except OSError from those files.
 """
 
 import os
+from collections.abc import Iterable
 from typing import Final, Literal, Self, TypeAlias, final
 
 __version__: Final[str]
@@ -395,6 +396,22 @@ class AppendFile:
 
 def file_len(path: str | os.PathLike[str]) -> int:
     """The length of the file at `path`, keeping the GIL (as AppendFile); OSError when missing."""
+
+# ---------------------------------------------------------------- ids
+
+def new_id(prefix: str) -> str:
+    """`prefix`, the time in milliseconds as 12 hex digits, then 80 random bits as 20 (gateway.ids).
+    OSError when the system's random source fails."""
+
+def forget_random() -> None:
+    """Forget the random bytes read ahead (a forked child must not hand out its parent's)."""
+
+def request_trace(
+    headers: Iterable[tuple[bytes, bytes]],
+) -> tuple[str, str, str | None, str]:
+    """(trace id, flags, parent span id or None, span id) of a request with these headers: its first
+    traceparent's trace when valid (W3C: version ff and all-zero ids are not), else a new one,
+    flagged sampled. The span id is always new. Ids are lowercase hex."""
 
 # ---------------------------------------------------------------- keys
 

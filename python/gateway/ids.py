@@ -8,46 +8,25 @@ on the SQLite writer (a batch of 15 settlements): 68 us of CPU per settlement wi
 with time-ordered ones, mostly in the commit's WAL writes. The time in an id is no secret: it is
 when the request was made, which its owner sees anyway.
 
-The random bits come from the operating system's generator, read 4 KiB at a time: a getrandom(2)
-per id gives up the GIL, and under load another thread (the store's writer) takes it while the
-event loop waits. A forked child starts with none read, so no two processes share bits."""
+The Rust core makes them (gateway._core.new_id, rust/core/src/ids.rs): the random bits come from
+the operating system's generator, read 4 KiB at a time (a getrandom(2) per id would give up the GIL,
+and under load another thread, the store's writer, takes it while the event loop waits). A forked
+child forgets what its parent read ahead, so no two processes share bits."""
 
 from __future__ import annotations
 
 import os
-import time
 
-_RANDOM_BYTES = 10
-_POOL_BYTES = 4096
+from .core import forget_random, new_id
 
-
-class _RandomPool:
-    __slots__ = ("_at", "_buffer")
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._at = 0
-
-    def take(self) -> bytes:
-        at = self._at
-        if at + _RANDOM_BYTES > len(self._buffer):
-            self._buffer, at = os.urandom(_POOL_BYTES), 0
-        self._at = at + _RANDOM_BYTES
-        return self._buffer[at : at + _RANDOM_BYTES]
-
-    def forget(self) -> None:
-        self._buffer, self._at = b"", 0
-
-
-_pool = _RandomPool()
-os.register_at_fork(after_in_child=_pool.forget)
+os.register_at_fork(after_in_child=forget_random)
 
 
 def response_id(prefix: str) -> str:
     """The id in a response body (and on every chunk of its stream), e.g. chatcmpl-…"""
-    return f"{prefix}{time.time_ns() // 1_000_000:012x}{_pool.take().hex()}"
+    return new_id(prefix)
 
 
 def request_id() -> str:
     """The x-service-request-id header value: a different id, for logs and support (spec 7.3)."""
-    return response_id("req_")
+    return new_id("req_")

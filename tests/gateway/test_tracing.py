@@ -5,7 +5,6 @@ client's span, the gateway's server span, a client span per try whose id is the 
 
 from __future__ import annotations
 
-import random
 import re
 import threading
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gateway.request_log import _attempts_json
@@ -158,12 +156,17 @@ def test_the_request_log_keeps_an_attempts_documented_fields_not_its_span() -> N
     ]
 
 
-def test_a_new_trace_has_valid_ids_even_from_a_draw_of_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_trace_has_valid_ids_and_a_client_s_keeps_its_own() -> None:
+    """A draw of zeros becoming ...01 (all-zero ids are invalid) is the core's own test
+    (rust/core/src/ids.rs: all_zero_draws_become_one)."""
     found = trace({"headers": []})
     assert re.fullmatch("[0-9a-f]{32}", found.trace_id) and re.fullmatch("[0-9a-f]{16}", found.span_id)
     assert (found.flags, found.parent_id) == ("01", None)
-    monkeypatch.setattr(random, "getrandbits", lambda bits: 0)  # the module tracing draws from
-    zeros = trace({"headers": []})
-    assert (zeros.trace_id, zeros.span_id) == ("0" * 31 + "1", "0" * 15 + "1")  # all-zero ids are invalid
-    client = trace({"headers": [(b"traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01".encode())]})
-    assert (client.trace_id, client.parent_id, client.span_id) == (CLIENT_TRACE, CLIENT_SPAN, "0" * 15 + "1")
+    assert trace({"headers": []}).trace_id != found.trace_id
+    header = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01".encode()
+    client = trace({"headers": [(b"host", b"x"), (b"traceparent", header), (b"traceparent", b"junk")]})
+    assert (client.trace_id, client.parent_id, client.flags) == (CLIENT_TRACE, CLIENT_SPAN, "01")
+    assert re.fullmatch("[0-9a-f]{16}", client.span_id) and client.span_id != CLIENT_SPAN
+    # The first traceparent is the one read: an invalid first one starts a new trace.
+    fresh = trace({"headers": [(b"traceparent", b"junk"), (b"traceparent", header)]})
+    assert fresh.parent_id is None and fresh.trace_id != CLIENT_TRACE

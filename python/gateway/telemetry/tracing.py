@@ -1,8 +1,9 @@
 """W3C trace context: a client's `traceparent` is taken up, and every try upstream carries the same
 trace with a span id of its own, so that a request can be followed from the client through the
 gateway to the model's provider. A request without one starts a trace of its own (its id is in the
-request's log line either way). Ids come from `random`, not the OS's entropy: W3C asks them to be
-unique, not secret, and os.urandom is a system call a try.
+request's log line either way). The request's ids come from the Rust core (request_trace: its
+header read and its ids drawn in one call, from the OS randomness ids use, read ahead); a try's
+span comes from `random`: W3C asks ids to be unique, not secret.
 
 The spans, when exported (telemetry.otlp): the request's own (`span_id`, a child of the client's
 span) and, under it, one per try upstream, whose id is the one that try sent (routing.Attempt)."""
@@ -10,23 +11,15 @@ span) and, under it, one per try upstream, whose id is the one that try sent (ro
 from __future__ import annotations
 
 import random
-import re
 from typing import Final
 
 from starlette.types import Scope
 
+from ..core import request_trace
 from ..frozen import frozen
 from ..routing import CURRENT_ATTEMPT
 
 SCOPE_KEY: Final = "gateway.trace"
-_TRACEPARENT: Final = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-_ZERO_TRACE: Final = b"0" * 32
-_ZERO_SPAN: Final = b"0" * 16
-# All-zero ids are invalid (W3C): a draw of zeros, once in 2**64 or 2**128, becomes ...01.
-_ZERO_TRACE_TEXT: Final = "0" * 32
-_ZERO_SPAN_TEXT: Final = "0" * 16
-_ONE_TRACE: Final = f"{1:032x}"
-_ONE_SPAN: Final = f"{1:016x}"
 
 
 @frozen
@@ -47,20 +40,8 @@ def trace(scope: Scope) -> Trace:
     """The request's trace: the client's when its traceparent header is valid (version ff and
     all-zero ids are not), else a new one, sampled."""
     found: Trace | None = scope.get(SCOPE_KEY)
-    if found is not None:
-        return found
-    # One draw for both ids a new trace needs: its trace id (128 bits) and the gateway's span (64).
-    ids = f"{random.getrandbits(192):048x}"
-    span_id = ids[32:] if ids[32:] != _ZERO_SPAN_TEXT else _ONE_SPAN
-    for name, value in scope.get("headers", ()):
-        if name == b"traceparent":
-            match = _TRACEPARENT.match(value.strip().lower())
-            if match and match[1] != b"ff" and match[2] != _ZERO_TRACE and match[3] != _ZERO_SPAN:
-                found = Trace(match[2].decode(), match[4].decode(), match[3].decode(), span_id)
-            break
     if found is None:
-        found = Trace(ids[:32] if ids[:32] != _ZERO_TRACE_TEXT else _ONE_TRACE, "01", None, span_id)
-    scope[SCOPE_KEY] = found
+        found = scope[SCOPE_KEY] = Trace(*request_trace(scope.get("headers", ())))
     return found
 
 

@@ -6,6 +6,7 @@ pub mod bpe;
 pub mod error;
 pub mod http_head;
 pub mod idempotency;
+pub mod ids;
 pub mod json;
 pub mod key_digest;
 pub mod multipart;

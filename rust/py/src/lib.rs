@@ -10,7 +10,7 @@ use gateway_core::stream::eventstream::{self, HeaderValue};
 use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
 use gateway_core::telemetry::{self, LineFormat};
 use gateway_core::tokens::{self, Encoding};
-use gateway_core::{idempotency, key_digest as digest, CoreError as Core};
+use gateway_core::{idempotency, ids, key_digest as digest, CoreError as Core};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
@@ -597,6 +597,50 @@ fn parse_response_head<'py>(py: Python<'py>, buf: &[u8]) -> PyResult<Option<Boun
     Ok(Some(fields.into_pyobject(py)?))
 }
 
+// ------------------------------------------------------------------ ids
+
+/// The process's read-ahead of OS randomness for ids and traces. Every call holds the GIL, so the
+/// lock is never contended, nor held when the process forks (os.fork holds the GIL too).
+static RANDOM: std::sync::Mutex<ids::RandomPool> = std::sync::Mutex::new(ids::RandomPool::new());
+
+fn random_bytes<const N: usize>() -> PyResult<[u8; N]> {
+    let mut pool = RANDOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    pool.take::<N>().map_err(to_py)
+}
+
+/// A new id: `prefix`, the time in milliseconds (12 hex digits), 80 random bits (20 hex digits).
+#[pyfunction]
+fn new_id(prefix: &str) -> PyResult<String> {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+    Ok(ids::id(prefix, millis, &random_bytes()?))
+}
+
+/// Forget the randomness read ahead (a forked child's first call).
+#[pyfunction]
+fn forget_random() {
+    RANDOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner).forget();
+}
+
+/// (trace id, flags, parent span id or None, span id) of a request with these headers (an
+/// iterable of (name, value) byte pairs, as an ASGI scope has them): its first traceparent's trace
+/// when valid, else a new one.
+#[pyfunction]
+fn request_trace(headers: &Bound<'_, PyAny>) -> PyResult<(String, String, Option<String>, String)> {
+    let mut found: Option<Vec<u8>> = None;
+    for pair in headers.try_iter()? {
+        let pair = pair?;
+        let name = pair.get_item(0)?;
+        if name.extract::<&[u8]>().is_ok_and(|name| name == b"traceparent") {
+            found = Some(pair.get_item(1)?.extract::<Vec<u8>>()?);
+            break;
+        }
+    }
+    let trace = ids::trace_context(found.as_deref(), &random_bytes()?);
+    Ok((trace.trace_id, trace.flags, trace.parent_id, trace.span_id))
+}
+
 // ------------------------------------------------------------------ keys
 
 /// SHA-256 of an API key's text: what keys are stored and looked up by.
@@ -760,6 +804,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(new_id, m)?)?;
+    m.add_function(wrap_pyfunction!(forget_random, m)?)?;
+    m.add_function(wrap_pyfunction!(request_trace, m)?)?;
     m.add_function(wrap_pyfunction!(parse_response_head, m)?)?;
     m.add_class::<MultipartPart>()?;
     m.add_function(wrap_pyfunction!(parse_multipart, m)?)?;
