@@ -303,7 +303,8 @@ class Funds:
         now = time.monotonic()
         for pot in hold.pots:
             pot.held -= hold.amount
-            pot.lease = max(ZERO, pot.lease - charged)
+            lease = pot.lease - charged
+            pot.lease = lease if lease > ZERO else ZERO
             pot.used_at = now
 
     def money_held(self) -> Decimal:

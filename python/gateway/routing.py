@@ -359,6 +359,8 @@ class Router:
                 "Every channel of this model is at capacity. Retry with backoff or choose another model.",
                 headers={"retry-after": str(max(1, math.ceil(wait)))},
             )
+        if len(pool) == 1:  # one channel (most models): nothing to rank
+            return pool[0]
         best = min(h.channel.priority for h in pool)
         ranked = [h for h in pool if h.channel.priority == best]
         if len(ranked) == 1:

@@ -86,12 +86,14 @@ async def call_upstream(
     window = state.settings.sync_timeout_seconds
     deadline = time.monotonic() + window
     longest = state.settings.routing.attempt_timeout_seconds or window
+    margin = min(ATTEMPT_MARGIN_SECONDS, window / 4)
 
     async def attempt(channel: ChannelConfig) -> UpstreamAnswer:
         # Each attempt gives up a moment before the request's window closes (or after [routing]
         # attempt_timeout_seconds): its own timeout is then a failure of the channel
         # (gateway.routing: counted, cooled down), where the window's would only cancel it.
-        left = min(longest, deadline - time.monotonic() - min(ATTEMPT_MARGIN_SECONDS, window / 4))
+        left = deadline - time.monotonic() - margin
+        left = longest if left > longest else left  # not min(): ten times the instructions
         if left <= 0:
             raise TimeoutError  # the window is spent: the answer is 504
         provider = PROVIDERS[channel.provider]
