@@ -342,6 +342,28 @@ def test_a_body_that_keeps_coming_never_times_out_and_silence_after_it_does() ->
     run(test)
 
 
+def test_a_kept_alive_connection_times_out_by_each_request_s_own_read_timeout() -> None:
+    """The read timer outlives an answer on its connection (providers/http.py, _touch): the next
+    request on it, with a shorter read timeout than the first's, must still time out by its own."""
+    answers: dict[int, list[bytes] | None] = {1: ok(b"{}"), 2: None}
+    upstream = Upstream(answers.get)
+
+    async def test(c: UpstreamClient) -> None:
+        server, url = await serve(upstream)
+        async with server:
+            first = await c.post(url + "/x", b"", {}, 30.0)
+            assert await first.read() == b"{}"
+            first.release()
+            started = time.monotonic()
+            with pytest.raises(UPSTREAM_FAILURES) as caught:
+                await c.post(url + "/x", b"", {}, 0.2)
+            assert is_timeout(caught.value)
+            assert 0.15 <= time.monotonic() - started < 2.0
+            assert upstream.connections == 1  # the second request went on the first's connection
+
+    run(test)
+
+
 def test_refused_connections_are_unsent_and_cut_answers_are_not() -> None:
     async def refused(c: UpstreamClient) -> None:
         with pytest.raises(UNSENT_FAILURES):

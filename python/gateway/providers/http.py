@@ -290,6 +290,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._method = "POST"
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # loop time the timer fires at
         self._read_timeout = 0.0
         self._last_read = 0.0  # loop time of the last bytes (or the request): when silence began
         self._keep_alive = True
@@ -377,7 +378,6 @@ class _Connection(asyncio.Protocol):
         """Its answer was read to its end."""
         if response is not self._response:
             return
-        self._cancel_timer()
         self._response = None
         self._head_waiter = None
         if self._paused and self._transport is not None:
@@ -464,14 +464,20 @@ class _Connection(asyncio.Protocol):
         """(Re)start the read timeout: the longest silence allowed until the answer is read. One
         timer stays armed while bytes keep coming: a read only notes its time, and the timer, when
         it fires before the silence is long enough, waits for the rest (a timer made and cancelled
-        per read cost more than the read, on every chunk of a stream)."""
+        per read cost more than the read, on every chunk of a stream). Nor is it cancelled when an
+        answer ends (`done`): the connection's next request, usually soon, finds it armed; only a
+        timer due later than the new request's deadline is made anew."""
         if self._read_timeout <= 0:
             self._cancel_timer()
             return
         loop = asyncio.get_running_loop()
         self._last_read = loop.time()
-        if self._timer is None:
-            self._timer = loop.call_at(self._last_read + self._read_timeout, self._timed_out)
+        due = self._last_read + self._read_timeout
+        if self._timer is None or self._timer_due > due:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(due, self._timed_out)
+            self._timer_due = due
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -481,11 +487,12 @@ class _Connection(asyncio.Protocol):
     def _timed_out(self) -> None:
         self._timer = None
         if self._head_waiter is None and self._response is None:
-            return
+            return  # idle between requests: the next one arms it again
         loop = asyncio.get_running_loop()
         due = self._last_read + self._read_timeout
         if loop.time() < due:  # bytes came since the timer was set: the silence is shorter
             self._timer = loop.call_at(due, self._timed_out)
+            self._timer_due = due
             return
         self._fail(ReadTimeout(f"the upstream sent nothing for {self._read_timeout:g} s"))
 
