@@ -24,7 +24,7 @@ from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..telemetry.tracing import upstream_traceparent
-from .common import REQUEST_ID_HEADER
+from .common import REQUEST_ID_HEADER, JsonAnswer
 
 # How long before the synchronous window closes an attempt on one channel gives up.
 ATTEMPT_MARGIN_SECONDS = 0.5
@@ -162,8 +162,6 @@ async def forward_plain(
     except (InvalidJsonError, orjson.JSONDecodeError) as exc:
         raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
     charged = billing.settle(state, call, model, rid, "completed", usage)
-    return Response(
-        body,
-        media_type="application/json",
-        headers={REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)},
+    return JsonAnswer(
+        body, headers={REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
     )
