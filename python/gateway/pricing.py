@@ -104,8 +104,19 @@ def round_significant(value: Decimal) -> Decimal:
 
 
 def format_cost(value: Decimal) -> str:
-    """Plain decimal notation, never an exponent: 0.0001234, 12.5, 0."""
-    return "0" if value.is_zero() else format(value.normalize(), "f")
+    """Plain decimal notation, never an exponent: 0.0001234, 12.5, 0. A request's charge is
+    written twice (its x-service-cost header, its metrics and log line), each ~3,300 instructions:
+    the last value written is kept, by identity (it is held, so its id cannot be reused)."""
+    global _last_formatted  # noqa: PLW0603 (one tuple, replaced whole)
+    last, text = _last_formatted
+    if value is last:
+        return text
+    text = "0" if value.is_zero() else format(value.normalize(), "f")
+    _last_formatted = (value, text)
+    return text
+
+
+_last_formatted: tuple[Decimal | None, str] = (None, "")
 
 
 def cost_number(value: Decimal) -> orjson.Fragment:

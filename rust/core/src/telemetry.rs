@@ -416,7 +416,10 @@ fn millis(out: &mut Vec<u8>, ns: i64) {
 fn json_string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
     let bytes = text.as_bytes();
-    if bytes.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\') {
+    // Every byte looked at, no early exit: the compiler vectorizes it (a short-circuiting `all`
+    // took ~4,000 instructions a request's line, benches/instructions.py).
+    let plain = !bytes.iter().fold(false, |seen, &b| seen | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if plain {
         out.extend_from_slice(bytes);
     } else {
         for &b in bytes {
@@ -451,7 +454,7 @@ pub fn model_request_line(
 ) -> Vec<u8> {
     let mut status = itoa_buf();
     let status_text = format_u16(&mut status, request.status);
-    let message = format!("{method} {} {status_text}", request.endpoint);
+    let message = [method, " ", request.endpoint, " ", status_text].concat();
     let mut fields: Vec<(&str, Value<'_>)> = vec![
         ("request_id", Value::Str(ids.request_id)),
         ("trace_id", ids.trace_id.into()),
@@ -499,7 +502,7 @@ pub struct Answer<'a> {
 pub fn answer_line(format: LineFormat, now_ns: i64, answer: &Answer<'_>) -> Vec<u8> {
     let mut status_buf = itoa_buf();
     let status_text = format_u16(&mut status_buf, answer.status);
-    let message = format!("{} {} {status_text}", answer.method, answer.endpoint);
+    let message = [answer.method, " ", answer.endpoint, " ", status_text].concat();
     let fields = [
         ("trace_id", answer.trace_id.into()),
         ("method", Value::Str(answer.method)),
