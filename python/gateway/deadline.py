@@ -38,6 +38,9 @@ class _Deadlines:
         if self._timer is None:
             self._timer = self._loop.call_at(due, self._fire)
 
+    def idle(self) -> bool:
+        return not self._running
+
     def remove(self, block: within) -> None:
         # The timer stays: when it fires for a block already gone, it waits for the next one.
         self._running.pop(block, None)
@@ -55,6 +58,10 @@ class _Deadlines:
             block.expire()
 
 
+# The deadline groups a thread keeps before it drops those with no block running.
+MAX_IDLE_GROUPS = 64
+
+
 class _ThreadDeadlines(threading.local):
     """The deadline groups of the loop this thread runs (a thread runs one loop at a time; a block
     keeps its own group, so one begun on an earlier loop still ends on it)."""
@@ -68,6 +75,10 @@ class _ThreadDeadlines(threading.local):
             self.loop, self.groups = loop, {}
         found = self.groups.get(seconds)
         if found is None:
+            if len(self.groups) >= MAX_IDLE_GROUPS:
+                # Lengths come from settings, so there are a few; a caller passing ever new ones
+                # (a remaining budget) must not grow this for ever: groups with no block go.
+                self.groups = {length: group for length, group in self.groups.items() if not group.idle()}
             found = self.groups[seconds] = _Deadlines(loop)
         return found
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from gateway import deadline
 from gateway.deadline import within
 
 Timer = Callable[[float], Any]
@@ -163,3 +164,22 @@ def test_a_block_begun_on_one_loop_ends_on_it_after_another_loop_ran() -> None:
         assert first.run_until_complete(task) == "timeout"
     finally:
         first.close()
+
+
+def test_blocks_of_ever_new_lengths_do_not_grow_the_groups_for_ever() -> None:
+    """Each length has its group; groups with no block running go once there are many, while a
+    running block keeps its own and still times out."""
+
+    async def main() -> str:
+        try:
+            with within(0.3):  # stays running across the churn below
+                for i in range(5 * deadline.MAX_IDLE_GROUPS):
+                    with within(10 + i / 1000):
+                        pass
+                assert len(deadline._deadlines.groups) <= deadline.MAX_IDLE_GROUPS + 1
+                await asyncio.sleep(10)
+        except TimeoutError:
+            return "timeout"
+        return "done"
+
+    assert asyncio.run(main()) == "timeout"
