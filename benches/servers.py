@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -206,27 +206,28 @@ def passthrough(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
 
 
 @contextmanager
-def stack_floor(sim: str, workdir: Path, cpu: str, launch: Launch = Launch()) -> Iterator[Target]:
+def stack_floor(
+    sim: str, workdir: Path, cpu: str, launch: Launch = Launch(), hold_head: bool = False
+) -> Iterator[Target]:
     """benches/stack_floor.py: the gateway's serving stack (Granian ASGI, uvloop, its own upstream
-    client) with no feature, served as the gateway is."""
+    client) with no feature, served as the gateway is. With `hold_head` (path `held`), it holds a
+    stream's head back until its first token (STACK_FLOOR_HOLD_HEAD), as spec 6.1.7 asks of the
+    gateway: the first token's anchor."""
     import granian
 
     version = f"granian {granian.__version__} (ASGI), gateway.providers.http"
     env = {"STACK_FLOOR_UPSTREAM": sim + "/v1"}
-    with _bare_app("stack", "stack_floor", "asgi", version, env, workdir, cpu, launch) as target:
+    name = "stack"
+    if hold_head:
+        version, name = version + ", head held to the first token", "held"
+        env["STACK_FLOOR_HOLD_HEAD"] = "1"
+    with _bare_app(name, "stack_floor", "asgi", version, env, workdir, cpu, launch) as target:
         yield target
 
 
-@contextmanager
-def held_floor(sim: str, workdir: Path, cpu: str) -> Iterator[Target]:
-    """The stack floor holding a stream's head back until its first token (STACK_FLOOR_HOLD_HEAD),
-    as spec 6.1.7 asks of the gateway: the first token's anchor."""
-    import granian
-
-    version = f"granian {granian.__version__} (ASGI), gateway.providers.http, head held to the first token"
-    env = {"STACK_FLOOR_UPSTREAM": sim + "/v1", "STACK_FLOOR_HOLD_HEAD": "1"}
-    with _bare_app("held", "stack_floor", "asgi", version, env, workdir, cpu) as target:
-        yield target
+def held_floor(sim: str, workdir: Path, cpu: str) -> AbstractContextManager[Target]:
+    """The stack floor holding a stream's head back until its first token."""
+    return stack_floor(sim, workdir, cpu, hold_head=True)
 
 
 @contextmanager
