@@ -603,9 +603,13 @@ fn parse_response_head<'py>(py: Python<'py>, buf: &[u8]) -> PyResult<Option<Boun
 /// lock is never contended, nor held when the process forks (os.fork holds the GIL too).
 static RANDOM: std::sync::Mutex<ids::RandomPool> = std::sync::Mutex::new(ids::RandomPool::new());
 
+/// The pool, locked (a poisoned lock is taken as it is: no call panics while holding it).
+fn random_pool() -> std::sync::MutexGuard<'static, ids::RandomPool> {
+    RANDOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn random_bytes<const N: usize>() -> PyResult<[u8; N]> {
-    let mut pool = RANDOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    pool.take::<N>().map_err(to_py)
+    random_pool().take::<N>().map_err(to_py)
 }
 
 /// A new id: `prefix`, the time in milliseconds (12 hex digits), 80 random bits (20 hex digits).
@@ -620,7 +624,7 @@ fn new_id(prefix: &str) -> PyResult<String> {
 /// Forget the randomness read ahead (a forked child's first call).
 #[pyfunction]
 fn forget_random() {
-    RANDOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner).forget();
+    random_pool().forget();
 }
 
 /// (trace id, flags, parent span id or None, span id) of a request with these headers (an
