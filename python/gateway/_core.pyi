@@ -50,6 +50,7 @@ __all__ = [
     "request_trace",
     "rewrite_response",
     "set_json_id",
+    "stamp_answer",
 ]
 
 _Encoding: TypeAlias = Literal["o200k_base", "cl100k_base"]
@@ -297,6 +298,13 @@ def set_json_id(body: bytes, new_id: str) -> bytes:
     """Return the JSON object `body` with its top-level "id" set to `new_id` (inserted when absent),
     all other bytes untouched. Raises InvalidJsonError when the body is not a JSON object (the whole
     body is validated)."""
+
+def stamp_answer(
+    body: bytes, new_id: str, shape: Literal["chat", "messages"]
+) -> tuple[bytes, StreamUsage | None]:
+    """`set_json_id(body, new_id)` and the answer's usage in its `shape` (as `parse_chat_usage` or
+    `parse_messages_usage` reads it), from one reading of the body. Raises InvalidJsonError when
+    either would, ValueError for an unknown shape."""
 
 # ---------------------------------------------------------------- tokens
 

@@ -43,6 +43,7 @@ from ._core import (
     request_trace,
     rewrite_response,
     set_json_id,
+    stamp_answer,
 )
 from .errors import GatewayError
 
@@ -115,4 +116,5 @@ __all__ = [
     "request_trace",
     "rewrite_response",
     "set_json_id",
+    "stamp_answer",
 ]

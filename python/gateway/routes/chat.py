@@ -16,8 +16,6 @@ from ..core import (
     ChatStreamRewriter,
     count_chat_tokens,
     count_tokens,
-    parse_chat_usage,
-    parse_messages_usage,
 )
 from ..errors import invalid_request
 from ..ids import response_id
@@ -34,7 +32,7 @@ from ..translate import (
 from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
 from .text import check_and_hold
-from .upstream import forward_plain, usage_reader
+from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, forward_plain
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -78,7 +76,7 @@ def routes(state: GatewayState) -> list[Route]:
                 model,
                 json_body(upstream),
                 rid,
-                usage_reader(parse_chat_usage),
+                CHAT_ANSWER,
                 lambda body: _counted_usage(model, raw, chat_output_text(body)),
             )
 
@@ -127,7 +125,7 @@ async def _from_messages_model(
             model,
             upstream,
             rid,
-            usage_reader(parse_messages_usage),
+            MESSAGES_ANSWER,
             lambda body: _counted_usage(model, raw, message_output_text(body)),
             to_client=lambda body, usage: orjson.dumps(
                 chat_completion_from_message(orjson.loads(body), usage, created)

@@ -12,13 +12,13 @@ from starlette.routing import Route
 from .. import billing
 from ..config import ModelConfig
 from ..context import Call
-from ..core import count_tokens, parse_chat_usage
+from ..core import count_tokens
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body
-from .upstream import forward_plain, usage_reader
+from .upstream import CHAT_ANSWER, forward_plain
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -37,7 +37,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             upstream,
             rid,
-            usage_reader(parse_chat_usage),
+            CHAT_ANSWER,
             lambda _: _counted_usage(model, inputs),
             _with_usage,
         )

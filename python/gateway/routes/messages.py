@@ -15,7 +15,6 @@ from ..core import (
     MessagesStreamRewriter,
     count_chat_tokens,
     count_tokens,
-    parse_messages_usage,
 )
 from ..errors import invalid_request
 from ..ids import response_id
@@ -32,7 +31,7 @@ from .common import model_endpoint, parse_object, read_body
 from .streaming import forward_stream
 from .text import check_and_hold
 from .translated import chat_body, forward_to_chat_model
-from .upstream import forward_plain, usage_reader
+from .upstream import MESSAGES_ANSWER, forward_plain
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -64,7 +63,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             upstream,
             rid,
-            usage_reader(parse_messages_usage),
+            MESSAGES_ANSWER,
             lambda body: Usage(
                 _prompt_tokens(model, payload), count_tokens(message_output_text(body), model.tokenizer)
             ),

@@ -12,13 +12,13 @@ from starlette.routing import Route
 
 from .. import billing
 from ..context import Call
-from ..core import count_tokens, parse_chat_usage
+from ..core import count_tokens
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body
-from .upstream import forward_plain, usage_reader
+from .upstream import CHAT_ANSWER, forward_plain
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -35,7 +35,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             state.registry.channel_body(model, payload, call),
             response_id("modr-"),
-            usage_reader(parse_chat_usage),
+            CHAT_ANSWER,
             lambda _: counted,
             to_client=with_usage,
         )

@@ -23,7 +23,7 @@ from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body
-from .upstream import forward_plain
+from .upstream import forward_plain, stamped_answer
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -41,7 +41,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             upstream,
             rid,
-            _reported_usage,
+            stamped_answer(_reported_usage),
             lambda _: _counted(model, payload, texts),
             _with_usage,
         )

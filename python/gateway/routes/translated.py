@@ -13,14 +13,14 @@ from starlette.responses import Response
 
 from ..config import ModelConfig
 from ..context import Call
-from ..core import count_tokens, parse_chat_usage
+from ..core import count_tokens
 from ..pricing import Usage
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..stream_errors import StreamErrorRenderer
 from ..translate import chat_output_text
 from .streaming import StreamRewriter, forward_stream
-from .upstream import forward_plain, usage_reader
+from .upstream import CHAT_ANSWER, forward_plain
 
 # The shape's request as a chat completions request, told where the token limit goes.
 ToChat = Callable[[dict[str, Any], str], dict[str, Any]]
@@ -79,7 +79,7 @@ async def forward_to_chat_model(
         model,
         upstream,
         rid,
-        usage_reader(parse_chat_usage),
+        CHAT_ANSWER,
         lambda body: counted_usage(chat_output_text(body)),
         to_client=lambda body, usage: orjson.dumps(from_chat(orjson.loads(body), usage)),
     )

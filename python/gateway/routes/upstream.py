@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Final, Literal, NamedTuple
 
 import orjson
 from starlette.requests import Request
@@ -14,7 +14,7 @@ from starlette.responses import Response
 from .. import billing
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
-from ..core import InvalidJsonError, StreamUsage, set_json_id
+from ..core import InvalidJsonError, set_json_id, stamp_answer
 from ..deadline import within
 from ..errors import GatewayError
 from ..pricing import Usage, format_cost, reported_usage
@@ -30,12 +30,31 @@ from .common import REQUEST_ID_HEADER, JsonAnswer
 ATTEMPT_MARGIN_SECONDS = 0.5
 
 
-def usage_reader(parse: Callable[[bytes], StreamUsage | None]) -> Callable[[bytes], Usage | None]:
-    """A Rust core usage parser (parse_chat_usage, parse_messages_usage) as forward_plain takes it."""
+# What forward_plain does with the upstream's answer: the answer with the gateway's id (`rid`)
+# stamped on it, and the usage it reports (None: it reports none).
+AnswerReader = Callable[[bytes, str], tuple[bytes, Usage | None]]
 
-    def read(body: bytes) -> Usage | None:
-        reported = parse(body)
-        return reported_usage(reported) if reported is not None else None
+
+def _core_reader(shape: Literal["chat", "messages"]) -> AnswerReader:
+    def read(content: bytes, rid: str) -> tuple[bytes, Usage | None]:
+        body, reported = stamp_answer(content, rid, shape)
+        return body, None if reported is None else reported_usage(reported)
+
+    return read
+
+
+# Answers of OpenAI's usage shape (chat completions, embeddings, moderations) and of Anthropic's
+# (messages): stamped and their usage read in one pass of the core over the body.
+CHAT_ANSWER: Final = _core_reader("chat")
+MESSAGES_ANSWER: Final = _core_reader("messages")
+
+
+def stamped_answer(parse_usage: Callable[[bytes], Usage | None]) -> AnswerReader:
+    """An answer whose usage Python reads (`parse_usage` of the stamped answer)."""
+
+    def read(content: bytes, rid: str) -> tuple[bytes, Usage | None]:
+        body = set_json_id(content, rid)
+        return body, parse_usage(body)
 
     return read
 
@@ -146,17 +165,19 @@ async def forward_plain(
     model: ModelConfig,
     upstream_body: ChannelBody,
     rid: str,
-    parse_usage: Callable[[bytes], Usage | None],
+    read_answer: AnswerReader,
     count_usage: Callable[[bytes], Usage],
     to_client: Callable[[bytes, Usage], bytes] | None = None,
 ) -> Response:
-    """`parse_usage(answer)` reads the upstream's usage in its shape; `count_usage(answer)` is the
-    gateway's own count, used only when the upstream reports none. `to_client(answer, usage)` turns
-    an answer of the other text shape into the endpoint's (gateway.translate)."""
+    """`read_answer(answer, rid)` stamps the gateway's id on the upstream's answer and reads the
+    usage it reports in its shape (CHAT_ANSWER, MESSAGES_ANSWER, stamped_answer);
+    `count_usage(answer)` is the gateway's own count, used only when the upstream reports none.
+    `to_client(answer, usage)` turns an answer of the other text shape into the endpoint's
+    (gateway.translate)."""
     content = (await call_upstream(state, request, call, model, upstream_body)).content
     try:
-        body = set_json_id(content, rid)
-        usage = parse_usage(body) or count_usage(body)
+        body, reported = read_answer(content, rid)
+        usage = reported or count_usage(body)
         if to_client is not None:
             body = to_client(body, usage)
     except (InvalidJsonError, orjson.JSONDecodeError) as exc:

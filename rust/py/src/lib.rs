@@ -330,6 +330,26 @@ fn parse_chat_usage(body: &[u8]) -> PyResult<Option<StreamUsage>> {
 }
 
 #[pyfunction]
+fn stamp_answer<'py>(
+    py: Python<'py>,
+    body: &[u8],
+    new_id: &str,
+    shape: &str,
+) -> PyResult<(Bound<'py, PyBytes>, Option<StreamUsage>)> {
+    let shape = match shape {
+        "chat" => chat::AnswerShape::Chat,
+        "messages" => chat::AnswerShape::Messages,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown answer shape {other:?}: expected \"chat\" or \"messages\""
+            )))
+        }
+    };
+    let (out, usage) = chat::stamp_answer(body, new_id, shape).map_err(to_py)?;
+    Ok((PyBytes::new(py, &out), usage.map(StreamUsage)))
+}
+
+#[pyfunction]
 fn set_json_id<'py>(py: Python<'py>, body: &[u8], new_id: &str) -> PyResult<Bound<'py, PyBytes>> {
     let out = chat::set_json_id(body, new_id).map_err(to_py)?;
     Ok(PyBytes::new(py, &out))
@@ -804,6 +824,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_chat_usage, m)?)?;
     m.add_function(wrap_pyfunction!(parse_messages_usage, m)?)?;
     m.add_function(wrap_pyfunction!(set_json_id, m)?)?;
+    m.add_function(wrap_pyfunction!(stamp_answer, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;

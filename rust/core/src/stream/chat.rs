@@ -136,6 +136,27 @@ pub fn set_json_id(body: &[u8], new_id: &str) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The `usage` shape of a whole answer, for [`stamp_answer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// OpenAI's: chat completions, embeddings, moderations.
+    Chat,
+    /// Anthropic's Messages.
+    Messages,
+}
+
+/// [`set_json_id`] and the answer's `usage` in one reading: parsing the usage validates the whole
+/// body as [`set_json_id`] would (serde reads every member it skips), so the body is not read twice.
+pub fn stamp_answer(body: &[u8], new_id: &str, shape: AnswerShape) -> Result<(Vec<u8>, Option<TokenUsage>)> {
+    let usage = match shape {
+        AnswerShape::Chat => parse_chat_usage(body)?,
+        AnswerShape::Messages => super::messages::parse_messages_usage(body)?,
+    };
+    let mut out = Vec::new();
+    write_with_member(body, "id", &encode_id(new_id), &mut out)?;
+    Ok((out, usage))
+}
+
 pub struct ChatStreamRewriter {
     state: StreamState,
     forward_usage: bool,
@@ -406,6 +427,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn stamp_answer_is_set_json_id_and_the_usage() {
+        let body = br#" {"id": "up", "usage": {"prompt_tokens": 3, "completion_tokens": 4}, "a": [{"id": 2}]} "#;
+        let (out, usage) = stamp_answer(body, "gw", AnswerShape::Chat).unwrap();
+        assert_eq!(out, set_json_id(body, "gw").unwrap());
+        assert_eq!(usage, parse_chat_usage(body).unwrap());
+        let message = br#"{"type":"message","usage":{"input_tokens":5,"output_tokens":6}}"#;
+        let (out, usage) = stamp_answer(message, "msg", AnswerShape::Messages).unwrap();
+        assert_eq!(out, set_json_id(message, "msg").unwrap());
+        assert_eq!(usage, super::super::messages::parse_messages_usage(message).unwrap());
+        assert_eq!(stamp_answer(b"{}", "gw", AnswerShape::Chat).unwrap(), (b"{\"id\":\"gw\"}".to_vec(), None));
+        for bad in
+            [&b"{\"a\":xyz}"[..], b"{\"a\":1} trailing", b"{\"a\":[1}}", b"[]", b"", b"{\"a\":\"\x01\"}", b"\xff"]
+        {
+            for shape in [AnswerShape::Chat, AnswerShape::Messages] {
+                assert!(matches!(stamp_answer(bad, "gw", shape), Err(CoreError::InvalidJson(_))), "{bad:?}");
+            }
+        }
+    }
+
     /// A stream of chat chunks, noise and comments with every kind of line end.
     fn synthetic_stream() -> impl Strategy<Value = Vec<u8>> {
         let event = prop_oneof![
@@ -462,6 +503,33 @@ mod tests {
             run(&mut rw, &bytes);
             let _ = set_json_id(&bytes, "x");
             let _ = parse_chat_usage(&bytes);
+        }
+
+        #[test]
+        fn stamp_answer_is_both_readings(
+            bytes in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..200),
+                "[ {}\\[\\]\":,0-9a-z\\\\]{0,60}".prop_map(|s| format!("{{{s}}}").into_bytes()),
+                (any::<Option<u32>>(), "[a-z]{0,5}").prop_map(|(n, k)| format!(
+                    r#"{{"{k}":1,"usage":{},"id":"u"}}"#,
+                    n.map_or("null".to_string(), |n| format!(r#"{{"prompt_tokens":{n},"input_tokens":{n}}}"#))
+                ).into_bytes()),
+            ],
+        ) {
+            let id = set_json_id(&bytes, "gw");
+            for (shape, usage) in [
+                (AnswerShape::Chat, parse_chat_usage(&bytes)),
+                (AnswerShape::Messages, super::super::messages::parse_messages_usage(&bytes)),
+            ] {
+                match (stamp_answer(&bytes, "gw", shape), &id, usage) {
+                    (Ok((out, got)), Ok(expected), Ok(usage)) => {
+                        prop_assert_eq!(&out, expected);
+                        prop_assert_eq!(got, usage);
+                    }
+                    (Err(_), _, Err(_)) | (Err(_), Err(_), _) => {}
+                    (stamped, _, usage) => prop_assert!(false, "{:?} {:?} {:?}", stamped, id, usage),
+                }
+            }
         }
     }
 
