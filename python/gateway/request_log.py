@@ -9,7 +9,6 @@ can lose the entries of its last few milliseconds, never a charge or a usage rec
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from decimal import Decimal
 
@@ -102,36 +101,17 @@ def entry(
     )
 
 
-# An attempt's span fields are for the exported trace (gateway.telemetry.otlp), not the log.
-_SPAN_FIELDS = frozenset({"span_id", "started_ns", "ended_ns"})
-_LOGGED_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _logged(attempt: object) -> dict[str, object]:
-    kind = type(attempt)
-    if not dataclasses.is_dataclass(attempt):
-        raise TypeError(f"{kind.__name__} is not an attempt")
-    names = _LOGGED_FIELDS.get(kind)
-    if names is None:
-        names = _LOGGED_FIELDS[kind] = tuple(
-            f.name for f in dataclasses.fields(attempt) if f.name not in _SPAN_FIELDS
-        )
-    return {name: getattr(attempt, name) for name in names}
-
-
-def _dumps_attempts(attempts: list[Attempt]) -> bytes:
-    return orjson.dumps(attempts, default=_logged, option=orjson.OPT_PASSTHROUGH_DATACLASS)
-
-
 def _attempts_json(attempts: list[Attempt], dropped_params: tuple[str, ...]) -> str:
-    """The attempts as the log keeps them; each try of the model itself (not of a safety check) also
-    names the parameters the model does not take, dropped on the way to it (`dropped_params`),
-    when there were any."""
-    if not dropped_params:
-        return _dumps_attempts(attempts).decode()
-    tried: list[dict[str, object]] = orjson.loads(_dumps_attempts(attempts))
-    dropped = list(dropped_params)
-    return orjson.dumps([a if "check" in a else {**a, "dropped_params": dropped} for a in tried]).decode()
+    """The attempts as the log keeps them (Attempt.logged); each try of the model itself (not of a
+    safety check) also names the parameters the model does not take, dropped on the way to it
+    (`dropped_params`), when there were any."""
+    tried = [attempt.logged() for attempt in attempts]
+    if dropped_params:
+        dropped = list(dropped_params)
+        for logged in tried:
+            if "check" not in logged:
+                logged["dropped_params"] = dropped
+    return orjson.dumps(tried).decode()
 
 
 def entry_for(

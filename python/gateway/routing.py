@@ -78,6 +78,17 @@ class Attempt:
     started_ns: int = 0
     ended_ns: int = 0
 
+    def logged(self) -> dict[str, object]:
+        """The try as the request log keeps it: its fields in order, but the span's (those are for
+        the exported trace). Written out, not read by reflection: every model request logs its tries."""
+        return {
+            "channel": self.channel,
+            "started_ms": self.started_ms,
+            "duration_ms": self.duration_ms,
+            "error": self.error,
+            "status": self.status,
+        }
+
 
 # The try under way in this task (the router sets it around each call of a request's attempt
 # function), so that what sends it upstream can name its span.

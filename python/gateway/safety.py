@@ -59,6 +59,14 @@ class SafetyAttempt(Attempt):
     verdict: str | None = None
     categories: list[str] = field(default_factory=list)  # what was flagged
 
+    def logged(self) -> dict[str, object]:
+        logged = Attempt.logged(self)
+        logged["check"] = self.check
+        logged["model"] = self.model
+        logged["verdict"] = self.verdict
+        logged["categories"] = self.categories
+        return logged
+
 
 def request_texts(payload: dict[str, Any], fields: Iterable[str]) -> list[str]:
     """Every text of the request's `fields`: strings, and the text of message content parts,
