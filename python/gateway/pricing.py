@@ -59,11 +59,12 @@ class ReportedUsage(Protocol):
 
 
 def reported_usage(reported: ReportedUsage) -> Usage:
+    # Positional (Usage's first four fields): a dataclass made with keywords costs ~0.13 us more.
     return Usage(
-        prompt_tokens=reported.prompt_tokens,
-        completion_tokens=reported.completion_tokens,
-        cached_tokens=reported.cached_tokens,
-        reasoning_tokens=reported.reasoning_tokens,
+        reported.prompt_tokens,
+        reported.completion_tokens,
+        reported.cached_tokens,
+        reported.reasoning_tokens,
     )
 
 

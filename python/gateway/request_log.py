@@ -80,24 +80,26 @@ def entry(
     nobody it could belong to may read them."""
     raw: bytes | None = request.scope.get(BODY_SCOPE_KEY)
     request_bytes = len(raw) if raw is not None else 0
+    # Positional, in field order (LOG_COLUMNS, on which the rows and the journal rely too): with
+    # keywords, making a record of 17 fields takes 0.5 us more, on every request.
     return RequestLog(
-        id=log_id or request_id(),
-        key_id=key_id,
-        account_id=account_id,
-        method=request.method,
-        path=request.scope["path"],  # as the server decoded it (request.url costs a URL parse)
-        model=model,
-        status=status,
-        error_code=error_code,
-        started_at_ms=started_ns // 1_000_000,
-        duration_ms=(time.time_ns() - started_ns) // 1_000_000,
-        cost=cost,
-        usage_id=usage_id,
-        attempts=_attempts_json(attempts, dropped_params) if attempts else None,
-        request_body=raw[:body_limit] if raw is not None and keep_request else None,
-        request_bytes=request_bytes,
-        response_body=None if response_body is None else response_body[:body_limit],
-        response_bytes=len(response_body or b"") if response_bytes is None else response_bytes,
+        log_id or request_id(),  # id
+        key_id,
+        account_id,
+        request.method,
+        request.scope["path"],  # as the server decoded it (request.url costs a URL parse)
+        model,
+        status,
+        error_code,
+        started_ns // 1_000_000,  # started_at_ms
+        (time.time_ns() - started_ns) // 1_000_000,  # duration_ms
+        cost,
+        usage_id,
+        _attempts_json(attempts, dropped_params) if attempts else None,
+        raw[:body_limit] if raw is not None and keep_request else None,  # request_body
+        request_bytes,
+        None if response_body is None else response_body[:body_limit],
+        len(response_body or b"") if response_bytes is None else response_bytes,
     )
 
 

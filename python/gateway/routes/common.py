@@ -231,7 +231,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 state, request, started_ns, err.status, err.body(request.url.path), err.code, log_id
             )
             raise
-        call = Call(ctx=ctx, request_id=request_id(), started_ns=started_ns)
+        call = Call(ctx, request_id(), started_ns)  # positional: keywords cost a dataclass ~0.14 us
         scope = request.scope
         scope[MODEL_REQUEST] = True  # it reports itself at its close (gateway.telemetry)
         call.endpoint = endpoint_of(scope)
