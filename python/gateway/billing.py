@@ -40,7 +40,7 @@ def estimate_usage(
     for name in limits:
         value = positive_int(None if payload is None else payload.get(name))
         if value is not None:
-            output, limit_set = min(value, output), name
+            output, limit_set = (value if value < output else output), name  # not min(): 10x the instructions
             break
     choices = positive_int(None if payload is None else payload.get("n")) or 1
     output *= choices

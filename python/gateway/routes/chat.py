@@ -158,8 +158,9 @@ def _validate(payload: dict[str, Any]) -> None:
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid_request("`messages` must be a non-empty array.", "messages")
-    if not all(isinstance(m, dict) for m in messages):
-        raise invalid_request("Every entry of `messages` must be an object.", "messages")
+    for message in messages:  # a loop, not all() over a generator: a third of the instructions
+        if not isinstance(message, dict):
+            raise invalid_request("Every entry of `messages` must be an object.", "messages")
     if "stream" in payload and not isinstance(payload["stream"], bool | None):
         raise invalid_request("`stream` must be a boolean.", "stream")
     options = payload.get("stream_options")
