@@ -9,8 +9,8 @@ from gateway.store.records import LOG_COLUMNS, USAGE_COLUMNS, RequestLog, UsageR
 
 
 def test_log_columns_are_the_request_logs_fields_in_order() -> None:
-    assert LOG_COLUMNS == tuple(f.name for f in dataclasses.fields(RequestLog))
+    assert tuple(f.name for f in dataclasses.fields(RequestLog)) == LOG_COLUMNS
 
 
 def test_usage_columns_are_the_usage_records_fields_in_order() -> None:
-    assert USAGE_COLUMNS == tuple(f.name for f in dataclasses.fields(UsageRecord))
+    assert tuple(f.name for f in dataclasses.fields(UsageRecord)) == USAGE_COLUMNS
