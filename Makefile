@@ -130,7 +130,7 @@ bench-profile: setup bench-tools ## a flame graph and per-thread CPU of one work
 	$(BIN)/python benches/profile.py
 
 .PHONY: bench-instructions
-bench-instructions: setup bench-tools ## instructions per chat request, gateway and stack floor, by callgrind (benches/results/instructions.md)
+bench-instructions: setup bench-tools ## instructions per chat request, gateway (embedded and on PostgreSQL + Redis) and stack floor, by callgrind (benches/results/instructions.md)
 	$(BIN)/python benches/instructions.py
 
 .PHONY: bench-core

@@ -413,7 +413,12 @@ def services_on(cpu: str) -> Iterator[list[int]]:
 
 @contextmanager
 def gateway_pg(
-    sim: str, workdir: Path, cpu: str, workers: int = 1, services_cpu: str | None = None
+    sim: str,
+    workdir: Path,
+    cpu: str,
+    workers: int = 1,
+    services_cpu: str | None = None,
+    launch: Launch = Launch(),
 ) -> Iterator[Target]:
     """The `gateway` path's gateway (same workers, models and kind of key) on PostgreSQL + Redis;
     with `services_cpu`, their processes run there (services_on) while it serves."""
@@ -439,7 +444,7 @@ def gateway_pg(
                     else "PostgreSQL and Redis could not be moved off the server's core"
                 )
                 print(f"  {placement} ({len(moved)} processes moved)", flush=True)
-            with _serve("gateway-pg", config, port, keys, cpu, workdir) as target:
+            with _serve("gateway-pg", config, port, keys, cpu, workdir, launch) as target:
                 target.placement = placement
                 yield target
     finally:
