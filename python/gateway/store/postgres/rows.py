@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import operator
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
@@ -101,12 +102,21 @@ def models_value(models: frozenset[str] | None) -> list[str] | None:
     return None if models is None else sorted(models)
 
 
+# A record's values in column order, read in one C call (a generator of getattr calls costs a
+# settlement's log entry ~18 resumptions of Python code, on every request).
+_LOG_VALUES = operator.attrgetter(*LOG_COLUMNS)
+_USAGE_VALUES = operator.attrgetter(*USAGE_COLUMNS)
+_JOB_VALUES = operator.attrgetter(*JOB_COLUMNS)
+
+
 def log_values(entry: RequestLog) -> tuple[Any, ...]:
-    return tuple(getattr(entry, c) for c in LOG_COLUMNS)
+    values: tuple[Any, ...] = _LOG_VALUES(entry)
+    return values
 
 
 def job_values(value: Job) -> tuple[Any, ...]:
-    return tuple(getattr(value, c) for c in JOB_COLUMNS)
+    values: tuple[Any, ...] = _JOB_VALUES(value)
+    return values
 
 
 def encode_progress(settlement: Settlement) -> bytes:
@@ -212,7 +222,7 @@ def settle_args(
 
 
 def _usage_json(record: UsageRecord) -> list[Any]:
-    row: list[Any] = [getattr(record, c) for c in USAGE_COLUMNS]
+    row: list[Any] = list(_USAGE_VALUES(record))
     row[_USAGE_COST] = str(row[_USAGE_COST])
     return row
 
