@@ -210,7 +210,7 @@ def table(labels: tuple[str, str], rounds: dict[str, list[dict[str, float]]]) ->
     lines.append("")
     lines.append(f"Medians of {len(rounds['A'])} interleaved rounds; every round:")
     lines.append("")
-    shown = FIGURES[:2] + (LIMITED_FIGURES[:1] if "rps_limited" in rounds["A"][0] else ()) + first_token
+    shown = FIGURES[:3] + (LIMITED_FIGURES[:1] if "rps_limited" in rounds["A"][0] else ()) + first_token
     lines.append("| round | " + " | ".join(f"A {name} | B {name}" for _, name, _ in shown) + " |")
     lines.append("|---|" + "---|" * 2 * len(shown))
     for i, (ra, rb) in enumerate(zip(rounds["A"], rounds["B"], strict=True)):
