@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,19 +40,15 @@ class AnswerEdge:
         slot = scope[SCOPE_KEY] = KeySlot()
         status = 0
 
-        async def send_answer(message: Message) -> None:
+        def send_answer(message: Message) -> Awaitable[None]:
+            # A plain function that hands on the server's own awaitable: an answer's messages pass
+            # here without a coroutine of their own, unless its head gets headers (_with_headers).
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                closing = self._drain.closing
-                if closing or not RateLimitHeaders.none_for(slot):
-                    headers = list(message.get("headers", ()))
-                    changed = await self._rate_headers.add(scope, slot, headers)
-                    if closing:
-                        headers.append(_CLOSE)
-                    if changed or closing:
-                        message = {**message, "headers": headers}
-            await send(message)
+                if self._drain.closing or not RateLimitHeaders.none_for(slot):
+                    return self._with_headers(scope, slot, message, send)
+            return send(message)
 
         try:
             await self._app(scope, receive, send_answer)
@@ -62,3 +59,15 @@ class AnswerEdge:
             if not scope.get(MODEL_REQUEST):
                 # No answer started and nothing raised: the client left first (logged as nginx does).
                 self._telemetry.answered(scope, status or 499, scope.get(ERROR_CODE), started_ns)
+
+    async def _with_headers(self, scope: Scope, slot: KeySlot, message: Message, send: Send) -> None:
+        """The answer's head with the key's x-ratelimit-* headers and, once the worker is told to
+        stop, `connection: close`."""
+        closing = self._drain.closing
+        headers = list(message.get("headers", ()))
+        changed = await self._rate_headers.add(scope, slot, headers)
+        if closing:
+            headers.append(_CLOSE)
+        if changed or closing:
+            message = {**message, "headers": headers}
+        await send(message)
