@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core import ChatStreamRewriter, InvalidJsonError, parse_chat_usage, set_json_id
+from gateway.core import (
+    ChatStreamRewriter,
+    InvalidJsonError,
+    parse_chat_usage,
+    parse_messages_usage,
+    set_json_id,
+    stamp_answer,
+)
 
 FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "openai_chat_stream.txt").read_bytes()
 
@@ -90,6 +97,71 @@ def test_set_json_id_and_usage() -> None:
 def test_set_json_id_property(obj: dict[str, object], new_id: str, indent: bool) -> None:
     body = json.dumps(obj, indent=2 if indent else None).encode()
     assert json.loads(set_json_id(body, new_id)) == {**obj, "id": new_id}
+
+
+_USAGES = st.none() | st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt_tokens": st.integers(0, 10**6),
+        "completion_tokens": st.integers(0, 10**6),
+        "input_tokens": st.integers(0, 10**6),
+        "output_tokens": st.integers(0, 10**6),
+        "cache_read_input_tokens": st.integers(0, 10**6),
+        "prompt_tokens_details": st.fixed_dictionaries({"cached_tokens": st.integers(0, 100)}),
+    },
+)
+
+
+def _stamped_by_two_calls(body: bytes, new_id: str, shape: str) -> object:
+    """What forward_plain did before stamp_answer: set_json_id, then the shape's usage parser."""
+    parse = parse_chat_usage if shape == "chat" else parse_messages_usage
+    try:
+        stamped = set_json_id(body, new_id)
+        usage = parse(body)
+    except InvalidJsonError:
+        return InvalidJsonError
+    return stamped, None if usage is None else (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+    )
+
+
+def _stamped_in_one(body: bytes, new_id: str, shape: str) -> object:
+    try:
+        stamped, usage = stamp_answer(body, new_id, "chat" if shape == "chat" else "messages")
+    except InvalidJsonError:
+        return InvalidJsonError
+    return stamped, None if usage is None else (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+    )
+
+
+@given(
+    st.one_of(
+        st.builds(
+            lambda usage, extra, id_first: json.dumps(
+                {"id": "up", **extra, "usage": usage} if id_first else {**extra, "usage": usage}
+            ).encode(),
+            _USAGES,
+            st.dictionaries(st.sampled_from(["a", "model", "choices", "content"]), st.integers(), max_size=3),
+            st.booleans(),
+        ),
+        st.binary(max_size=40),
+        st.sampled_from([b'{"usage": 5}', b'{"usage": {}, "usage": null}', b'{"id": 1} x', b"[]", b""]),
+    ),
+    st.text(max_size=12),
+    st.sampled_from(["chat", "messages"]),
+)
+def test_stamp_answer_is_set_json_id_and_the_usage_in_one(body: bytes, new_id: str, shape: str) -> None:
+    assert _stamped_in_one(body, new_id, shape) == _stamped_by_two_calls(body, new_id, shape)
+
+
+def test_stamp_answer_refuses_an_unknown_shape() -> None:
+    with pytest.raises(ValueError, match="unknown answer shape"):
+        stamp_answer(b"{}", "x", "rerank")  # type: ignore[arg-type]
 
 
 def test_set_json_id_rejects_what_is_not_one_json_object() -> None:
