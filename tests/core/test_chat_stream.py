@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from hypothesis import given
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from gateway.core import (
     ChatStreamRewriter,
     InvalidJsonError,
+    StreamUsage,
     parse_chat_usage,
     parse_messages_usage,
     set_json_id,
@@ -112,24 +115,11 @@ _USAGES = st.none() | st.fixed_dictionaries(
 )
 
 
-def _stamped_by_two_calls(body: bytes, new_id: str, shape: str) -> object:
-    """What forward_plain did before stamp_answer: set_json_id, then the shape's usage parser."""
-    parse = parse_chat_usage if shape == "chat" else parse_messages_usage
+def _outcome(read: Callable[[], tuple[bytes, StreamUsage | None]]) -> object:
+    """What one way of reading an answer gives: the stamped answer and its usage's counts, or the
+    InvalidJsonError it raised."""
     try:
-        stamped = set_json_id(body, new_id)
-        usage = parse(body)
-    except InvalidJsonError:
-        return InvalidJsonError
-    return stamped, None if usage is None else (
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        usage.cached_tokens,
-    )
-
-
-def _stamped_in_one(body: bytes, new_id: str, shape: str) -> object:
-    try:
-        stamped, usage = stamp_answer(body, new_id, "chat" if shape == "chat" else "messages")
+        stamped, usage = read()
     except InvalidJsonError:
         return InvalidJsonError
     return stamped, None if usage is None else (
@@ -155,8 +145,13 @@ def _stamped_in_one(body: bytes, new_id: str, shape: str) -> object:
     st.text(max_size=12),
     st.sampled_from(["chat", "messages"]),
 )
-def test_stamp_answer_is_set_json_id_and_the_usage_in_one(body: bytes, new_id: str, shape: str) -> None:
-    assert _stamped_in_one(body, new_id, shape) == _stamped_by_two_calls(body, new_id, shape)
+def test_stamp_answer_is_set_json_id_and_the_usage_in_one(
+    body: bytes, new_id: str, shape: Literal["chat", "messages"]
+) -> None:
+    # What forward_plain did before stamp_answer: set_json_id, then the shape's usage parser.
+    parse = parse_chat_usage if shape == "chat" else parse_messages_usage
+    two_calls = _outcome(lambda: (set_json_id(body, new_id), parse(body)))
+    assert _outcome(lambda: stamp_answer(body, new_id, shape)) == two_calls
 
 
 def test_stamp_answer_refuses_an_unknown_shape() -> None:
