@@ -20,9 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.auth import display_prefix, generate_key, hash_key
+from gateway.core import AppendFile
 from gateway.store import RequestLog, Settlement, UsageRecord
 from gateway.store.sqlite import SqliteStore
-from gateway.store.sqlite.journal import Journal, decode, encode, orphans
+from gateway.store.sqlite import journal as journal_module
+from gateway.store.sqlite.journal import Journal, decode, encode, live_count, orphans, owners
 from harness import chat_model, free_port, process_tree, running
 
 
@@ -118,6 +120,28 @@ def test_replay_is_idempotent(tmp_path: Path) -> None:
             await again.close()
 
     assert asyncio.run(go()) == Decimal(1) - 3 * Decimal("0.001")
+
+
+def test_a_journal_appears_under_its_name_only_once_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file under a journal's name that is not locked is a dead owner's: another process's replay
+    # would take it. The journal is made and locked under another name first, then renamed.
+    seen_while_opening: list[set[str]] = []
+
+    def opened_then_looked_at(path: Path) -> AppendFile:
+        made = AppendFile(path)  # created and locked
+        seen_while_opening.append(owners(tmp_path))
+        return made
+
+    monkeypatch.setattr(journal_module, "AppendFile", opened_then_looked_at)
+    live = Journal(tmp_path)
+    assert seen_while_opening == [set()]
+    assert owners(tmp_path) == {live.owner} and live_count(tmp_path) == 1
+    with orphans(tmp_path) as found:
+        assert found == []
+    live.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_live_process_journal_is_left_alone(tmp_path: Path) -> None:

@@ -99,7 +99,13 @@ class Journal:
         self.path = directory / f"{PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
         self.owner = owner_of(self.path)
         # Locked for as long as this process lives; written with the GIL held (see AppendFile).
-        self._file = AppendFile(self.path)
+        # Created and locked under a name no other process reads, then renamed into place: a file
+        # seen under a journal's name unlocked is a dead owner's, so another process's replay
+        # (`orphans`) or count (`live_count`) that met it between its creation and its lock would
+        # take its lock first, and this process could not start.
+        staging = directory / f".{self.path.name}.new"
+        self._file = AppendFile(staging)
+        os.rename(staging, self.path)  # the lock is the open file's: it holds under the new name
         self._lock = threading.Lock()
         self._written = 0
         self._applied = 0
