@@ -144,6 +144,28 @@ def test_a_journal_appears_under_its_name_only_once_locked(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_dead_maker_staging_file_is_removed_once_old(tmp_path: Path) -> None:
+    # A process killed between making its journal and renaming it leaves an empty staging file.
+    live = Journal(tmp_path)
+    dead = tmp_path / f".{journal_module.PREFIX}1-dead{journal_module.SUFFIX}.new"
+    fresh = tmp_path / f".{journal_module.PREFIX}2-fresh{journal_module.SUFFIX}.new"
+    being_made = tmp_path / f".{journal_module.PREFIX}3-alive{journal_module.SUFFIX}.new"
+    dead.touch()
+    fresh.touch()
+    held = AppendFile(being_made)  # created and locked: its maker lives
+    old = time.time() - journal_module.STAGING_GRACE_SECONDS - 1
+    for path in (dead, being_made):
+        os.utime(path, (old, old))
+    with orphans(tmp_path) as found:
+        assert found == []
+    # Unlocked but new: its maker may be about to lock it. Locked: its maker is alive.
+    assert not dead.exists() and fresh.exists() and being_made.exists() and live.path.exists()
+    held.close()
+    assert journal_module.remove_dead_staging(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, live.path.name])
+    live.close()
+
+
 def test_a_live_process_journal_is_left_alone(tmp_path: Path) -> None:
     live = Journal(tmp_path)
     live.append(Settlement(record("a", 1)))

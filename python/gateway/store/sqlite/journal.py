@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -40,6 +41,12 @@ from .rows import usage_record, usage_row
 
 PREFIX = "settlements-"
 SUFFIX = ".jsonl"
+# A journal is made under a staging name (Journal.__init__), empty, then renamed. A process killed
+# in between leaves the empty staging file behind; it is removed once unlocked and this old (its
+# maker locks it microseconds after creating it, so an unlocked one this old has no owner).
+STAGING_PREFIX = "." + PREFIX
+STAGING_SUFFIX = SUFFIX + ".new"
+STAGING_GRACE_SECONDS = 60.0
 # The request log fields a journal line keeps (bodies are not money: they are not journaled).
 _LOG_FIELDS = tuple(c for c in LOG_COLUMNS if c not in LOG_BODY_COLUMNS)
 
@@ -103,7 +110,7 @@ class Journal:
         # seen under a journal's name unlocked is a dead owner's, so another process's replay
         # (`orphans`) or count (`live_count`) that met it between its creation and its lock would
         # take its lock first, and this process could not start.
-        staging = directory / f".{self.path.name}.new"
+        staging = directory / f".{self.path.name}.new"  # STAGING_PREFIX ... STAGING_SUFFIX
         self._file = AppendFile(staging)
         os.rename(staging, self.path)  # the lock is the open file's: it holds under the new name
         self._lock = threading.Lock()
@@ -203,11 +210,37 @@ def read_settlements(lines: Iterator[bytes]) -> list[Settlement]:
     return [*ended.values(), *(s for usage_id, s in progress.items() if usage_id not in ended)]
 
 
+def remove_dead_staging(directory: Path, now: float | None = None) -> int:
+    """Remove the staging files of journals whose makers died before renaming them (always empty:
+    nothing is appended before the rename). Returns how many were removed."""
+    if not directory.is_dir():
+        return 0
+    cutoff = (time.time() if now is None else now) - STAGING_GRACE_SECONDS
+    removed = 0
+    for path in directory.glob(STAGING_PREFIX + "*" + STAGING_SUFFIX):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            if os.fstat(fd).st_mtime > cutoff:
+                continue  # its maker may not have locked it yet
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its maker is alive (and about to rename it)
+            continue
+        finally:
+            os.close(fd)
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 @contextlib.contextmanager
 def orphans(directory: Path) -> Iterator[list[Orphan]]:
     """The journals of dead processes. Deleted after the block, if it succeeds."""
     held: list[tuple[int, Path]] = []
     found: list[Orphan] = []
+    remove_dead_staging(directory)
     try:
         for path in _journals(directory):
             try:
