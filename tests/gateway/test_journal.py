@@ -128,15 +128,21 @@ def test_a_journal_appears_under_its_name_only_once_locked(
     # A file under a journal's name that is not locked is a dead owner's: another process's replay
     # would take it. The journal is made and locked under another name first, then renamed.
     seen_while_opening: list[set[str]] = []
+    staging_names: list[str] = []
 
     def opened_then_looked_at(path: Path) -> AppendFile:
         made = AppendFile(path)  # created and locked
         seen_while_opening.append(owners(tmp_path))
+        staging_names.append(path.name)
         return made
 
     monkeypatch.setattr(journal_module, "AppendFile", opened_then_looked_at)
     live = Journal(tmp_path)
     assert seen_while_opening == [set()]
+    # Under a name the clean-up of dead makers' staging files knows (remove_dead_staging).
+    (staging,) = staging_names
+    assert staging.startswith(journal_module.STAGING_PREFIX)
+    assert staging.endswith(journal_module.STAGING_SUFFIX)
     assert owners(tmp_path) == {live.owner} and live_count(tmp_path) == 1
     with orphans(tmp_path) as found:
         assert found == []
