@@ -311,7 +311,11 @@ class Writer:
         self._in_flight.pop(task, None)
         if not task.cancelled() and task.exception() is not None:  # never expected
             log.error("a batch of the store's writer failed", exc_info=task.exception())
-        self._wake.set()  # the writer task may be waiting for room or for progress to commit
+        # The writer task waits on `_wake` only while nothing is pending (a connection it waits
+        # for is `_freed`, progress in flight is waited on by its task): woken now, it would only
+        # find nothing to do, a turn of its task per batch at concurrency 1.
+        if self.pending:
+            self._wake.set()
 
     async def _retry(self, batch: _Batch, exc: Exception) -> None:
         """The batch failed: while the database is away, try it again (with backoff) until it
