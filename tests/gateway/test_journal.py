@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import os
 import signal
 import sqlite3
@@ -24,7 +25,7 @@ from gateway.core import AppendFile
 from gateway.store import RequestLog, Settlement, UsageRecord
 from gateway.store.sqlite import SqliteStore
 from gateway.store.sqlite import journal as journal_module
-from gateway.store.sqlite.journal import Journal, decode, encode, live_count, orphans, owners
+from gateway.store.sqlite.journal import Journal, decode, encode, live_count, orphans, owners, staging_name
 from harness import chat_model, free_port, process_tree, running
 
 
@@ -141,8 +142,7 @@ def test_a_journal_appears_under_its_name_only_once_locked(
     assert seen_while_opening == [set()]
     # Under a name the clean-up of dead makers' staging files knows (remove_dead_staging).
     (staging,) = staging_names
-    assert staging.startswith(journal_module.STAGING_PREFIX)
-    assert staging.endswith(journal_module.STAGING_SUFFIX)
+    assert fnmatch.fnmatchcase(staging, journal_module.STAGING_PATTERN)
     assert owners(tmp_path) == {live.owner} and live_count(tmp_path) == 1
     with orphans(tmp_path) as found:
         assert found == []
@@ -153,9 +153,9 @@ def test_a_journal_appears_under_its_name_only_once_locked(
 def test_a_dead_maker_staging_file_is_removed_once_old(tmp_path: Path) -> None:
     # A process killed between making its journal and renaming it leaves an empty staging file.
     live = Journal(tmp_path)
-    dead = tmp_path / f".{journal_module.PREFIX}1-dead{journal_module.SUFFIX}.new"
-    fresh = tmp_path / f".{journal_module.PREFIX}2-fresh{journal_module.SUFFIX}.new"
-    being_made = tmp_path / f".{journal_module.PREFIX}3-alive{journal_module.SUFFIX}.new"
+    dead = tmp_path / staging_name(f"{journal_module.PREFIX}1-dead{journal_module.SUFFIX}")
+    fresh = tmp_path / staging_name(f"{journal_module.PREFIX}2-fresh{journal_module.SUFFIX}")
+    being_made = tmp_path / staging_name(f"{journal_module.PREFIX}3-alive{journal_module.SUFFIX}")
     dead.touch()
     fresh.touch()
     held = AppendFile(being_made)  # created and locked: its maker lives

@@ -44,9 +44,16 @@ SUFFIX = ".jsonl"
 # A journal is made under a staging name (Journal.__init__), empty, then renamed. A process killed
 # in between leaves the empty staging file behind; it is removed once unlocked and this old (its
 # maker locks it microseconds after creating it, so an unlocked one this old has no owner).
-STAGING_PREFIX = "." + PREFIX
-STAGING_SUFFIX = SUFFIX + ".new"
 STAGING_GRACE_SECONDS = 60.0
+
+
+def staging_name(name: str) -> str:
+    """The name a journal called `name` is made under (a glob of journal names gives theirs)."""
+    return f".{name}.new"
+
+
+STAGING_PATTERN = staging_name(PREFIX + "*" + SUFFIX)
+
 # The request log fields a journal line keeps (bodies are not money: they are not journaled).
 _LOG_FIELDS = tuple(c for c in LOG_COLUMNS if c not in LOG_BODY_COLUMNS)
 
@@ -110,7 +117,7 @@ class Journal:
         # seen under a journal's name unlocked is a dead owner's, so another process's replay
         # (`orphans`) or count (`live_count`) that met it between its creation and its lock would
         # take its lock first, and this process could not start.
-        staging = directory / f".{self.path.name}.new"  # STAGING_PREFIX ... STAGING_SUFFIX
+        staging = directory / staging_name(self.path.name)
         self._file = AppendFile(staging)
         os.rename(staging, self.path)  # the lock is the open file's: it holds under the new name
         self._lock = threading.Lock()
@@ -210,14 +217,14 @@ def read_settlements(lines: Iterator[bytes]) -> list[Settlement]:
     return [*ended.values(), *(s for usage_id, s in progress.items() if usage_id not in ended)]
 
 
-def remove_dead_staging(directory: Path, now: float | None = None) -> int:
+def remove_dead_staging(directory: Path) -> int:
     """Remove the staging files of journals whose makers died before renaming them (always empty:
     nothing is appended before the rename). Returns how many were removed."""
     if not directory.is_dir():
         return 0
-    cutoff = (time.time() if now is None else now) - STAGING_GRACE_SECONDS
+    cutoff = time.time() - STAGING_GRACE_SECONDS
     removed = 0
-    for path in directory.glob(STAGING_PREFIX + "*" + STAGING_SUFFIX):
+    for path in directory.glob(STAGING_PATTERN):
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
