@@ -61,6 +61,7 @@ class ClientWatch:
         self._cancels = cancels
         self._receive = receive
         self._waiter: asyncio.Task[None] | None = None
+        self._pending: asyncio.Future[Message] | None = None  # the server's receive, watched
         self._start: asyncio.Handle | None = asyncio.get_running_loop().call_soon(self._first_arm)
 
     def _first_arm(self) -> None:
@@ -72,6 +73,7 @@ class ClientWatch:
         pending: Any = self._receive()
         if asyncio.isfuture(pending):
             pending.add_done_callback(self._on_message)
+            self._pending = pending
         else:
             # A coroutine does nothing until awaited: this one is dropped, the task's is awaited.
             if inspect.iscoroutine(pending):
@@ -80,6 +82,7 @@ class ClientWatch:
             self._waiter.add_done_callback(self._on_done)
 
     def _on_message(self, done: asyncio.Future[Message]) -> None:
+        self._pending = None
         # Any message but the disconnect (only the body's closing one is expected) re-arms.
         if (
             self._active
@@ -106,6 +109,12 @@ class ClientWatch:
         if self._start is not None:  # never armed: the request did not wait
             self._start.cancel()
             self._start = None
+        if self._pending is not None:
+            # Granian resolves the receive once the answer has gone out; without a callback on it
+            # that is all it does, where the callback would wake the event loop (a hand-over from
+            # Granian's thread) only to find the watch stopped.
+            self._pending.remove_done_callback(self._on_message)
+            self._pending = None
         if self._waiter is not None:
             self._waiter.cancel()
 
