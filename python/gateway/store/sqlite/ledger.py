@@ -11,9 +11,9 @@ from decimal import Decimal
 from pathlib import Path
 
 from ...budget import period_start_ms, spent_now
-from ..records import JOB_LEASE_PREFIX, USAGE_COLUMNS, Settlement, UsageRecord
+from ..records import JOB_LEASE_PREFIX, Settlement, UsageRecord
 from . import journal
-from .rows import _COLUMNS, _INSERT_LOG, _KEY, _key, _log_values, usage_row
+from .rows import _KEY, INSERT_LOG, INSERT_USAGE, _key, _log_values, insert_rows, usage_row
 
 log = logging.getLogger("gateway.store")
 
@@ -25,7 +25,7 @@ def _settle_many(conn: sqlite3.Connection, settlements: Sequence[Settlement], ow
     leases too: the money it had set aside is spent. Returns how many settlements were new."""
     if not settlements:
         return 0
-    conn.executemany(_INSERT_LOG, [_log_values(s.log) for s in settlements if s.log is not None])
+    insert_rows(conn, INSERT_LOG, [_log_values(s.log) for s in settlements if s.log is not None])
     records = [s.record for s in settlements]
     known: set[str] = set()
     for chunk in _chunks(list(dict.fromkeys(r.id for r in records))):
@@ -37,10 +37,7 @@ def _settle_many(conn: sqlite3.Connection, settlements: Sequence[Settlement], ow
     for r in records:
         if r.id not in known and r.id not in fresh:
             fresh[r.id] = r
-    conn.executemany(
-        f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})",
-        [usage_row(r) for r in fresh.values()],
-    )
+    insert_rows(conn, INSERT_USAGE, [usage_row(r) for r in fresh.values()])
     charged = [r for r in fresh.values() if not r.cost.is_zero()]
     per_account: dict[str, Decimal] = {}
     per_key: dict[str, Decimal] = {}

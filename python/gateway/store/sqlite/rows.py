@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import sqlite3
 from collections.abc import Sequence
 from decimal import Decimal
+from itertools import chain
 from typing import Any
 
 from ..records import (
@@ -74,7 +77,28 @@ _JOB = ", ".join(_JOB_COLUMNS)
 _HOLD, _COST = _JOB_COLUMNS.index("hold"), _JOB_COLUMNS.index("cost")
 _RUNNING = f"status IN ({', '.join(repr(status) for status in JOB_RUNNING)})"
 _LOG_HEAD = ", ".join(_LOG_COLUMNS[:13])  # every column up to the bodies
-_INSERT_LOG = f"INSERT OR IGNORE INTO request_logs ({_LOG}) VALUES ({', '.join('?' * len(_LOG_COLUMNS))})"
+INSERT_LOG = f"INSERT OR IGNORE INTO request_logs ({_LOG})"
+INSERT_USAGE = f"INSERT INTO usage_records ({_COLUMNS})"
+# Rows one INSERT statement carries at most. executemany runs its statement once a row, and each
+# run gives the GIL up and takes it back (CPython's sqlite3 releases it around every step): a
+# hand-off with the event loop, on the core they share, for every row of a group commit. A
+# statement of many rows is one step. 32 rows of the widest table (17 columns) stay far inside
+# SQLite's smallest bound on a statement's parameters (999).
+ROWS_PER_INSERT = 32
+
+
+def insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[Any]]) -> None:
+    """`head` ("INSERT ... INTO table (columns)") with `rows`, in order, ROWS_PER_INSERT a statement
+    (each statement's text is made and prepared once per row count, then cached)."""
+    for start in range(0, len(rows), ROWS_PER_INSERT):
+        chunk = rows[start : start + ROWS_PER_INSERT]
+        conn.execute(_values_sql(head, len(chunk[0]), len(chunk)), list(chain.from_iterable(chunk)))
+
+
+@functools.cache
+def _values_sql(head: str, width: int, count: int) -> str:
+    row = f"({', '.join('?' * width)})"
+    return f"{head} VALUES {', '.join([row] * count)}"
 
 
 def usage_row(r: UsageRecord) -> tuple[str, str, str, str, str, str, int, int, str, int, int]:

@@ -20,7 +20,7 @@ from ...frozen import frozen
 from ..log_backlog import MAX_LOG_BACKLOG_BYTES, LogBodyBacklog, body_bytes
 from ..records import RequestLog, Settlement
 from .ledger import _settle_many
-from .rows import _INSERT_LOG, _log_values
+from .rows import INSERT_LOG, _log_values, insert_rows
 
 WriteOp = Callable[[sqlite3.Connection], Any]
 log = logging.getLogger("gateway.store")
@@ -168,10 +168,11 @@ class Writer:
 
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         """One transaction for the whole batch: the settlements together (a handful of statements
-        for any number of them, since every statement is a GIL hand-off with the event loop on the
-        same core), the request log entries in one statement, then each awaited operation in its
-        own savepoint (one failing fails alone). What was queued in the background is thus in place
-        for every awaited operation of its batch."""
+        for any number of them, their rows many to a statement, since every statement's step is a
+        GIL hand-off with the event loop on the same core: rows.insert_rows), the request log
+        entries the same way, then each awaited operation in its own savepoint (one failing fails
+        alone). What was queued in the background is thus in place for every awaited operation of
+        its batch."""
         settlements = [item for item in batch if isinstance(item, Settlement)]
         ops = [item for item in batch if isinstance(item, _Op)]
         logs = [item for item in batch if isinstance(item, _LogRow)]
@@ -217,7 +218,7 @@ class Writer:
 
 
 def _write_logs(conn: sqlite3.Connection, logs: Sequence[_LogRow]) -> None:
-    conn.executemany(_INSERT_LOG, [row.values for row in logs])
+    insert_rows(conn, INSERT_LOG, [row.values for row in logs])
 
 
 def _nobody_waits(item: Any) -> bool:
