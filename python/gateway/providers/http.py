@@ -282,6 +282,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: _Pool, origin: _Origin) -> None:
         self._pool = pool
         self.origin = origin
+        # Made by the loop's create_connection, used on that loop only: kept, since each
+        # asyncio.get_running_loop() is a getpid(2) on CPython 3.11, and a read asks for it.
+        self._loop = asyncio.get_running_loop()
         self.idle_since = time.monotonic()
         self._transport: asyncio.Transport | None = None
         self._closed = False
@@ -364,7 +367,7 @@ class _Connection(asyncio.Protocol):
         self._method = method
         self._read_timeout = read_timeout
         self._response = None
-        self._head_waiter = asyncio.get_running_loop().create_future()
+        self._head_waiter = self._loop.create_future()
         self._touch()
         self._transport.write(request)
         return await self._head_waiter
@@ -470,7 +473,7 @@ class _Connection(asyncio.Protocol):
         if self._read_timeout <= 0:
             self._cancel_timer()
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._last_read = loop.time()
         due = self._last_read + self._read_timeout
         if self._timer is None or self._timer_due > due:
@@ -488,7 +491,7 @@ class _Connection(asyncio.Protocol):
         self._timer = None
         if self._head_waiter is None and self._response is None:
             return  # idle between requests: the next one arms it again
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         due = self._last_read + self._read_timeout
         if loop.time() < due:  # bytes came since the timer was set: the silence is shorter
             self._timer = loop.call_at(due, self._timed_out)

@@ -62,7 +62,8 @@ class ClientWatch:
         self._receive = receive
         self._waiter: asyncio.Task[None] | None = None
         self._pending: asyncio.Future[Message] | None = None  # the server's receive, watched
-        self._start: asyncio.Handle | None = asyncio.get_running_loop().call_soon(self._first_arm)
+        loop = self.task.get_loop() if self.task is not None else asyncio.get_running_loop()
+        self._start: asyncio.Handle | None = loop.call_soon(self._first_arm)
 
     def _first_arm(self) -> None:
         self._start = None
