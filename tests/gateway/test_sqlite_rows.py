@@ -25,6 +25,7 @@ def test_rows_go_in_once_and_in_order(count: int) -> None:
     rows = [(f"row-{i}", i, None if i % 3 else bytes([i % 256])) for i in range(count)]
     insert_rows(conn, "INSERT INTO t (a, b, c)", rows)
     assert conn.execute("SELECT a, b, c FROM t ORDER BY seq").fetchall() == rows
+    conn.close()
 
 
 def _settlement(account_id: str, i: int) -> Settlement:
@@ -69,3 +70,4 @@ def test_a_group_commit_of_many_settlements_applies_each_once(tmp_path: Path) ->
     assert Decimal(balance) == Decimal(1) - count * Decimal("0.001")
     logged = [row[0] for row in conn.execute("SELECT id FROM request_logs ORDER BY seq")]
     assert logged == [f"req_{i}" for i in range(count)]
+    conn.close()
