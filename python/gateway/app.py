@@ -52,6 +52,7 @@ from .routes import (
     videos,
 )
 from .routing import Router
+from .runtime_threads import batch_runtime_threads_once_started
 from .state import GatewayState
 from .store import open_store
 from .telemetry import ERROR_CODE, Telemetry, logs
@@ -136,6 +137,7 @@ def create_app(settings: Settings) -> Starlette:
             asyncio.create_task(jobs.drive_jobs(state, JOB_KINDS)),
             asyncio.create_task(sample_gauges(state)),
             asyncio.create_task(flush_metrics(state)),
+            asyncio.create_task(batch_runtime_threads_once_started()),
         ]
         mark_serving()  # for the supervisor: a death from now on is not a start-up failure
         try:

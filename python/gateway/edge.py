@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .drain import Drain
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import SCOPE_KEY, KeySlot
+from .runtime_threads import hand_over_now
 from .telemetry import ERROR_CODE, MODEL_REQUEST, Telemetry
 
 _CLOSE = (b"connection", b"close")
@@ -31,6 +32,7 @@ class AnswerEdge:
         self._rate_headers = rate_headers
         self._drain = drain
         self._telemetry = telemetry
+        self._under_way = 0  # HTTP requests of this process not yet answered to their end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,14 +50,22 @@ class AnswerEdge:
                 status = message["status"]
                 if self._drain.closing or not RateLimitHeaders.none_for(slot):
                     return self._with_headers(scope, slot, message, send)
-            return send(message)
+                return send(message)
+            sent = send(message)
+            if self._under_way == 1 and not message.get("more_body", False):
+                # The only request under way: nothing else needs the core, so the answer's end
+                # goes out before the request's clean-up (gateway.runtime_threads).
+                hand_over_now()
+            return sent
 
+        self._under_way += 1
         try:
             await self._app(scope, receive, send_answer)
         except BaseException:
             status = status or 500
             raise
         finally:
+            self._under_way -= 1
             if not scope.get(MODEL_REQUEST):
                 # No answer started and nothing raised: the client left first (logged as nginx does).
                 self._telemetry.answered(scope, status or 499, scope.get(ERROR_CODE), started_ns)

@@ -29,6 +29,7 @@ from ..errors import (
 from ..ids import request_id
 from ..ratelimits import note_rate
 from ..request_log import BodyCapture
+from ..runtime_threads import hand_over_now
 from ..state import GatewayState
 from ..store import Job
 from ..telemetry import MODEL_REQUEST, endpoint_of
@@ -185,8 +186,12 @@ class HeldStream(StreamingResponse):
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
+            first = True
             async for chunk in self._tee:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if first:  # the first token goes out before the stream's next work (its progress)
+                    first = False
+                    hand_over_now()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not watch.cancelled_for_client():
