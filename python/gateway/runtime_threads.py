@@ -7,12 +7,14 @@ core (one worker a core, as a busy deployment runs, and the benchmark's pinned w
 hand-over cost two context switches and the event loop's warm caches. At SCHED_BATCH the runtime
 thread is not run on waking; it runs when the event loop waits or its time slice ends, and then
 does the work of every request that queued some. Measured (benches/README.md, "2026-11-30, small
-hours"): +25 % requests per second at concurrency 64 on one core, concurrency 1 unchanged. Where a
+hours"): +23 % requests per second at concurrency 64 on one core, concurrency 1 unchanged. Where a
 woken thread finds an idle core, it runs there at once, as before.
 
-A stream's first token is the one hand-over whose latency a client feels, and the work a stream
-does right after it (journaling its progress) would otherwise run first: there the event loop gives
-the core up once (`hand_over_now`).
+Two hand-overs a client waits for still go at once, the event loop giving the core up there
+(`hand_over_now`): a stream's first token, before the stream journals its progress
+(routes/common.py, HeldStream), and the end of an answer when it is the only request under way,
+before the request's clean-up (gateway.edge). A yield at every answer's end would give the batching
+back.
 
 Best effort: Linux, and only where the policy may be set (a thread may move itself, or a thread of
 its process, to SCHED_BATCH without privileges). SCHED_RESET_ON_FORK keeps the threads the runtime
