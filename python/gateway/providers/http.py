@@ -524,6 +524,7 @@ class UpstreamResponse:
         self.status = status
         self.headers = headers
         self._connection: _Connection | None = connection
+        self._loop = connection._loop  # its reads wait on it, once a chunk (see _Connection._loop)
         self._framing = framing
         self._parts: deque[bytes] = deque()
         self._buffered = 0
@@ -672,7 +673,7 @@ class UpstreamResponse:
                 if self._error is not None:
                     raise self._error
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             await self._waiter
         chunk = self._parts.popleft() if len(self._parts) == 1 else b"".join(self._parts)
         self._parts.clear()
