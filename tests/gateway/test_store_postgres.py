@@ -195,6 +195,105 @@ def test_one_batch_across_periods_counts_as_one_by_one(postgres_url: str) -> Non
     asyncio.run(main())
 
 
+_LEASE = "INSERT INTO leases (kind, pot_id, owner, amount) VALUES ($1, $2, $3, $4)"
+_PROGRESS = (
+    "INSERT INTO stream_progress (owner, usage_id, settlement) VALUES ($1, $2, '{}') ON CONFLICT DO NOTHING"
+)
+
+
+async def _row(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[Any, ...]:
+    row = await conn.fetchrow(sql, *args)
+    assert row is not None
+    return tuple(row)
+
+
+async def _books(conn: asyncpg.Connection, owner: str, account_id: str, keys: tuple[str, str]) -> list[Any]:
+    """An owner's books on one account and two keys: the balance, each key's spend and period, the
+    owner's leases on the three pots, the usage records, log entries and stream progress."""
+    found = [await conn.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)]
+    for key_id in keys:
+        found.append(await _row(conn, "SELECT spent, spent_period_ms FROM api_keys WHERE id = $1", key_id))
+    for kind, pot_id in [("account", account_id), ("key", keys[0]), ("key", keys[1])]:
+        found.append(
+            await conn.fetchval(
+                "SELECT amount FROM leases WHERE kind = $1 AND pot_id = $2 AND owner = $3",
+                kind,
+                pot_id,
+                owner,
+            )
+        )
+    found.append(
+        await _row(conn, "SELECT count(*), sum(cost) FROM usage_records WHERE account_id = $1", account_id)
+    )
+    found.append(await conn.fetchval("SELECT count(*) FROM request_logs WHERE account_id = $1", account_id))
+    found.append(await conn.fetchval("SELECT count(*) FROM stream_progress WHERE owner = $1", owner))
+    return found
+
+
+def test_one_settlement_takes_the_short_path_to_the_same_books(postgres_url: str) -> None:
+    """migrations/0006: a batch of one settlement is settled by single-row statements. Two identical
+    set-ups, one settled that way and one by the set-based path (gateway_settle_json_many), take
+    the same 300 random settlements one at a time (charges and free requests, on a limited and an
+    unlimited key, ending in the key's period, an earlier or a later one, repeats, streams whose
+    progress ends, leases smaller and larger than a charge, none at all): after each, both
+    statements answer the same and the books are the same."""
+
+    async def main() -> None:
+        async with stores(postgres_url, 1) as (store,):
+            rng = random.Random(19)
+            sides = []  # (function, owner, account, limited key, unlimited key)
+            for function in ("gateway_settle_json", "gateway_settle_json_many"):
+                account_id, limited = await account_and_key(store, "500", credit_limit="200")
+                await store.update_key(limited, {"limit_reset": "daily"})
+                unlimited = (await store.create_key(account_id, "k", os.urandom(32), "sk-test", None)).id
+                sides.append((function, "owner-" + os.urandom(4).hex(), account_id, limited, unlimited))
+            today = period_start_ms("daily", now_ms())
+            done: list[list[Settlement]] = [[], []]
+            conn = await asyncpg.connect(postgres_url)
+            try:
+                for step in range(300):
+                    amounts = [rng.choice([None, "0.5", "2", "40"]) for _ in range(2)]
+                    repeat = bool(done[0]) and rng.random() < 0.1
+                    index = rng.randrange(len(done[0])) if repeat else 0
+                    cost = rng.choice(["0", "0.125", "0.5", "1.375", "3"])
+                    ended = today + rng.choice([-1, 0, 0, 0, 1, 2]) * DAY_MS + DAY_MS // 2
+                    on_limited = rng.random() < 0.7
+                    stream = rng.random() < 0.2
+                    answers, books = [], []
+                    for side, (function, owner, account_id, limited, unlimited) in enumerate(sides):
+                        if step % 25 == 0:  # leases of this step's sizes, or none
+                            await conn.execute("DELETE FROM leases WHERE owner = $1", owner)
+                            for kind, pot_id, amount in [
+                                ("account", account_id, amounts[0]),
+                                ("key", limited, amounts[1]),
+                            ]:
+                                if amount is not None:
+                                    await conn.execute(_LEASE, kind, pot_id, owner, Decimal(amount))
+                        if repeat:
+                            settlement = done[side][index]
+                        else:
+                            r = record(
+                                account_id, limited if on_limited else unlimited, cost, ended_at_ms=ended
+                            )
+                            settlement = Settlement(r, log_entry(r))
+                            done[side].append(settlement)
+                        usage_id = settlement.record.id
+                        if stream:  # its progress was journaled: the settlement ends it
+                            await conn.execute(_PROGRESS, owner, usage_id)
+                        args = rows.settle_args(
+                            owner, settlements=[settlement], ended=[usage_id] if stream else []
+                        )
+                        answers.append(await conn.fetchval(f"SELECT {function}($1::text, $2::jsonb)", *args))
+                        books.append(await _books(conn, owner, account_id, (limited, unlimited)))
+                    assert answers[0] == answers[1], step
+                    assert books[0] == books[1], step
+                assert books[0][0] < Decimal(500)  # money moved: the test saw charges
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+
+
 def test_key_changes_reach_other_instances_within_a_second(postgres_url: str) -> None:
     async def main() -> None:
         async with stores(postgres_url, 2) as (a, b):
