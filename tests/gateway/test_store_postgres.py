@@ -209,7 +209,7 @@ async def _row(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[Any, ...
 
 async def _books(conn: asyncpg.Connection, owner: str, account_id: str, keys: tuple[str, str]) -> list[Any]:
     """An owner's books on one account and two keys: the balance, each key's spend and period, the
-    owner's leases on the three pots, the usage records, log entries and stream progress."""
+    owner's leases on the three pots, the usage records, log entries and streams' progress."""
     found = [await conn.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)]
     for key_id in keys:
         found.append(await _row(conn, "SELECT spent, spent_period_ms FROM api_keys WHERE id = $1", key_id))
@@ -226,16 +226,24 @@ async def _books(conn: asyncpg.Connection, owner: str, account_id: str, keys: tu
         await _row(conn, "SELECT count(*), sum(cost) FROM usage_records WHERE account_id = $1", account_id)
     )
     found.append(await conn.fetchval("SELECT count(*) FROM request_logs WHERE account_id = $1", account_id))
-    found.append(await conn.fetchval("SELECT count(*) FROM stream_progress WHERE owner = $1", owner))
+    found.append(
+        await _row(
+            conn,
+            "SELECT count(*), array_agg(settlement ORDER BY settlement) FROM stream_progress"
+            " WHERE owner = $1",
+            owner,
+        )
+    )
     return found
 
 
 def test_one_settlement_takes_the_short_path_to_the_same_books(postgres_url: str) -> None:
-    """migrations/0006: a batch of one settlement is settled by single-row statements. Two identical
-    set-ups, one settled that way and one by the set-based path (gateway_settle_json_many), take
-    the same 300 random settlements one at a time (charges and free requests, on a limited and an
+    """migrations/0006: a batch of at most one settlement is settled by single-row statements. Two
+    identical set-ups, one settled that way and one by the set-based path (gateway_settle_json_many),
+    take the same 300 random batches (a settlement, sometimes with running streams' progress; a
+    stream's progress alone; a log entry alone): charges and free requests, on a limited and an
     unlimited key, ending in the key's period, an earlier or a later one, repeats, streams whose
-    progress ends, leases smaller and larger than a charge, none at all): after each, both
+    progress ends, leases smaller and larger than a charge, none at all. After each, both
     statements answer the same and the books are the same."""
 
     async def main() -> None:
@@ -253,22 +261,24 @@ def test_one_settlement_takes_the_short_path_to_the_same_books(postgres_url: str
             try:
                 for step in range(300):
                     amounts = [rng.choice([None, "0.5", "2", "40"]) for _ in range(2)]
+                    kind = rng.choices(["settle", "progress", "log"], [6, 2, 1])[0]
                     repeat = bool(done[0]) and rng.random() < 0.1
                     index = rng.randrange(len(done[0])) if repeat else 0
                     cost = rng.choice(["0", "0.125", "0.5", "1.375", "3"])
                     ended = today + rng.choice([-1, 0, 0, 0, 1, 2]) * DAY_MS + DAY_MS // 2
                     on_limited = rng.random() < 0.7
-                    stream = rng.random() < 0.2
+                    stream = rng.random() < 0.2  # the settlement ends a stream whose progress was kept
+                    running = [os.urandom(6) for _ in range(rng.choice([0, 0, 1, 2]))]  # others' progress
                     answers, books = [], []
                     for side, (function, owner, account_id, limited, unlimited) in enumerate(sides):
                         if step % 25 == 0:  # leases of this step's sizes, or none
                             await conn.execute("DELETE FROM leases WHERE owner = $1", owner)
-                            for kind, pot_id, amount in [
+                            for pot, pot_id, amount in [
                                 ("account", account_id, amounts[0]),
                                 ("key", limited, amounts[1]),
                             ]:
                                 if amount is not None:
-                                    await conn.execute(_LEASE, kind, pot_id, owner, Decimal(amount))
+                                    await conn.execute(_LEASE, pot, pot_id, owner, Decimal(amount))
                         if repeat:
                             settlement = done[side][index]
                         else:
@@ -278,16 +288,29 @@ def test_one_settlement_takes_the_short_path_to_the_same_books(postgres_url: str
                             settlement = Settlement(r, log_entry(r))
                             done[side].append(settlement)
                         usage_id = settlement.record.id
-                        if stream:  # its progress was journaled: the settlement ends it
-                            await conn.execute(_PROGRESS, owner, usage_id)
-                        args = rows.settle_args(
-                            owner, settlements=[settlement], ended=[usage_id] if stream else []
-                        )
+                        progress = {f"{usage_id}-{i}": data for i, data in enumerate(running)}
+                        if kind == "progress":
+                            args = rows.settle_args(
+                                owner, progress={usage_id: running[0] if running else b"{}"}
+                            )
+                        elif kind == "log":
+                            assert settlement.log is not None
+                            args = rows.settle_args(owner, logs=[rows.log_values(settlement.log)])
+                        else:
+                            if stream:  # its progress was journaled: the settlement ends it
+                                await conn.execute(_PROGRESS, owner, usage_id)
+                            args = rows.settle_args(
+                                owner,
+                                progress=progress,
+                                settlements=[settlement],
+                                ended=[usage_id] if stream else [],
+                            )
                         answers.append(await conn.fetchval(f"SELECT {function}($1::text, $2::jsonb)", *args))
                         books.append(await _books(conn, owner, account_id, (limited, unlimited)))
                     assert answers[0] == answers[1], step
                     assert books[0] == books[1], step
                 assert books[0][0] < Decimal(500)  # money moved: the test saw charges
+                assert books[0][-1][0] > 0  # streams' progress was kept
             finally:
                 await conn.close()
 

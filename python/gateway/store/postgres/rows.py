@@ -160,9 +160,9 @@ def count(status: str) -> int:
 # (migrations/0004) takes the batch as one JSON parameter and settles it with gateway_settle
 # (migrations/0002). One text parameter costs the gateway a few microseconds to send, where
 # gateway_settle's 32 array parameters cost it ~93 us for one settlement (asyncpg encodes arrays
-# element by element; benches/README.md, 2026-11-29). A batch of one settlement and no stream
-# progress, the usual one while few requests run, is settled by single-row statements instead
-# (migrations/0006: the same books for about half the database's CPU).
+# element by element; benches/README.md, 2026-11-29). A batch of at most one settlement (with any
+# streams' progress), the usual one while few requests run, is settled by single-row statements
+# instead (migrations/0006: the same books for about half the database's CPU).
 SETTLE = "SELECT gateway_settle_json($1::text, $2::jsonb)"
 # Where the money and the bodies are in a usage record's and a log entry's values (their columns'
 # order, which gateway_settle's parameters follow).

@@ -11,7 +11,7 @@ otherwise the writer task starts the next batch when a connection frees up, so u
 commit carries many settlements (about a commit's time of them, a millisecond or two).
 
 A batch is one statement, `SELECT gateway_settle_json(...)` (migrations/0004, then 0002's
-gateway_settle; a batch of one settlement by migrations/0006's single-row statements;
+gateway_settle; a batch of at most one settlement by migrations/0006's single-row statements;
 rows.settle_batch), the batch sent as one JSON parameter: one round trip, and its own transaction,
 instead of BEGIN, a statement per step and COMMIT (measured by benches/pg_settle.py: a settlement
 at concurrency 1 took 1.4 ms in six or seven round trips, 0.53 ms in one). The commit is durable

@@ -1,9 +1,12 @@
--- A batch of one settlement (a request at a time: what the writer sends while few requests run)
--- settled by a few single-row statements instead of gateway_settle's set-based ones, whose plans
--- are built for any number of rows and cost as much to start for one: a call took the database
--- 800-890 us of CPU that way and 420 us this way (benches/README.md, 2026-11-30). At low
--- concurrency, where every batch is one settlement, that is most of what a request costs the
--- database. The rules are gateway_settle's (migrations/0002), for one usage record:
+-- A batch of at most one settlement (a request at a time, or a stream's progress: what the writer
+-- sends while few requests run) settled by a few single-row statements instead of gateway_settle's
+-- set-based ones, whose plans are built for any number of rows and cost as much to start for one:
+-- a call with one settlement took the database 800-890 us of CPU that way and 350-420 us this way,
+-- one with a stream's progress alone 380-390 us and 170-210 us (benches/README.md, 2026-11-30). At
+-- low concurrency, where every batch is one settlement or one stream's progress, that is most of
+-- what a request costs the database. The rules are
+-- gateway_settle's (migrations/0002), for one usage record:
+--   - the streams' progress kept for this owner (the latest replaces what was kept);
 --   - request log entries inserted once by id, in order;
 --   - the usage record inserted once by id; only a new one with a cost is charged;
 --   - the account's balance charged; the key's spend counted in its credit-limit period when the
@@ -11,11 +14,11 @@
 --     of an earlier period counts nothing);
 --   - this owner's leases on the account and on a limited key lowered by the cost, deleted when
 --     used up;
---   - the ended streams' progress deleted;
+--   - the ended streams' progress deleted, last;
 -- with the same locks in the same order (the account's row, then the key's, then the leases).
--- Any other batch (several usage records, stream progress to write) goes to the set-based path,
--- gateway_settle_json as migrations/0004 made it, renamed here gateway_settle_json_many. Equality
--- of the two paths: tests/gateway/test_store_postgres.py.
+-- A batch of several usage records goes to the set-based path, gateway_settle_json as
+-- migrations/0004 made it, renamed here gateway_settle_json_many. Equality of the two paths:
+-- tests/gateway/test_store_postgres.py.
 ALTER FUNCTION gateway_settle_json(text, jsonb) RENAME TO gateway_settle_json_many;
 
 CREATE FUNCTION gateway_settle_json(p_owner text, p_batch jsonb) RETURNS integer
@@ -34,11 +37,18 @@ DECLARE
     v_limited boolean := false;
     fresh integer := 0;
 BEGIN
-    IF coalesce(jsonb_array_length(p_batch -> 'u'), 0) <> 1
-        OR coalesce(jsonb_array_length(p_batch -> 'pi'), 0) <> 0 THEN
+    IF coalesce(jsonb_array_length(p_batch -> 'u'), 0) > 1 THEN
         RETURN gateway_settle_json_many(p_owner, p_batch);
     END IF;
-    u := p_batch -> 'u' -> 0;
+    u := p_batch -> 'u' -> 0;  -- NULL when the batch settles nothing
+
+    IF jsonb_array_length(p_batch -> 'pi') > 0 THEN
+        INSERT INTO stream_progress (owner, usage_id, settlement)
+        SELECT p_owner, p.usage_id, decode(p.data, 'base64')
+        FROM ROWS FROM (jsonb_array_elements_text(p_batch -> 'pi'), jsonb_array_elements_text(p_batch -> 'pd'))
+            AS p(usage_id, data)
+        ON CONFLICT (owner, usage_id) DO UPDATE SET settlement = excluded.settlement;
+    END IF;
 
     INSERT INTO request_logs (id, key_id, account_id, method, path, model, status, error_code,
         started_at_ms, duration_ms, cost, usage_id, attempts, request_body, request_bytes,
@@ -50,14 +60,16 @@ BEGIN
     ORDER BY e.ord
     ON CONFLICT (id) DO NOTHING;
 
-    INSERT INTO usage_records (id, request_id, key_id, account_id, model, status,
-        prompt_tokens, completion_tokens, cost, started_at_ms, ended_at_ms)
-    VALUES (u ->> 0, u ->> 1, u ->> 2, u ->> 3, u ->> 4, u ->> 5, (u ->> 6)::bigint, (u ->> 7)::bigint,
-        (u ->> 8)::numeric, (u ->> 9)::bigint, (u ->> 10)::bigint)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING account_id, key_id, cost, ended_at_ms INTO v_account, v_key, v_cost, v_ended;
-    IF FOUND THEN
-        fresh := 1;
+    IF u IS NOT NULL THEN
+        INSERT INTO usage_records (id, request_id, key_id, account_id, model, status,
+            prompt_tokens, completion_tokens, cost, started_at_ms, ended_at_ms)
+        VALUES (u ->> 0, u ->> 1, u ->> 2, u ->> 3, u ->> 4, u ->> 5, (u ->> 6)::bigint,
+            (u ->> 7)::bigint, (u ->> 8)::numeric, (u ->> 9)::bigint, (u ->> 10)::bigint)
+        ON CONFLICT (id) DO NOTHING
+        RETURNING account_id, key_id, cost, ended_at_ms INTO v_account, v_key, v_cost, v_ended;
+        IF FOUND THEN
+            fresh := 1;
+        END IF;
     END IF;
 
     IF fresh = 1 AND v_cost <> 0 THEN
