@@ -1,11 +1,11 @@
 -- A batch of at most one settlement (a request at a time, or a stream's progress: what the writer
 -- sends while few requests run) settled by a few single-row statements instead of gateway_settle's
 -- set-based ones, whose plans are built for any number of rows and cost as much to start for one:
--- a call with one settlement took the database 800-890 us of CPU that way and 350-420 us this way,
--- one with a stream's progress alone 380-390 us and 170-210 us (benches/README.md, 2026-11-30). At
--- low concurrency, where every batch is one settlement or one stream's progress, that is most of
--- what a request costs the database. The rules are
--- gateway_settle's (migrations/0002), for one usage record:
+-- a call with one settlement took the database 690-890 us of CPU that way and 350-420 us this way,
+-- one with a stream's progress alone 380-390 us that way and 170-210 us this way (benches/README.md,
+-- 2026-11-30). At low concurrency, where every batch is one settlement or one stream's progress,
+-- that is most of what a request costs the database. The rules are gateway_settle's
+-- (migrations/0002), for one usage record:
 --   - the streams' progress kept for this owner (the latest replaces what was kept);
 --   - request log entries inserted once by id, in order;
 --   - the usage record inserted once by id; only a new one with a cost is charged;
