@@ -17,7 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -141,7 +141,7 @@ def main() -> int:
                 notes.append(f"{path}: not measured, {exc}; its rows are missing.")
         paired = None
         if "gateway" in paths and "gateway-pg" in paths:
-            print("gateway against gateway-pg, interleaved:", flush=True)
+            print("gateway against gateway-pg, interleaved (c=1 p50, c=64 req/s):", flush=True)
             try:
                 paired = pg_paired(
                     starters, rounds=4 if args.quick else 8, seconds=2.0 if args.quick else 3.0
@@ -227,13 +227,28 @@ def run_path(
 def pg_paired(
     starters: dict[str, Callable[[], AbstractContextManager[servers.Target]]], rounds: int, seconds: float
 ) -> dict[str, Any]:
-    """gateway-pg's p50 minus the gateway's at c=1 (chat), both running, measured in alternating
-    rounds: the machine's speed drifts by tenths of a millisecond over minutes, more than the
-    difference itself, so rows taken a minute apart compare the drift as much as the paths."""
+    """gateway-pg against the gateway, both running, measured in alternating rounds: its p50 minus
+    the gateway's at c=1 (chat) and its requests per second over the gateway's at c=64. The
+    machine's speed drifts by tenths of a millisecond and by tens of per cent of its throughput over
+    minutes, more than either target's margin, so rows taken a minute apart compare the drift as
+    much as the paths."""
+
+    def both(target: servers.Target) -> tuple[float, float]:
+        return _p50_at_c1("chat", seconds, target), _rps_at_c64("chat", seconds, target)
 
     with starters["gateway"]() as gateway, starters["gateway-pg"]() as gateway_pg:
-        found = _alternating(gateway, [gateway_pg], rounds, partial(_p50_at_c1, "chat", seconds))
-        return {"seconds": seconds, "rounds": rounds, **found[gateway_pg.name]}
+        found = _alternating([gateway, gateway_pg], rounds, both)
+    pairs = list(zip(found[gateway.name], found[gateway_pg.name], strict=True))
+    differences = [round(pg[0] - gw[0], 3) for gw, pg in pairs]
+    ratios = [round(pg[1] / gw[1], 3) for gw, pg in pairs]
+    return {
+        "seconds": seconds,
+        "rounds": rounds,
+        "differences_ms": differences,
+        "median_ms": round(statistics.median(differences), 3),
+        "throughput_ratios": ratios,
+        "throughput_ratio_median": round(statistics.median(ratios), 3),
+    }
 
 
 def first_token_paired(
@@ -253,14 +268,17 @@ def first_token_paired(
         ).first_token_p50_ms
 
     with starters["floor"]() as floor, starters["gateway"]() as gateway, starters["held"]() as held:
-        found = _alternating(floor, [gateway, held], rounds, first_token)
-        return {
-            "streams": streams,
-            "rounds": rounds,
-            **found[gateway.name],
-            "held_differences_ms": found[held.name]["differences_ms"],
-            "held_median_ms": found[held.name]["median_ms"],
-        }
+        found = _alternating([floor, gateway, held], rounds, first_token)
+    over_floor = _differences(found, floor, gateway)
+    held_over_floor = _differences(found, floor, held)
+    return {
+        "streams": streams,
+        "rounds": rounds,
+        "differences_ms": over_floor,
+        "median_ms": round(statistics.median(over_floor), 3),
+        "held_differences_ms": held_over_floor,
+        "held_median_ms": round(statistics.median(held_over_floor), 3),
+    }
 
 
 def chunk_paired(
@@ -271,10 +289,8 @@ def chunk_paired(
     taken minutes apart (5 µs a chunk, the target itself), as for pg_paired."""
 
     with starters["floor"]() as floor, starters["gateway"]() as gateway:
-        found = _alternating(floor, [gateway], rounds, partial(_p50_at_c1, "chat_stream", seconds))[
-            gateway.name
-        ]
-    per_chunk = [round(ms * 1000 / STREAM_CHUNKS, 2) for ms in found["differences_ms"]]
+        found = _alternating([floor, gateway], rounds, partial(_p50_at_c1, "chat_stream", seconds))
+    per_chunk = [round(ms * 1000 / STREAM_CHUNKS, 2) for ms in _differences(found, floor, gateway)]
     return {
         "seconds": seconds,
         "rounds": rounds,
@@ -290,32 +306,43 @@ def _p50_at_c1(workload: str, seconds: float, target: servers.Target) -> float:
     return load.wrk(target.url(workload), data, target.headers, 1, seconds, CLIENT_CPU).p50_ms
 
 
+def _rps_at_c64(workload: str, seconds: float, target: servers.Target) -> float:
+    """The requests per second of `workload` on `target` at c=64 over `seconds`, after a second's
+    warm-up."""
+    data = load.body(workload, target.model[workload])
+    load.wrk(target.url(workload), data, target.headers, 64, 1.0, CLIENT_CPU)
+    return load.wrk(target.url(workload), data, target.headers, 64, seconds, CLIENT_CPU).rps
+
+
+Figure = TypeVar("Figure")
+
+
 def _alternating(
-    base: servers.Target,
-    others: list[servers.Target],
-    rounds: int,
-    measure: Callable[[servers.Target], float],
-) -> dict[str, dict[str, Any]]:
-    """`measure(other)` minus `measure(base)` for each of `others`, in each of `rounds` rounds,
-    which of them goes first rotating; by other's name, every round's difference and their
-    median (ms)."""
+    targets: list[servers.Target], rounds: int, measure: Callable[[servers.Target], Figure]
+) -> dict[str, list[Figure]]:
+    """`measure(target)` for each of `targets` in each of `rounds` rounds, which of them goes first
+    rotating; by target's name, every round's figure."""
     time.sleep(0.5)
-    every = [base, *others]
-    differences: dict[str, list[float]] = {other.name: [] for other in others}
+    figures: dict[str, list[Figure]] = {target.name: [] for target in targets}
     for n in range(rounds):
-        figures = {}
-        for target in every[n % len(every) :] + every[: n % len(every)]:
-            figures[target.name] = measure(target)
-        for other in others:
-            differences[other.name].append(round(figures[other.name] - figures[base.name], 3))
+        for target in targets[n % len(targets) :] + targets[: n % len(targets)]:
+            figures[target.name].append(measure(target))
         print(
-            f"  round {n + 1}: " + ", ".join(f"{name} {value:.2f} ms" for name, value in figures.items()),
+            f"  round {n + 1}: " + ", ".join(f"{name} {_show(found[-1])}" for name, found in figures.items()),
             flush=True,
         )
-    return {
-        name: {"differences_ms": found, "median_ms": round(statistics.median(found), 3)}
-        for name, found in differences.items()
-    }
+    return figures
+
+
+def _show(figure: object) -> str:
+    if isinstance(figure, tuple):  # pg_paired's (p50 ms at c=1, req/s at c=64)
+        return f"{figure[0]:.2f} ms / {figure[1]:,.0f} req/s"
+    return f"{figure:.2f} ms"
+
+
+def _differences(found: dict[str, list[float]], base: servers.Target, other: servers.Target) -> list[float]:
+    """Every round's figure of `other` minus `base`'s (ms), from _alternating's figures."""
+    return [round(o - b, 3) for b, o in zip(found[base.name], found[other.name], strict=True)]
 
 
 def add_differences(rows: list[dict[str, Any]]) -> None:
