@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.budget import FOREVER, period_start_ms
 from gateway.errors import GatewayError
-from gateway.funds import Funds, Hold
-from gateway.store import KeyContext, UsageRecord, open_store
+from gateway import clock
+from gateway.funds import ZERO, Funds, Hold
+from gateway.store import KeyContext, Store, UsageRecord, open_store
 from harness import Gateway, StoreSpec, store_spec
 
 MS = st.integers(min_value=0, max_value=4_102_444_800_000)  # 1970 to 2100
@@ -112,6 +113,111 @@ def test_limit_used_up_then_reset(
     expected = ["ok", "ok", "key_budget_exceeded"] + (["ok"] if after_reset else [])
     with store_spec(tmp_path, backend) as spec:
         assert asyncio.run(go(spec)) == expected
+
+
+def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) -> None:
+    """Changing a key's limit_reset starts its count again in the new reset's period (docs/admin.md):
+    a limit used up daily, made monthly, has its whole limit again, and the charges after the change
+    count in the new period (the old count's period is later than the new reset's own start, and
+    would otherwise count nothing from then on). Setting the same reset again changes nothing."""
+
+    async def go(spec: StoreSpec) -> list[str]:
+        store = open_store(spec.settings())
+        await store.start()
+        funds = Funds(store)
+        try:
+            account = await store.create_account("a", Decimal(100))
+            secret = generate_key()
+            key = await store.create_key(
+                account.id,
+                "k",
+                hash_key(secret),
+                display_prefix(secret),
+                None,
+                credit_limit=Decimal("0.05"),
+                limit_reset="daily",
+            )
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None
+            outcomes = []
+            now = clock.now_ms()
+            outcome, held = await _hold(funds, ctx, Decimal("0.05"), now)
+            assert held is not None
+            await _charge(store, funds, held, _record("r0", ctx, Decimal("0.05"), now))
+            outcomes.append((await _hold(funds, ctx, Decimal("0.01"), now))[0])
+
+            changed = await store.update_key(key.id, {"limit_reset": "monthly"})
+            assert changed is not None
+            assert (changed.spent, changed.spent_period_ms) == (0, period_start_ms("monthly", now))
+            await funds.answer_recalls()  # the housekeeping pass of this process
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None
+            for i in (1, 2):
+                outcome, held = await _hold(funds, ctx, Decimal("0.02"), now)
+                outcomes.append(outcome)
+                assert held is not None
+                await _charge(store, funds, held, _record(f"r{i}", ctx, Decimal("0.02"), now))
+            outcomes.append((await _hold(funds, ctx, Decimal("0.02"), now))[0])
+            again = await store.update_key(key.id, {"limit_reset": "monthly"})
+            assert again is not None and again.spent == Decimal("0.04")
+            for reset in (None, "weekly"):  # never and back: each a fresh count
+                cleared = await store.update_key(key.id, {"limit_reset": reset})
+                assert cleared is not None
+                assert (cleared.spent, cleared.spent_period_ms) == (0, period_start_ms(reset, now))
+            return outcomes
+        finally:
+            await store.close()
+
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(spec)) == ["key_budget_exceeded", "ok", "ok", "key_budget_exceeded"]
+
+
+def test_a_lowered_limit_takes_back_what_was_leased(tmp_path: Path, backend: str) -> None:
+    """A process leases a key's limit as it finds it (one owner: all of it); lowered, the lease is
+    recalled with the change, and the process's next pass gives back what nothing holds: the next
+    request is measured against the new limit, not spent out of the old lease. A request running
+    under the old limit keeps its hold."""
+
+    async def go(spec: StoreSpec) -> list[str]:
+        store = open_store(spec.settings())
+        await store.start()
+        funds = Funds(store)
+        try:
+            account = await store.create_account("a", Decimal(100))
+            secret = generate_key()
+            key = await store.create_key(
+                account.id, "k", hash_key(secret), display_prefix(secret), None, credit_limit=Decimal(1)
+            )
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None
+            now = clock.now_ms()
+            outcomes = []
+            running = (await _hold(funds, ctx, Decimal("0.003"), now))[1]
+            assert running is not None
+            assert await store.update_key(key.id, {"credit_limit": Decimal("0.004")}) is not None
+            assert await funds.answer_recalls() == 1
+            ctx = await store.find_key(hash_key(secret))
+            assert ctx is not None
+            # 0.001 is left beside the running request's 0.003: 0.002 does not fit, 0.001 does.
+            for amount in ("0.002", "0.001"):
+                outcome, held = await _hold(funds, ctx, Decimal(amount), now)
+                outcomes.append(outcome)
+                if held is not None:
+                    funds.release(held, ZERO)
+            await _charge(store, funds, running, _record("r0", ctx, Decimal("0.003"), now))
+            return outcomes
+        finally:
+            await store.close()
+
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(spec)) == ["key_budget_exceeded", "ok"]
+
+
+async def _charge(store: Store, funds: Funds, held: Hold, record: UsageRecord) -> None:
+    """Settle `record` for the hold, as billing does, and wait until the store has applied it."""
+    await store.settle(record)
+    funds.release(held, record.cost)
+    await store.purge_responses(0)  # an awaited write behind the settlement: applied in order
 
 
 async def _hold(funds: Funds, ctx: KeyContext, amount: Decimal, now_ms: int) -> tuple[str, Hold | None]:

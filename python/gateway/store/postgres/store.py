@@ -62,6 +62,7 @@ from typing import Any, TypeVar, cast
 import asyncpg
 import orjson
 
+from ...budget import period_start_ms
 from ...clock import now_ms
 from .. import (
     JOB_RUNNING,
@@ -1078,11 +1079,33 @@ class PostgresStore(PostgresConsole):
 
         async def update(conn: asyncpg.Connection) -> ApiKey | None:
             if values:
-                await conn.execute(
-                    f"UPDATE api_keys SET {_assignments(values)} WHERE id = $1 AND deleted_at_ms IS NULL",
+                assignments, args = _assignments(values), list(values.values())
+                if "limit_reset" in values:
+                    # A new reset starts a fresh count, in the new reset's period (gateway.budget).
+                    reset = values["limit_reset"]
+                    same, start = len(args) + 2, len(args) + 3
+                    assignments += (
+                        f", spent = CASE WHEN limit_reset IS NOT DISTINCT FROM ${same} THEN spent ELSE 0 END"
+                        f", spent_period_ms = CASE WHEN limit_reset IS NOT DISTINCT FROM ${same}"
+                        f" THEN spent_period_ms ELSE ${start}::bigint END"
+                    )
+                    args += [reset, period_start_ms(reset, now_ms())]
+                status = await conn.execute(
+                    f"UPDATE api_keys SET {assignments} WHERE id = $1 AND deleted_at_ms IS NULL",
                     key_id,
-                    *values.values(),
+                    *args,
                 )
+                if rows.count(status) and ("credit_limit" in values or "limit_reset" in values):
+                    # What each process leased of the key's limit was granted under the old terms:
+                    # every one gives back its spare at its next pass (Funds.answer_recalls), and
+                    # leases again under the new ones. The key's row is locked first (above): the
+                    # lock order of every change to its leases.
+                    await conn.execute(
+                        "UPDATE leases SET recalled = true"
+                        " WHERE kind = 'key' AND pot_id = $1 AND owner NOT LIKE $2",
+                        key_id,
+                        JOB_LEASE_PREFIX + "%",
+                    )
             return await _live_key(conn, key_id)
 
         return await self._change_keys(update)

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from ...budget import period_start_ms
 from ...clock import now_ms
 from .. import leasing
 from ..records import (
@@ -794,10 +795,28 @@ class SqliteStore(SqliteConsole):
 
         def op(conn: sqlite3.Connection) -> ApiKey | None:
             if values:
-                conn.execute(
-                    f"UPDATE api_keys SET {_assignments(values)} WHERE id = ? AND deleted_at_ms IS NULL",
-                    (*values.values(), key_id),
-                )
+                assignments, args = _assignments(values), list(values.values())
+                if "limit_reset" in values:
+                    # A new reset starts a fresh count, in the new reset's period (gateway.budget).
+                    reset = values["limit_reset"]
+                    assignments += (
+                        ", spent = CASE WHEN limit_reset IS ? THEN spent ELSE '0' END"
+                        ", spent_period_ms = CASE WHEN limit_reset IS ? THEN spent_period_ms ELSE ? END"
+                    )
+                    args += [reset, reset, period_start_ms(reset, now_ms())]
+                changed = conn.execute(
+                    f"UPDATE api_keys SET {assignments} WHERE id = ? AND deleted_at_ms IS NULL",
+                    (*args, key_id),
+                ).rowcount
+                if changed and ("credit_limit" in values or "limit_reset" in values):
+                    # What each process leased of the key's limit was granted under the old terms:
+                    # every one gives back its spare at its next pass (Funds.answer_recalls), and
+                    # leases again under the new ones.
+                    conn.execute(
+                        "UPDATE leases SET recalled = 1"
+                        " WHERE kind = 'key' AND pot_id = ? AND owner NOT LIKE ?",
+                        (key_id, JOB_LEASE_PREFIX + "%"),
+                    )
             return _live_key(conn, key_id)
 
         result: ApiKey | None = await self._write(op, changes_keys=True)
