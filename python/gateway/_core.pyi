@@ -294,6 +294,10 @@ def parse_response_head(buf: bytes) -> tuple[bool, int, list[tuple[str, str]], i
     HTTP/1.x, a malformed header line, control bytes in a value, more than 256 header lines).
     """
 
+def json_nesting_depth(body: bytes, limit: int) -> int:
+    """How deeply the JSON text `body` nests arrays and objects (0 for a scalar), counted to
+    `limit + 1` at most (a scan of its brackets outside strings; it does not validate)."""
+
 def set_json_id(body: bytes, new_id: str) -> bytes:
     """Return the JSON object `body` with its top-level "id" set to `new_id` (inserted when absent),
     all other bytes untouched. Raises InvalidJsonError when the body is not a JSON object (the whole

@@ -195,6 +195,10 @@ class _GatewayApp(Starlette):
     def __init__(self, state: GatewayState, **kwargs: Any) -> None:
         self._gateway = state
         super().__init__(**kwargs)
+        # A path with a slash too many (or too few) is unknown (404 in the spec's format), not a
+        # redirect: Starlette's would name the Host header's origin, whatever a client put there,
+        # before the key is checked.
+        self.router.redirect_slashes = False
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self._gateway

@@ -20,6 +20,7 @@ from typing import Any
 from .config import ModelConfig
 from .context import Call
 from .core import count_tokens
+from .errors import invalid_request
 from .estimates import TextEstimate
 from .frozen import frozen
 from .funds import NotCovered
@@ -35,14 +36,20 @@ def estimate_usage(
     (the first of the request's `limits` parameters it sets, never more than the model's
     max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearer
     of the output and reasoning prices. It knows which of `limits` the request set, so that a
-    refusal can name the largest value that fits (gateway.estimates)."""
+    refusal can name the largest value that fits (gateway.estimates). A limit or `n` that is set
+    (not null) but not a positive integer is refused (400): the most the request may cost could not
+    be known, and an upstream that took `"n": "8"` would produce eight times what was held."""
     output, limit_set = model.max_output_tokens, None
-    for name in limits:
-        value = positive_int(None if payload is None else payload.get(name))
-        if value is not None:
-            output, limit_set = (value if value < output else output), name  # not min(): 10x the instructions
-            break
-    choices = positive_int(None if payload is None else payload.get("n")) or 1
+    choices = 1
+    if payload is not None:
+        for name in limits:
+            value = _count_param(payload, name)
+            if value is not None and limit_set is None:
+                output, limit_set = (
+                    (value if value < output else output),
+                    name,
+                )  # not min(): 10x the instructions
+        choices = _count_param(payload, "n") or 1
     output *= choices
     reasoning = output if model.prices.reasoning > model.prices.output else 0
     return TextEstimate(
@@ -53,6 +60,17 @@ def estimate_usage(
         limit_set=limit_set,
         choices=choices,
     )
+
+
+def _count_param(payload: dict[str, Any], name: str) -> int | None:
+    """The request's `name` when it is set: a positive integer, or 400 invalid_request."""
+    value = payload.get(name)
+    if value is None:
+        return None
+    count = positive_int(value)
+    if count is None:
+        raise invalid_request(f"`{name}` must be a positive integer.", name)
+    return count
 
 
 def positive_int(value: Any) -> int | None:

@@ -105,12 +105,104 @@ def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
         ),
         (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
         (b"\xff\xfe", None),
+        # What bounds the hold must be a count (an upstream taking "8" for n would make eight).
+        (b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "n": "2"}', "n"),
+        (b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "n": 0}', "n"),
+        (
+            b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
+            b' "max_tokens": "10"}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
+            b' "max_tokens": 1.5}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
+            b' "max_completion_tokens": -5, "max_tokens": 10}',
+            "max_completion_tokens",
+        ),
+        (
+            b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
+            b' "max_tokens": true}',
+            "max_tokens",
+        ),
     ],
 )
 def test_malformed_requests(gw: Gateway, key: KeyHandle, content: bytes, param: str | None) -> None:
     with gw.client(key.key) as c:
         r = c.post(CHAT, content=content, headers={"content-type": "application/json"})
     assert assert_error(r, 400, "invalid_request", "invalid_request_error")["param"] == param
+
+
+def nest(levels: int) -> object:
+    """A value `levels` objects deep."""
+    value: object = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((depth(v) for v in value), default=0)
+    return 0
+
+
+NESTED_BODIES = {
+    # Where deep nesting went wrong: the Rust core's parse of the messages (128 levels), orjson's
+    # encoder of a forwarded field (255), a translation to another shape.
+    "chat content part": (
+        CHAT,
+        lambda k: chat_body(content=[{"type": "text", "text": "hi", "x": nest(k - 5)}]),  # type: ignore[arg-type]
+    ),
+    "chat metadata": (CHAT, lambda k: chat_body(metadata=nest(k - 1))),
+    "chat tool schema": (
+        CHAT,
+        lambda k: chat_body(
+            tools=[{"type": "function", "function": {"name": "f", "parameters": nest(k - 4)}}]
+        ),
+    ),
+    "messages tool schema, translated": (
+        "/v1/messages",
+        lambda k: {
+            "model": "openai/gpt-4o-mini",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": nest(k - 3)}],
+        },
+    ),
+    "embeddings": (
+        "/v1/embeddings",
+        lambda k: {"model": "openai/text-embedding-3-small", "input": "hi", "x": nest(k - 1)},
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(NESTED_BODIES))
+def test_nesting_past_the_limit_is_400_and_up_to_it_runs(gw: Gateway, key: KeyHandle, where: str) -> None:
+    """A body nested deeper than 100 levels is refused 400 invalid_request before anything reads
+    it; one nested 100 levels deep runs. Before, 123 levels in a message or 255 in a forwarded
+    field got a 500 from whatever read the body after the parse."""
+    path, build = NESTED_BODIES[where]
+    assert depth(build(100)) == 100
+    with gw.client(key.key) as c:
+        for levels in (101, 130, 300):
+            refused = c.post(path, json=build(levels))
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "invalid_request"
+            assert "deeper than 100 levels" in refused.json()["error"]["message"]
+        served = c.post(path, json=build(100))
+    assert served.status_code == 200, served.text
+
+
+def test_null_counts_are_unset(gw: Gateway, key: KeyHandle) -> None:
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, json=chat_body(n=None, max_tokens=None, max_completion_tokens=None))
+    assert r.status_code == 200, r.text
 
 
 def test_no_credits(gw: Gateway) -> None:

@@ -104,6 +104,24 @@ def test_what_is_not_a_model_post_still_goes_through_starlette(tmp_path: Path) -
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions/"),
+        ("POST", "/v1/messages/"),
+        ("GET", "/v1/models/"),
+        ("GET", "/health/"),
+    ],
+)
+def test_a_trailing_slash_is_unknown_not_a_redirect(tmp_path: Path, method: str, path: str) -> None:
+    """Starlette would answer 307 to the path without its slash, on the Host header's origin,
+    before the key is checked: a client must never be sent elsewhere by what another put in Host."""
+    with TestClient(create_app(_settings(tmp_path)), raise_server_exceptions=False) as client:
+        r = client.request(method, path, headers={"host": "evil.example"}, follow_redirects=False)
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["code"] == "not_found"  # in the Anthropic shape under /v1/messages too
+
+
 def test_the_one_exception_table_serves_both(tmp_path: Path) -> None:
     app = create_app(_settings(tmp_path))
     for cls, handler in EXCEPTION_HANDLERS.items():

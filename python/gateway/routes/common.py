@@ -7,7 +7,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from starlette.requests import Request
@@ -17,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
 from ..context import Call
+from ..core import json_nesting_depth
 from ..deadline import within
 from ..errors import (
     GatewayError,
@@ -492,7 +493,17 @@ async def owned_job(state: GatewayState, request: Request, kind: str, param: str
     return job
 
 
+# How deeply a request body may nest arrays and objects. What reads a body after the parse (the Rust
+# core's serde, 128 levels; orjson's encoder, 255, after a translation adds its few) must never be
+# the first to find it too deep: that would be the gateway's failure, a 500, for a client's bytes.
+MAX_JSON_DEPTH: Final = 100
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
+    if json_nesting_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise invalid_request(
+            f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels."
+        )
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

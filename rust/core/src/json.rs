@@ -399,12 +399,84 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
+/// How deeply the JSON text `b` nests arrays and objects (0 for a scalar), counting to `limit + 1`
+/// at most: a scan of its brackets outside strings, the strings skipped by memchr. It does not
+/// validate: unbalanced or unterminated text gets whatever depth its brackets reached, and the
+/// parser that follows refuses it.
+pub fn nesting_depth(b: &[u8], limit: usize) -> usize {
+    let (mut depth, mut deepest, mut i) = (0usize, 0usize, 0usize);
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'"' => match skip_string(b, i) {
+                Ok(end) => {
+                    i = end;
+                    continue;
+                }
+                Err(_) => break,
+            },
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > deepest {
+                    deepest = depth;
+                    if deepest > limit {
+                        break;
+                    }
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    deepest
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::{json, Value};
+
+    fn depth_of(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => 1 + items.iter().map(depth_of).max().unwrap_or(0),
+            Value::Object(members) => 1 + members.values().map(depth_of).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn nesting_depth_counts_brackets_outside_strings() {
+        assert_eq!(nesting_depth(b"1", 10), 0);
+        assert_eq!(nesting_depth(b"{}", 10), 1);
+        assert_eq!(nesting_depth(br#"{"a":[1,{"b":[]}],"c":{}}"#, 10), 4);
+        assert_eq!(nesting_depth(br#"{"s":"[[[{{{\"[[[","t":["]"]}"#, 10), 2);
+        assert_eq!(nesting_depth(br#"{"s":"\\"}"#, 10), 1); // an escaped backslash ends before the quote
+        let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+        assert_eq!(nesting_depth(deep.as_bytes(), 100), 101); // stops counting past the limit
+        assert_eq!(nesting_depth(deep.as_bytes(), 1000), 300);
+        assert_eq!(nesting_depth(b"{\"open", 10), 1); // unterminated: what it reached
+    }
+
+    fn nested() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![Just(Value::Null), any::<i64>().prop_map(Value::from), "[\\[\\]{}\"\\\\a]{0,6}".prop_map(Value::from)];
+        leaf.prop_recursive(12, 64, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z\\[\\]{}\"]{0,3}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn nesting_depth_is_the_parsed_depth(value in nested()) {
+            let text = serde_json::to_vec(&value).unwrap();
+            prop_assert_eq!(nesting_depth(&text, usize::MAX - 1), depth_of(&value));
+        }
+    }
 
     fn set(body: &str) -> String {
         String::from_utf8(set_string_member(body.as_bytes(), "id", "gw-1").unwrap()).unwrap()

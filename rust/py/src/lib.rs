@@ -10,7 +10,7 @@ use gateway_core::stream::eventstream::{self, HeaderValue};
 use gateway_core::stream::{chat, messages, responses, sse, StreamRewriter, TokenUsage};
 use gateway_core::telemetry::{self, LineFormat};
 use gateway_core::tokens::{self, Encoding};
-use gateway_core::{idempotency, ids, key_digest as digest, CoreError as Core};
+use gateway_core::{idempotency, ids, json, key_digest as digest, CoreError as Core};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
@@ -347,6 +347,15 @@ fn stamp_answer<'py>(
     };
     let (out, usage) = chat::stamp_answer(body, new_id, shape).map_err(to_py)?;
     Ok((PyBytes::new(py, &out), usage.map(StreamUsage)))
+}
+
+#[pyfunction]
+fn json_nesting_depth(py: Python<'_>, body: &[u8], limit: usize) -> usize {
+    if body.len() > DETACH_BODY_BYTES {
+        py.detach(|| json::nesting_depth(body, limit))
+    } else {
+        json::nesting_depth(body, limit)
+    }
 }
 
 #[pyfunction]
@@ -824,6 +833,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_chat_usage, m)?)?;
     m.add_function(wrap_pyfunction!(parse_messages_usage, m)?)?;
     m.add_function(wrap_pyfunction!(set_json_id, m)?)?;
+    m.add_function(wrap_pyfunction!(json_nesting_depth, m)?)?;
     m.add_function(wrap_pyfunction!(stamp_answer, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
