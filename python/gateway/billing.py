@@ -23,7 +23,7 @@ from .core import count_tokens
 from .errors import invalid_request
 from .estimates import TextEstimate
 from .frozen import frozen
-from .funds import NotCovered
+from .funds import ZERO, NotCovered
 from .pricing import ReportedUsage, Usage, cost, reported_usage
 from .state import GatewayState
 from .store import Job, RequestLog, UsageRecord
@@ -91,6 +91,18 @@ async def hold(
         call.hold = await state.funds.hold(call.ctx, cost(model.prices, estimate), now_ms)
     except NotCovered as refused:
         raise refused.explained(model.prices, estimate, state.registry.forwarded_params(model)) from None
+
+
+async def check_output_covered(
+    state: GatewayState, call: Call, model: ModelConfig, output_only: Usage, now_ms: int | None = None
+) -> None:
+    """Before a large prompt is counted (routes/text.py): refuse at once, as `hold` would after the
+    count, when the money cannot cover even the output the request allows; nothing stays held."""
+    try:
+        held = await state.funds.hold(call.ctx, cost(model.prices, output_only), now_ms)
+    except NotCovered as refused:
+        raise refused.before_prompt() from None
+    state.funds.release(held, ZERO)
 
 
 def release(state: GatewayState, call: Call) -> None:

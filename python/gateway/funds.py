@@ -93,6 +93,18 @@ class NotCovered(GatewayError):
         left = f"${format_cost(self.available)}" if self.available > 0 else "nothing"
         return f"This request may cost up to ${format_cost(self.amount)}; {where} {left} available."
 
+    def before_prompt(self) -> GatewayError:
+        """The same refusal of a hold made before the request's prompt was counted (its output
+        alone, `amount`): the prompt would only add to it."""
+        code, remedy = _REMEDY[self.kind]
+        where = "the account has" if self.kind == "account" else "this key's credit limit has"
+        left = f"${format_cost(self.available)}" if self.available > 0 else "nothing"
+        return GatewayError(
+            code,
+            f"The output this request allows may cost up to ${format_cost(self.amount)} before its prompt"
+            f" is counted; {where} {left} available. {remedy}",
+        )
+
     def explained(self, prices: Prices, estimate: Usage, forwarded: frozenset[str]) -> GatewayError:
         """The same refusal, saying for a text request the largest output limit the available money
         covers, as `param` (or that not even its prompt is covered, with no param)."""

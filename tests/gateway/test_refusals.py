@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from decimal import Decimal
 
 import anthropic
@@ -196,3 +197,65 @@ def test_a_non_token_request_says_the_most_it_could_cost(gw: Gateway) -> None:
     error = caught.value.body
     assert isinstance(error, dict) and error["code"] == "insufficient_credits" and error["param"] is None
     assert "may cost up to $0.0015" in error["message"] and "$0.001 available" in error["message"]
+
+
+# ------------------------------------------------------------------ large prompts
+
+# One run of a character: BPE merges it piece by piece, the slowest text to count (~1 s a MB).
+LONG_RUN = " " * 3_000_000
+
+
+def test_a_large_prompt_the_money_cannot_cover_is_refused_before_it_is_counted(gw: Gateway) -> None:
+    """A key with nothing left sends megabytes of prompt: the refusal comes from its output alone,
+    before the prompt is counted, on every text shape."""
+    broke = gw.new_key(balance="0")
+    bodies = {
+        "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": LONG_RUN}]},
+        "/v1/messages": {
+            "model": MESSAGES_MODEL,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": LONG_RUN}],
+        },
+        "/v1/responses": {"model": RESPONSES_MODEL, "input": LONG_RUN},
+    }
+    with gw.client(broke.key) as c:
+        for path, body in bodies.items():
+            r = c.post(path, json=body)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["code"] == "insufficient_credits"
+            assert "before its prompt is counted" in error["message"]
+
+
+def test_a_large_prompt_is_counted_while_the_worker_serves_others(gw: Gateway) -> None:
+    """A paying request whose prompt takes seconds to count does not hold up its worker's other
+    requests (the count runs in a thread), and is then held and billed as any other."""
+    handle = gw.new_key()
+    small: list[float] = []
+    done = threading.Event()
+
+    def others() -> None:
+        with client(gw, handle.key) as c:
+            while not done.is_set():
+                c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=4)
+                small.append(time.monotonic())
+
+    with gw.client(handle.key) as c:
+        helper = threading.Thread(target=others)
+        started = time.monotonic()
+        helper.start()
+        try:
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": LONG_RUN}]},
+                timeout=120,
+            )
+        finally:
+            ended = time.monotonic()
+            done.set()
+            helper.join()
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > 20_000
+    # Small requests kept completing while the large one was counted (seconds, against ~10 ms each).
+    during = [t for t in small if started < t < ended]
+    assert len(during) >= 5, (len(during), ended - started)

@@ -3,15 +3,22 @@ upstream, whichever shape the model itself speaks."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from starlette.requests import Request
 
-from .. import billing, safety
+from .. import billing, request_log, safety
 from ..config import ModelConfig
 from ..context import Call
 from ..state import GatewayState
+
+# A prompt in a body larger than this is counted in a thread, after the output alone was found
+# covered. Counting is ~5 ms a MB of text, but up to a second a MB of one long run of a character
+# (BPE merges a run piece by piece): on the event loop, one such request would hold up every other
+# of its worker, and a key with nothing left would get its refusal only after the count.
+LARGE_PROMPT_BYTES: Final = 256 * 1024
 
 
 async def check_and_hold(
@@ -27,6 +34,14 @@ async def check_and_hold(
     """A text request's way in: the safety check of `payload` (in the `endpoint_type` shape), then
     the hold of the most it may cost, its whole prompt and as much output as the first of its
     `limits` parameters allows (billing.estimate_usage). The prompt is counted only once the check
-    has passed."""
+    has passed (a large one in a thread, once the money covers the output: LARGE_PROMPT_BYTES)."""
     await safety.check(state, request, call, model, payload, endpoint_type)
-    await billing.hold(state, call, model, billing.estimate_usage(model, prompt_tokens(), payload, *limits))
+    body: bytes = request.scope.get(request_log.BODY_SCOPE_KEY, b"")
+    if len(body) > LARGE_PROMPT_BYTES:
+        await billing.check_output_covered(
+            state, call, model, billing.estimate_usage(model, 0, payload, *limits)
+        )
+        prompt = await asyncio.to_thread(prompt_tokens)
+    else:
+        prompt = prompt_tokens()
+    await billing.hold(state, call, model, billing.estimate_usage(model, prompt, payload, *limits))
