@@ -40,6 +40,7 @@ __all__ = [
     "file_len",
     "fingerprint",
     "forget_random",
+    "json_nesting_depth",
     "key_digest",
     "log_timestamp",
     "new_id",

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import clock
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.budget import FOREVER, period_start_ms
 from gateway.errors import GatewayError
-from gateway import clock
 from gateway.funds import ZERO, Funds, Hold
 from gateway.store import KeyContext, Store, UsageRecord, open_store
 from harness import Gateway, StoreSpec, store_spec
@@ -148,7 +148,7 @@ def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) ->
 
             changed = await store.update_key(key.id, {"limit_reset": "monthly"})
             assert changed is not None
-            assert (changed.spent, changed.spent_period_ms) == (0, period_start_ms("monthly", now))
+            assert (changed.spent, changed.spent_period_ms) == (ZERO, period_start_ms("monthly", now))
             await funds.answer_recalls()  # the housekeeping pass of this process
             ctx = await store.find_key(hash_key(secret))
             assert ctx is not None
@@ -163,7 +163,7 @@ def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) ->
             for reset in (None, "weekly"):  # never and back: each a fresh count
                 cleared = await store.update_key(key.id, {"limit_reset": reset})
                 assert cleared is not None
-                assert (cleared.spent, cleared.spent_period_ms) == (0, period_start_ms(reset, now))
+                assert (cleared.spent, cleared.spent_period_ms) == (ZERO, period_start_ms(reset, now))
             return outcomes
         finally:
             await store.close()

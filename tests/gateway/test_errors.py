@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import get_args
 
 import httpx
@@ -152,7 +153,7 @@ def depth(value: object) -> int:
     return 0
 
 
-NESTED_BODIES = {
+NESTED_BODIES: dict[str, tuple[str, Callable[[int], dict[str, object]]]] = {
     # Where deep nesting went wrong: the Rust core's parse of the messages (128 levels), orjson's
     # encoder of a forwarded field (255), a translation to another shape.
     "chat content part": (

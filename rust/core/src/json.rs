@@ -460,7 +460,11 @@ mod tests {
     }
 
     fn nested() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![Just(Value::Null), any::<i64>().prop_map(Value::from), "[\\[\\]{}\"\\\\a]{0,6}".prop_map(Value::from)];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<i64>().prop_map(Value::from),
+            "[\\[\\]{}\"\\\\a]{0,6}".prop_map(Value::from)
+        ];
         leaf.prop_recursive(12, 64, 4, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
