@@ -158,7 +158,8 @@ def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) ->
                 assert held is not None
                 await _charge(store, funds, held, _record(f"r{i}", ctx, Decimal("0.02"), now))
             outcomes.append((await _hold(funds, ctx, Decimal("0.02"), now))[0])
-            again = await store.update_key(key.id, {"limit_reset": "monthly"})
+            assert await store.update_key(key.id, {"limit_reset": "monthly"}) is not None
+            again = await store.get_key(key.id)
             assert again is not None and again.spent == Decimal("0.04")
             for reset in (None, "weekly"):  # never and back: each a fresh count
                 cleared = await store.update_key(key.id, {"limit_reset": reset})
@@ -217,7 +218,8 @@ async def _charge(store: Store, funds: Funds, held: Hold, record: UsageRecord) -
     """Settle `record` for the hold, as billing does, and wait until the store has applied it."""
     await store.settle(record)
     funds.release(held, record.cost)
-    await store.purge_responses(0)  # an awaited write behind the settlement: applied in order
+    await store.purge_responses(0)  # SQLite: an awaited write behind the settlement, applied in order
+    await store.get_key(record.key_id)  # PostgreSQL: a read waits for this process's settlements
 
 
 async def _hold(funds: Funds, ctx: KeyContext, amount: Decimal, now_ms: int) -> tuple[str, Hold | None]:
