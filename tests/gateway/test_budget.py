@@ -76,19 +76,7 @@ def test_limit_used_up_then_reset(
         await store.start()
         funds = Funds(store)
         try:
-            account = await store.create_account("a", Decimal(100))
-            secret = generate_key()
-            await store.create_key(
-                account.id,
-                "k",
-                hash_key(secret),
-                display_prefix(secret),
-                None,
-                credit_limit=Decimal("0.05"),
-                limit_reset=reset,
-            )
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            ctx = (await _key_with_limit(store, "0.05", reset))[1]
             outcomes = []
             for i, cost in enumerate(("0.02", "0.03")):
                 outcome, held = await _hold(funds, ctx, Decimal(cost), spent_at)
@@ -100,7 +88,7 @@ def test_limit_used_up_then_reset(
                 await store.purge_responses(0)
             key = await store.get_key(ctx.key.id)
             assert key is not None and key.spent == Decimal("0.05")
-            assert await store.get_account(account.id) == replace(ctx.account, balance=Decimal("99.95"))
+            assert await store.get_account(ctx.account.id) == replace(ctx.account, balance=Decimal("99.95"))
             for moment in (inside, after_reset) if after_reset else (inside,):
                 outcome, held = await _hold(funds, ctx, Decimal("0.01"), utc(moment))
                 outcomes.append(outcome)
@@ -126,19 +114,8 @@ def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) ->
         await store.start()
         funds = Funds(store)
         try:
-            account = await store.create_account("a", Decimal(100))
-            secret = generate_key()
-            key = await store.create_key(
-                account.id,
-                "k",
-                hash_key(secret),
-                display_prefix(secret),
-                None,
-                credit_limit=Decimal("0.05"),
-                limit_reset="daily",
-            )
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            secret, ctx = await _key_with_limit(store, "0.05", "daily")
+            key = ctx.key
             outcomes = []
             now = clock.now_ms()
             outcome, held = await _hold(funds, ctx, Decimal("0.05"), now)
@@ -150,8 +127,9 @@ def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) ->
             assert changed is not None
             assert (changed.spent, changed.spent_period_ms) == (ZERO, period_start_ms("monthly", now))
             await funds.answer_recalls()  # the housekeeping pass of this process
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            found = await store.find_key(hash_key(secret))  # the key as its next request finds it
+            assert found is not None
+            ctx = found
             for i in (1, 2):
                 outcome, held = await _hold(funds, ctx, Decimal("0.02"), now)
                 outcomes.append(outcome)
@@ -184,21 +162,17 @@ def test_a_lowered_limit_takes_back_what_was_leased(tmp_path: Path, backend: str
         await store.start()
         funds = Funds(store)
         try:
-            account = await store.create_account("a", Decimal(100))
-            secret = generate_key()
-            key = await store.create_key(
-                account.id, "k", hash_key(secret), display_prefix(secret), None, credit_limit=Decimal(1)
-            )
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            secret, ctx = await _key_with_limit(store, "1", None)
+            key = ctx.key
             now = clock.now_ms()
             outcomes = []
             running = (await _hold(funds, ctx, Decimal("0.003"), now))[1]
             assert running is not None
             assert await store.update_key(key.id, {"credit_limit": Decimal("0.004")}) is not None
             assert await funds.answer_recalls() == 1
-            ctx = await store.find_key(hash_key(secret))
-            assert ctx is not None
+            found = await store.find_key(hash_key(secret))  # the key as its next request finds it
+            assert found is not None
+            ctx = found
             # 0.001 is left beside the running request's 0.003: 0.002 does not fit, 0.001 does.
             for amount in ("0.002", "0.001"):
                 outcome, held = await _hold(funds, ctx, Decimal(amount), now)
@@ -212,6 +186,25 @@ def test_a_lowered_limit_takes_back_what_was_leased(tmp_path: Path, backend: str
 
     with store_spec(tmp_path, backend) as spec:
         assert asyncio.run(go(spec)) == ["key_budget_exceeded", "ok"]
+
+
+async def _key_with_limit(store: Store, credit_limit: str, reset: str | None) -> tuple[str, KeyContext]:
+    """A key with this credit limit and reset, on an account of its own holding 100: its secret and
+    its context."""
+    account = await store.create_account("a", Decimal(100))
+    secret = generate_key()
+    await store.create_key(
+        account.id,
+        "k",
+        hash_key(secret),
+        display_prefix(secret),
+        None,
+        credit_limit=Decimal(credit_limit),
+        limit_reset=reset,
+    )
+    ctx = await store.find_key(hash_key(secret))
+    assert ctx is not None
+    return secret, ctx
 
 
 async def _charge(store: Store, funds: Funds, held: Hold, record: UsageRecord) -> None:

@@ -8,8 +8,10 @@ from typing import get_args
 
 import httpx
 import openai
+import orjson
 import pytest
 
+from gateway.core import json_nesting_depth
 from gateway.errors import ERROR_TABLE, ErrorCode
 from gateway.providers.base import stream_failure
 from harness import Gateway, KeyHandle
@@ -145,14 +147,6 @@ def nest(levels: int) -> object:
     return value
 
 
-def depth(value: object) -> int:
-    if isinstance(value, dict):
-        return 1 + max((depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((depth(v) for v in value), default=0)
-    return 0
-
-
 NESTED_BODIES: dict[str, tuple[str, Callable[[int], dict[str, object]]]] = {
     # Where deep nesting went wrong: the Rust core's parse of the messages (128 levels), orjson's
     # encoder of a forwarded field (255), a translation to another shape.
@@ -189,7 +183,7 @@ def test_nesting_past_the_limit_is_400_and_up_to_it_runs(gw: Gateway, key: KeyHa
     it; one nested 100 levels deep runs. Before, 123 levels in a message or 255 in a forwarded
     field got a 500 from whatever read the body after the parse."""
     path, build = NESTED_BODIES[where]
-    assert depth(build(100)) == 100
+    assert json_nesting_depth(orjson.dumps(build(100)), 1000) == 100  # the core's scan: tests/core
     with gw.client(key.key) as c:
         for levels in (101, 130, 300):
             refused = c.post(path, json=build(levels))
