@@ -45,10 +45,8 @@ def estimate_usage(
         for name in limits:
             value = _count_param(payload, name)
             if value is not None and limit_set is None:
-                output, limit_set = (
-                    (value if value < output else output),
-                    name,
-                )  # not min(): 10x the instructions
+                output = value if value < output else output  # not min(): 10x the instructions
+                limit_set = name
         choices = _count_param(payload, "n") or 1
     output *= choices
     reasoning = output if model.prices.reasoning > model.prices.output else 0
