@@ -52,9 +52,9 @@ def check_targets(
 ) -> list[tuple[str, float, float | None, bool | None]]:
     """Each target's limit, measured value and verdict. gateway-pg's latency and throughput against
     the gateway's come from the interleaved rounds when they ran (`pg_paired`), else from the two
-    paths' own rows; the
-    first token's over the floor's likewise (`first_token_paired`, else the paths' stream timings),
-    and the cost per streamed chunk (`chunk_paired`, else the two paths' chat_stream rows)."""
+    paths' own rows; the first token's over the floor's likewise (`first_token_paired`, else the
+    paths' stream timings), and the cost per streamed chunk (`chunk_paired`, else the two paths'
+    chat_stream rows)."""
     targets = tomllib.loads(TARGETS.read_text())["targets"]
     gw1 = row(rows, "gateway", "chat", 1)
     gw64 = row(rows, "gateway", "chat", 64)
