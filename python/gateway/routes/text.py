@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from starlette.requests import Request
@@ -19,6 +20,18 @@ from ..state import GatewayState
 # (BPE merges a run piece by piece): on the event loop, one such request would hold up every other
 # of its worker, and a key with nothing left would get its refusal only after the count.
 LARGE_PROMPT_BYTES: Final = 256 * 1024
+# The counting threads (the core lets go of the GIL while it counts) are the counts' own: in the
+# event loop's shared executor, a few slow counts would hold up what else runs there (lease
+# refills, reclaims, credential refreshes). Large counts beyond these wait their turn.
+COUNTING_THREADS: Final = 2
+_counting: ThreadPoolExecutor | None = None
+
+
+def _counting_threads() -> ThreadPoolExecutor:
+    global _counting  # noqa: PLW0603 (made on first use, in the worker process that counts)
+    if _counting is None:
+        _counting = ThreadPoolExecutor(COUNTING_THREADS, thread_name_prefix="gateway-prompt-count")
+    return _counting
 
 
 async def check_and_hold(
@@ -41,7 +54,7 @@ async def check_and_hold(
         await billing.check_output_covered(
             state, call, model, billing.estimate_usage(model, 0, payload, *limits)
         )
-        prompt = await asyncio.to_thread(prompt_tokens)
+        prompt = await asyncio.get_running_loop().run_in_executor(_counting_threads(), prompt_tokens)
     else:
         prompt = prompt_tokens()
     await billing.hold(state, call, model, billing.estimate_usage(model, prompt, payload, *limits))
