@@ -89,20 +89,21 @@ class NotCovered(GatewayError):
         super().__init__(code, f"{self._situation()} {remedy}")
 
     def _situation(self) -> str:
+        return f"This request may cost up to ${format_cost(self.amount)}; {self._what_is_available()}."
+
+    def _what_is_available(self) -> str:
         where = "the account has" if self.kind == "account" else "this key's credit limit has"
         left = f"${format_cost(self.available)}" if self.available > 0 else "nothing"
-        return f"This request may cost up to ${format_cost(self.amount)}; {where} {left} available."
+        return f"{where} {left} available"
 
     def before_prompt(self) -> GatewayError:
         """The same refusal of a hold made before the request's prompt was counted (its output
         alone, `amount`): the prompt would only add to it."""
         code, remedy = _REMEDY[self.kind]
-        where = "the account has" if self.kind == "account" else "this key's credit limit has"
-        left = f"${format_cost(self.available)}" if self.available > 0 else "nothing"
         return GatewayError(
             code,
             f"The output this request allows may cost up to ${format_cost(self.amount)} before its prompt"
-            f" is counted; {where} {left} available. {remedy}",
+            f" is counted; {self._what_is_available()}. {remedy}",
         )
 
     def explained(self, prices: Prices, estimate: Usage, forwarded: frozenset[str]) -> GatewayError:

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from decimal import ROUND_DOWN, Decimal
 
+# What a lease of a key's limit was granted under: a change to either recalls every process's lease
+# of it (Store.update_key), to be given back and leased again under the new terms.
+KEY_TERMS = ("credit_limit", "limit_reset")
 # A spare is granted only when it would cover this many more holds of the asking size.
 SPARE_MIN_HOLDS = 16
 # Grants are whole nano-dollars beyond what the hold needs.

@@ -82,6 +82,7 @@ from .. import (
     StoredImage,
     TopUp,
     UsageRecord,
+    leasing,
 )
 from ..records import JOB_LEASE_PREFIX, new_account, new_id, new_key
 from . import rows
@@ -1095,7 +1096,7 @@ class PostgresStore(PostgresConsole):
                     key_id,
                     *args,
                 )
-                if rows.count(status) and ("credit_limit" in values or "limit_reset" in values):
+                if rows.count(status) and any(term in values for term in leasing.KEY_TERMS):
                     # What each process leased of the key's limit was granted under the old terms:
                     # every one gives back its spare at its next pass (Funds.answer_recalls), and
                     # leases again under the new ones. The key's row is locked first (above): the

@@ -808,7 +808,7 @@ class SqliteStore(SqliteConsole):
                     f"UPDATE api_keys SET {assignments} WHERE id = ? AND deleted_at_ms IS NULL",
                     (*args, key_id),
                 ).rowcount
-                if changed and ("credit_limit" in values or "limit_reset" in values):
+                if changed and any(term in values for term in leasing.KEY_TERMS):
                     # What each process leased of the key's limit was granted under the old terms:
                     # every one gives back its spare at its next pass (Funds.answer_recalls), and
                     # leases again under the new ones.
