@@ -471,6 +471,24 @@ class Gateway:
             eventually(settled, seconds, what=f"the balance of {account_id} at {expected}")
         return seen[-1]
 
+    def usage_record(self, key: str, usage_id: str, seconds: float = 5.0) -> dict[str, Any]:
+        """GET /v1/usage/{usage_id} with `key` once it answers (settlements land moments after the
+        response)."""
+        with self.client(key) as c:
+            seen: list[httpx.Response] = []
+
+            def found() -> httpx.Response | None:
+                seen.append(c.get(f"/v1/usage/{usage_id}"))
+                return seen[-1] if seen[-1].status_code == 200 else None
+
+            r = eventually(
+                found,
+                seconds,
+                0.03,
+                what=lambda: f"no usage record {usage_id}: {seen[-1].status_code} {seen[-1].text}",
+            )
+        return dict(r.json())
+
     def top_up(self, account_id: str, amount: str) -> None:
         async def go(store: Store) -> tuple[TopUp, bool] | None:
             return await store.top_up(account_id, Decimal(amount), "test")

@@ -12,7 +12,6 @@ handler left open is released then, so no hold leaks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
@@ -149,7 +148,7 @@ class StreamOutcome:
     complete: bool  # the model finished and the client was sent everything
     reported: ReportedUsage | None  # the upstream's own usage, when it sent one
     delivered_text: str  # the output the client was sent
-    count_prompt: Callable[[], int]  # the gateway's own count of the prompt
+    counted_prompt: int  # the gateway's own count of the prompt (the one its hold was made from)
 
 
 def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
@@ -162,7 +161,7 @@ def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
     if not outcome.delivered_text:
         return Usage()
     prompt = (
-        reported.prompt_tokens if reported is not None and reported.prompt_tokens else outcome.count_prompt()
+        reported.prompt_tokens if reported is not None and reported.prompt_tokens else outcome.counted_prompt
     )
     return Usage(
         prompt_tokens=prompt, completion_tokens=count_tokens(outcome.delivered_text, model.tokenizer)

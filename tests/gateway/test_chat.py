@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from decimal import Decimal
 
-import httpx
 import openai
 import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle, eventually
+from harness import Gateway, KeyHandle
 
 PRICES = Prices(
     input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal("10.00"), reasoning=Decimal("10.00")
@@ -22,16 +21,6 @@ PRICES = Prices(
 def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
         yield c
-
-
-def wait_for_usage(gw: Gateway, key: str, usage_id: str) -> httpx.Response:
-    with gw.client(key) as c:
-
-        def found() -> httpx.Response | None:
-            r = c.get(f"/v1/usage/{usage_id}")
-            return r if r.status_code == 200 else None
-
-        return eventually(found, step=0.05, what=f"the usage record {usage_id}")
 
 
 def test_plain_completion_with_openai_client(gw: Gateway, key: KeyHandle, oai: openai.OpenAI) -> None:
@@ -59,9 +48,7 @@ def test_charge_equals_cost_header_and_usage_record(gw: Gateway, key: KeyHandle,
     assert charged > 0
     assert gw.wait_balance(key.account_id, before - charged) == before - charged
 
-    record = wait_for_usage(gw, key.key, completion.id)
-    assert record.status_code == 200
-    body = record.json()
+    body = gw.usage_record(key.key, completion.id)
     assert body["id"] == completion.id
     assert body["model"] == "openai/gpt-4o-mini"
     assert body["status"] == "completed"
@@ -80,7 +67,7 @@ def test_usage_lookup_is_scoped_to_the_key(gw: Gateway, key: KeyHandle, oai: ope
     completion = oai.chat.completions.create(
         model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
     )
-    assert wait_for_usage(gw, key.key, completion.id).status_code == 200
+    gw.usage_record(key.key, completion.id)
     other = gw.new_key()
     with gw.client(other.key) as c:
         r = c.get(f"/v1/usage/{completion.id}")
@@ -143,7 +130,7 @@ def test_stream_include_usage_last_chunk_and_billing(gw: Gateway, key: KeyHandle
     assert all(c.usage is None for c in chunks[:-1])
     assert len({c.id for c in chunks}) == 1
 
-    record = wait_for_usage(gw, key.key, last.id).json()
+    record = gw.usage_record(key.key, last.id)
     assert record["usage"]["completion_tokens"] == 7
     expected = cost(PRICES, Usage(last.usage.prompt_tokens, 7))
     assert Decimal(str(record["cost"])) == expected

@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
 from gateway.config import Prices
 from gateway.core import count_tokens
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle, chat_model, eventually, gateway
+from harness import Gateway, KeyHandle, chat_model, gateway
 
 # The prices harness.chat_model gives every model (no reasoning price of its own: the output price).
 PRICES = Prices(
@@ -195,25 +194,6 @@ def stream(
     return got
 
 
-def wait_usage(g: Gateway, key: KeyHandle, rid: str, seconds: float = 5.0) -> dict[str, Any]:
-    """The usage record of `rid` once it appeared (settlements land moments after the stream)."""
-    with g.client(key.key) as c:
-        seen: list[httpx.Response] = []
-
-        def found() -> httpx.Response | None:
-            seen.append(c.get(f"/v1/usage/{rid}"))
-            return seen[-1] if seen[-1].status_code == 200 else None
-
-        r = eventually(
-            found,
-            seconds,
-            0.03,
-            what=lambda: f"no usage record for {rid}: {seen[-1].status_code} {seen[-1].text}",
-        )
-    assert r.status_code == 200, f"no usage record for {rid}: {r.status_code} {r.text}"
-    return dict(r.json())
-
-
 def complete_prompt_tokens(g: Gateway, shape: Shape, content: str) -> int:
     """The prompt tokens the complete (non-streamed) request of `content` is billed for, from its usage
     record, on an account of its own."""
@@ -221,7 +201,7 @@ def complete_prompt_tokens(g: Gateway, shape: Shape, content: str) -> int:
     with g.client(probe.key) as c:
         r = c.post(shape.path, json=shape.body(content, False))
     assert r.status_code == 200, r.text
-    record = wait_usage(g, probe, r.json()["id"])
+    record = g.usage_record(probe.key, r.json()["id"])
     assert record["status"] == "completed"
     assert record["usage"]["prompt_tokens"] == r.json()["usage"][shape.prompt_field]
     return int(record["usage"]["prompt_tokens"])
@@ -271,7 +251,7 @@ def assert_billed_as_streamed(
     """Spec 6.1.9 for a stream that produced output: the full prompt plus exactly what was streamed,
     status incomplete, and the balance loses exactly the record's cost."""
     assert got.chunks > 0 and got.text
-    record = wait_usage(g, key, got.rid)
+    record = g.usage_record(key.key, got.rid)
     assert record["id"] == got.rid
     assert record["model"] == shape.model
     assert record["status"] == "incomplete"

@@ -10,6 +10,7 @@ covers (`param`), exactly: that value runs, one more does not.
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -259,3 +260,43 @@ def test_a_large_prompt_is_counted_while_the_worker_serves_others(gw: Gateway) -
     # Small requests kept completing while the large one was counted (seconds, against ~10 ms each).
     during = [t for t in small if started < t < ended]
     assert len(during) >= 5, (len(during), ended - started)
+
+
+def test_a_large_prompt_cut_short_is_billed_from_its_first_count(gw: Gateway) -> None:
+    """A large prompt's stream that the upstream cuts short is billed from the gateway's own prompt
+    count (the upstream sent no usage): the count made for the hold, in a thread, not a second one
+    on the event loop, which would stop the worker's other requests for seconds."""
+    handle = gw.new_key()
+    answered: list[float] = []
+    done = threading.Event()
+
+    def others() -> None:
+        with client(gw, handle.key) as c:
+            while not done.is_set():
+                c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=4)
+                answered.append(time.monotonic())
+
+    content = LONG_RUN + "[sim tokens=12 drop_after=2 pace=20ms]"
+    ids: list[str] = []
+    helper = threading.Thread(target=others)
+    helper.start()
+    try:
+        with client(gw, handle.key) as c:
+            stream = c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], stream=True, timeout=120
+            )
+            started = time.monotonic()  # the simulator has its own count of the prompt behind it
+            with pytest.raises(openai.APIError):  # the final error chunk of a stream cut short
+                ids.extend(chunk.id for chunk in stream)
+        time.sleep(1.5)  # the stream is settled after its end
+    finally:
+        done.set()
+        helper.join()
+    record = gw.usage_record(handle.key, ids[0])
+    assert record["status"] == "incomplete"
+    assert record["usage"]["prompt_tokens"] > 20_000
+    # A count of the prompt on the event loop would leave a gap of seconds among the small answers.
+    # (Only from the stream's start: the simulator, which serves them too, counts the prompt before.)
+    since = [started, *(t for t in answered if t > started)]
+    gaps = [b - a for a, b in itertools.pairwise(since)]
+    assert len(gaps) > 10 and max(gaps) < 1.0, (len(gaps), max(gaps, default=None))

@@ -52,7 +52,7 @@ def routes(state: GatewayState) -> list[Route]:
             if model.type == "messages"
             else None
         )
-        await check_and_hold(
+        prompt = await check_and_hold(
             state,
             request,
             call,
@@ -64,7 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
             "max_tokens",
         )
         if translated is not None:
-            return await _from_messages_model(state, request, call, model, raw, payload, translated)
+            return await _from_messages_model(state, request, call, model, prompt, payload, translated)
 
         upstream = state.registry.upstream_body(model, payload, call)
         rid = response_id("chatcmpl-")
@@ -77,7 +77,7 @@ def routes(state: GatewayState) -> list[Route]:
                 json_body(upstream),
                 rid,
                 CHAT_ANSWER,
-                lambda body: _counted_usage(model, raw, chat_output_text(body)),
+                lambda body: _counted_usage(model, prompt, chat_output_text(body)),
             )
 
         options = payload.get("stream_options")
@@ -97,7 +97,7 @@ def routes(state: GatewayState) -> list[Route]:
             json_body(upstream),
             rid,
             lambda: ChatStreamRewriter(rid, client_wants_usage),
-            lambda: count_chat_tokens(raw, model.tokenizer),
+            prompt,
         )
 
     return [Route("/v1/chat/completions", model_endpoint(state, chat_completions), methods=["POST"])]
@@ -108,7 +108,7 @@ async def _from_messages_model(
     request: Request,
     call: Call,
     model: ModelConfig,
-    raw: bytes,
+    prompt: int,
     payload: dict[str, Any],
     upstream: ChannelBody,
 ) -> Response:
@@ -126,7 +126,7 @@ async def _from_messages_model(
             upstream,
             rid,
             MESSAGES_ANSWER,
-            lambda body: _counted_usage(model, raw, message_output_text(body)),
+            lambda body: _counted_usage(model, prompt, message_output_text(body)),
             to_client=lambda body, usage: orjson.dumps(
                 chat_completion_from_message(orjson.loads(body), usage, created)
             ),
@@ -134,7 +134,7 @@ async def _from_messages_model(
 
     def translator() -> ChatStreamFromMessages:
         return ChatStreamFromMessages(
-            rid, _wants_usage(payload), created, lambda text: _counted_usage(model, raw, text)
+            rid, _wants_usage(payload), created, lambda text: _counted_usage(model, prompt, text)
         )
 
     return await forward_stream(
@@ -145,7 +145,7 @@ async def _from_messages_model(
         upstream,
         rid,
         translator,
-        lambda: count_chat_tokens(raw, model.tokenizer),
+        prompt,
     )
 
 
@@ -168,9 +168,7 @@ def _validate(payload: dict[str, Any]) -> None:
         raise invalid_request("`stream_options` must be an object.", "stream_options")
 
 
-def _counted_usage(model: ModelConfig, raw: bytes, output_text: str) -> Usage:
-    """Usage counted by the gateway, for an upstream that reported none."""
-    return Usage(
-        prompt_tokens=count_chat_tokens(raw, model.tokenizer),
-        completion_tokens=count_tokens(output_text, model.tokenizer),
-    )
+def _counted_usage(model: ModelConfig, prompt: int, output_text: str) -> Usage:
+    """Usage counted by the gateway (the prompt as counted for the hold), for an upstream that
+    reported none."""
+    return Usage(prompt_tokens=prompt, completion_tokens=count_tokens(output_text, model.tokenizer))

@@ -41,7 +41,7 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
-        await _check_and_hold(state, request, call, model, payload)
+        prompt = await _check_and_hold(state, request, call, model, payload)
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("msg_")
         if payload.get("stream") is True:
@@ -53,7 +53,7 @@ def routes(state: GatewayState) -> list[Route]:
                 upstream,
                 rid,
                 lambda: MessagesStreamRewriter(rid),
-                lambda: _prompt_tokens(model, payload),
+                prompt,
                 error_event=messages_error_event,
             )
         return await forward_plain(
@@ -64,9 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
             upstream,
             rid,
             MESSAGES_ANSWER,
-            lambda body: Usage(
-                _prompt_tokens(model, payload), count_tokens(message_output_text(body), model.tokenizer)
-            ),
+            lambda body: Usage(prompt, count_tokens(message_output_text(body), model.tokenizer)),
         )
 
     return [Route("/v1/messages", model_endpoint(state, messages), methods=["POST"])]
@@ -74,8 +72,8 @@ def routes(state: GatewayState) -> list[Route]:
 
 async def _check_and_hold(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
-) -> None:
-    await check_and_hold(
+) -> int:
+    return await check_and_hold(
         state, request, call, model, payload, "messages", lambda: _prompt_tokens(model, payload), "max_tokens"
     )
 
@@ -85,7 +83,7 @@ async def _from_chat_model(
 ) -> Response:
     """A chat model in the message shape (routes/translated.py)."""
     upstream = chat_body(state, model, payload, call, chat_request_from_messages)
-    await _check_and_hold(state, request, call, model, payload)
+    prompt = await _check_and_hold(state, request, call, model, payload)
     rid = response_id("msg_")
     return await forward_to_chat_model(
         state,
@@ -95,7 +93,7 @@ async def _from_chat_model(
         payload,
         upstream,
         rid,
-        lambda: _prompt_tokens(model, payload),
+        prompt,
         new_stream=lambda counted: MessagesStreamFromChat(rid, counted),
         from_chat=message_from_chat_completion,
         error_event=messages_error_event,
@@ -115,7 +113,7 @@ def _validate(payload: dict[str, Any]) -> None:
 
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
     """The gateway's own count of a messages prompt: the system text plus the messages, counted as
-    chat messages are (only used when the upstream reports no usage)."""
+    chat messages are (for the hold, and the bill when the upstream reports no usage)."""
     messages = list(payload.get("messages") or [])
     system = payload.get("system")
     if isinstance(system, (str, list)):  # a string, or text blocks

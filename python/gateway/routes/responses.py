@@ -64,7 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
         if in_background:
             _validate_background(payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
-        await _check_and_hold(state, request, call, model, payload)
+        prompt = await _check_and_hold(state, request, call, model, payload)
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         if previous is not None:
@@ -100,7 +100,7 @@ def routes(state: GatewayState) -> list[Route]:
                 json_body(upstream),
                 rid,
                 lambda: ResponsesStreamRewriter(rid, previous),
-                lambda: _prompt_tokens(model, payload),
+                prompt,
                 error_event=responses_error_event,
                 only=only,
                 on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
@@ -131,7 +131,7 @@ def routes(state: GatewayState) -> list[Route]:
                 previous,
                 answer,
                 status,
-                _prompt_tokens(model, payload),
+                prompt,
             )
             return Response(
                 answer.body, media_type="application/json", headers={REQUEST_ID_HEADER: call.request_id}
@@ -139,10 +139,7 @@ def routes(state: GatewayState) -> list[Route]:
         usage = (
             reported_usage(answer.usage)
             if answer.usage is not None
-            else Usage(
-                _prompt_tokens(model, payload),
-                count_tokens(response_output_text(answer.body), model.tokenizer),
-            )
+            else Usage(prompt, count_tokens(response_output_text(answer.body), model.tokenizer))
         )
         # Charged first: the model has run, so its cost is kept even if keeping the state fails.
         charged = billing.settle(state, call, model, rid, "completed", usage)
@@ -177,8 +174,8 @@ def routes(state: GatewayState) -> list[Route]:
 
 async def _check_and_hold(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
-) -> None:
-    await check_and_hold(
+) -> int:
+    return await check_and_hold(
         state,
         request,
         call,
@@ -210,7 +207,7 @@ async def _from_chat_model(
             "background",
         )
     upstream = chat_body(state, model, payload, call, chat_request_from_responses)
-    await _check_and_hold(state, request, call, model, payload)
+    prompt = await _check_and_hold(state, request, call, model, payload)
     rid = response_id("resp_")
     return await forward_to_chat_model(
         state,
@@ -220,7 +217,7 @@ async def _from_chat_model(
         payload,
         upstream,
         rid,
-        lambda: _prompt_tokens(model, payload),
+        prompt,
         new_stream=lambda counted: ResponsesStreamFromChat(rid, payload, counted),
         from_chat=lambda completion, usage: response_from_chat_completion(completion, usage, rid, payload),
         error_event=responses_error_event,
@@ -271,8 +268,8 @@ def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
 
 
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
-    """The gateway's own count of this turn's input (only used when the upstream reports no usage;
-    earlier turns held upstream cannot be counted here)."""
+    """The gateway's own count of this turn's input, for the hold and for the bill when the upstream
+    reports no usage (earlier turns held upstream cannot be counted here)."""
     messages: list[dict[str, str]] = []
     if isinstance(payload.get("instructions"), str):
         messages.append({"role": "system", "content": payload["instructions"]})

@@ -69,14 +69,14 @@ async def forward_stream(
     upstream_body: ChannelBody,
     rid: str,
     new_rewriter: Callable[[], R],
-    count_prompt: Callable[[], int],
+    counted_prompt: int,
     error_event: StreamErrorRenderer = chat_error_event,
     only: ChannelConfig | None = None,
     on_start: Callable[[R, ChannelConfig], Awaitable[None]] | None = None,
 ) -> Response:
-    """`new_rewriter()` makes the shape's rewriter, afresh for each attempt. `count_prompt()` is the
-    gateway's own prompt count, used only when the upstream reports no usage. `error_event`
-    renders the final error event in the shape's own format (gateway.stream_errors).
+    """`new_rewriter()` makes the shape's rewriter, afresh for each attempt. `counted_prompt` is the
+    gateway's own prompt count (check_and_hold's), used only when the upstream reports no usage.
+    `error_event` renders the final error event in the shape's own format (gateway.stream_errors).
     `only` pins the request to the channel that holds its state. `on_start(rewriter, channel)` runs
     once the stream has started, before the client sees its first byte.
 
@@ -132,7 +132,8 @@ async def forward_stream(
             raise
 
     def outcome(delivered: int, complete: bool) -> billing.StreamOutcome:
-        return billing.StreamOutcome(complete, rewriter.usage, rewriter.output_upto(delivered), count_prompt)
+        delivered_text = rewriter.output_upto(delivered)
+        return billing.StreamOutcome(complete, rewriter.usage, delivered_text, counted_prompt)
 
     async def body() -> AsyncGenerator[bytes, None]:
         # The error that ends the stream, as (code, message), once the model fails mid-way.

@@ -43,11 +43,13 @@ async def check_and_hold(
     endpoint_type: str,
     prompt_tokens: Callable[[], int],
     *limits: str,
-) -> None:
+) -> int:
     """A text request's way in: the safety check of `payload` (in the `endpoint_type` shape), then
     the hold of the most it may cost, its whole prompt and as much output as the first of its
     `limits` parameters allows (billing.estimate_usage). The prompt is counted only once the check
-    has passed (a large one in a thread, once the money covers the output: LARGE_PROMPT_BYTES)."""
+    has passed (a large one in a thread, once the money covers the output: LARGE_PROMPT_BYTES).
+    Returns that count: an upstream that reports no usage is billed from it, not from a second
+    count (which would be made on the event loop)."""
     await safety.check(state, request, call, model, payload, endpoint_type)
     body: bytes = request.scope.get(request_log.BODY_SCOPE_KEY, b"")
     if len(body) > LARGE_PROMPT_BYTES:
@@ -58,3 +60,4 @@ async def check_and_hold(
     else:
         prompt = prompt_tokens()
     await billing.hold(state, call, model, billing.estimate_usage(model, prompt, payload, *limits))
+    return prompt

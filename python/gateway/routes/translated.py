@@ -49,16 +49,17 @@ async def forward_to_chat_model(
     payload: dict[str, Any],
     upstream: ChannelBody,
     rid: str,
-    prompt_tokens: Callable[[], int],
+    counted_prompt: int,
     *,
     new_stream: NewStream,
     from_chat: FromChat,
     error_event: StreamErrorRenderer,
 ) -> Response:
-    """`upstream` is chat_body's; the answer or stream comes back in the endpoint's shape."""
+    """`upstream` is chat_body's; the answer or stream comes back in the endpoint's shape.
+    `counted_prompt` is check_and_hold's count, billed when the upstream reports no usage."""
 
     def counted_usage(output_text: str) -> Usage:
-        return Usage(prompt_tokens(), count_tokens(output_text, model.tokenizer))
+        return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
 
     if payload.get("stream") is True:
         return await forward_stream(
@@ -69,7 +70,7 @@ async def forward_to_chat_model(
             upstream,
             rid,
             lambda: new_stream(counted_usage),
-            prompt_tokens,
+            counted_prompt,
             error_event=error_event,
         )
     return await forward_plain(
