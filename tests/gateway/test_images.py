@@ -285,6 +285,26 @@ def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: Ke
     assert gw.balance(key.account_id) == before
 
 
+def test_the_hold_covers_every_image_at_its_size(gw: Gateway) -> None:
+    """GPT image models bill output tokens that grow with the images' number and area, so the hold
+    counts them: a request that could take the balance below zero is refused before it runs, not
+    charged in full afterwards (spec 8, the balance is a hard limit)."""
+    # One image's bound here: 16,384 output tokens at $10 a million and $0.04, about $0.20.
+    handle = gw.new_key(balance="0.40")
+    with gw.client(handle.key) as c:
+        one = c.post("/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "a cat", "n": 1})
+        three = c.post("/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "a cat", "n": 3})
+        huge = c.post(
+            "/v1/images/generations", json={"model": GPT_IMAGE, "prompt": "a cat", "size": "20000x20000"}
+        )
+    assert one.status_code == 200, one.text
+    charged = Decimal(one.headers["x-service-cost"])
+    for refused in (three, huge):
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "insufficient_credits"
+    assert gw.wait_balance(handle.account_id, Decimal("0.40") - charged) == Decimal("0.40") - charged
+
+
 def test_file_url_needs_no_key_and_unknown_is_404(gw: Gateway, oai: openai.OpenAI) -> None:
     result = oai.images.generate(model=GPT_IMAGE, prompt="a tree")
     assert result.data is not None and result.data[0].url is not None

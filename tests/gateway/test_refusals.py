@@ -14,6 +14,8 @@ import itertools
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 
 import anthropic
@@ -206,6 +208,28 @@ def test_a_non_token_request_says_the_most_it_could_cost(gw: Gateway) -> None:
 LONG_RUN = " " * 3_000_000
 
 
+@contextmanager
+def small_requests(gw: Gateway, key: str) -> Iterator[list[float]]:
+    """Small chat requests with `key`, one after another in a thread while the block runs: the
+    times they were answered at."""
+    answered: list[float] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        with client(gw, key) as c:
+            while not done.is_set():
+                c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=4)
+                answered.append(time.monotonic())
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        yield answered
+    finally:
+        done.set()
+        asker.join()
+
+
 def test_a_large_prompt_the_money_cannot_cover_is_refused_before_it_is_counted(gw: Gateway) -> None:
     """A key with nothing left sends megabytes of prompt: the refusal comes from its output alone,
     before the prompt is counted, on every text shape."""
@@ -232,19 +256,8 @@ def test_a_large_prompt_is_counted_while_the_worker_serves_others(gw: Gateway) -
     """A paying request whose prompt takes seconds to count does not hold up its worker's other
     requests (the count runs in a thread), and is then held and billed as any other."""
     handle = gw.new_key()
-    small: list[float] = []
-    done = threading.Event()
-
-    def others() -> None:
-        with client(gw, handle.key) as c:
-            while not done.is_set():
-                c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=4)
-                small.append(time.monotonic())
-
-    with gw.client(handle.key) as c:
-        helper = threading.Thread(target=others)
+    with gw.client(handle.key) as c, small_requests(gw, handle.key) as small:
         started = time.monotonic()
-        helper.start()
         try:
             r = c.post(
                 "/v1/chat/completions",
@@ -253,8 +266,6 @@ def test_a_large_prompt_is_counted_while_the_worker_serves_others(gw: Gateway) -
             )
         finally:
             ended = time.monotonic()
-            done.set()
-            helper.join()
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] > 20_000
     # Small requests kept completing while the large one was counted (seconds, against ~10 ms each).
@@ -267,31 +278,16 @@ def test_a_large_prompt_cut_short_is_billed_from_its_first_count(gw: Gateway) ->
     count (the upstream sent no usage): the count made for the hold, in a thread, not a second one
     on the event loop, which would stop the worker's other requests for seconds."""
     handle = gw.new_key()
-    answered: list[float] = []
-    done = threading.Event()
-
-    def others() -> None:
-        with client(gw, handle.key) as c:
-            while not done.is_set():
-                c.chat.completions.create(model=MODEL, messages=SMALL, max_tokens=4)
-                answered.append(time.monotonic())
-
     content = LONG_RUN + "[sim tokens=12 drop_after=2 pace=20ms]"
     ids: list[str] = []
-    helper = threading.Thread(target=others)
-    helper.start()
-    try:
-        with client(gw, handle.key) as c:
-            stream = c.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": content}], stream=True, timeout=120
-            )
-            started = time.monotonic()  # the simulator has its own count of the prompt behind it
-            with pytest.raises(openai.APIError):  # the final error chunk of a stream cut short
-                ids.extend(chunk.id for chunk in stream)
+    with client(gw, handle.key) as c, small_requests(gw, handle.key) as answered:
+        stream = c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], stream=True, timeout=120
+        )
+        started = time.monotonic()  # the simulator has its own count of the prompt behind it
+        with pytest.raises(openai.APIError):  # the final error chunk of a stream cut short
+            ids.extend(chunk.id for chunk in stream)
         time.sleep(1.5)  # the stream is settled after its end
-    finally:
-        done.set()
-        helper.join()
     record = gw.usage_record(handle.key, ids[0])
     assert record["status"] == "incomplete"
     assert record["usage"]["prompt_tokens"] > 20_000

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,8 +215,8 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
 
 def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
     """The most an image request may cost: its images at their price (at the dearest variant the
-    model has when size or quality is left to the model), the prompt's tokens and the model's
-    longest output in tokens (GPT image models bill their output as tokens)."""
+    model has when size or quality is left to the model), the prompt's tokens and the most output
+    its images may take in tokens (GPT image models bill their output as tokens): _output_bound."""
     size, quality = order.size, order.quality
     if size is None or quality is None:
         prices = model.prices
@@ -225,11 +226,29 @@ def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
             quality = rest or quality
     return Usage(
         prompt_tokens=count_tokens(prompt, model.tokenizer),
-        completion_tokens=model.max_output_tokens,
+        completion_tokens=_output_bound(model, order),
         images=order.n,
         image_size=size,
         image_quality=quality,
     )
+
+
+def _output_bound(model: ModelConfig, order: ImageOrder) -> int:
+    """Each image may take the model's max_output_tokens for a 1024x1024 one, times its area over
+    that when it is larger: an image's output tokens grow with its area (gpt-image-1: 1056 at
+    1024x1024 medium, 1584 at 1024x1536), and a size the upstream accepts however large must not
+    take the balance below zero."""
+    per_image = model.max_output_tokens
+    sides = _SIZE.match(order.size or "")
+    if sides is not None:
+        area = int(sides[1]) * int(sides[2])
+        if area > _BASE_AREA:
+            per_image = -(-per_image * area // _BASE_AREA)
+    return order.n * per_image
+
+
+_SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
+_BASE_AREA = 1024 * 1024
 
 
 def _int(text: str | None) -> int | None:
