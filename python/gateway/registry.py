@@ -38,6 +38,9 @@ ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
 # The text shapes the gateway translates (gateway.translate): the endpoint of the key's type also
 # serves models of the value's type (chat and messages both ways; responses to chat one way).
 TRANSLATED_TYPE: Final[Mapping[str, str]] = {"chat": "messages", "messages": "chat", "responses": "chat"}
+# Whose model a name without a vendor prefix is, by the endpoint's model type (ModelRegistry.resolve):
+# the vendor whose API the endpoint speaks; every other endpoint speaks OpenAI's.
+BARE_NAME_VENDOR: Final[Mapping[str, str]] = {"messages": "anthropic", "rerank": "cohere"}
 # Fields of a request body that are the request itself, not parameters: always forwarded.
 REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "chat": frozenset({"model", "messages"}),
@@ -78,25 +81,33 @@ class ModelRegistry:
         allowed = ctx.account.allowed_models
         return [m for m in self._by_name.values() if allowed is None or m.name in allowed]
 
-    def lookup(self, name: Any, ctx: KeyContext) -> ModelConfig:
-        """The model a request names, if it exists and this account may use it."""
+    def lookup(self, name: Any, ctx: KeyContext, param: str = "model") -> ModelConfig:
+        """The model a request names (in `param`), if it exists and this account may use it."""
         if not isinstance(name, str) or not name:
-            raise invalid_request("`model` is required and must be a string.", "model")
+            raise invalid_request(f"`{param}` is required and must be a string.", param)
         model = self._by_name.get(name)
         if model is None:
             raise GatewayError(
-                "model_not_found", f"The model {name!r} does not exist. See GET /v1/models.", param="model"
+                "model_not_found", f"The model {name!r} does not exist. See GET /v1/models.", param=param
             )
         allowed = ctx.account.allowed_models
-        if allowed is not None and name not in allowed:
-            raise GatewayError(
-                "model_not_allowed", f"This key may not use the model {name!r}.", param="model"
-            )
+        if allowed is not None and model.name not in allowed:
+            raise GatewayError("model_not_allowed", f"This key may not use the model {name!r}.", param=param)
         return model
 
     def resolve(self, name: Any, ctx: KeyContext, model_type: str) -> ModelConfig:
         """Like lookup, and the model's type must be one this endpoint serves: its own type, or for
-        the two text endpoints also the other text shape's (translated)."""
+        the two text endpoints also the other text shape's (translated).
+
+        A name without a vendor prefix that is no model's own name is the endpoint's vendor's model
+        of that name, when there is one: `gpt-4o-mini` is `openai/gpt-4o-mini` on the OpenAI-shaped
+        endpoints, `claude-sonnet-4-5` is `anthropic/claude-sonnet-4-5` on /v1/messages. Clients
+        that take `vendor/model` names strip their own vendor's prefix before they send a request
+        (the openai Agents SDK's `openai/...`, LiteLLM's `openai/...` and `anthropic/...`)."""
+        if isinstance(name, str) and name not in self._by_name and "/" not in name:
+            vendor = BARE_NAME_VENDOR.get(model_type, "openai")
+            if f"{vendor}/{name}" in self._by_name:
+                name = f"{vendor}/{name}"
         model = self.lookup(name, ctx)
         if model.type != model_type and model.type != TRANSLATED_TYPE.get(model_type):
             raise invalid_request(

@@ -144,6 +144,19 @@ def test_allowed_models_apply_to_the_accounts_keys(agw: Gateway, admin: httpx.Cl
     assert chat(agw, secret, MODEL).status_code == 200
 
 
+def test_a_bare_model_name_is_the_openai_model_of_that_name(agw: Gateway, admin: httpx.Client) -> None:
+    """`gpt-4o-mini` is `openai/gpt-4o-mini` (as the Agents SDK and LiteLLM send it, prefix
+    stripped), under the same allowed set; no other vendor's model is found that way."""
+    account = new_account(admin, allowed_models=[MODEL])
+    secret = new_key(admin, account["id"])["key"]
+    answer = chat(agw, secret, "gpt-4o-mini")
+    assert answer.status_code == 200, answer.text
+    assert agw.usage_record(secret, answer.json()["id"])["model"] == MODEL
+    error(chat(agw, secret, "llama-3.1-8b"), 400, "model_not_found")
+    ok(admin.patch(f"/accounts/{account['id']}", json={"allowed_models": [OTHER_MODEL]}))
+    error(chat(agw, secret, "gpt-4o-mini"), 403, "model_not_allowed")
+
+
 # ---------------------------------------------------------------- top-ups
 
 

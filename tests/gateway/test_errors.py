@@ -87,6 +87,17 @@ def test_unknown_model(gw: Gateway, key: KeyHandle) -> None:
     assert r.headers["x-service-request-id"].startswith("req_")
 
 
+def test_a_bare_model_name_is_the_endpoint_vendors(gw: Gateway, key: KeyHandle) -> None:
+    """On /v1/messages a name without a prefix is Anthropic's model of that name (LiteLLM's
+    `anthropic/...` sends it stripped); on the OpenAI-shaped endpoints it is not."""
+    with gw.client(key.key) as c:
+        message = c.post("/v1/messages", json={**chat_body(), "model": "claude-sonnet-4-5", "max_tokens": 8})
+        r = c.post(CHAT, json={**chat_body(), "model": "claude-sonnet-4-5"})
+    assert message.status_code == 200, message.text
+    assert message.json()["type"] == "message"
+    assert_error(r, 400, "model_not_found", "not_found_error")
+
+
 def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         assert_error(c.get("/v1/nothing/here"), 404, "not_found", "not_found_error")

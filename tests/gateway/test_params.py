@@ -60,8 +60,14 @@ def test_model_group_info_lists_exactly_what_is_forwarded(
 def test_model_group_info_unknown_model(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         r = c.get("/model_group/info", params={"model_group": "no/such"})
+        empty = c.get("/model_group/info", params={"model_group": ""})
     assert r.status_code == 400
-    assert r.json()["error"]["code"] == "model_not_found"
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("model_not_found", "model_group")
+    assert empty.status_code == 400
+    assert (empty.json()["error"]["code"], empty.json()["error"]["param"]) == (
+        "invalid_request",
+        "model_group",
+    )
 
 
 def test_model_group_info_needs_a_key(gw: Gateway) -> None:

@@ -24,7 +24,11 @@ def routes(state: GatewayState) -> list[Route]:
     async def model_group_info(request: Request) -> Response:
         ctx = await authenticate(request, state.store)
         name = request.query_params.get("model_group")
-        models = [state.registry.lookup(name, ctx)] if name is not None else state.registry.visible(ctx)
+        models = (
+            [state.registry.lookup(name, ctx, "model_group")]
+            if name is not None
+            else state.registry.visible(ctx)
+        )
         return json_response({"data": [_group_info(state, m) for m in models]})
 
     return [
