@@ -196,3 +196,26 @@ def test_upstream_overloaded_and_failing(gw: Gateway, key: KeyHandle) -> None:
             }
             r = c.post("/v1/messages", json=body)
             assert r.status_code == status and r.json()["error"]["code"] == code
+
+
+def test_count_tokens_is_the_gateways_own_count_and_free(
+    gw: Gateway, key: KeyHandle, claude: anthropic.Anthropic
+) -> None:
+    """POST /v1/messages/count_tokens (the anthropic client's messages.count_tokens) counts the
+    prompt as the gateway counts it for a hold (so does the simulator: the message's input_tokens),
+    sends nothing upstream and charges nothing."""
+    system = "Answer in one word."
+    messages: list[anthropic.types.MessageParam] = [
+        {"role": "user", "content": "Name a colour " + os.urandom(4).hex()}
+    ]
+    before = gw.balance(key.account_id)
+    counted = claude.messages.count_tokens(model=MODEL, system=system, messages=messages)
+    time.sleep(0.2)  # a charge, if there were one, would have landed by now
+    assert gw.balance(key.account_id) == before
+    message = claude.messages.create(model=MODEL, max_tokens=3, system=system, messages=messages)
+    assert counted.input_tokens == message.usage.input_tokens > 0
+    with gw.client(key.key) as c:
+        missing = c.post("/v1/messages/count_tokens", json={"model": MODEL})
+        unknown = c.post("/v1/messages/count_tokens", json={"model": "no/such", "messages": messages})
+    assert (missing.status_code, missing.json()["error"]["param"]) == (400, "messages")
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, "model_not_found")

@@ -22,6 +22,7 @@ from harness import new_key, query
 MODEL_PATHS = {
     "/v1/chat/completions",
     "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/responses",
     "/v1/embeddings",
     "/v1/moderations",

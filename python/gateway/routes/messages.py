@@ -27,9 +27,9 @@ from ..translate import (
     message_from_chat_completion,
     message_output_text,
 )
-from .common import model_endpoint, parse_object, read_body
+from .common import json_response, model_endpoint, parse_object, read_body
 from .streaming import forward_stream
-from .text import check_and_hold
+from .text import check_and_hold, count_prompt
 from .translated import chat_body, forward_to_chat_model
 from .upstream import MESSAGES_ANSWER, forward_plain
 
@@ -67,7 +67,20 @@ def routes(state: GatewayState) -> list[Route]:
             lambda body: Usage(prompt, count_tokens(message_output_text(body), model.tokenizer)),
         )
 
-    return [Route("/v1/messages", model_endpoint(state, messages), methods=["POST"])]
+    async def count_message_tokens(request: Request, call: Call) -> Response:
+        """Anthropic's token counting (the anthropic client's `messages.count_tokens`): the
+        gateway's own count of the prompt, the one a request's hold is made from. Free: nothing
+        goes upstream, nothing is charged."""
+        payload = parse_object(await read_body(request, state.settings.max_request_bytes))
+        model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
+        _validate_messages(payload)
+        tokens = await count_prompt(request, lambda: _prompt_tokens(model, payload))
+        return json_response({"input_tokens": tokens})
+
+    return [
+        Route("/v1/messages", model_endpoint(state, messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens", model_endpoint(state, count_message_tokens), methods=["POST"]),
+    ]
 
 
 async def _check_and_hold(
@@ -101,14 +114,18 @@ async def _from_chat_model(
 
 
 def _validate(payload: dict[str, Any]) -> None:
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise invalid_request("`messages` must be a non-empty array of objects.", "messages")
+    _validate_messages(payload)
     max_tokens = payload.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise invalid_request("`max_tokens` is required and must be a positive integer.", "max_tokens")
     if "stream" in payload and not isinstance(payload["stream"], bool):
         raise invalid_request("`stream` must be a boolean.", "stream")
+
+
+def _validate_messages(payload: dict[str, Any]) -> None:
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise invalid_request("`messages` must be a non-empty array of objects.", "messages")
 
 
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:

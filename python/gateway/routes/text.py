@@ -51,13 +51,21 @@ async def check_and_hold(
     Returns that count: an upstream that reports no usage is billed from it, not from a second
     count (which would be made on the event loop)."""
     await safety.check(state, request, call, model, payload, endpoint_type)
-    body: bytes = request.scope.get(request_log.BODY_SCOPE_KEY, b"")
-    if len(body) > LARGE_PROMPT_BYTES:
+    if _is_large(request):
         await billing.check_output_covered(
             state, call, model, billing.estimate_usage(model, 0, payload, *limits)
         )
-        prompt = await asyncio.get_running_loop().run_in_executor(_counting_threads(), prompt_tokens)
-    else:
-        prompt = prompt_tokens()
+    prompt = await count_prompt(request, prompt_tokens)
     await billing.hold(state, call, model, billing.estimate_usage(model, prompt, payload, *limits))
     return prompt
+
+
+async def count_prompt(request: Request, prompt_tokens: Callable[[], int]) -> int:
+    """`prompt_tokens()`, in the counting threads when the request's body is large."""
+    if _is_large(request):
+        return await asyncio.get_running_loop().run_in_executor(_counting_threads(), prompt_tokens)
+    return prompt_tokens()
+
+
+def _is_large(request: Request) -> bool:
+    return len(request.scope.get(request_log.BODY_SCOPE_KEY, b"")) > LARGE_PROMPT_BYTES
