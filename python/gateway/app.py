@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp
 
 from . import background as background_responses
@@ -238,12 +239,23 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
         err = GatewayError("method_not_allowed", f"{request.method} is not allowed on {request.url.path}.")
-        return _answer(request, err, exc.headers)
+        allowed = _allowed_methods(request)
+        return _answer(request, err, {"allow": ", ".join(sorted(allowed))} if allowed else exc.headers)
     if exc.status_code == 404:
         err = GatewayError("not_found", f"No such path: {request.url.path}.")
     else:
         err = GatewayError("invalid_request", str(exc.detail), status=exc.status_code)
     return _answer(request, err)
+
+
+def _allowed_methods(request: Request) -> set[str]:
+    """Every method some route serves on the request's path: Starlette's 405 names only the first
+    route's, and a path may have several (POST /v1/videos creates, GET lists)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return methods
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:

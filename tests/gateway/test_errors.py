@@ -101,7 +101,13 @@ def test_a_bare_model_name_is_the_endpoint_vendors(gw: Gateway, key: KeyHandle) 
 def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         assert_error(c.get("/v1/nothing/here"), 404, "not_found", "not_found_error")
-        assert_error(c.get(CHAT), 405, "method_not_allowed", "invalid_request_error")
+        wrong = c.get(CHAT)
+        videos = c.put("/v1/videos")
+    assert_error(wrong, 405, "method_not_allowed", "invalid_request_error")
+    assert wrong.headers["allow"] == "POST"
+    # Every method the path serves, whichever route serves it.
+    assert_error(videos, 405, "method_not_allowed", "invalid_request_error")
+    assert videos.headers["allow"] == "GET, HEAD, POST"
 
 
 @pytest.mark.parametrize(
