@@ -8,10 +8,10 @@ runs or is charged; with another body it is 409 idempotency_key_reused; while th
 409 idempotency_key_in_progress with Retry-After. The running mark is a lease in the store (the
 synchronous window plus a minute), so a crashed gateway never leaves a key stuck.
 
-Kept: every answer of a request that ran, errors included (spec 7.5.4), except 5xx (the retry runs
-again), answers over 8 MB (the request ran; nothing to replay), and refusals that change with time
-rather than with the request: 429 rate_limited and the credit refusals, which a client is told to
-retry once it has waited or added credits (docs/behaviour.md).
+Kept: every answer of a request that claimed its key, errors included (spec 7.5.4: the credit
+refusals and a tokens-per-minute 429 too), except 5xx (the retry runs again) and answers over 8 MB
+(the request ran; nothing to replay). A request refused at the door, for its key or its key's
+requests per minute, never claims one: those answers are not kept.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ MAX_STORED_BYTES = 8 * 1024 * 1024
 TTL_MS = 24 * 3600 * 1000
 # How long a request holds its key before another may take it over (its process having died).
 LEASE_MARGIN_MS = 60_000
-# Codes refused for the moment, not for the request: never kept.
-TRANSIENT_CODES = frozenset({"rate_limited", "insufficient_credits", "key_budget_exceeded"})
 # Headers that belong to one request, not to its answer: never replayed.
 PER_REQUEST_HEADERS = frozenset({"x-service-request-id", "x-service-cost", "content-length"})
 
@@ -118,11 +116,8 @@ def keep_when_possible(
 
 
 async def keep_error(state: GatewayState, call: Call, err: GatewayError) -> None:
-    if err.code in TRANSIENT_CODES:
-        await forget(state, call)
-    else:
-        headers = {**err.headers, "content-type": "application/json"}
-        await keep(state, call, err.status, headers, err.body())
+    headers = {**err.headers, "content-type": "application/json"}
+    await keep(state, call, err.status, headers, err.body())
 
 
 async def forget(state: GatewayState, call: Call) -> None:

@@ -131,13 +131,19 @@ def test_a_5xx_is_not_kept_and_a_4xx_is(gw: Gateway, key: KeyHandle, sim: httpx.
     assert sim_calls(sim, IMAGES, str(refused["prompt"])) == 1
 
 
-def test_credit_refusals_are_not_kept(gw: Gateway) -> None:
-    """Refused for the moment (no credits), then allowed once credits are added: the same key runs."""
+def test_credit_refusals_are_kept_and_replayed(gw: Gateway) -> None:
+    """Spec 7.5.4: an error answer is kept like a success, except 5xx. A request refused for want
+    of credits is refused again with the same key, replayed, even once credits are added; a new
+    key runs it."""
     poor = gw.new_key(balance="0")
     body = {"model": GPT_IMAGE, "prompt": "a coin " + os.urandom(4).hex()}
-    assert post(gw, poor.key, IMAGES, body, "c").json()["error"]["code"] == "insufficient_credits"
+    first = post(gw, poor.key, IMAGES, body, "c")
+    assert first.json()["error"]["code"] == "insufficient_credits"
     gw.top_up(poor.account_id, "100")
-    assert post(gw, poor.key, IMAGES, body, "c").status_code == 200
+    again = post(gw, poor.key, IMAGES, body, "c")
+    assert (again.status_code, again.content) == (400, first.content)
+    assert again.headers["idempotency-replayed"] == "true"
+    assert post(gw, poor.key, IMAGES, body, "c2").status_code == 200
 
 
 def test_speech_is_replayed_with_its_audio(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
