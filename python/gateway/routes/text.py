@@ -55,17 +55,21 @@ async def check_and_hold(
         await billing.check_output_covered(
             state, call, model, billing.estimate_usage(model, 0, payload, *limits)
         )
-    prompt = await count_prompt(request, prompt_tokens)
+        prompt = await _count_in_thread(prompt_tokens)
+    else:  # no coroutine on the common path
+        prompt = prompt_tokens()
     await billing.hold(state, call, model, billing.estimate_usage(model, prompt, payload, *limits))
     return prompt
 
 
 async def count_prompt(request: Request, prompt_tokens: Callable[[], int]) -> int:
     """`prompt_tokens()`, in the counting threads when the request's body is large."""
-    if _is_large(request):
-        return await asyncio.get_running_loop().run_in_executor(_counting_threads(), prompt_tokens)
-    return prompt_tokens()
+    return await _count_in_thread(prompt_tokens) if _is_large(request) else prompt_tokens()
 
 
 def _is_large(request: Request) -> bool:
     return len(request.scope.get(request_log.BODY_SCOPE_KEY, b"")) > LARGE_PROMPT_BYTES
+
+
+async def _count_in_thread(prompt_tokens: Callable[[], int]) -> int:
+    return await asyncio.get_running_loop().run_in_executor(_counting_threads(), prompt_tokens)
