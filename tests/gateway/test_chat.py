@@ -160,3 +160,12 @@ def test_raw_stream_ends_with_done(gw: Gateway, key: KeyHandle) -> None:
 def test_models_list_with_openai_client(gw: Gateway, key: KeyHandle, model: str, oai: openai.OpenAI) -> None:
     models = oai.models.list()
     assert model in {m.id for m in models.data}
+
+
+def test_one_model_with_openai_client(oai: openai.OpenAI) -> None:
+    """GET /v1/models/{model}: the list's entry, the name's slash included."""
+    listed = {m.id: m for m in oai.models.list().data}
+    assert oai.models.retrieve("openai/gpt-4o-mini") == listed["openai/gpt-4o-mini"]
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.models.retrieve("no/such-model")
+    assert info.value.code == "model_not_found"

@@ -1,4 +1,4 @@
-"""GET /v1/models (Shape A list) and GET /model_group/info (spec 1.3.5)."""
+"""GET /v1/models (Shape A list), GET /v1/models/{model} and GET /model_group/info (spec 1.3.5)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,14 @@ def routes(state: GatewayState) -> list[Route]:
         )
         return json_response({"data": [_group_info(state, m) for m in models]})
 
+    async def retrieve_model(request: Request) -> Response:
+        """GET /v1/models/{model} (the openai client's models.retrieve): one entry of the list."""
+        ctx = await authenticate(request, state.store)
+        return json_response(_model_entry(state.registry.lookup(request.path_params["model"], ctx)))
+
     return [
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         Route("/model_group/info", model_group_info, methods=["GET"]),
     ]
 
