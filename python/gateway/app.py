@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,8 +20,9 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp
 
 from . import background as background_responses
-from . import console, jobs
+from . import console, jobs, request_log
 from . import videos as video_jobs
+from .auth import authenticate, presented_key
 from .buckets import BucketStore, FileBuckets
 from .config import ConfigError, Settings, settings_from_env
 from .core import count_tokens
@@ -32,7 +34,7 @@ from .housekeeping import flush_metrics, purge_expired, sample_gauges, tend_leas
 from .model_dispatch import ModelDispatch
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
-from .ratelimits import RateLimiter
+from .ratelimits import RateLimiter, key_slot
 from .registry import ModelRegistry
 from .routes import (
     admin,
@@ -56,7 +58,7 @@ from .routing import Router
 from .runtime_threads import batch_runtime_threads_once_started
 from .state import GatewayState
 from .store import open_store
-from .telemetry import ERROR_CODE, Telemetry, logs
+from .telemetry import ERROR_CODE, MODEL_REQUEST, Telemetry, logs
 
 if TYPE_CHECKING:
     from .redis_client import RedisClient
@@ -231,21 +233,64 @@ def app_from_env() -> Starlette:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return _answer(request, exc)
+    answer = _answer(request, exc)
+    await _log_failure(request, answer, exc)
+    return answer
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     # Starlette's router raises these for unknown paths and wrong methods.
     assert isinstance(exc, HTTPException)
+    headers = exc.headers
     if exc.status_code == 405:
         err = GatewayError("method_not_allowed", f"{request.method} is not allowed on {request.url.path}.")
         allowed = _allowed_methods(request)
-        return _answer(request, err, {"allow": ", ".join(sorted(allowed))} if allowed else exc.headers)
-    if exc.status_code == 404:
-        err = GatewayError("not_found", f"No such path: {request.url.path}.")
+        headers = {"allow": ", ".join(sorted(allowed))} if allowed else exc.headers
+    elif exc.status_code == 404:
+        err, headers = GatewayError("not_found", f"No such path: {request.url.path}."), None
     else:
-        err = GatewayError("invalid_request", str(exc.detail), status=exc.status_code)
-    return _answer(request, err)
+        err, headers = GatewayError("invalid_request", str(exc.detail), status=exc.status_code), None
+    answer = _answer(request, err, headers)
+    await _log_failure(request, answer, err)
+    return answer
+
+
+# The paths whose failures are logged here: the API keys' (not the console's or the admin API's).
+_KEY_PATHS = ("/v1/", "/v2/", "/model_group/")
+
+
+async def _log_failure(request: Request, answer: Response, err: GatewayError) -> None:
+    """Spec 7.5.3, every failure in the logs: a request that is not a model request (those log
+    themselves, gateway.billing.close) and failed is logged for the key it presented (an unknown
+    path or a wrong method too), or without one when its key was refused (401), as a model
+    request refused for its key is. A failure no key can be told of is not logged."""
+    scope = request.scope
+    if scope.get(MODEL_REQUEST) or scope.get(request_log.LOGGED) or not scope["path"].startswith(_KEY_PATHS):
+        return
+    state: GatewayState = request.app.state.gateway
+    slot = key_slot(scope)
+    ctx = slot.ctx if slot is not None else None
+    if ctx is None and err.status != 401 and (slot is None or not slot.checked) and presented_key(request):
+        try:  # no route looked at the key (an unknown path, a wrong method): look here
+            ctx = await authenticate(request, state.store)
+        except GatewayError:
+            return
+    if ctx is None and err.status != 401:
+        return
+    body = answer.body if isinstance(answer.body, bytes) else bytes(answer.body)
+    state.store.log_request(
+        request_log.entry(
+            state.settings.log_max_body_bytes,
+            request,
+            started_ns=slot.started_ns if slot is not None and slot.started_ns else time.time_ns(),
+            status=err.status,
+            response_body=body,
+            key_id=None if ctx is None else ctx.key.id,
+            account_id=None if ctx is None else ctx.account.id,
+            error_code=err.code,
+            keep_request=ctx is not None,
+        )
+    )
 
 
 def _allowed_methods(request: Request) -> set[str]:

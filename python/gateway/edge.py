@@ -39,7 +39,7 @@ class AnswerEdge:
             await self._app(scope, receive, send)
             return
         started_ns = time.time_ns()
-        slot = scope[SCOPE_KEY] = KeySlot()
+        slot = scope[SCOPE_KEY] = KeySlot(started_ns)
         status = 0
 
         def send_answer(message: Message) -> Awaitable[None]:

@@ -77,6 +77,7 @@ class KeySlot:
     """What is known, while one HTTP request is answered, of the key it presented: whether it was
     checked, the key when it was valid, and what a model request took from its buckets."""
 
+    started_ns: int = 0  # when the request arrived (its log entry's start, gateway.app._log_failure)
     checked: bool = False
     ctx: KeyContext | None = None
     rate: RateState | None = None

@@ -23,6 +23,8 @@ from .store import RequestLog
 
 # Where read_body leaves the request's bytes for the log entry.
 BODY_SCOPE_KEY = "gateway.request_body"
+# Set once a request has its log entry, so that the error handlers do not log it again (gateway.app).
+LOGGED = "gateway.logged"
 # What a streamed text answer is kept as: {"object": STREAM_SUMMARY, "id", "output_text", "usage",
 # "error"}, written by routes/streaming.py; the events themselves would be tens of KB a request.
 STREAM_SUMMARY = "stream.summary"
@@ -158,6 +160,7 @@ def record_refusal(
     """Log a request that ended before its key was known (it has no call: no key or account): a
     key refused has no request id; a key that could not be checked has `log_id`, the id its answer
     carries."""
+    request.scope[LOGGED] = True
     state.store.log_request(
         entry(
             state.settings.log_max_body_bytes,

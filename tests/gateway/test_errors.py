@@ -14,7 +14,7 @@ import pytest
 from gateway.core import json_nesting_depth
 from gateway.errors import ERROR_TABLE, ErrorCode
 from gateway.providers.base import stream_failure
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, eventually
 
 CHAT = "/v1/chat/completions"
 
@@ -313,3 +313,31 @@ def test_a_stream_failing_before_its_first_token(error: bytes | None, code: str)
         assert failure.retry == "other" and failure.headers.get("retry-after") == "1"
     else:
         assert failure.retry == "any"
+
+
+def test_failures_outside_the_model_endpoints_are_logged_for_their_key(gw: Gateway) -> None:
+    """Spec 7.5.3: every failure is in the logs with its status and answer, a usage lookup's 404,
+    an unknown path and a wrong method too (model requests log themselves)."""
+    handle = gw.new_key()
+    with gw.client(handle.key) as c:
+        answers = [
+            c.get("/v1/usage/req_nothing"),
+            c.get("/v1/nothing/here"),
+            c.get(CHAT),
+            c.get("/v1/models/no/such"),
+        ]
+    expected = {(r.status_code, r.json()["error"]["code"], r.request.url.path) for r in answers}
+    assert {(s, code) for s, code, _ in expected} == {
+        (404, "not_found"),
+        (405, "method_not_allowed"),
+        (400, "model_not_found"),
+    }
+
+    def logged() -> set[tuple[int, str, str]] | None:
+        rows = gw.query("SELECT status, error_code, path FROM request_logs WHERE key_id = ?", handle.key_id)
+        found = {(status, code, path) for status, code, path in rows}
+        return found if found == expected else None
+
+    eventually(logged, what=f"the failures of {handle.key_id} in the logs")
+    rows = gw.query("SELECT response_body FROM request_logs WHERE key_id = ?", handle.key_id)
+    assert all(b'"error"' in bytes(body) for (body,) in rows)
