@@ -11,6 +11,7 @@ from starlette.routing import Route
 from ..admin_fields import money_text
 from ..auth import authenticate
 from ..config import ModelConfig
+from ..errors import GatewayError
 from ..state import GatewayState
 from .common import json_response
 
@@ -33,8 +34,11 @@ def routes(state: GatewayState) -> list[Route]:
 
     async def retrieve_model(request: Request) -> Response:
         """GET /v1/models/{model} (the openai client's models.retrieve): one entry of the list."""
+        name = request.path_params["model"]
+        if not name:  # "/v1/models/": a slash too many, an unknown path as every other
+            raise GatewayError("not_found", f"No such path: {request.url.path}.")
         ctx = await authenticate(request, state.store)
-        return json_response(_model_entry(state.registry.lookup(request.path_params["model"], ctx)))
+        return json_response(_model_entry(state.registry.lookup(name, ctx)))
 
     return [
         Route("/v1/models", list_models, methods=["GET"]),
