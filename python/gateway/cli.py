@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
@@ -123,10 +124,47 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
     # This process becomes Granian's supervisor (same pid, so signals reach it), holding nothing of
     # this command's imports: only the workers load the app.
+    _check_store_directory(settings)
+    _check_port(args.host or settings.host, args.port or settings.port)
     command = _granian(config, settings, args)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)
+
+
+def _check_store_directory(settings: Settings) -> None:
+    """The embedded store's directory exists (or is made now) and takes new files: else a plain
+    message naming the setting, not every worker's traceback as it fails to open the store."""
+    if settings.store_backend != "sqlite":
+        return
+    directory = settings.store_path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except (FileExistsError, NotADirectoryError):
+        reason = "a file stands where a directory must be"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    else:
+        return
+    raise ConfigError(
+        f"store.path: {settings.store_path}: its directory {directory} cannot hold the store's files"
+        f" ({reason})"
+    )
+
+
+def _check_port(host: str, port: int, what: str = "server") -> None:
+    """The address is free to listen on, as Granian's workers will (SO_REUSEPORT: beside another
+    gateway's workers it is): else a plain message, not Granian's traceback and Rust backtrace."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[str]:
@@ -162,6 +200,9 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     # does: the gateway drains, the simulator stops.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
+    _check_store_directory(settings)
+    _check_port(host, port)
+    _check_port("127.0.0.1", args.sim_port, "--sim-port (the simulator)")
     sim = subprocess.Popen(
         [sys.executable, "-m", "gateway", "sim", "--port", str(args.sim_port)],
         stdout=subprocess.DEVNULL,

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -343,6 +344,32 @@ def test_serve_with_a_misspelt_key_exits_naming_it(tmp_path: Path) -> None:
         "configuration error: unknown setting server.prot (known: allowed_hosts, drain_notice_seconds,"
         in done.stderr
     )
+
+
+def test_serve_where_the_store_cannot_be_exits_naming_the_setting(tmp_path: Path) -> None:
+    """A store path under a file, or in a directory that takes no files, stops the start with one
+    line naming store.path, not a worker's traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = blocker / "gateway.db"
+    done = serve(tmp_path, f'[store]\npath = "{path}"\n{CHAT_MODEL}', "--port", "8125")
+    assert done.returncode == 2, done.stderr
+    assert f"configuration error: store.path: {path}: its directory {blocker}" in done.stderr
+    assert "a file stands where a directory must be" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_serve_on_a_port_taken_exits_saying_so(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = serve(tmp_path, CHAT_MODEL, "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"configuration error: server: cannot listen on 127.0.0.1:{port}: Address already in use"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr and "backtrace" not in done.stderr
 
 
 def test_serve_postgres_without_redis_exits(tmp_path: Path) -> None:
