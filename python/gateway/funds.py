@@ -76,6 +76,10 @@ _REMEDY: Final[Mapping[str, tuple[ErrorCode, str]]] = {
 }
 
 
+# How many times a hold refused while the money it then finds covers it tries again (Funds.hold).
+SECOND_LOOKS = 3
+
+
 class NotCovered(GatewayError):
     """A hold refused (400 insufficient_credits for the account, key_budget_exceeded for the key's
     credit limit): the most the request could cost (`amount`) and the money that was free for it
@@ -203,7 +207,9 @@ class Funds:
         cover it."""
         # Refills await the store, and meanwhile other requests may take what a refill brought and
         # idle pots may be given back: look again after each round; every round either holds,
-        # refuses or leased more.
+        # refuses or leased more. A refusal whose own look at the money finds enough (holds let go
+        # meanwhile) tries again, a few times, rather than say "may cost $X; $Y available", Y >= X.
+        second_looks = SECOND_LOOKS
         while True:
             if self._store.lease_epoch != self._epoch:
                 # This process was reclaimed as dead after a stall: the store took its leases back.
@@ -228,6 +234,9 @@ class Funds:
                 return Hold(amount, (account,) if key is None else (account, key))
             if not await self._refill(short, amount, now_ms):
                 available = await self._available([account] if key is None else [account, key], now_ms)
+                if second_looks > 0 and all(free >= amount for free in available.values()):
+                    second_looks -= 1
+                    continue
                 refused = available.get(short.kind, ZERO)
                 raise NotCovered(short.kind, amount, refused, min(available.values(), default=ZERO))
 

@@ -188,6 +188,42 @@ def test_a_lowered_limit_takes_back_what_was_leased(tmp_path: Path, backend: str
         assert asyncio.run(go(spec)) == ["key_budget_exceeded", "ok"]
 
 
+def test_a_refusal_never_says_enough_is_available(tmp_path: Path, backend: str) -> None:
+    """A hold refused while another request lets its hold go (during the refusal's own look at the
+    money) looks again and holds, rather than answer "may cost $0.5; $1 available"."""
+
+    async def go(spec: StoreSpec) -> tuple[str, str]:
+        store = open_store(spec.settings())
+        await store.start()
+        funds = Funds(store)
+        try:
+            ctx = (await _key_with_limit(store, "1", None))[1]
+            now = clock.now_ms()
+            running = (await _hold(funds, ctx, Decimal("0.7"), now))[1]
+            assert running is not None
+            free = store.free
+
+            async def free_as_the_running_request_ends(kind: str, pot_id: str, now_ms: int) -> Decimal | None:
+                if running.open:
+                    funds.release(running, ZERO)
+                return await free(kind, pot_id, now_ms)
+
+            store.free = free_as_the_running_request_ends  # type: ignore[method-assign]
+            outcome, held = await _hold(funds, ctx, Decimal("0.5"), now)
+            store.free = free  # type: ignore[method-assign]
+            if held is not None:
+                funds.release(held, ZERO)
+            after, again = await _hold(funds, ctx, Decimal("0.5"), now)
+            if again is not None:
+                funds.release(again, ZERO)
+            return outcome, after
+        finally:
+            await store.close()
+
+    with store_spec(tmp_path, backend) as spec:
+        assert asyncio.run(go(spec)) == ("ok", "ok")
+
+
 async def _key_with_limit(store: Store, credit_limit: str, reset: str | None) -> tuple[str, KeyContext]:
     """A key with this credit limit and reset, on an account of its own holding 100: its secret and
     its context."""
