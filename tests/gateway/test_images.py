@@ -18,6 +18,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
+from gateway.routes.images import _dearest_variant
 from gateway.sim.images import png
 from harness import Gateway, KeyHandle, chat_model, eventually, gateway
 
@@ -380,3 +381,22 @@ def test_expired_images_are_purged_without_access(short: Gateway) -> None:
     while tokens & stored_tokens(short.db_path) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not tokens & stored_tokens(short.db_path)
+
+
+def test_an_image_left_to_the_model_is_held_at_the_dearest_variant_of_what_it_names() -> None:
+    """dall-e-3's prices (config/demo.toml): a request that names its size but not its quality holds
+    that size's dearest quality, not the dearest image of every size; one that names neither holds
+    the dearest of all."""
+    images = (
+        ("1024x1792", Decimal("0.08")),
+        ("1792x1024", Decimal("0.08")),
+        ("1024x1024/hd", Decimal("0.08")),
+        ("1024x1792/hd", Decimal("0.12")),
+        ("1792x1024/hd", Decimal("0.12")),
+    )
+    prices = Prices(image=Decimal("0.04"), images=images)
+    assert _dearest_variant(prices, "1024x1024", None) == ("1024x1024", "hd")
+    assert _dearest_variant(prices, "1024x1792", None) == ("1024x1792", "hd")
+    assert _dearest_variant(prices, None, "standard") == ("1024x1792", "standard")
+    assert _dearest_variant(prices, None, None) in {("1024x1792", "hd"), ("1792x1024", "hd")}
+    assert _dearest_variant(Prices(image=Decimal("0.04")), "1024x1024", None) == ("1024x1024", None)

@@ -12,6 +12,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -20,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing, safety
-from ..config import ModelConfig
+from ..config import ModelConfig, Prices
 from ..context import Call
 from ..core import MultipartPart, count_tokens, parse_multipart
 from ..errors import GatewayError, invalid_request
@@ -219,11 +220,7 @@ def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
     its images may take in tokens (GPT image models bill their output as tokens): _output_bound."""
     size, quality = order.size, order.quality
     if size is None or quality is None:
-        prices = model.prices
-        dearest = max(prices.images, key=lambda item: item[1], default=None)
-        if dearest is not None and dearest[1] > prices.image_price(size, quality):
-            size, _, rest = dearest[0].partition("/")
-            quality = rest or quality
+        size, quality = _dearest_variant(model.prices, size, quality)
     return Usage(
         prompt_tokens=count_tokens(prompt, model.tokenizer),
         completion_tokens=_output_bound(model, order),
@@ -231,6 +228,25 @@ def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
         image_size=size,
         image_quality=quality,
     )
+
+
+def _dearest_variant(prices: Prices, size: str | None, quality: str | None) -> tuple[str | None, str | None]:
+    """The size and quality an image is held at when the request leaves either to the model: the
+    dearest listed variant that agrees with what it does name (dall-e-3 at 1024x1024 without a
+    quality: 1024x1024/hd, not the dearest of every size)."""
+    dearest: tuple[str, Decimal] | None = None
+    for variant, price in prices.images:
+        listed_size, _, listed_quality = variant.partition("/")
+        if size is not None and listed_size != size:
+            continue
+        if quality is not None and listed_quality and listed_quality != quality:
+            continue
+        if dearest is None or price > dearest[1]:
+            dearest = (variant, price)
+    if dearest is None or dearest[1] <= prices.image_price(size, quality):
+        return size, quality
+    listed_size, _, listed_quality = dearest[0].partition("/")
+    return listed_size, listed_quality or quality
 
 
 def _output_bound(model: ModelConfig, order: ImageOrder) -> int:
