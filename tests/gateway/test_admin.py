@@ -168,7 +168,11 @@ def test_top_up_adds_exactly_and_is_recorded(admin: httpx.Client) -> None:
     assert entry["id"].startswith("topup_") and entry["object"] == "top_up"
     assert (entry["amount"], entry["balance_after"], entry["note"]) == ("5.25", "15.25", "inv 7")
     assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "15.25"
-    assert ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"] == [entry]
+    # The balance the account was created with is the ledger's first entry: the top-ups add up to
+    # everything paid in.
+    opening, last = ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"]
+    assert (opening["amount"], opening["balance_after"], opening["note"]) == ("10", "10", "opening balance")
+    assert last == entry
 
 
 def test_a_top_up_sent_again_with_its_idempotency_key_adds_nothing(agw: Gateway, admin: httpx.Client) -> None:
@@ -187,7 +191,7 @@ def test_a_top_up_sent_again_with_its_idempotency_key_adds_nothing(agw: Gateway,
     assert all(e == entries[0] for e in entries) and entries[0]["balance_after"] == "3.50"
     assert sum(r.headers.get("idempotency-replayed") == "true" for r in answers) == 19
     assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "3.50"
-    assert len(ok(admin.get(path))["data"]) == 1
+    assert len(ok(admin.get(path))["data"]) == 2  # the opening balance and this one
     error(
         admin.post(path, json={"amount": "3"}, headers={"idempotency-key": "invoice-77"}),
         409,
@@ -543,7 +547,7 @@ def test_cli_top_up_list_limit_and_rotate(agw: Gateway, admin: httpx.Client) -> 
     error(chat(agw, key["key"]), 401, "invalid_api_key")
     assert chat(agw, new_secret).status_code == 200
     ledger = ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"]
-    assert [(t["amount"], t["note"]) for t in ledger] == [("0.01", "cli")]
+    assert [(t["amount"], t["note"]) for t in ledger] == [("1.00", "opening balance"), ("0.01", "cli")]
 
 
 def test_lists_come_a_page_at_a_time(admin: httpx.Client) -> None:
@@ -643,7 +647,8 @@ def test_cli_ledger_logs_and_key_names(agw: Gateway, admin: httpx.Client) -> Non
     once = ("top-up", "--account", account["id"], "--amount", "0.5", "--idempotency-key", "inv-9")
     assert cli(agw, *once).strip() == cli(agw, *once).strip() == "1.50"  # the second adds nothing
     ledger = cli(agw, "list-top-ups", "--account", account["name"]).splitlines()
-    assert len(ledger) == 2 and ledger[1].split("\t")[2:4] == ["0.5", "1.50"]
+    assert len(ledger) == 3 and ledger[1].split("\t")[2:] == ["1.00", "1.00", "opening balance"]
+    assert ledger[2].split("\t")[2:4] == ["0.5", "1.50"]
     cli(agw, "update-key", "--key-id", key["id"], "--name", "renamed")
     assert ok(admin.get(f"/keys/{key['id']}"))["name"] == "renamed"
     request_id = chat(agw, key["key"]).headers["x-service-request-id"]

@@ -340,12 +340,18 @@ def test_top_up_idempotency_and_ledger(new_store: StoreFactory) -> None:
             entry, _ = await store.top_up(account_id, Decimal("0.5"), None)
             assert entry.balance_after == Decimal(4)
             ledger = await store.list_top_ups(account_id)
-            assert [t.amount for t in ledger] == [Decimal("2.5"), Decimal("0.5")]
+            # The account's starting balance is the ledger's first entry.
+            assert [(t.amount, t.note) for t in ledger] == [
+                (Decimal(1), "opening balance"),
+                (Decimal("2.5"), "n"),
+                (Decimal("0.5"), None),
+            ]
             assert await store.list_top_ups(account_id, after=ledger[0].id) == ledger[1:]
             assert await store.top_up("acct_missing", Decimal(1), None) is None
             account = await store.get_account(account_id)
             with pytest.raises(NameTaken):
                 await store.create_account(account.name, Decimal(0))
+            assert await store.list_top_ups((await store.create_account("empty", Decimal(0))).id) == []
 
     asyncio.run(main())
 

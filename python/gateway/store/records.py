@@ -429,6 +429,23 @@ def new_account(
     )
 
 
+# The note of the top-up an account's starting balance is entered as (opening_top_up).
+OPENING_NOTE = "opening balance"
+
+
+def opening_top_up(account: Account) -> TopUp:
+    """The ledger's entry for the balance an account was created with, as every backend writes it in
+    the account's own transaction: the top-ups alone then add up to everything ever paid in."""
+    return TopUp(
+        id=new_id("topup_"),
+        account_id=account.id,
+        amount=account.balance,
+        note=OPENING_NOTE,
+        created_at_ms=account.created_at_ms,
+        balance_after=account.balance,
+    )
+
+
 def new_key(
     account_id: str,
     name: str,

@@ -84,7 +84,7 @@ from .. import (
     UsageRecord,
     leasing,
 )
-from ..records import JOB_LEASE_PREFIX, new_account, new_id, new_key
+from ..records import JOB_LEASE_PREFIX, new_account, new_id, new_key, opening_top_up
 from . import rows
 from .console import PostgresConsole
 from .errors import StoreUnavailable, unavailable
@@ -924,8 +924,9 @@ class PostgresStore(PostgresConsole):
         tpm_limit: int | None = None,
     ) -> Account:
         account = new_account(name, balance, allowed_models, rpm_limit, tpm_limit)
-        with _unique_name(name):
-            await self._execute(
+
+        async def create(conn: asyncpg.Connection) -> None:
+            await conn.execute(
                 f"INSERT INTO accounts ({rows.ACCOUNT}) VALUES ({rows.marks(len(rows.ACCOUNT_COLUMNS))})",
                 account.id,
                 name,
@@ -935,6 +936,20 @@ class PostgresStore(PostgresConsole):
                 tpm_limit,
                 account.created_at_ms,
             )
+            if balance:
+                opening = opening_top_up(account)
+                await conn.execute(
+                    f"INSERT INTO top_ups ({rows.TOP_UP}) VALUES ($1, $2, $3, $4, $5, $6)",
+                    opening.id,
+                    account.id,
+                    opening.amount,
+                    opening.note,
+                    opening.created_at_ms,
+                    opening.balance_after,
+                )
+
+        with _unique_name(name):
+            await self._tx(create)
         return account
 
     async def find_account(self, name: str) -> Account | None:

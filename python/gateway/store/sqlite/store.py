@@ -51,6 +51,7 @@ from ..records import (
     new_account,
     new_id,
     new_key,
+    opening_top_up,
 )
 from . import journal
 from .console import Scans, SqliteConsole
@@ -682,6 +683,19 @@ class SqliteStore(SqliteConsole):
                         rpm_limit,
                         tpm_limit,
                         account.created_at_ms,
+                    ),
+                )
+            if balance:
+                opening = opening_top_up(account)
+                conn.execute(
+                    f"INSERT INTO top_ups ({_TOP_UP}) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        opening.id,
+                        account.id,
+                        str(opening.amount),
+                        opening.note,
+                        opening.created_at_ms,
+                        str(opening.balance_after),
                     ),
                 )
             return account
