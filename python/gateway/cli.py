@@ -124,12 +124,18 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
     # This process becomes Granian's supervisor (same pid, so signals reach it), holding nothing of
     # this command's imports: only the workers load the app.
+    os.umask(PRIVATE_FILES)
     _check_store_directory(settings)
     _check_port(args.host or settings.host, args.port or settings.port)
     command = _granian(config, settings, args)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)
+
+
+# The gateway's files (the store with its key hashes and request bodies, its journal, the image files
+# it serves, the demo key) are its own user's alone: made with this umask, as PostgreSQL's are.
+PRIVATE_FILES = 0o077
 
 
 def _check_store_directory(settings: Settings) -> None:
@@ -200,6 +206,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     # does: the gateway drains, the simulator stops.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
+    os.umask(PRIVATE_FILES)
     _check_store_directory(settings)
     _check_port(host, port)
     _check_port("127.0.0.1", args.sim_port, "--sim-port (the simulator)")

@@ -73,6 +73,7 @@ from gateway.drain import (  # noqa: E402  (stdlib only)
     SUPERVISOR_PID_ENV,
     serving_mark,
 )
+from gateway.log_format import TEXT_FORMAT, uses_json  # noqa: E402  (stdlib and orjson only)
 
 os.environ[RUN_DIR_ENV] = RUN_DIR  # where workers say they serve (gateway.drain.mark_serving)
 os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # workers end with it (drain.end_with_supervisor)
@@ -375,6 +376,23 @@ def _sweep_run_dirs() -> int:
     return removed
 
 
+def _log_config(log_format: str) -> dict[str, Any]:
+    """Granian's own records (this supervisor's and each worker's: workers started and exited,
+    reloads, drains) on stderr in the gateway's log format, beside the workers' records, instead of
+    on stdout as plain text."""
+    factory = "gateway.log_format.JsonFormatter" if uses_json(log_format) else "logging.Formatter"
+    formatter: dict[str, Any] = {"()": factory}
+    if not uses_json(log_format):
+        formatter["fmt"] = TEXT_FORMAT
+    return {
+        "formatters": {"gateway": formatter},
+        "handlers": {
+            "stderr": {"formatter": "gateway", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
+        },
+        "loggers": {"_granian": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+    }
+
+
 def main(argv: list[str]) -> None:
     options = json.loads(argv[1])
     swept = _sweep_run_dirs()
@@ -394,6 +412,7 @@ def main(argv: list[str]) -> None:
     # Notice (SIGUSR1) must not kill a worker still starting: ignored until gateway.drain handles it.
     signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
     kill_grace = float(options.get("kill_grace_seconds", 10.0))
+    log_format = _RUNNING[0].log_format if _RUNNING else "auto"
     server = GatewayGranian(
         APP,
         factory=True,
@@ -406,6 +425,7 @@ def main(argv: list[str]) -> None:
         backlog=4096,
         respawn_failed_workers=True,
         workers_kill_timeout=_kill_timeout(drain, kill_grace),
+        log_dictconfig=_log_config(log_format),
     )
     server.notice_seconds = float(options.get("drain_notice_seconds", 1.0))
     server.kill_grace_seconds = kill_grace

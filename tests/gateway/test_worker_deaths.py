@@ -168,7 +168,7 @@ def test_a_stop_signalled_to_the_whole_group_is_a_clean_stop(tmp_path: Path, sim
                 proc.wait()
         log.seek(0)
         output = log.read().decode(errors="replace")
-    assert "Unexpected exit" not in output and "[ERROR]" not in output, output
+    assert "Unexpected exit" not in output and '"level":"error"' not in output, output
 
 
 def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, sim_url: str) -> None:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import datetime as dt
 import logging
 import os
 import sys
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-import orjson
+from ..log_format import formatter, uses_json
 
 LineFormat = Literal["json", "text"]
 # Request lines are written together at most this long after the first of them (one write(2) for
@@ -25,27 +24,11 @@ LineFormat = Literal["json", "text"]
 FLUSH_SECONDS: Final = 0.05
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(out, default=str).decode()
-
-
-TEXT_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s %(message)s"
-
-
 def configure(format_: str = "auto", level: str = "info", access: bool = True) -> None:
     """Send the `gateway` loggers to stderr in the chosen format (once per process; again replaces it)."""
-    use_json = format_ == "json" or (format_ == "auto" and not sys.stderr.isatty())
+    use_json = uses_json(format_)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(formatter(format_))
     root = logging.getLogger("gateway")
     for old in list(root.handlers):
         root.removeHandler(old)
