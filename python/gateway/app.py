@@ -267,6 +267,14 @@ async def _log_failure(request: Request, answer: Response, err: GatewayError) ->
     scope = request.scope
     if scope.get(MODEL_REQUEST) or scope.get(request_log.LOGGED) or not scope["path"].startswith(_KEY_PATHS):
         return
+    try:
+        await _log_failure_for_its_key(request, answer, err)
+    except Exception:  # the answer matters more than its log entry: never a 500 for the entry
+        log.exception("logging the failure of %s %s failed", request.method, scope["path"])
+
+
+async def _log_failure_for_its_key(request: Request, answer: Response, err: GatewayError) -> None:
+    scope = request.scope
     state: GatewayState = request.app.state.gateway
     slot = key_slot(scope)
     ctx = slot.ctx if slot is not None else None

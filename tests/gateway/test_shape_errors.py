@@ -90,7 +90,7 @@ def test_messages_errors_are_anthropics_format_with_the_spec_fields(gw: Gateway,
         ),
         (
             httpx.post(
-                gw.url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": key.key}, timeout=30
+                gw.url + "/v1/messages/batches", json=body, headers={"x-api-key": key.key}, timeout=30
             ),
             404,
             "not_found_error",
