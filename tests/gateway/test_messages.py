@@ -219,3 +219,13 @@ def test_count_tokens_is_the_gateways_own_count_and_free(
         unknown = c.post("/v1/messages/count_tokens", json={"model": "no/such", "messages": messages})
     assert (missing.status_code, missing.json()["error"]["param"]) == (400, "messages")
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, "model_not_found")
+
+
+def test_a_base_url_given_with_v1_works_too(gw: Gateway, key: KeyHandle) -> None:
+    """The anthropic client (and LiteLLM's `anthropic/` models) add /v1/messages to the base URL
+    they are given: one given with /v1 reaches the same endpoints."""
+    with anthropic.Anthropic(base_url=gw.url + "/v1", api_key=key.key, max_retries=0) as c:
+        message = c.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
+        counted = c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+    assert message.usage.output_tokens == 3
+    assert counted.input_tokens == message.usage.input_tokens

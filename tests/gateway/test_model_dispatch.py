@@ -23,6 +23,8 @@ MODEL_PATHS = {
     "/v1/chat/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/v1/messages",  # the anthropic client or LiteLLM on a base URL that ends in /v1
+    "/v1/v1/messages/count_tokens",
     "/v1/responses",
     "/v1/embeddings",
     "/v1/moderations",

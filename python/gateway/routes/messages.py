@@ -77,10 +77,17 @@ def routes(state: GatewayState) -> list[Route]:
         tokens = await count_prompt(request, lambda: _prompt_tokens(model, payload))
         return json_response({"input_tokens": tokens})
 
+    served = model_endpoint(state, messages)
+    counted = model_endpoint(state, count_message_tokens)
     return [
-        Route("/v1/messages", model_endpoint(state, messages), methods=["POST"]),
-        Route("/v1/messages/count_tokens", model_endpoint(state, count_message_tokens), methods=["POST"]),
+        *(Route(base + "/messages", served, methods=["POST"]) for base in BASES),
+        *(Route(base + "/messages/count_tokens", counted, methods=["POST"]) for base in BASES),
     ]
+
+
+# {base}/v1/messages from the root, as the anthropic client and LiteLLM's `anthropic/` models call
+# it; the same under /v1 for a base URL given with /v1 (they add /v1/messages to whatever they get).
+BASES = ("/v1", "/v1/v1")
 
 
 async def _check_and_hold(
