@@ -22,7 +22,7 @@ from starlette.types import ASGIApp
 from . import background as background_responses
 from . import console, jobs, request_log
 from . import videos as video_jobs
-from .auth import authenticate, presented_key
+from .auth import presented_context
 from .buckets import BucketStore, FileBuckets
 from .config import ConfigError, Settings, settings_from_env
 from .core import count_tokens
@@ -277,12 +277,7 @@ async def _log_failure_for_its_key(request: Request, answer: Response, err: Gate
     scope = request.scope
     state: GatewayState = request.app.state.gateway
     slot = key_slot(scope)
-    ctx = slot.ctx if slot is not None else None
-    if ctx is None and err.status != 401 and (slot is None or not slot.checked) and presented_key(request):
-        try:  # no route looked at the key (an unknown path, a wrong method): look here
-            ctx = await authenticate(request, state.store)
-        except GatewayError:
-            return
+    ctx = await presented_context(request, state.store)
     if ctx is None and err.status != 401:
         return
     body = answer.body if isinstance(answer.body, bytes) else bytes(answer.body)

@@ -83,6 +83,20 @@ async def authenticate(request: Request, store: Store) -> KeyContext:
     return ctx
 
 
+async def presented_context(request: Request, store: Store) -> KeyContext | None:
+    """The key a request presented, when it is valid: the one its route found, else (no route
+    looked at it: an unknown path, a wrong method) looked up now; None without a valid key."""
+    slot = key_slot(request.scope)
+    if slot is not None and slot.checked:
+        return slot.ctx
+    if not presented_key(request):
+        return None
+    try:
+        return await authenticate(request, store)
+    except GatewayError:
+        return None
+
+
 async def _key_presented(request: Request, store: Store) -> KeyContext:
     """The key of the Authorization header (the console's playground brings its own: CONSOLE_CALL)."""
     token = presented_key(request)

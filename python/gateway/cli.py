@@ -124,9 +124,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
     # This process becomes Granian's supervisor (same pid, so signals reach it), holding nothing of
     # this command's imports: only the workers load the app.
-    os.umask(PRIVATE_FILES)
-    _check_store_directory(settings)
-    _check_port(args.host or settings.host, args.port or settings.port)
+    _ready_to_serve(settings, args.host or settings.host, args.port or settings.port)
     command = _granian(config, settings, args)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -136,6 +134,14 @@ def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
 # The gateway's files (the store with its key hashes and request bodies, its journal, the image files
 # it serves, the demo key) are its own user's alone: made with this umask, as PostgreSQL's are.
 PRIVATE_FILES = 0o077
+
+
+def _ready_to_serve(settings: Settings, host: str, port: int) -> None:
+    """What `serve` and `demo` settle before any worker starts: private files, a store directory
+    that takes them, an address free to listen on."""
+    os.umask(PRIVATE_FILES)
+    _check_store_directory(settings)
+    _check_port(host, port)
 
 
 def _check_store_directory(settings: Settings) -> None:
@@ -206,9 +212,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     # does: the gateway drains, the simulator stops.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
-    os.umask(PRIVATE_FILES)
-    _check_store_directory(settings)
-    _check_port(host, port)
+    _ready_to_serve(settings, host, port)
     _check_port("127.0.0.1", args.sim_port, "--sim-port (the simulator)")
     sim = subprocess.Popen(
         [sys.executable, "-m", "gateway", "sim", "--port", str(args.sim_port)],

@@ -17,8 +17,7 @@ import logging
 from starlette.requests import Request
 from starlette.types import Scope
 
-from .auth import authenticate, presented_key
-from .errors import GatewayError
+from .auth import presented_context
 from .ratelimits import KeySlot, RateLimiter, RateState
 from .store import Store
 
@@ -67,15 +66,11 @@ class RateLimitHeaders:
         ctx = slot.ctx
         # The answer matters more than its headers: no failure here may break it.
         if ctx is None and not slot.checked:  # no route looked at the key: look here
-            request = Request(scope)
-            if presented_key(request):
-                try:
-                    ctx = await authenticate(request, self._store)
-                except GatewayError:  # no valid key: no headers
-                    return None
-                except Exception:
-                    log.exception("looking up the key of %s failed", request.url.path)
-                    return None
+            try:
+                ctx = await presented_context(Request(scope), self._store)
+            except Exception:
+                log.exception("looking up the key of %s failed", scope["path"])
+                return None
         if ctx is None:
             return None
         try:

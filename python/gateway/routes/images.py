@@ -234,19 +234,18 @@ def _dearest_variant(prices: Prices, size: str | None, quality: str | None) -> t
     """The size and quality an image is held at when the request leaves either to the model: the
     dearest listed variant that agrees with what it does name (dall-e-3 at 1024x1024 without a
     quality: 1024x1024/hd, not the dearest of every size)."""
-    dearest: tuple[str, Decimal] | None = None
+    dearest: tuple[Decimal, str, str] | None = None  # price, size, quality ("" when not listed)
     for variant, price in prices.images:
         listed_size, _, listed_quality = variant.partition("/")
         if size is not None and listed_size != size:
             continue
         if quality is not None and listed_quality and listed_quality != quality:
             continue
-        if dearest is None or price > dearest[1]:
-            dearest = (variant, price)
-    if dearest is None or dearest[1] <= prices.image_price(size, quality):
+        if dearest is None or price > dearest[0]:
+            dearest = (price, listed_size, listed_quality)
+    if dearest is None or dearest[0] <= prices.image_price(size, quality):
         return size, quality
-    listed_size, _, listed_quality = dearest[0].partition("/")
-    return listed_size, listed_quality or quality
+    return dearest[1], dearest[2] or quality
 
 
 def _output_bound(model: ModelConfig, order: ImageOrder) -> int:
