@@ -13,6 +13,7 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 from openai.types.chat import ChatCompletionToolParam
 from test_responses_translation import check_responses_shape
@@ -24,6 +25,8 @@ from harness import Gateway, chat_stream, gateway
 
 MODEL = "google/gemini-2.5-flash"
 EMBED = "google/gemini-embedding-001"
+# Gemini 3 wants each function call's thought signature back with it (the simulator checks).
+THINKING = "google/gemini-3-pro"
 UPSTREAM = "gemini-2.5-flash"
 # As the config below prices it (reasoning costs the output price when not set apart).
 PRICES = Prices(input=Decimal("0.30"), output=Decimal("2.50"), reasoning=Decimal("2.50"))
@@ -42,6 +45,18 @@ output = "2.50"
 provider = "gemini"
 base_url = "{sim_url}"
 model = "{UPSTREAM}"
+api_key_env = "{KEY_ENV}"
+
+[[models]]
+name = "{THINKING}"
+type = "chat"
+[models.prices]
+input = "2"
+output = "12"
+[[models.channels]]
+provider = "gemini"
+base_url = "{sim_url}"
+model = "gemini-3-pro-preview"
 api_key_env = "{KEY_ENV}"
 
 [[models]]
@@ -176,23 +191,39 @@ def test_the_messages_shape_through_gemini(ggw: Gateway) -> None:
         assert final.stop_reason == "refusal" and final.usage.output_tokens == 2
 
 
-def test_a_blocked_prompt_is_content_filtered_and_free(ggw: Gateway) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_blocked_prompt_is_content_filtered_free_and_not_retried(
+    ggw: Gateway, sim: httpx.Client, stream: bool
+) -> None:
+    """Streamed, Google says it as the stream's one event (promptFeedback.blockReason): before the
+    first token, so the same 400 as a plain request's, asked of the upstream once."""
     handle = ggw.new_key(balance="5")
+    marker = uuid.uuid4().hex
     with client(ggw, handle.key) as oai, pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "[sim fail=content_policy]"}]
+            model=MODEL,
+            messages=[{"role": "user", "content": f"{marker} [sim fail=content_policy]"}],
+            stream=stream,
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["code"] == "content_filtered"
     assert ggw.balance(handle.account_id) == Decimal(5)
+    sent(sim, marker)  # exactly one request reached the upstream
 
 
-def test_resource_exhausted_is_provider_overloaded(ggw: Gateway) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_resource_exhausted_is_provider_overloaded(ggw: Gateway, sim: httpx.Client, stream: bool) -> None:
+    """Plain, Google's 429; streamed, the stream's first event is the RESOURCE_EXHAUSTED error."""
     handle = ggw.new_key()
+    marker = uuid.uuid4().hex
+    prompt = f"{marker} " + ("[sim error_after=0 overloaded]" if stream else "[sim fail=429]")
     with client(ggw, handle.key) as oai, pytest.raises(openai.RateLimitError) as caught:
-        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "[sim fail=429]"}])
+        oai.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], stream=stream
+        )
     body = caught.value.body
     assert isinstance(body, dict) and body["code"] == "provider_overloaded"
+    sent(sim, marker)
 
 
 def test_an_invalid_key_is_the_gateways_fault(sim_url: str, tmp_path: Path) -> None:
@@ -248,3 +279,92 @@ def test_token_arrays_are_refused_for_gemini_embeddings(ggw: Gateway) -> None:
 
 def test_the_responses_shape_through_gemini(ggw: Gateway) -> None:
     check_responses_shape(ggw, MODEL)
+
+
+STRICT_TOOL: ChatCompletionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "roll_die",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"sides": {"$ref": "#/$defs/sides"}},
+            "required": ["sides"],
+            "additionalProperties": False,
+            "$defs": {"sides": {"type": "integer"}},
+        },
+    },
+}
+
+
+def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
+    ggw: Gateway, sim: httpx.Client
+) -> None:
+    """A strict tool's JSON Schema (additionalProperties, $ref: what the Agents SDK and pydantic
+    write) goes as parametersJsonSchema; the call's thought signature rides in its id, so the
+    conversation sent back with the call and its result is taken, through both clients."""
+    handle = ggw.new_key()
+    marker = uuid.uuid4().hex
+    asked = {"role": "user", "content": f"{marker} roll a die [sim tool]"}
+    with client(ggw, handle.key) as oai:
+        first = oai.chat.completions.create(model=THINKING, messages=[asked], tools=[STRICT_TOOL])  # type: ignore[list-item]
+        (call,) = first.choices[0].message.tool_calls or []
+        declared = sent(sim, marker)["body"]["tools"][0]["functionDeclarations"][0]
+        assert declared["parametersJsonSchema"] == STRICT_TOOL["function"]["parameters"]
+        assert "parameters" not in declared
+        history: list[Any] = [
+            asked,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "4"},
+        ]
+        second = oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])  # type: ignore[list-item]
+        assert second.choices[0].message.content
+        streamed = "".join(
+            c.choices[0].delta.content or ""
+            for c in oai.chat.completions.create(
+                model=THINKING,
+                messages=history,
+                tools=[STRICT_TOOL],
+                stream=True,  # type: ignore[list-item]
+            )
+            if c.choices
+        )
+        assert streamed
+        # Without the signature (an id the gateway did not write), Gemini 3 refuses the history.
+        history[1]["tool_calls"][0]["id"] = history[2]["tool_call_id"] = "call_elsewhere"
+        with pytest.raises(openai.BadRequestError, match="thought_signature"):
+            oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])  # type: ignore[list-item]
+    with anthropic.Anthropic(api_key=handle.key, base_url=ggw.url, max_retries=0) as claude:
+        die = {"name": "roll_die", "input_schema": STRICT_TOOL["function"]["parameters"]}
+        turn = claude.messages.create(
+            model=THINKING,
+            max_tokens=64,
+            messages=[{"role": "user", "content": "roll [sim tool]"}],
+            tools=[die],  # type: ignore[list-item]
+        )
+        (use,) = [b for b in turn.content if b.type == "tool_use"]
+        after = claude.messages.create(
+            model=THINKING,
+            max_tokens=64,
+            tools=[die],  # type: ignore[list-item]
+            messages=[
+                {"role": "user", "content": "roll [sim tool]"},
+                {"role": "assistant", "content": turn.content},  # type: ignore[typeddict-item]
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "4"}]},
+            ],
+        )
+        assert after.stop_reason == "end_turn"
+
+
+def test_two_identical_calls_in_one_answer_get_ids_of_their_own() -> None:
+    from gateway.config import ChannelConfig
+    from gateway.providers import gemini
+
+    channel = ChannelConfig(provider="gemini", base_url="http://up", upstream_model=UPSTREAM)
+    call = {"functionCall": {"name": "roll_die", "args": {}}}
+    answer = {
+        "candidates": [{"content": {"role": "model", "parts": [call, call]}, "finishReason": "STOP"}],
+    }
+    decoded = orjson.loads(gemini.decode(channel, "chat", orjson.dumps(answer), b"{}"))
+    ids = [c["id"] for c in decoded["choices"][0]["message"]["tool_calls"]]
+    assert len(set(ids)) == 2

@@ -37,7 +37,9 @@ class ChatChunks:
         )
 
     @staticmethod
-    def error(message: str, kind: str = "server_error") -> bytes:
-        """The upstream's failure as an error chunk: the rewriter ends the stream on it."""
-        error = {"message": message, "type": kind, "param": None, "code": None}
+    def error(message: str, kind: str = "server_error", code: str | None = None) -> bytes:
+        """The upstream's failure as an error chunk: the rewriter ends the stream on it. `code`
+        keeps the provider's own kind of failure (its capacity, its content policy) for
+        providers.base.stream_failure, when it ends the stream before its first token."""
+        error = {"message": message, "type": kind, "param": None, "code": code}
         return b"data: " + orjson.dumps({"error": error}) + b"\n\n"

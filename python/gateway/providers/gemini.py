@@ -14,14 +14,17 @@ candidatesTokenCount plus thoughtsTokenCount the completion (thinking is billed 
 Google bills it; thoughtsTokenCount is also reasoning_tokens). Finish reasons: STOP is "stop" (or
 "tool_calls" with function calls), MAX_TOKENS "length", SAFETY, RECITATION, BLOCKLIST,
 PROHIBITED_CONTENT and SPII "content_filter". A prompt Gemini blocks (promptFeedback.blockReason,
-no candidates) is content_filtered. Errors are Google's (`{"error": {"code", "message",
-"status"}}`): 429 RESOURCE_EXHAUSTED is provider_overloaded; an invalid API key (400
-API_KEY_INVALID) is the gateway's fault, provider_error.
+no candidates; streamed, the stream's one event) is content_filtered. Function tools go as
+parametersJsonSchema (JSON Schema whole); a call's thoughtSignature rides in its id
+(THOUGHT_SEPARATOR) and goes back on its functionCall part. Errors are Google's (`{"error":
+{"code", "message", "status"}}`): 429 RESOURCE_EXHAUSTED (or a stream's first event saying it) is
+provider_overloaded; an invalid API key (400 API_KEY_INVALID) is the gateway's fault,
+provider_error.
 """
 
 from __future__ import annotations
 
-import hashlib
+import secrets
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -70,6 +73,9 @@ FINISH_REASONS: Final = {
     "SPII": "content_filter",
     "IMAGE_SAFETY": "content_filter",
 }
+# The error code a stream's blocked prompt ends on: OpenAI's code for a filtered prompt, which
+# providers.base.content_refusal knows.
+BLOCKED_PROMPT: Final = "content_filter"
 IMAGE_TYPES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp", "image/heic"})
 
 
@@ -105,7 +111,7 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     payload = orjson.loads(body)
     if operation == "embedding":
         return _embed_request(channel, payload)
-    said = messages_request_from_chat(payload, 0)
+    said = messages_request_from_chat(payload, 0, image_links=False)
     names: dict[str, str] = {}  # tool call id -> function name (a function response names it)
     request: dict[str, Any] = {
         "contents": [_content(t, i, names) for i, t in enumerate(said["messages"])],
@@ -141,7 +147,9 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
                     {
                         "name": t["name"],
                         **({"description": t["description"]} if "description" in t else {}),
-                        "parameters": t["input_schema"],
+                        # JSON Schema as the client wrote it (additionalProperties, $ref, anyOf
+                        # ...): `parameters` takes only Google's OpenAPI subset of it.
+                        "parametersJsonSchema": t["input_schema"],
                     }
                     for t in tools
                 ]
@@ -175,7 +183,11 @@ def _part(block: dict[str, Any], index: int, names: dict[str, str]) -> dict[str,
         return {"text": block["text"]}
     if kind == "tool_use":
         names[block["id"]] = block["name"]
-        return {"functionCall": {"name": block["name"], "args": block["input"]}}
+        part: dict[str, Any] = {"functionCall": {"name": block["name"], "args": block["input"]}}
+        signature = _thought_signature(block["id"])
+        if signature:
+            part["thoughtSignature"] = signature
+        return part
     if kind == "tool_result":
         content = block.get("content")
         text = content if isinstance(content, str) else orjson.dumps(content).decode()
@@ -252,16 +264,39 @@ def _parts(candidate: dict[str, Any]) -> tuple[list[str], list[str], list[dict[s
         elif isinstance(part.get("functionCall"), dict):
             call = part["functionCall"]
             arguments = orjson.dumps(call.get("args") or {}).decode()
-            # Gemini's calls may carry no id: one from their content, the same on every read.
-            digest = hashlib.blake2b(f"{call.get('name')}{arguments}".encode(), digest_size=12).hexdigest()
             calls.append(
                 {
-                    "id": call.get("id") or "call_" + digest,
+                    "id": _call_id(call.get("id"), part.get("thoughtSignature")),
                     "type": "function",
                     "function": {"name": call.get("name"), "arguments": arguments},
                 }
             )
     return text, thoughts, calls
+
+
+# A function call's thought signature (Gemini's opaque record of the thinking that led to it, which
+# it requires back with the call in the conversation's current turn) travels in the call's id: the
+# one field every client returns unchanged, in every shape. LiteLLM's separator, so that ids from
+# either gateway read the same; the signature URL-safe (ids stay [A-Za-z0-9_-]), unpadded.
+THOUGHT_SEPARATOR: Final = "__thought__"
+
+
+def _call_id(given: Any, signature: Any) -> str:
+    """A call's id, unique (Gemini's calls usually carry none, and two identical calls in one
+    answer must not share one), with its thought signature when it has one."""
+    base = given if isinstance(given, str) and given else "call_" + secrets.token_hex(12)
+    if not isinstance(signature, str) or not signature:
+        return base
+    return base + THOUGHT_SEPARATOR + signature.replace("+", "-").replace("/", "_").rstrip("=")
+
+
+def _thought_signature(call_id: str) -> str | None:
+    """The signature _call_id put in a call's id, in standard base64 again; None without one."""
+    _, found, signature = call_id.partition(THOUGHT_SEPARATOR)
+    if not found or not signature:
+        return None
+    signature = signature.replace("-", "+").replace("_", "/")
+    return signature + "=" * (-len(signature) % 4)
 
 
 def _finish(reason: Any, called: bool) -> str | None:
@@ -342,7 +377,11 @@ class GeminiStreamToChat:
         if not isinstance(answer, dict):
             return self._error("The model's provider sent a malformed event.")
         if isinstance(answer.get("error"), dict):
-            return self._error(str(answer["error"].get("message") or "The model failed."))
+            error = answer["error"]
+            status = error.get("status")  # RESOURCE_EXHAUSTED: the provider at capacity
+            return self._error(
+                str(error.get("message") or "The model failed."), status if isinstance(status, str) else None
+            )
         out = b""
         if not self.started:
             self.started = True
@@ -350,7 +389,10 @@ class GeminiStreamToChat:
         candidates = answer.get("candidates")
         if not candidates:
             blocked = (answer.get("promptFeedback") or {}).get("blockReason")
-            return out + (self._error(f"The prompt was blocked: {blocked}.") if blocked else b"")
+            if not blocked:
+                return out
+            # Before the first token: content_filtered, as the same block is on a plain request.
+            return out + self._error(f"The prompt was blocked: {blocked}.", BLOCKED_PROMPT)
         candidate = candidates[0] if isinstance(candidates[0], dict) else {}
         text, thoughts, calls = _parts(candidate)
         for thought in thoughts:
@@ -366,9 +408,9 @@ class GeminiStreamToChat:
             self.done = True
         return out
 
-    def _error(self, message: str) -> bytes:
+    def _error(self, message: str, code: str | None = None) -> bytes:
         self.done = True
-        return self.out.error(message)
+        return self.out.error(message, code=code)
 
 
 def stream_translator(channel: ChannelConfig, operation: str) -> GeminiStreamToChat:

@@ -21,7 +21,8 @@ configured model through the gateway, which forwards neither headers nor anythin
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
   overloaded      (with error_after) the error is the provider's "at capacity" one: Anthropic's
-                  overloaded_error event, Bedrock's throttlingException (without a value)
+                  overloaded_error event, Bedrock's throttlingException, Google's
+                  RESOURCE_EXHAUSTED (without a value)
   filter_after=N  (chat) the provider's content filter cuts the answer after N words: it ends there
                   with finish_reason "content_filter", usage counting what was produced
   tool            call the first tool the request offers (without a value; a tool_choice that forces

@@ -9,13 +9,20 @@ systemInstruction, generationConfig, function declarations and toolConfig); answ
 candidates, finishReason and usageMetadata (thinking, with the directive `reasoning=N`, as thought
 parts and thoughtsTokenCount). A stream is server-sent events, each a GenerateContentResponse with
 the text so far's next piece; the last carries the finish reason and the usage.
-`fail=content_policy` blocks the prompt (promptFeedback.blockReason SAFETY, no candidates);
-`filter_after=N` ends the answer with finishReason SAFETY.
+`fail=content_policy` blocks the prompt (promptFeedback.blockReason SAFETY, no candidates; streamed,
+as the stream's one event); `error_after=N` ends a stream with an error event, RESOURCE_EXHAUSTED
+with `overloaded`, else UNAVAILABLE;
+`filter_after=N` ends the answer with finishReason SAFETY. Function calls carry a thoughtSignature;
+a model named gemini-3* refuses a conversation whose current turn (since the last user text) has
+a model step's first call without the signature it was sent with, as Google's does. A function's
+`parameters` (Google's OpenAPI subset) refuses JSON Schema's own words (additionalProperties,
+$ref ...); `parametersJsonSchema` takes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -97,6 +104,78 @@ def _key_refusal(request: web.Request) -> web.Response | None:
     return None
 
 
+# What a thought signature of the simulator's starts with (Google's are opaque bytes, base64).
+SIGNATURE_PREFIX = b"sim-thought:"
+# JSON Schema words that `parameters` (Google's OpenAPI subset) does not take: Google answers 400
+# naming the first; `parametersJsonSchema` takes them.
+_NOT_OPENAPI = ("additionalProperties", "$schema", "$ref", "$defs", "const")
+
+
+def _function_call(call: tools.ToolCall) -> dict[str, Any]:
+    """A functionCall part, with its thought signature, as thinking models send it."""
+    signature = base64.b64encode(SIGNATURE_PREFIX + call.name.encode()).decode()
+    return {"functionCall": {"name": call.name, "args": call.arguments}, "thoughtSignature": signature}
+
+
+def _tools_refusal(declared: Any) -> str | None:
+    """Google's refusal of a function's parameters it cannot read, else None."""
+    for tool in declared if isinstance(declared, list) else []:
+        for function in (tool.get("functionDeclarations") or []) if isinstance(tool, dict) else []:
+            if not isinstance(function, dict):
+                continue
+            if "parameters" in function and "parametersJsonSchema" in function:
+                return "`parameters` and `parametersJsonSchema` are mutually exclusive."
+            unknown = _unknown_name(function.get("parameters"))
+            if unknown is not None:
+                return (
+                    f'Invalid JSON payload received. Unknown name "{unknown}" at '
+                    "'tools[0].function_declarations[0].parameters': Cannot find field."
+                )
+    return None
+
+
+def _unknown_name(schema: Any) -> str | None:
+    if isinstance(schema, dict):
+        for name, value in schema.items():
+            if name in _NOT_OPENAPI:
+                return name
+            found = _unknown_name(value)
+            if found is not None:
+                return found
+    elif isinstance(schema, list):
+        for value in schema:
+            found = _unknown_name(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _signature_refusal(model: str, contents: list[dict[str, Any]]) -> str | None:
+    """Gemini 3's check of the current turn (since the last user text): each model step's first
+    function call carries the thought signature it was sent with. Earlier models check nothing."""
+    if not model.startswith("gemini-3"):
+        return None
+    start = max(
+        (i for i, c in enumerate(contents) if c.get("role", "user") == "user" and _text(c.get("parts", []))),
+        default=0,
+    )
+    for content in contents[start:]:
+        parts = content.get("parts") if content.get("role") == "model" else None
+        calls = [p for p in parts or [] if isinstance(p, dict) and "functionCall" in p]
+        if not calls:
+            continue
+        signature = calls[0].get("thoughtSignature")
+        if signature is None:
+            return "Function call is missing a thought_signature in functionCall parts."
+        try:
+            valid = base64.b64decode(signature, validate=True).startswith(SIGNATURE_PREFIX)
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            return "Corrupted thought signature."
+    return None
+
+
 def _text(parts: Any) -> str:
     return " ".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
 
@@ -115,6 +194,9 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
         return _error(400, "Please use a valid role: user, model.")
     model = request.match_info["model"]
     sim.record({"path": request.path, "model": model, "body": req})
+    refusal = _tools_refusal(req.get("tools")) or _signature_refusal(model, contents)
+    if refusal is not None:
+        return _error(400, refusal)
     try:
         base, d = directives.parse(model, request.headers.get("x-sim"), _text(contents[-1].get("parts", [])))
     except DirectiveError as exc:
@@ -134,6 +216,11 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
             "usageMetadata": {"promptTokenCount": prompt_tokens, "totalTokenCount": prompt_tokens},
             "modelVersion": base,
         }
+        if stream:  # Google's stream is one event with the feedback, over HTTP 200
+            blocked = EventStream(request)
+            await blocked.open()
+            await blocked.send(b"data: " + orjson.dumps(answer) + b"\r\n\r\n")
+            return await blocked.end()
         return reply(200, orjson.dumps(answer))
     config = req.get("generationConfig") or {}
     limit = config.get("maxOutputTokens")
@@ -144,7 +231,7 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
     if d.filter_after is not None and d.filter_after < len(words):
         words, finish = words[: d.filter_after], "SAFETY"
     declared = [
-        {"name": f["name"], "input_schema": f.get("parameters")}
+        {"name": f["name"], "input_schema": f.get("parametersJsonSchema", f.get("parameters"))}
         for t in req.get("tools") or []
         if isinstance(t, dict)
         for f in t.get("functionDeclarations") or []
@@ -174,11 +261,7 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
         parts: list[dict[str, Any]] = (
             [{"text": "".join(thoughts).strip(), "thought": True}] if thoughts else []
         )
-        parts.append(
-            {"text": "".join(words).strip()}
-            if call is None
-            else {"functionCall": {"name": call.name, "args": call.arguments}}
-        )
+        parts.append({"text": "".join(words).strip()} if call is None else _function_call(call))
         answer = {
             "candidates": [
                 {"content": {"role": "model", "parts": parts}, "finishReason": finish, "index": 0}
@@ -203,15 +286,19 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
         await out.send(b"data: " + orjson.dumps(answer) + b"\r\n\r\n")
 
     async def fail() -> None:
-        error = {"code": 503, "message": "Simulated failure mid-stream.", "status": "UNAVAILABLE"}
+        error = (
+            {
+                "code": 429,
+                "message": "Resource has been exhausted (e.g. check quota).",
+                "status": "RESOURCE_EXHAUSTED",
+            }
+            if d.overloaded
+            else {"code": 503, "message": "Simulated failure mid-stream.", "status": "UNAVAILABLE"}
+        )
         await out.send(b"data: " + orjson.dumps({"error": error}) + b"\r\n\r\n")
 
     pieces: list[dict[str, Any]] = [{"text": t, "thought": True} for t in thoughts]
-    pieces += (
-        [{"text": w} for w in words]
-        if call is None
-        else [{"functionCall": {"name": call.name, "args": call.arguments}}]
-    )
+    pieces += [{"text": w} for w in words] if call is None else [_function_call(call)]
     for i, part in enumerate(pieces):
         if not await directives.before_piece(d, i, out.drop, fail):
             return await out.end()
