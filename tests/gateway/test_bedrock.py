@@ -134,20 +134,23 @@ def test_a_mid_stream_exception_ends_the_stream_with_the_shapes_error(bgw: Gatew
     assert isinstance(body, dict) and body["code"] == "provider_error", body
 
 
+WEATHER: ChatCompletionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
 def test_tool_calls_plain_and_streamed(bgw: Gateway, sim: httpx.Client) -> None:
     handle = bgw.new_key()
-    weather: ChatCompletionToolParam = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
+    weather = WEATHER
     marker = uuid.uuid4().hex
     with client(bgw, handle.key) as oai:
         plain = oai.chat.completions.create(
@@ -177,6 +180,37 @@ def test_tool_calls_plain_and_streamed(bgw: Gateway, sim: httpx.Client) -> None:
     )
     assert "city" in arguments
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
+
+
+@pytest.mark.parametrize("last_turn", ["no tools", "tool_choice none"])
+def test_a_tool_loop_s_prose_turn_declares_tools_converse_needs(
+    bgw: Gateway, sim: httpx.Client, last_turn: str
+) -> None:
+    """Converse refuses toolUse/toolResult blocks without a toolConfig: a conversation that has
+    them declares the tools it used (the client's own when it sends them)."""
+    handle = bgw.new_key()
+    marker = uuid.uuid4().hex
+    history: list[Any] = [
+        {"role": "user", "content": f"{marker} weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    extra: dict[str, Any] = {}
+    if last_turn == "tool_choice none":
+        extra = {"tool_choice": "none", "tools": [WEATHER]}
+    with client(bgw, handle.key) as oai:
+        answer = oai.chat.completions.create(model=MODEL, messages=history, **extra)
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content
+    (sent,) = converse_requests(sim, marker)
+    (declared,) = sent["body"]["toolConfig"]["tools"]
+    assert declared["toolSpec"]["name"] == "get_weather"
+    assert "toolChoice" not in sent["body"]["toolConfig"]
 
 
 def test_the_messages_shape_through_bedrock(bgw: Gateway) -> None:

@@ -187,6 +187,7 @@ def test_upstream_overloaded_and_failing(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         for directive, status, code in (
             ("fail=429", 429, "provider_overloaded"),
+            ("fail=529", 429, "provider_overloaded"),  # Anthropic's overloaded_error
             ("fail=500", 502, "provider_error"),
         ):
             body = {

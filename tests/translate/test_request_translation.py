@@ -615,3 +615,25 @@ def test_any_messages_request_translates_or_is_a_400(
         chat_request_from_messages({"messages": messages, **params, "max_tokens": 5}, "max_tokens")
     except GatewayError as err:
         assert err.code == "invalid_request"
+
+
+def test_an_image_link_for_a_provider_that_takes_only_data_names_the_client_s_part() -> None:
+    """Bedrock and Gemini take images as data only: the 400 names the part in the client's own
+    messages, not in the merged turns (here two user messages make one turn)."""
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "look"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "this"},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+                ],
+            },
+        ]
+    }
+    assert messages_request_from_chat(chat, 64)["messages"][0]["content"][-1]["source"]["type"] == "url"
+    with pytest.raises(GatewayError) as caught:
+        messages_request_from_chat(chat, 64, image_links=False)
+    assert caught.value.param == "messages[2].content[1]" and "not links" in caught.value.message

@@ -85,9 +85,13 @@ async def read_capped(response: UpstreamResponse, limit: int, what: str) -> byte
     return b"".join(parts)
 
 
+# The upstream statuses that say it is at capacity: 429, and Anthropic's 529 overloaded_error.
+OVERLOADED_STATUSES: Final = frozenset({429, 529})
+
+
 def upstream_error(status: int, payload: bytes, retry_after: str | None) -> GatewayError:
     """An upstream failure in the spec's vocabulary. Upstream credentials never leak into it."""
-    if status == 429:
+    if status in OVERLOADED_STATUSES:
         seconds = retry_after if retry_after and retry_after.isdigit() else "1"
         return GatewayError(
             "provider_overloaded",
@@ -98,11 +102,7 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
     if status in REFUSAL_STATUSES:
         refusal = content_refusal(status, payload)
         if refusal is not None:
-            # The same input gets the same refusal on every channel: not retried, not charged.
-            return GatewayError(
-                "content_filtered",
-                "The model's provider refused the request under its content policy: " + refusal,
-            )
+            return _refused(refusal)
     if status == 400 and _key_refused(payload):
         # Google answers an invalid API key with 400: the gateway's set-up, not the caller's request.
         return GatewayError(
@@ -142,10 +142,22 @@ def stream_failure(error: bytes | None) -> GatewayError:
     """A stream that ended before its first token, with the error event it ended on (its raw JSON,
     in the shape's format) or none, in the spec's vocabulary: the provider at capacity is handled
     as its 429 (another channel, a cool-down for this one); anything else is a failure another
-    attempt may get past."""
+    attempt may get past; a refusal under its content policy is content_filtered, as the
+    same refusal is before a stream."""
     if error is not None and _overload_kind(error):
         return upstream_error(429, error, None)
+    refusal = content_refusal(400, error) if error is not None else None
+    if refusal is not None:
+        return _refused(refusal)
     return GatewayError("provider_error", "The model's stream failed before it started.", retry="any")
+
+
+def _refused(refusal: str) -> GatewayError:
+    # The same input gets the same refusal on every channel: not retried, not charged, and no
+    # failure of the channel (retry None: the upstream answered).
+    return GatewayError(
+        "content_filtered", "The model's provider refused the request under its content policy: " + refusal
+    )
 
 
 def _overload_kind(error: bytes) -> bool:

@@ -95,7 +95,7 @@ async def headers(
 def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     """A chat completions body as a Converse request."""
     payload = orjson.loads(body)
-    said = messages_request_from_chat(payload, 0)
+    said = messages_request_from_chat(payload, 0, image_links=False)
     request: dict[str, Any] = {"messages": [_turn(t, i) for i, t in enumerate(said["messages"])]}
     system = said.get("system")
     if isinstance(system, str):
@@ -112,9 +112,15 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
         inference["stopSequences"] = said["stop_sequences"]
     if inference:
         request["inferenceConfig"] = inference
-    tools = said.get("tools")
     choice = said.get("tool_choice", {})
-    if tools and choice.get("type") != "none":
+    tools = [] if choice.get("type") == "none" else said.get("tools") or []
+    used = _tools_used(said["messages"])
+    if used and not tools:
+        # Converse refuses toolUse and toolResult blocks without a toolConfig: a conversation that
+        # has them declares tools, even when the client sends none (a tool loop's last, prose
+        # turn) or says "none", which Converse has no word for.
+        tools = said.get("tools") or used
+    if tools:
         config: dict[str, Any] = {
             "tools": [
                 {
@@ -133,6 +139,26 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
             config["toolChoice"] = {"tool": {"name": choice["name"]}}
         request["toolConfig"] = config
     return orjson.dumps(request)
+
+
+def _tools_used(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools a conversation's calls name, each declared as taking any object; none when it has
+    no tool blocks (a result's tool is named by its call)."""
+    names: dict[str, None] = {}
+    results = False
+    for turn in turns:
+        content = turn["content"]
+        for block in content if isinstance(content, list) else []:
+            if block.get("type") == "tool_use":
+                names[block["name"]] = None
+            results = results or block.get("type") == "tool_result"
+    if results and not names:
+        names[UNNAMED_TOOL] = None
+    return [{"name": name, "input_schema": {"type": "object"}} for name in names]
+
+
+# The tool declared for a conversation with tool results but no calls (their calls cut from it).
+UNNAMED_TOOL: Final = "tool"
 
 
 def _turn(turn: dict[str, Any], index: int) -> dict[str, Any]:

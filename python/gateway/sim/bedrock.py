@@ -120,6 +120,11 @@ def _invalid(req: Any) -> str | None:
             "The content field in the Message object is empty. Add a ContentBlock object to the content "
             "field and try again."
         )
+    tool_blocks = any(
+        isinstance(b, dict) and ("toolUse" in b or "toolResult" in b) for m in messages for b in m["content"]
+    )
+    if tool_blocks and not (req.get("toolConfig") or {}).get("tools"):
+        return "The toolConfig field must be defined when using toolUse and toolResult content blocks."
     return None
 
 

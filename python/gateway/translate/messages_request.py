@@ -29,10 +29,13 @@ JSON_OBJECT_INSTRUCTION = (
 )
 
 
-def messages_request_from_chat(payload: dict[str, Any], default_max_tokens: int) -> dict[str, Any]:
+def messages_request_from_chat(
+    payload: dict[str, Any], default_max_tokens: int, *, image_links: bool = True
+) -> dict[str, Any]:
     """`payload` is a chat completions body whose `messages` is a list of objects (checked by the
-    route); `default_max_tokens` stands in for the limit the chat shape may leave out."""
-    system, turns = _conversation(payload["messages"])
+    route); `default_max_tokens` stands in for the limit the chat shape may leave out. Without
+    `image_links` (a provider that takes images only as data), an image link is 400, naming it."""
+    system, turns = _conversation(payload["messages"], image_links)
     output_format = _output_format(payload.get("response_format"))
     if output_format == "json_object":
         system.append(JSON_OBJECT_INSTRUCTION)
@@ -110,7 +113,9 @@ def _stop_sequences(stop: Any) -> list[str]:
     raise invalid_request("`stop` must be a string or an array of strings.", "stop")
 
 
-def _conversation(messages: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+def _conversation(
+    messages: list[dict[str, Any]], image_links: bool
+) -> tuple[list[str], list[dict[str, Any]]]:
     """The system texts and the alternating user/assistant turns (consecutive messages of one role,
     such as the tool results of one turn, are merged into one turn as the message shape wants)."""
     system: list[str] = []
@@ -124,7 +129,7 @@ def _conversation(messages: list[dict[str, Any]]) -> tuple[list[str], list[dict[
                 system.append(text)
             continue
         if role == "user":
-            blocks = _user_blocks(message.get("content"), where)
+            blocks = _user_blocks(message.get("content"), where, image_links)
         elif role == "assistant":
             blocks = _assistant_blocks(message, where)
         elif role == "tool":
@@ -174,7 +179,7 @@ def _text(content: Any, where: str) -> str:
     )
 
 
-def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _user_blocks(content: Any, where: str, image_links: bool) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     if not isinstance(content, list):
@@ -189,7 +194,7 @@ def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
             if part["text"]:
                 blocks.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
-            blocks.append(_image(part.get("image_url"), at))
+            blocks.append(_image(part.get("image_url"), at, image_links))
         else:
             raise invalid_request(
                 f"`{at}`: content of type {kind!r} cannot be sent to this model (text and image_url can).",
@@ -198,11 +203,17 @@ def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def _image(image_url: Any, where: str) -> dict[str, Any]:
+def _image(image_url: Any, where: str, links: bool) -> dict[str, Any]:
     """An image_url part as an image block: a base64 data: URL keeps its bytes, an http(s) URL is
-    fetched by the model's provider."""
+    fetched by the model's provider (where it takes `links`)."""
     url = image_url.get("url") if isinstance(image_url, dict) else image_url
     if isinstance(url, str) and url.startswith(("https://", "http://")):
+        if not links:
+            raise invalid_request(
+                f"`{where}.image_url.url`: this model's provider takes images as base64 data "
+                "(data: URLs), not links.",
+                where,
+            )
         return {"type": "image", "source": {"type": "url", "url": url}}
     if isinstance(url, str) and url.startswith("data:"):
         header, comma, data = url[5:].partition(",")
