@@ -149,12 +149,14 @@ class StreamOutcome:
     reported: ReportedUsage | None  # the upstream's own usage, when it sent one
     delivered_text: str  # the output the client was sent
     counted_prompt: int  # the gateway's own count of the prompt (the one its hold was made from)
+    delivered_reasoning: str  # the reasoning among delivered_text (billed at its own price)
 
 
 def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
-    """Spec 6.1.9: a stream is billed its full prompt plus the output the client was sent; output
-    generated after the stop is not billed, and a stream that sent no output is not billed. A
-    complete stream is billed the upstream's own usage when it sent one."""
+    """Spec 6.1.9: a stream is billed its full prompt plus the output the client was sent (the
+    reasoning in it, which counts as output, at the model's reasoning price as a whole stream's
+    is); output generated after the stop is not billed, and a stream that sent no output is not
+    billed. A complete stream is billed the upstream's own usage when it sent one."""
     reported = outcome.reported
     if outcome.complete and reported is not None:
         return reported_usage(reported)
@@ -163,8 +165,11 @@ def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
     prompt = (
         reported.prompt_tokens if reported is not None and reported.prompt_tokens else outcome.counted_prompt
     )
+    reasoning = outcome.delivered_reasoning
     return Usage(
-        prompt_tokens=prompt, completion_tokens=count_tokens(outcome.delivered_text, model.tokenizer)
+        prompt_tokens=prompt,
+        completion_tokens=count_tokens(outcome.delivered_text, model.tokenizer),
+        reasoning_tokens=count_tokens(reasoning, model.tokenizer) if reasoning else 0,
     )
 
 

@@ -4,6 +4,7 @@ output, through the official openai and anthropic clients."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -53,6 +54,7 @@ type = "chat"
 [models.prices]
 input = "2"
 output = "12"
+reasoning = "20"
 [[models.channels]]
 provider = "gemini"
 base_url = "{sim_url}"
@@ -245,6 +247,33 @@ def test_a_stream_cut_short_is_billed_for_what_was_delivered(ggw: Gateway) -> No
     assert len(got.text.split()) == 6
     assert "provider_error" in got.events[-1]
     expected = cost(PRICES, Usage(count_chat_tokens(got.body), count_tokens(got.text)))
+    assert ggw.wait_balance(handle.account_id, Decimal(5) - expected) == Decimal(5) - expected
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_reasoning_delivered_before_a_cut_is_billed_at_the_reasoning_price(ggw: Gateway, path: str) -> None:
+    """Spec 6.1.9: a stream cut short is billed the output it delivered at the model's usual
+    prices: its thinking at the reasoning price, as a whole stream's is (here 20 against 12 a
+    million), through the chat rewriter and through the translation to the messages shape."""
+    handle = ggw.new_key(balance="5")
+    prompt = f"think {path} [sim tokens=10 reasoning=5 drop_after=3 pace=30ms]"
+    with httpx.Client(base_url=ggw.url, headers={"authorization": f"Bearer {handle.key}"}) as http:
+        body: dict[str, Any] = {
+            "model": THINKING,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+        }
+        if path == "/v1/messages":
+            body["max_tokens"] = 64
+        with http.stream("POST", path, json=body) as answer:
+            assert answer.status_code == 200
+            streamed = answer.read().decode()
+    rid = re.search(r'"id":"((?:chatcmpl-|msg_)[0-9a-f]+)"', streamed).group(1)  # type: ignore[union-attr]
+    record = ggw.usage_record(handle.key, rid)
+    assert record["status"] == "incomplete" and record["usage"]["completion_tokens"] == 3
+    prices = Prices(input=Decimal(2), output=Decimal(12), reasoning=Decimal(20))
+    expected = cost(prices, Usage(record["usage"]["prompt_tokens"], 3, reasoning_tokens=3))
+    assert Decimal(str(record["cost"])) == expected
     assert ggw.wait_balance(handle.account_id, Decimal(5) - expected) == Decimal(5) - expected
 
 

@@ -52,6 +52,7 @@ class StreamRewriter(Protocol):
     @property
     def output_len(self) -> int: ...
     def output_upto(self, mark: int) -> str: ...
+    def reasoning_upto(self, mark: int) -> str: ...
     @property
     def usage(self) -> ReportedUsage | None: ...
     @property
@@ -132,8 +133,13 @@ async def forward_stream(
             raise
 
     def outcome(delivered: int, complete: bool) -> billing.StreamOutcome:
-        delivered_text = rewriter.output_upto(delivered)
-        return billing.StreamOutcome(complete, rewriter.usage, delivered_text, counted_prompt)
+        return billing.StreamOutcome(
+            complete,
+            rewriter.usage,
+            rewriter.output_upto(delivered),
+            counted_prompt,
+            rewriter.reasoning_upto(delivered),
+        )
 
     async def body() -> AsyncGenerator[bytes, None]:
         # The error that ends the stream, as (code, message), once the model fails mid-way.

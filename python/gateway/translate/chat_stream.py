@@ -110,7 +110,7 @@ class ChatStreamFromMessages(TranslatedStream):
             out.append(self._chunk({"tool_calls": [call]}))
         elif kind == "text" and self._take(block.get("text")):
             out.append(self._chunk({"content": block["text"]}))
-        elif kind == "thinking" and self._take(block.get("thinking")):
+        elif kind == "thinking" and self._take(block.get("thinking"), reasoning=True):
             out.append(self._chunk({"reasoning_content": block["thinking"]}))
 
     def _block_delta(self, data: dict[str, Any], out: list[bytes]) -> None:
@@ -120,7 +120,7 @@ class ChatStreamFromMessages(TranslatedStream):
         kind = delta.get("type")
         if kind == "text_delta" and self._take(delta.get("text")):
             out.append(self._chunk({"content": delta["text"]}))
-        elif kind == "thinking_delta" and self._take(delta.get("thinking")):
+        elif kind == "thinking_delta" and self._take(delta.get("thinking"), reasoning=True):
             out.append(self._chunk({"reasoning_content": delta["thinking"]}))
         elif (
             kind == "input_json_delta"
@@ -131,13 +131,6 @@ class ChatStreamFromMessages(TranslatedStream):
             self._tool_arguments_sent[index] = True
             out.append(self._arguments(index, delta["partial_json"]))
 
-    def _take(self, text: Any) -> bool:
-        """Note a piece of output; False when there is none."""
-        if not isinstance(text, str) or not text:
-            return False
-        self._output.append(text)
-        self.saw_output = True
-        return True
 
     def _end(self, out: list[bytes]) -> None:
         out.append(self._chunk({}, finish_reason(self._stop_reason)))

@@ -52,7 +52,7 @@ class MessagesStreamFromChat(FromChatStream):
 
     def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
         reasoning = reasoning_text(delta)
-        if self._take(reasoning):
+        if self._take(reasoning, reasoning=True):
             self._write_to(("thinking", -1), {"type": "thinking_delta", "thinking": reasoning}, out)
         for field in ("content", "refusal"):
             if self._take(delta.get(field)):
@@ -108,13 +108,6 @@ class MessagesStreamFromChat(FromChatStream):
             self._event("content_block_stop", {"index": self._blocks - 1}, out)
             self._open = None
 
-    def _take(self, text: Any) -> bool:
-        """Note a piece of output; False when there is none."""
-        if not isinstance(text, str) or not text:
-            return False
-        self._output.append(text)
-        self.saw_output = True
-        return True
 
     def _start(self, model: Any, out: list[bytes]) -> None:
         message = {

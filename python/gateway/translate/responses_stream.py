@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import orjson
 
@@ -76,7 +76,7 @@ class ResponsesStreamFromChat(FromChatStream):
 
     def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
         reasoning = reasoning_text(delta)
-        if self._take(reasoning):
+        if self._take(reasoning, reasoning=True):
             self._reasoning(reasoning, out)
         for part in ("output_text", "refusal"):
             text = delta.get("content" if part == "output_text" else "refusal")
@@ -215,13 +215,6 @@ class ResponsesStreamFromChat(FromChatStream):
             "content_index": len(item.parts),
         }
 
-    def _take(self, text: Any) -> TypeGuard[str]:
-        """Note a piece of output; False when there is none."""
-        if not isinstance(text, str) or not text:
-            return False
-        self._output.append(text)
-        self.saw_output = True
-        return True
 
     def _response(self, status: str) -> dict[str, Any]:
         usage = None

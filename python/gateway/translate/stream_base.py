@@ -5,7 +5,7 @@ read a chat completions stream (to messages, to responses), the reading of its c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -18,6 +18,7 @@ class TranslatedStream:
     def __init__(self) -> None:
         self._parser = SseParser()
         self._output: list[str] = []
+        self._reasoning_pieces: list[int] = []  # which pieces of _output are reasoning (billed at its price)
         self.done = False
         self.saw_output = False
         self.error: bytes | None = None
@@ -35,6 +36,20 @@ class TranslatedStream:
 
     def output_upto(self, mark: int) -> str:
         return "".join(self._output[:mark])
+
+    def reasoning_upto(self, mark: int) -> str:
+        """The reasoning among the output up to a mark of `output_len`."""
+        return "".join(self._output[i] for i in self._reasoning_pieces if i < mark)
+
+    def _take(self, text: Any, *, reasoning: bool = False) -> TypeGuard[str]:
+        """Note a piece of output (of reasoning); False when there is none."""
+        if not isinstance(text, str) or not text:
+            return False
+        if reasoning:
+            self._reasoning_pieces.append(len(self._output))
+        self._output.append(text)
+        self.saw_output = True
+        return True
 
     def feed(self, chunk: bytes) -> bytes:
         out = self._translate(self._parser.feed(chunk))

@@ -247,6 +247,10 @@ macro_rules! stream_rewriter {
                 let text = &self.0.state().output_text;
                 text.get(..mark).unwrap_or(text).to_owned()
             }
+            /// The reasoning within the output text up to a mark taken with `output_len`.
+            fn reasoning_upto(&self, mark: usize) -> String {
+                self.0.state().reasoning_upto(mark)
+            }
             #[getter]
             fn usage(&self) -> Option<StreamUsage> {
                 self.0.usage().map(StreamUsage)

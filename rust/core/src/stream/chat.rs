@@ -182,9 +182,10 @@ impl ChatStreamRewriter {
                 self.state.finish_reason = Some(reason.into_owned());
             }
             if let Some(delta) = choice.delta {
-                for text in [&delta.content, &delta.reasoning_content, &delta.reasoning, &delta.refusal] {
-                    self.state.take_text(text);
-                }
+                self.state.take_reasoning(&delta.reasoning_content);
+                self.state.take_reasoning(&delta.reasoning);
+                self.state.take_text(&delta.content);
+                self.state.take_text(&delta.refusal);
                 let calls = delta.tool_calls.iter().flatten().filter_map(|c| c.function.as_ref());
                 for f in calls.chain(delta.function_call.as_ref()) {
                     self.state.take_text(&f.name);
@@ -314,6 +315,17 @@ mod tests {
         rw.feed(b"data: {\"error\":null,\"choices\":[{\"delta\":{\"reasoning_content\":\"think\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}\n\n");
         assert!(rw.state().error.is_none());
         assert_eq!(rw.state().output_text, "thinkf{}");
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n");
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"reasoning\":\"mo\"}}]}\n\n");
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"re\"}}]}\n\n");
+        let state = rw.state();
+        assert_eq!(state.output_text, "thinkf{}okmore");
+        // Reasoning within a mark of what was delivered, for its own price.
+        assert_eq!(state.reasoning_upto(state.output_text.len()), "thinkmore");
+        assert_eq!(state.reasoning_upto(state.output_text.len() - 1), "thinkmor");
+        assert_eq!(state.reasoning_upto(10), "think");
+        assert_eq!(state.reasoning_upto(3), "thi");
+        assert_eq!(state.reasoning_upto(0), "");
     }
 
     #[test]

@@ -176,12 +176,12 @@ impl MessagesStreamRewriter {
         }
         if let Some(block) = &view.content_block {
             self.state.take_text(&block.text);
-            self.state.take_text(&block.thinking);
+            self.state.take_reasoning(&block.thinking);
         }
         if let Some(delta) = view.delta {
-            for text in [&delta.text, &delta.thinking, &delta.partial_json] {
-                self.state.take_text(text);
-            }
+            self.state.take_reasoning(&delta.thinking);
+            self.state.take_text(&delta.text);
+            self.state.take_text(&delta.partial_json);
             if let Some(reason) = delta.stop_reason.into_owned() {
                 self.state.finish_reason = Some(reason);
             }
@@ -341,6 +341,7 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason
 event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"input_tokens\":9,\"output_tokens\":8}}\n\n",
         );
         assert_eq!(rw.state().output_text, "hm{\"a\"");
+        assert_eq!(rw.state().reasoning_upto(usize::MAX), "hm");
         assert_eq!(rw.state().finish_reason.as_deref(), Some("tool_use"));
         let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (9, 8, 17));

@@ -40,6 +40,9 @@ pub struct StreamState {
     /// Every piece of generated text (answer, reasoning, tool arguments), for counting when the
     /// upstream reports no usage.
     pub output_text: String,
+    /// Where reasoning lies in `output_text` (byte ranges, adjacent ones merged: usually one),
+    /// so that reasoning delivered is billed at its own price (`reasoning_upto`).
+    reasoning_spans: Vec<(usize, usize)>,
     pub model: Option<String>,
     pub finish_reason: Option<String>,
     /// The upstream's error event, raw, kept back from the client; the stream is over after it.
@@ -55,6 +58,7 @@ impl StreamState {
             chunks: 0,
             saw_output: false,
             output_text: String::new(),
+            reasoning_spans: Vec::new(),
             model: None,
             finish_reason: None,
             error: None,
@@ -88,6 +92,33 @@ impl StreamState {
             self.saw_output = true;
             self.output_text.push_str(t);
         }
+    }
+
+    /// Reasoning text: output, and noted as reasoning.
+    fn take_reasoning(&mut self, text: &Text<'_>) {
+        let start = self.output_text.len();
+        self.take_text(text);
+        let end = self.output_text.len();
+        if end == start {
+            return;
+        }
+        match self.reasoning_spans.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => self.reasoning_spans.push((start, end)),
+        }
+    }
+
+    /// The reasoning within the first `mark` bytes of `output_text` (a mark of its length).
+    pub fn reasoning_upto(&self, mark: usize) -> String {
+        let mut out = String::new();
+        for &(start, end) in &self.reasoning_spans {
+            if start >= mark {
+                break;
+            }
+            // Spans and marks fall on the boundaries of whole pieces of text, so on characters.
+            out.push_str(self.output_text.get(start..end.min(mark)).unwrap_or_default());
+        }
+        out
     }
 }
 

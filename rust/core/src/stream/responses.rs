@@ -111,6 +111,15 @@ fn write_ids(body: &[u8], encoded_id: &[u8], encoded_previous: Option<&[u8]>, ou
     }
 }
 
+/// What an event's `delta` is: output (answer text, tool arguments), reasoning (its summary or
+/// text, `response.reasoning_*.delta`), or nothing billed (audio, or no delta).
+#[derive(Clone, Copy)]
+enum Delta {
+    Output,
+    Reasoning,
+    None,
+}
+
 pub struct ResponsesStreamRewriter {
     state: StreamState,
     encoded_previous: Option<Vec<u8>>,
@@ -134,7 +143,7 @@ impl ResponsesStreamRewriter {
         self.upstream_id.clone()
     }
 
-    fn read(&mut self, view: EventView<'_>, delta_is_output: bool) {
+    fn read(&mut self, view: EventView<'_>, delta: Delta) {
         if let Some(response) = view.response {
             if self.upstream_id.is_none() {
                 self.upstream_id = response.id.into_owned();
@@ -147,8 +156,10 @@ impl ResponsesStreamRewriter {
                 self.usage = Some(u.into());
             }
         }
-        if delta_is_output {
-            self.state.take_text(&view.delta);
+        match delta {
+            Delta::Output => self.state.take_text(&view.delta),
+            Delta::Reasoning => self.state.take_reasoning(&view.delta),
+            Delta::None => {}
         }
     }
 
@@ -208,11 +219,17 @@ impl StreamRewriter for ResponsesStreamRewriter {
         }
         let ends = name == "response.completed" || name == "response.incomplete";
         // Audio deltas are base64 bytes, not text; every other delta is model output.
-        let delta_is_output = name.ends_with(".delta") && !name.contains("audio");
+        let delta = if !name.ends_with(".delta") || name.contains("audio") {
+            Delta::None
+        } else if name.starts_with("response.reasoning") {
+            Delta::Reasoning
+        } else {
+            Delta::Output
+        };
         let mut has_response = false;
         if let Some(v) = view {
             has_response = v.response.is_some();
-            self.read(v, delta_is_output);
+            self.read(v, delta);
         }
         push_name(out, event.event);
         if has_response {
@@ -310,6 +327,7 @@ data: {\"type\":\"response.audio.delta\",\"delta\":\"AAAA\"}\n\n\
 data: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"up\",\"status\":\"incomplete\",\"previous_response_id\":null}}\n\n",
         );
         assert_eq!(rw.state().output_text, "think {\"a\":1}");
+        assert_eq!(rw.state().reasoning_upto(usize::MAX), "think ");
         assert_eq!(rw.state().finish_reason.as_deref(), Some("incomplete"));
         assert!(rw.state().done && rw.usage().is_none());
     }
