@@ -711,6 +711,8 @@ async def _show_key(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
+    from .management import key_json
+
     given: dict[str, object] = {}
     if args.name is not None:
         given["name"] = args.name
@@ -725,8 +727,10 @@ async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
     fields = _read(given, field.KEY_FIELDS)
     if "expires_at" in fields:
         fields["expires_at_ms"] = fields.pop("expires_at")
-    if await store.update_key(args.key_id, cast(KeyChanges, fields)) is None:
+    updated = await store.update_key(args.key_id, cast(KeyChanges, fields))
+    if updated is None:
         raise AdminError(f"no live key with id {args.key_id!r}")
+    _print_json(key_json(updated))
 
 
 async def _rotate_key(store: Store, args: argparse.Namespace) -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -40,8 +42,19 @@ MAX_STORED_BYTES = 8 * 1024 * 1024
 TTL_MS = 24 * 3600 * 1000
 # How long a request holds its key before another may take it over (its process having died).
 LEASE_MARGIN_MS = 60_000
-# Headers that belong to one request, not to its answer: never replayed.
-PER_REQUEST_HEADERS = frozenset({"x-service-request-id", "x-service-cost", "content-length"})
+# Headers that belong to one request, not to its answer: never replayed. The rate-limit headers
+# and Retry-After said the buckets' state at that moment: a replay carries the buckets' state now
+# (gateway.ratelimit_headers), and no wait, since the same answer comes back however long one waits.
+PER_REQUEST_HEADERS = frozenset({"x-service-request-id", "x-service-cost", "content-length", "retry-after"})
+_RATE_HEADER_PREFIX = "x-ratelimit-"
+
+
+def _replayable(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [
+        (k, v)
+        for k, v in headers
+        if k.lower() not in PER_REQUEST_HEADERS and not k.lower().startswith(_RATE_HEADER_PREFIX)
+    ]
 
 
 def requested_key(request: Request) -> str | None:
@@ -74,8 +87,21 @@ async def claim(state: GatewayState, request: Request, call: Call, key: str, bod
         )
     answer = outcome.answer
     assert answer is not None
-    headers = {**dict(answer.headers), REPLAYED_HEADER: "true", "x-service-cost": "0"}
+    # Filtered again: answers kept before these headers were left out may carry them.
+    headers = {**dict(_replayable(answer.headers)), REPLAYED_HEADER: "true", "x-service-cost": "0"}
     return Response(answer.body, status_code=answer.status, headers=headers)
+
+
+def replayed_error_code(replay: Response) -> str | None:
+    """The error `code` of a replayed error answer, for its log entry (spec 7.5.3); else None."""
+    if replay.status_code < 400:
+        return None
+    try:
+        error = orjson.loads(replay.body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, str], body: bytes) -> None:
@@ -84,7 +110,7 @@ async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, 
     if status >= 500 or len(body) > MAX_STORED_BYTES:
         await forget(state, call)
         return
-    kept = tuple((k, v) for k, v in headers.items() if k.lower() not in PER_REQUEST_HEADERS)
+    kept = tuple(_replayable(headers.items()))
     await _finish(state, call, StoredAnswer(status, kept, body))
 
 

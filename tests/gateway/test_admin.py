@@ -524,7 +524,11 @@ def test_cli_top_up_list_limit_and_rotate(agw: Gateway, admin: httpx.Client) -> 
         == "1.01"
     )
     assert account["name"] in cli(agw, "list-accounts")
-    cli(agw, "set-key-limit", "--key-id", key["id"], "--credit-limit", "2.50", "--limit-reset", "weekly")
+    # The changed key, as the API answers it (admin.md: single objects are printed as JSON).
+    printed = cli(
+        agw, "set-key-limit", "--key-id", key["id"], "--credit-limit", "2.50", "--limit-reset", "weekly"
+    )
+    assert json.loads(printed) == ok(admin.get(f"/keys/{key['id']}"))
     assert run_cli(agw, "top-up", "--account", account["name"], "--amount", "0").returncode == 1
     listed = cli(agw, "list-keys", "--account", account["name"])
     assert key["id"] in listed and "2.50" in listed and "weekly" in listed and key["key"] not in listed

@@ -143,6 +143,15 @@ def test_credit_refusals_are_kept_and_replayed(gw: Gateway) -> None:
     again = post(gw, poor.key, IMAGES, body, "c")
     assert (again.status_code, again.content) == (400, first.content)
     assert again.headers["idempotency-replayed"] == "true"
+    # Spec 7.5.3: the replayed failure is logged with its status and code, as the first was.
+    ids = first.headers["x-service-request-id"], again.headers["x-service-request-id"]
+
+    def both_logged() -> list[tuple[Any, ...]] | None:
+        rows = gw.query("SELECT status, error_code FROM request_logs WHERE id IN (?, ?)", *ids)
+        return rows if len(rows) == 2 else None
+
+    logged = eventually(both_logged, what="both log entries")
+    assert [tuple(row) for row in logged] == [(400, "insufficient_credits")] * 2
     assert post(gw, poor.key, IMAGES, body, "c2").status_code == 200
 
 
@@ -271,3 +280,29 @@ def test_an_answer_the_store_cannot_take_now_is_kept_once_it_can(tmp_path: Path,
 
     with store_spec(tmp_path, backend) as spec:
         assert asyncio.run(go(open_store(spec.settings()))) == "replay"
+
+
+def test_a_replayed_429_shows_the_limits_now_and_no_wait(gw: Gateway, sim: httpx.Client) -> None:
+    """A tokens-per-minute 429 is kept (spec 7.5.4), but its rate-limit headers and Retry-After
+    said the buckets of its moment: the replay carries the key's headers as they are now, and no
+    Retry-After, since waiting brings back the same answer."""
+    probe = gw.new_key(tpm_limit=100_000)
+    reserved = 100_000 - int(
+        post(gw, probe.key, IMAGES, {"model": GPT_IMAGE, "prompt": "a probe"}, None).headers[
+            "x-ratelimit-remaining-tokens"
+        ]
+    )
+    # Room for one image a minute: the second is refused for the minute, not for ever (a 400).
+    limited = gw.new_key(tpm_limit=reserved + reserved // 2)
+    body = {"model": GPT_IMAGE, "prompt": "a kite " + os.urandom(4).hex()}
+    assert post(gw, limited.key, IMAGES, {**body, "prompt": "first"}, None).status_code == 200
+    refused = post(gw, limited.key, IMAGES, body, "t")
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+    assert "retry-after" in refused.headers
+    replayed = post(gw, limited.key, IMAGES, body, "t")
+    assert (replayed.status_code, replayed.content) == (429, refused.content)
+    assert replayed.headers["idempotency-replayed"] == "true"
+    assert "retry-after" not in replayed.headers
+    assert replayed.headers["x-ratelimit-limit-tokens"] == str(reserved + reserved // 2)
+    assert "x-ratelimit-remaining-tokens" in replayed.headers
+    assert sim_calls(sim, IMAGES, str(body["prompt"])) == 0

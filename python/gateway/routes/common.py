@@ -252,6 +252,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         scope[MODEL_REQUEST] = True  # it reports itself at its close (gateway.telemetry)
         call.endpoint = endpoint_of(scope)
         call.trace = trace(scope)
+        replayed_code: str | None = None  # an Idempotency-Key's replayed error, for its log entry
         try:
             call.rate = await state.limiter.admit(ctx)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
@@ -262,6 +263,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             replay = None if key is None else await idempotency.claim(state, request, call, key, body)
             if replay is not None:
                 replay.headers[REQUEST_ID_HEADER] = call.request_id
+                replayed_code = idempotency.replayed_error_code(replay)
                 response: Response = replay
             else:
                 response = await _watched(request, call, handler)
@@ -326,7 +328,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 return state, call, response.status_code, dict(response.headers), body
 
             try:
-                await _close(state, request, call, response.status_code, body)
+                await _close(state, request, call, response.status_code, body, error_code=replayed_code)
             except ServiceUnavailable as err:
                 # The charge could not be made durable in time (the store is away): it stays queued
                 # and is made when the store is back, so the answer must not say nothing was charged,

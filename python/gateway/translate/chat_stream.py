@@ -131,7 +131,6 @@ class ChatStreamFromMessages(TranslatedStream):
             self._tool_arguments_sent[index] = True
             out.append(self._arguments(index, delta["partial_json"]))
 
-
     def _end(self, out: list[bytes]) -> None:
         out.append(self._chunk({}, finish_reason(self._stop_reason)))
         if self._include_usage:

@@ -108,7 +108,6 @@ class MessagesStreamFromChat(FromChatStream):
             self._event("content_block_stop", {"index": self._blocks - 1}, out)
             self._open = None
 
-
     def _start(self, model: Any, out: list[bytes]) -> None:
         message = {
             "id": self._id,

@@ -215,7 +215,6 @@ class ResponsesStreamFromChat(FromChatStream):
             "content_index": len(item.parts),
         }
 
-
     def _response(self, status: str) -> dict[str, Any]:
         usage = None
         if status != "in_progress":
