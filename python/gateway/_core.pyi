@@ -281,6 +281,11 @@ class StreamUsage:
     def cached_tokens(self) -> int:
         """usage.prompt_tokens_details.cached_tokens, 0 when absent."""
     @property
+    def cache_write_tokens(self) -> int:
+        """Prompt tokens written to the provider's cache: a message's cache_creation_input_tokens,
+        a chat usage's prompt_tokens_details.cache_write_tokens (the gateway's Bedrock
+        translation); 0 when absent."""
+    @property
     def reasoning_tokens(self) -> int:
         """usage.completion_tokens_details.reasoning_tokens, 0 when absent."""
 

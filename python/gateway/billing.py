@@ -34,10 +34,11 @@ def estimate_usage(
     """The most a text request may consume: its whole prompt and as much output as it may produce
     (the first of the request's `limits` parameters it sets, never more than the model's
     max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearer
-    of the output and reasoning prices. It knows which of `limits` the request set, so that a
-    refusal can name the largest value that fits (gateway.estimates). A limit or `n` that is set
-    (not null) but not a positive integer is refused (400): the most the request may cost could not
-    be known, and an upstream that took `"n": "8"` would produce eight times what was held."""
+    of the output and reasoning prices, the prompt at the dearer of the input and cache-write ones.
+    It knows which of `limits` the request set, so that a refusal can name the largest value that
+    fits (gateway.estimates). A limit or `n` that is set (not null) but not a positive integer is
+    refused (400): the most the request may cost could not be known, and an upstream that took
+    `"n": "8"` would produce eight times what was held."""
     output, limit_set = model.max_output_tokens, None
     choices = 1
     if payload is not None:
@@ -48,11 +49,14 @@ def estimate_usage(
                 limit_set = name
         choices = _count_param(payload, "n") or 1
     output *= choices
-    reasoning = output if model.prices.reasoning > model.prices.output else 0
+    prices = model.prices
+    reasoning = output if prices.reasoning > prices.output else 0
     return TextEstimate(
         prompt_tokens=prompt_tokens,
         completion_tokens=output,
         reasoning_tokens=reasoning,
+        # The whole prompt may be written to the provider's cache, where that costs more.
+        cache_write_tokens=prompt_tokens if prices.cache_write > prices.input else 0,
         limits=limits,
         limit_set=limit_set,
         choices=choices,

@@ -104,7 +104,8 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "videos": "poll_seconds max_job_seconds file_ttl_seconds",
         "background": "poll_seconds max_job_seconds file_ttl_seconds",
         "models": "name type tokenizer max_output_tokens supported_params safety prices channels",
-        "models.prices": "input cached_input output reasoning search character second minute image images",
+        "models.prices": "input cached_input cache_write output reasoning search character second minute "
+        "image images",
         "models.channels": "provider base_url model api_key_env name weight priority max_concurrency "
         "api_version tenant_id client_id client_secret_env token_url entra_auth federated_token_file region "
         "aws_profile project location credentials_file",
@@ -125,6 +126,7 @@ class Prices:
 
     input: Decimal = Decimal(0)
     cached_input: Decimal = Decimal(0)
+    cache_write: Decimal = Decimal(0)  # prompt tokens written to the provider's cache
     output: Decimal = Decimal(0)
     reasoning: Decimal = Decimal(0)
     search: Decimal = Decimal(0)
@@ -1033,6 +1035,7 @@ def _prices(raw: Mapping[str, Any], where: str) -> Prices:
     return Prices(
         input=input_,
         cached_input=_money(raw.get("cached_input", input_), f"{where}.cached_input"),
+        cache_write=_money(raw.get("cache_write", input_), f"{where}.cache_write"),
         output=output,
         reasoning=_money(raw.get("reasoning", output), f"{where}.reasoning"),
         search=_money(raw.get("search", 0), f"{where}.search"),

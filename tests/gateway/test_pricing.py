@@ -150,3 +150,15 @@ _count = st.one_of(st.just(0), st.integers(0, 10**8))
 )
 def test_cost_is_the_whole_formula(prices: Prices, usage: Usage) -> None:
     assert cost(prices, usage) == _every_term(prices, usage)
+
+
+def test_cache_reads_and_writes_each_at_their_price() -> None:
+    prices = Prices(
+        input=Decimal(3), cached_input=Decimal("0.30"), cache_write=Decimal("3.75"), output=Decimal(15)
+    )
+    usage = Usage(prompt_tokens=1000, completion_tokens=100, cached_tokens=600, cache_write_tokens=300)
+    # 100 * 3 + 600 * 0.30 + 300 * 3.75 + 100 * 15 = 300 + 180 + 1125 + 1500 = 3105 per million
+    assert cost(prices, usage) == Decimal("0.003105")
+    # Counts beyond the prompt are the prompt's: written tokens are at most what was not read
+    # (600 * 0.30 + 400 * 3.75 = 1680 per million).
+    assert cost(prices, Usage(1000, 0, cached_tokens=600, cache_write_tokens=5000)) == Decimal("0.00168")

@@ -69,7 +69,7 @@ COMPLETION = {
 
 def test_message_as_a_chat_completion() -> None:
     usage = usage_from_messages(MESSAGE["usage"])  # type: ignore[arg-type]
-    assert usage == Usage(prompt_tokens=17, completion_tokens=7, cached_tokens=5)
+    assert usage == Usage(prompt_tokens=17, completion_tokens=7, cached_tokens=5, cache_write_tokens=2)
     assert chat_completion_from_message(MESSAGE, usage, 123) == {
         "id": "msg_gw",
         "object": "chat.completion",
@@ -99,7 +99,7 @@ def test_message_as_a_chat_completion() -> None:
             "prompt_tokens": 17,
             "completion_tokens": 7,
             "total_tokens": 24,
-            "prompt_tokens_details": {"cached_tokens": 5},
+            "prompt_tokens_details": {"cached_tokens": 5, "cache_write_tokens": 2},
             "completion_tokens_details": {"reasoning_tokens": 0},
         },
     }
@@ -177,20 +177,30 @@ def test_usage_read_as_the_rust_core_reads_it(inputs: int, read: int, written: i
     rust = parse_messages_usage(orjson.dumps({"usage": fields}))
     ours = usage_from_messages(fields)
     assert rust is not None
-    assert (ours.prompt_tokens, ours.completion_tokens, ours.cached_tokens) == (
+    assert (ours.prompt_tokens, ours.completion_tokens, ours.cached_tokens, ours.cache_write_tokens) == (
         rust.prompt_tokens,
         rust.completion_tokens,
         rust.cached_tokens,
+        rust.cache_write_tokens,
     )
     chat = chat_usage(ours)
     rust_chat = parse_chat_usage(orjson.dumps({"usage": chat}))
     assert rust_chat is not None and usage_from_chat(chat) == ours
-    assert (rust_chat.prompt_tokens, rust_chat.cached_tokens) == (ours.prompt_tokens, ours.cached_tokens)
+    assert (rust_chat.prompt_tokens, rust_chat.cached_tokens, rust_chat.cache_write_tokens) == (
+        ours.prompt_tokens,
+        ours.cached_tokens,
+        ours.cache_write_tokens,
+    )
 
 
-@given(counts, counts, counts)
-def test_usage_survives_both_shapes(prompt: int, completion: int, cached: int) -> None:
-    usage = Usage(prompt_tokens=prompt + cached, completion_tokens=completion, cached_tokens=cached)
+@given(counts, counts, counts, counts)
+def test_usage_survives_both_shapes(prompt: int, completion: int, cached: int, written: int) -> None:
+    usage = Usage(
+        prompt_tokens=prompt + cached + written,
+        completion_tokens=completion,
+        cached_tokens=cached,
+        cache_write_tokens=written,
+    )
     assert usage_from_messages(messages_usage(usage)) == usage
     assert usage_from_chat(chat_usage(usage)) == usage
 

@@ -246,9 +246,9 @@ def _usage(usage: Any) -> dict[str, Any] | None:
     if not isinstance(usage, dict):
         return None
     count = {name: token_count(value) for name, value in usage.items()}
-    cached = count.get("cacheReadInputTokens", 0)
-    prompt = count.get("inputTokens", 0) + cached + count.get("cacheWriteInputTokens", 0)
-    return usage_object(prompt, count.get("outputTokens", 0), cached)
+    cached, written = count.get("cacheReadInputTokens", 0), count.get("cacheWriteInputTokens", 0)
+    prompt = count.get("inputTokens", 0) + cached + written
+    return usage_object(prompt, count.get("outputTokens", 0), cached, cache_write=written)
 
 
 # ------------------------------------------------------------------ the stream

@@ -9,13 +9,20 @@ from typing import Any
 import orjson
 
 
-def usage_object(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
-    """OpenAI's usage object: the prompt includes its cached tokens, the completion its reasoning."""
+def usage_object(
+    prompt: int, completion: int, cached: int = 0, reasoning: int = 0, cache_write: int = 0
+) -> dict[str, Any]:
+    """OpenAI's usage object: the prompt includes its cached tokens (read and written), the
+    completion its reasoning. Cache writes, for which OpenAI's has no field, go as OpenRouter
+    reports them (prompt_tokens_details.cache_write_tokens), when there are any."""
+    details = {"cached_tokens": cached}
+    if cache_write:
+        details["cache_write_tokens"] = cache_write
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": details,
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 

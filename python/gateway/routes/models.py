@@ -61,6 +61,7 @@ def _group_info(state: GatewayState, model: ModelConfig) -> dict[str, Any]:
         "max_output_tokens": model.max_output_tokens,
         "input_cost_per_million_tokens": money_text(prices.input),
         "cached_input_cost_per_million_tokens": money_text(prices.cached_input),
+        "cache_write_cost_per_million_tokens": money_text(prices.cache_write),
         "output_cost_per_million_tokens": money_text(prices.output),
         "reasoning_cost_per_million_tokens": money_text(prices.reasoning),
         "supported_openai_params": sorted(state.registry.forwarded_params(model)),

@@ -71,6 +71,7 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         stop = "tool_use"
     prompt = [{"role": "system", "content": req["system"]}] if isinstance(req.get("system"), str) else []
     input_tokens = count_chat_tokens(orjson.dumps({"messages": prompt + messages}))
+    fresh, read, written = sim.prompt_cache.split(model, req, input_tokens)
     output_tokens = count_tokens("".join(words) if call is None else call.arguments_json) + (
         count_tokens("".join(thinking)) if thinking else 0
     )
@@ -83,9 +84,9 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         "stop_reason": stop,
         "stop_sequence": None,
         "usage": {
-            "input_tokens": input_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "input_tokens": fresh,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
             "output_tokens": output_tokens,
         },
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from .prompt_cache import PromptCache
 from .responses import ResponseStore
 from .videos import VideoJobs
 
@@ -16,6 +17,7 @@ class Simulator:
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self.responses = ResponseStore()
         self.videos = VideoJobs()
+        self.prompt_cache = PromptCache()  # Anthropic's (sim/prompt_cache.py)
         self.entra_tokens: set[str] = set()  # the bearer tokens Entra ID (sim/azure.py) issued
         self.google_tokens: set[str] = set()  # and Google's token endpoint (sim/vertex.py)
 

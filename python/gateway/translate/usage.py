@@ -28,6 +28,9 @@ def usage_from_chat(usage: Mapping[str, Any]) -> Usage:
         cached_tokens=token_count(prompt_details.get("cached_tokens"))
         if isinstance(prompt_details, dict)
         else 0,
+        cache_write_tokens=token_count(prompt_details.get("cache_write_tokens"))
+        if isinstance(prompt_details, dict)
+        else 0,
         reasoning_tokens=(
             token_count(completion_details.get("reasoning_tokens"))
             if isinstance(completion_details, dict)
@@ -39,33 +42,38 @@ def usage_from_chat(usage: Mapping[str, Any]) -> Usage:
 def usage_from_messages(usage: Mapping[str, Any]) -> Usage:
     """A message's `usage` object: the prompt is fresh input plus cache reads and cache writes."""
     cache_read = token_count(usage.get("cache_read_input_tokens"))
+    cache_write = token_count(usage.get("cache_creation_input_tokens"))
     return Usage(
-        prompt_tokens=token_count(usage.get("input_tokens"))
-        + cache_read
-        + token_count(usage.get("cache_creation_input_tokens")),
+        prompt_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
         completion_tokens=token_count(usage.get("output_tokens")),
         cached_tokens=cache_read,
+        cache_write_tokens=cache_write,
     )
 
 
 def chat_usage(usage: Usage) -> dict[str, Any]:
-    """`usage` of a chat completion (and of the include_usage chunk of its stream)."""
+    """`usage` of a chat completion (and of the include_usage chunk of its stream); cache writes,
+    which OpenAI's has no field for, as OpenRouter reports them, when there are any."""
+    details: dict[str, int] = {"cached_tokens": usage.cached_tokens}
+    if usage.cache_write_tokens:
+        details["cache_write_tokens"] = usage.cache_write_tokens
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "prompt_tokens_details": details,
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 
 def messages_usage(usage: Usage) -> dict[str, Any]:
-    """`usage` of a message (and of message_delta in its stream). The chat shape knows no cache writes."""
+    """`usage` of a message (and of message_delta in its stream)."""
     cached = min(usage.cached_tokens, usage.prompt_tokens)
+    written = min(usage.cache_write_tokens, usage.prompt_tokens - cached)
     return {
-        "input_tokens": usage.prompt_tokens - cached,
+        "input_tokens": usage.prompt_tokens - cached - written,
         "output_tokens": usage.completion_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
     }
 

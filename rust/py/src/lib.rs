@@ -186,6 +186,10 @@ impl StreamUsage {
         self.0.cached_tokens
     }
     #[getter]
+    fn cache_write_tokens(&self) -> u64 {
+        self.0.cache_write_tokens
+    }
+    #[getter]
     fn reasoning_tokens(&self) -> u64 {
         self.0.reasoning_tokens
     }

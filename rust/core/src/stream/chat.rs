@@ -32,6 +32,9 @@ struct UsageView {
 struct PromptDetails {
     #[serde(default)]
     cached_tokens: Count,
+    /// Not OpenAI's (it reports none): the gateway's Bedrock translation writes it, as OpenRouter does.
+    #[serde(default)]
+    cache_write_tokens: Count,
 }
 
 #[derive(Deserialize)]
@@ -44,11 +47,13 @@ impl From<UsageView> for TokenUsage {
     fn from(u: UsageView) -> Self {
         let prompt = u.prompt_tokens.0.unwrap_or(0);
         let completion = u.completion_tokens.0.unwrap_or(0);
+        let details = u.prompt_tokens_details.as_ref();
         TokenUsage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: u.total_tokens.0.unwrap_or(prompt.saturating_add(completion)),
-            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
+            cached_tokens: details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
+            cache_write_tokens: details.and_then(|d| d.cache_write_tokens.0).unwrap_or(0),
             reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
         }
     }
@@ -345,9 +350,12 @@ mod tests {
                 completion_tokens: 4,
                 total_tokens: 7,
                 cached_tokens: 2,
+                cache_write_tokens: 0,
                 reasoning_tokens: 1
             }
         );
+        let written = parse_chat_usage(br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":2,"cache_write_tokens":5}}}"#);
+        assert_eq!(written.unwrap().unwrap().cache_write_tokens, 5);
         assert_eq!(parse_chat_usage(br#"{"usage":null}"#).unwrap(), None);
         assert!(parse_chat_usage(b"[]").is_err());
     }

@@ -94,6 +94,7 @@ fn apply_usage(total: &mut TokenUsage, parts: &mut InputParts, u: &UsageView) {
         parts.cache_write = write.unwrap_or(parts.cache_write);
         total.prompt_tokens = parts.fresh.saturating_add(parts.cache_read).saturating_add(parts.cache_write);
         total.cached_tokens = parts.cache_read;
+        total.cache_write_tokens = parts.cache_write;
     }
     if let Some(out) = u.output_tokens.0 {
         total.completion_tokens = out;
@@ -288,6 +289,7 @@ mod tests {
     fn cache_tokens_count_as_prompt() {
         let u = parse_messages_usage(br#"{"id":"m","usage":{"input_tokens":3,"cache_read_input_tokens":10,"cache_creation_input_tokens":2,"output_tokens":4}}"#).unwrap().unwrap();
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.total_tokens), (15, 10, 4, 19));
+        assert_eq!(u.cache_write_tokens, 2);
         assert!(parse_messages_usage(b"[]").is_err());
     }
 

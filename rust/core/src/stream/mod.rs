@@ -23,7 +23,11 @@ pub struct TokenUsage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub total_tokens: u64,
+    /// Of the prompt, cached: read from the provider's cache (`cached_tokens`), and written to it
+    /// (`cache_write_tokens`: Anthropic's cache_creation_input_tokens, Bedrock's cacheWriteInputTokens),
+    /// which providers price apart from fresh input.
     pub cached_tokens: u64,
+    pub cache_write_tokens: u64,
     pub reasoning_tokens: u64,
 }
 

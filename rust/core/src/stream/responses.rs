@@ -50,6 +50,7 @@ impl From<UsageView> for TokenUsage {
             completion_tokens: completion,
             total_tokens: prompt.saturating_add(completion),
             cached_tokens: u.input_tokens_details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
+            cache_write_tokens: 0, // OpenAI reports none
             reasoning_tokens: u.output_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
         }
     }
