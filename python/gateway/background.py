@@ -55,7 +55,7 @@ async def start(
             account_id=call.ctx.account.id,
             request_id=call.request_id,
             model=model.name,
-            channel=channel.name,
+            channel=channel.identity,
             upstream_id=answer.upstream_id,
             status=status,
             progress=0,

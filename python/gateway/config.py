@@ -204,6 +204,23 @@ class ChannelConfig:
         """Read at call time from the environment; never stored in settings, never logged."""
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
+    @property
+    def identity(self) -> str:
+        """Where the channel's upstream work lives and whose it is: what a job started on it is
+        found by after a reload (gateway.jobs), whatever its name and place among the channels
+        (an unnamed channel's name is its place)."""
+        parts = (
+            self.provider,
+            self.base_url,
+            self.upstream_model,
+            self.api_key_env,
+            self.region,
+            self.project,
+            self.location,
+            self.api_version,
+        )
+        return " ".join(part or "-" for part in parts)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:

@@ -40,9 +40,17 @@ log = logging.getLogger("gateway.jobs")
 
 # A process polling a job holds it this long at most; a process that dies mid-poll lets it go then.
 POLL_LEASE_MS: Final = 60_000
-# Polled together; each may be fetching a video of up to videos.MAX_VIDEO_BYTES into memory.
+# How long a job's state may take to come back (a small JSON object): well within the lease, so
+# that no other process polls the job meanwhile. An upstream that hangs longer is asked again at
+# the next poll. (A finished video's download may take up to [limits] sync_timeout_seconds; past
+# the lease another process may download it too, and the job still ends once: Store.finish_job.)
+STATE_TIMEOUT_SECONDS: Final = 30.0
+# Polled at once, each as soon as a slot is free; each may be fetching a video of up to
+# videos.MAX_VIDEO_BYTES into memory.
 POLL_BATCH: Final = 4
 MAX_STATE_BYTES: Final = 16 * 1024 * 1024  # a job's state as the upstream reports it
+# While polls run and no other job is due, how often to look for jobs that have come due.
+CLAIM_AGAIN_SECONDS: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +82,29 @@ async def drive_jobs(state: GatewayState, kinds: Mapping[str, JobKind]) -> None:
 
 
 async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
-    """Poll the jobs due now, a batch at a time; returns how many were polled."""
+    """Poll the jobs due now, POLL_BATCH at a time, each slot taking the next due job as soon as
+    its poll ends (one slow upstream holds up no job of another); returns how many were polled."""
     polled = 0
-    while True:
-        jobs = await state.store.claim_jobs(now_ms(), POLL_LEASE_MS, POLL_BATCH)
-        if not jobs:
-            return polled
-        await asyncio.gather(*(poll(state, kinds[job.kind], job) for job in jobs))
-        polled += len(jobs)
+    running: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            room = POLL_BATCH - len(running)
+            jobs = await state.store.claim_jobs(now_ms(), POLL_LEASE_MS, room) if room else []
+            for job in jobs:
+                running.add(asyncio.create_task(poll(state, kinds[job.kind], job)))
+            polled += len(jobs)
+            if not running:
+                return polled
+            if len(jobs) < room or not room:  # nothing more due now: wait for a slot, or a while
+                done, running = await asyncio.wait(
+                    running, timeout=CLAIM_AGAIN_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task.exception() is not None:
+                        log.error("polling a job failed", exc_info=task.exception())
+    finally:
+        for task in running:
+            task.cancel()
 
 
 async def poll(state: GatewayState, kind: JobKind, job: Job) -> None:
@@ -92,7 +115,9 @@ async def poll(state: GatewayState, kind: JobKind, job: Job) -> None:
         await fail(state, job, "model_removed", "The model is no longer configured.")
         return
     try:
-        raw, _ = await get(state, channel, f"{kind.path}/{job.upstream_id}", MAX_STATE_BYTES)
+        raw, _ = await get(
+            state, channel, f"{kind.path}/{job.upstream_id}", MAX_STATE_BYTES, STATE_TIMEOUT_SECONDS
+        )
         answer = json_object(raw)
     except GatewayError as err:
         if err.code == "not_found":
@@ -141,9 +166,16 @@ def reported_error(answer: dict[str, Any], code: str, message: str) -> tuple[str
     return code, message
 
 
-def channel_of(model: ModelConfig | None, name: str) -> ChannelConfig | None:
-    """The model's channel of that name, if both are still configured."""
-    return None if model is None else next((c for c in model.channels if c.name == name), None)
+def channel_of(model: ModelConfig | None, channel: str) -> ChannelConfig | None:
+    """The model's channel a job runs on (its identity, or its name for a job recorded before
+    identities), if both are still configured. A reload that renames the channel, or adds or
+    reorders channels, keeps it; one that changes where it points (its provider, base_url, model,
+    key setting, region, project, location or API version) does not: the job is elsewhere."""
+    if model is None:
+        return None
+    return next((c for c in model.channels if c.identity == channel), None) or next(
+        (c for c in model.channels if c.name == channel), None
+    )
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -157,15 +189,18 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return answer
 
 
-async def get(state: GatewayState, channel: ChannelConfig, path: str, limit: int) -> tuple[bytes, str]:
+async def get(
+    state: GatewayState, channel: ChannelConfig, path: str, limit: int, timeout: float | None = None
+) -> tuple[bytes, str]:
     """GET from the channel's upstream with its credentials: the body (at most `limit` bytes) and
     its content type, or the spec's error for the upstream's failure (not_found: the upstream has
-    no such job)."""
+    no such job), within `timeout` (default: [limits] sync_timeout_seconds)."""
     provider = PROVIDERS[channel.provider]
     url = channel.base_url + path
     headers = await provider.headers(channel, {}, state.upstream, url=url)
     headers.pop("content-type", None)
-    timeout = state.settings.sync_timeout_seconds
+    if timeout is None or timeout > state.settings.sync_timeout_seconds:
+        timeout = state.settings.sync_timeout_seconds
     try:
         async with asyncio.timeout(timeout):
             response = await state.upstream.get(url, timeout, headers)

@@ -83,7 +83,7 @@ def routes(state: GatewayState) -> list[Route]:
             account_id=call.ctx.account.id,
             request_id=call.request_id,
             model=model.name,
-            channel=answered.channel.name,
+            channel=answered.channel.identity,
             upstream_id=upstream_id,
             status="queued",
             progress=0,

@@ -238,7 +238,7 @@ class Job:
     account_id: str
     request_id: str  # the creating request's x-service-request-id
     model: str
-    channel: str  # the name of the channel that runs it
+    channel: str  # the identity of the channel that runs it (ChannelConfig.identity; a name before)
     upstream_id: str
     # queued | in_progress, then completed | failed; a response may also end cancelled | incomplete
     status: str
