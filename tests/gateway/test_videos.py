@@ -93,6 +93,7 @@ def test_a_job_through_every_state_with_the_official_client(vgw: Gateway) -> Non
     created = oai.videos.create(model=SORA, prompt="a red kite over the sea", seconds="4")
     assert created.status == "queued" and created.id.startswith("video_") and created.progress == 0
     assert created.model == SORA and created.seconds == "4"
+    assert created.size == "720x1280"  # none asked: the upstream's default, as it reported it
     # Held, not charged: the balance moves when the job completes.
     assert [amount for _, amount in job_leases(vgw) if _ == f"job:{created.id}"] == [Decimal("0.4")]
     assert vgw.balance(handle.account_id) == Decimal(10)

@@ -75,7 +75,7 @@ def routes(state: GatewayState) -> list[Route]:
         # Nor cancelled when the client leaves: a job the upstream started must be recorded.
         call.cancel_on_disconnect = False
         answered = await call_upstream(state, request, call, model, body, content_type, replayable=False)
-        upstream_id = _upstream_id(answered.content)
+        upstream_id, rendered_size = _accepted(answered.content)
         job = Job(
             id=response_id("video_"),
             kind="video",
@@ -91,7 +91,7 @@ def routes(state: GatewayState) -> list[Route]:
             created_at_ms=now_ms(),
             prompt=prompt,
             seconds=seconds,
-            size=size,
+            size=size or rendered_size,  # a request without one shows the upstream's default
         )
         # The hold now belongs to the job: settled or released when the job ends, by whichever
         # process sees that happen.
@@ -169,7 +169,9 @@ def _seconds(value: Any) -> str:
     return str(int(text))
 
 
-def _upstream_id(content: bytes) -> str:
+def _accepted(content: bytes) -> tuple[str, str | None]:
+    """The upstream's id for the job it accepted, and the size it says it renders (None: it says
+    none, or not as width x height)."""
     try:
         answer = orjson.loads(content)
     except orjson.JSONDecodeError as exc:
@@ -177,7 +179,8 @@ def _upstream_id(content: bytes) -> str:
     upstream_id = answer.get("id") if isinstance(answer, dict) else None
     if not isinstance(upstream_id, str) or not upstream_id or "/" in upstream_id:
         raise GatewayError("provider_error", "The model's provider sent no job id.")
-    return upstream_id
+    size = answer.get("size")
+    return upstream_id, size if isinstance(size, str) and _SIZE.match(size) else None
 
 
 def _content_url(state: GatewayState, request: Request, job: Job) -> str | None:
