@@ -98,14 +98,17 @@ MESSAGES_ERROR_TYPES: Final[Mapping[str, str]] = {
 }
 # The answer shapes of errors: the spec's object alone, or dressed for Anthropic's clients.
 ErrorShape = Literal["spec", "messages"]
-MESSAGES_PATH = "/v1/messages"
+# The Messages API's paths (routes/messages.py: also under /v1/v1, where clients given a base URL
+# with /v1 send it).
+MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
 
 
 def shape_for_path(path: str) -> ErrorShape:
     """How an error under this request path is written: Anthropic's way under /v1/messages (and
     any path below it), the spec's elsewhere."""
-    if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/"):
-        return "messages"
+    for base in MESSAGES_PATHS:
+        if path.startswith(base) and (len(path) == len(base) or path[len(base)] == "/"):
+            return "messages"
     return "spec"
 
 

@@ -439,6 +439,15 @@ def test_bad_top_up_is_400(admin: httpx.Client, body: dict[str, object], param: 
     assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "3"
 
 
+@pytest.mark.parametrize("raw", [b'{"amount": "1", "note": "\\udc00"}', b'{"\\ud800": 1}'])
+def test_a_lone_surrogate_escape_is_400(admin: httpx.Client, raw: bytes) -> None:
+    """JSON text may write \\ud800 alone, but no UTF-8 text (the store, an answer) can hold it."""
+    account = new_account(admin, "3")
+    refused = admin.post(f"/accounts/{account['id']}/top-ups", content=raw)
+    assert error(refused, 400, "invalid_request")["message"].startswith("The request body is not valid JSON")
+    assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == "3"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

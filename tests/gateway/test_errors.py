@@ -148,6 +148,11 @@ def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
             b' "max_tokens": true}',
             "max_tokens",
         ),
+        (
+            b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
+            b' "stream": true, "stream_options": {"include_usage": "yes"}}',
+            "stream_options.include_usage",
+        ),
     ],
 )
 def test_malformed_requests(gw: Gateway, key: KeyHandle, content: bytes, param: str | None) -> None:
@@ -298,6 +303,18 @@ def test_stream_dropped_upstream_ends_with_error_chunk(gw: Gateway, key: KeyHand
         ),
         (b'{"error":{"code":429,"status":"RESOURCE_EXHAUSTED"}}', "provider_overloaded"),
         (b'{"type":"error","error":{"type":"api_error","message":"Internal"}}', "provider_error"),
+        # A refusal under the provider's content policy: the same refusal on every channel.
+        (
+            b'{"error":{"message":"blocked","type":"server_error","code":"content_filter"}}',
+            "content_filtered",
+        ),
+        (
+            b'{"type":"error","error":{"type":"invalid_request_error",'
+            b'"message":"Output blocked by content filtering policy"}}',
+            "content_filtered",
+        ),
+        # Fields of types no provider sends: read as nothing, never a failure of the gateway's own.
+        (b'{"error":{"message":"x","type":["server_error"],"code":{"a":1}}}', "provider_error"),
         (b'{"error":{"message":"x","type":"server_error"}}', "provider_error"),
         (b"not json", "provider_error"),
         (b"[1]", "provider_error"),
@@ -311,6 +328,8 @@ def test_a_stream_failing_before_its_first_token(error: bytes | None, code: str)
     assert failure.code == code
     if code == "provider_overloaded":
         assert failure.retry == "other" and failure.headers.get("retry-after") == "1"
+    elif code == "content_filtered":
+        assert failure.retry is None and failure.status == 400  # not retried; the channel works
     else:
         assert failure.retry == "any"
 

@@ -246,7 +246,15 @@ def test_edit_over_the_request_limit_is_413(gw: Gateway, key: KeyHandle) -> None
 def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         r = c.post("/v1/images/edits", json={"model": GPT_IMAGE, "prompt": "p", "image": "x"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        # A media type is case-insensitive (RFC 9110): a form said in capitals is a form.
+        form = httpx.Request(
+            "POST", "http://x", files={"image": ("a.png", PNG)}, data={"model": GPT_IMAGE, "prompt": "p"}
+        )
+        form.read()
+        shouting = form.headers["content-type"].replace("multipart/form-data", "Multipart/Form-Data")
+        r = c.post("/v1/images/edits", content=form.content, headers={"content-type": shouting})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(

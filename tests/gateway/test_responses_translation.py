@@ -290,6 +290,8 @@ def test_mid_stream_error_ends_with_the_error_event_and_bills_what_came(gw: Gate
             "input[0].content[0]",
         ),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"type": []}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": "hi", "type": {"a": 1}}]}, "input[0].type"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format"),
         ({"input": "hi", "tool_choice": 7}, "tool_choice"),

@@ -228,6 +228,8 @@ def content_refusal(status: int, payload: bytes) -> str | None:
     inner = _field(error, "innererror", dict, {})
     metadata = _field(error, "metadata", dict, {})
     lowered = message.lower()
+    code = code if isinstance(code, str) else None
+    kind = kind if isinstance(kind, str) else None
     refused = (
         code in _REFUSAL_CODES
         or kind in _REFUSAL_CODES

@@ -210,6 +210,12 @@ def _decode(raw: bytes) -> dict[str, Any]:
         raise invalid_request(f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(payload, dict):
         raise invalid_request("The request body must be a JSON object.")
+    try:  # json takes "\ud800" escapes that no UTF-8 text (the store, an answer) can hold
+        json.dumps(payload, ensure_ascii=False, default=str).encode()
+    except UnicodeEncodeError:
+        raise invalid_request(
+            "The request body is not valid JSON: a string holds a lone surrogate escape (\\ud800-\\udfff)."
+        ) from None
     return payload
 
 

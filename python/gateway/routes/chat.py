@@ -164,8 +164,13 @@ def _validate(payload: dict[str, Any]) -> None:
     if "stream" in payload and not isinstance(payload["stream"], bool | None):
         raise invalid_request("`stream` must be a boolean.", "stream")
     options = payload.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise invalid_request("`stream_options` must be an object.", "stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid_request("`stream_options` must be an object.", "stream_options")
+        if not isinstance(options.get("include_usage"), bool | None):
+            raise invalid_request(
+                "`stream_options.include_usage` must be a boolean.", "stream_options.include_usage"
+            )
 
 
 def _counted_usage(model: ModelConfig, prompt: int, output_text: str) -> Usage:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from .. import billing, safety
 from ..config import ModelConfig, Prices
 from ..context import Call
-from ..core import MultipartPart, count_tokens, parse_multipart
+from ..core import MultipartPart, count_tokens
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
@@ -34,7 +34,7 @@ from ..routing import ChannelBody
 from ..state import GatewayState
 from . import image_files
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
-from .multipart import FormPart, channel_form
+from .multipart import FormPart, channel_form, form_parts
 from .upstream import call_upstream
 
 IMAGE_FIELDS = ("image", "image[]")  # one image, or several as the openai client sends a list
@@ -60,7 +60,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def edits(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
         content_type = request.headers.get("content-type", "")
-        parts = parse_multipart(raw, content_type) if content_type.startswith("multipart/form-data") else None
+        parts = form_parts(raw, content_type)
         if parts is None:
             raise invalid_request("The request must be a well-formed multipart/form-data body.")
         fields = {p.name: p.data.decode(errors="replace") for p in parts if p.name not in UPLOADS}

@@ -1,4 +1,5 @@
-"""Writing a multipart/form-data body: the parts of a client's upload that the gateway sends on."""
+"""multipart/form-data: reading a client's upload (`form_parts`), and writing the parts of it that
+the gateway sends on."""
 
 from __future__ import annotations
 
@@ -7,7 +8,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..config import ChannelConfig
+from ..core import MultipartPart, parse_multipart
 from ..routing import ChannelBody
+
+FORM_TYPE = "multipart/form-data"
+
+
+def is_form(content_type: str) -> bool:
+    """Whether a Content-Type is a form (media types are case-insensitive)."""
+    return content_type[: len(FORM_TYPE)].lower() == FORM_TYPE
+
+
+def form_parts(raw: bytes, content_type: str) -> list[MultipartPart] | None:
+    """The parts of a form body; None when it is not a well-formed form."""
+    return parse_multipart(raw, content_type) if is_form(content_type) else None
 
 
 @dataclass(frozen=True, slots=True)

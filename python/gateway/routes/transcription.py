@@ -17,14 +17,14 @@ from .. import billing
 from ..audio import wav_seconds
 from ..config import ModelConfig
 from ..context import Call
-from ..core import InvalidJsonError, count_tokens, parse_multipart, set_json_id
+from ..core import InvalidJsonError, count_tokens, set_json_id
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, model_endpoint, read_body
-from .multipart import FormPart, channel_form
+from .multipart import FormPart, channel_form, form_parts
 from .speech import RESPONSE_ID_HEADER
 from .upstream import call_upstream
 
@@ -33,7 +33,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def transcriptions(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
         content_type = request.headers.get("content-type", "")
-        parts = parse_multipart(raw, content_type) if content_type.startswith("multipart/form-data") else None
+        parts = form_parts(raw, content_type)
         if parts is None:
             raise invalid_request("The request must be a well-formed multipart/form-data body.")
         names = [p.data.decode(errors="replace") for p in parts if p.name == "model"]

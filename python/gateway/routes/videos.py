@@ -22,7 +22,7 @@ from .. import billing, jobs, safety, videos
 from ..auth import authenticate
 from ..clock import now_ms
 from ..context import Call
-from ..core import MultipartPart, parse_multipart
+from ..core import MultipartPart
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..registry import REQUIRED_FIELDS
@@ -38,7 +38,7 @@ from .common import (
     public_base,
     read_body,
 )
-from .multipart import FormPart, channel_form
+from .multipart import FormPart, channel_form, form_parts, is_form
 from .upstream import call_upstream
 
 MAX_SECONDS: Final = 60  # the longest clip a request may ask for
@@ -150,9 +150,9 @@ def routes(state: GatewayState) -> list[Route]:
 def _fields(request: Request, raw: bytes) -> tuple[dict[str, Any], list[MultipartPart] | None]:
     """The request's fields, and its parts when it is a form."""
     content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
+    if not is_form(content_type):
         return parse_object(raw), None
-    parts = parse_multipart(raw, content_type)
+    parts = form_parts(raw, content_type)
     if parts is None:
         raise invalid_request("The request must be a well-formed multipart/form-data body.")
     return {p.name: p.data.decode(errors="replace") for p in parts if p.filename is None}, parts

@@ -143,6 +143,8 @@ def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), at)}})
         elif kind == "tool_result":
             results.append(_tool_message(block, at))
+        elif kind == "text":
+            raise invalid_request(f"`{at}.text` must be a string.", f"{at}.text")
         else:
             raise invalid_request(
                 f"`{at}`: content of type {kind!r} cannot be sent to this model (text, image and "

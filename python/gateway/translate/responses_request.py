@@ -69,6 +69,8 @@ def chat_request_from_responses(payload: dict[str, Any], max_tokens_field: str) 
 
 def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise invalid_request(f"`{where}.type` must be a string.", f"{where}.type")
     if kind == "message":
         messages.append(_message(item, where))
     elif kind == "function_call":
