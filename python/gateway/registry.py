@@ -81,11 +81,17 @@ class ModelRegistry:
         allowed = ctx.account.allowed_models
         return [m for m in self._by_name.values() if allowed is None or m.name in allowed]
 
-    def lookup(self, name: Any, ctx: KeyContext, param: str = "model") -> ModelConfig:
-        """The model a request names (in `param`), if it exists and this account may use it."""
+    def lookup(
+        self, name: Any, ctx: KeyContext, param: str = "model", vendor: str | None = None
+    ) -> ModelConfig:
+        """The model a request names (in `param`), if it exists and this account may use it. With
+        `vendor` (the vendor whose API the endpoint speaks), a name without a vendor prefix that is
+        no model's own name is that vendor's model of that name, when there is one (`resolve`)."""
         if not isinstance(name, str) or not name:
             raise invalid_request(f"`{param}` is required and must be a string.", param)
         model = self._by_name.get(name)
+        if model is None and vendor is not None and "/" not in name:
+            model = self._by_name.get(f"{vendor}/{name}")
         if model is None:
             raise GatewayError(
                 "model_not_found", f"The model {name!r} does not exist. See GET /v1/models.", param=param
@@ -104,11 +110,7 @@ class ModelRegistry:
         endpoints, `claude-sonnet-4-5` is `anthropic/claude-sonnet-4-5` on /v1/messages. Clients
         that take `vendor/model` names strip their own vendor's prefix before they send a request
         (the openai Agents SDK's `openai/...`, LiteLLM's `openai/...` and `anthropic/...`)."""
-        if isinstance(name, str) and name not in self._by_name and "/" not in name:
-            vendor = BARE_NAME_VENDOR.get(model_type, "openai")
-            if f"{vendor}/{name}" in self._by_name:
-                name = f"{vendor}/{name}"
-        model = self.lookup(name, ctx)
+        model = self.lookup(name, ctx, "model", BARE_NAME_VENDOR.get(model_type, "openai"))
         if model.type != model_type and model.type != TRANSLATED_TYPE.get(model_type):
             raise invalid_request(
                 f"The model {name!r} is a {model.type} model: call {ENDPOINT_FOR_TYPE[model.type]}.",

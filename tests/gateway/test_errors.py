@@ -96,6 +96,12 @@ def test_a_bare_model_name_is_the_endpoint_vendors(gw: Gateway, key: KeyHandle) 
     assert message.status_code == 200, message.text
     assert message.json()["type"] == "message"
     assert_error(r, 400, "model_not_found", "not_found_error")
+    # The model lookups speak OpenAI's API: a bare name there is OpenAI's model, as on chat.
+    with gw.client(key.key) as c:
+        retrieved = c.get("/v1/models/gpt-4o-mini")
+        info = c.get("/model_group/info", params={"model_group": "gpt-4o-mini"})
+    assert retrieved.status_code == 200 and retrieved.json()["id"] == "openai/gpt-4o-mini"
+    assert info.status_code == 200 and len(info.json()["data"]) == 1
 
 
 def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:

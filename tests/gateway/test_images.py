@@ -183,7 +183,7 @@ def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.
     with gw.client(key.key) as c:
         r = c.post(
             "/v1/images/generations",
-            json={"model": GPT_IMAGE, "prompt": prompt, "quality": "low", "temperature": 1, "stream": True},
+            json={"model": GPT_IMAGE, "prompt": prompt, "quality": "low", "temperature": 1, "stream": False},
         )
     assert r.status_code == 200
     (received,) = sim_records(sim, "/v1/images/generations", prompt)
@@ -241,6 +241,18 @@ def test_edit_over_the_request_limit_is_413(gw: Gateway, key: KeyHandle) -> None
             "/v1/images/edits", files={"image": ("a.png", big)}, data={"model": GPT_IMAGE, "prompt": "p"}
         )
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_streamed_generation_is_refused_before_anything_is_held(gw: Gateway, oai: openai.OpenAI) -> None:
+    """The openai client asked for a stream reads only events: a JSON answer would be charged and
+    read as nothing, so `stream: true` is 400 (param `stream`), for generations and edits."""
+    with pytest.raises(openai.BadRequestError) as generated:
+        list(oai.images.generate(model=GPT_IMAGE, prompt="a cat", stream=True, partial_images=2))
+    with pytest.raises(openai.BadRequestError) as edited:
+        list(oai.images.edit(model=GPT_IMAGE, prompt="a hat", image=("a.png", PNG), stream=True))
+    for caught in (generated, edited):
+        body = caught.value.body
+        assert isinstance(body, dict) and (body["code"], body["param"]) == ("invalid_request", "stream")
 
 
 def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:

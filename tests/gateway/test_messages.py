@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle, sim_requests
+from harness import Gateway, KeyHandle, eventually, sim_requests
 
 MODEL = "anthropic/claude-sonnet-4-5"
 PRICES = Prices(
@@ -220,6 +220,19 @@ def test_count_tokens_is_the_gateways_own_count_and_free(
         unknown = c.post("/v1/messages/count_tokens", json={"model": "no/such", "messages": messages})
     assert (missing.status_code, missing.json()["error"]["param"]) == (400, "messages")
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, "model_not_found")
+    # A model request like any other: it has its request id, its log entry names the model, and
+    # an account at zero is refused (spec 7.5.1: free models too).
+    with gw.client(key.key) as c:
+        answered = c.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": messages})
+    rid = answered.headers["x-service-request-id"]
+    logged = eventually(
+        lambda: gw.query("SELECT model FROM request_logs WHERE id = ?", rid), what="its entry"
+    )
+    assert [tuple(row) for row in logged] == [(MODEL,)]
+    broke = gw.new_key(balance="0")
+    with gw.client(broke.key) as c:
+        refused = c.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": messages})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "insufficient_credits"
 
 
 def test_a_base_url_given_with_v1_works_too(gw: Gateway, key: KeyHandle) -> None:

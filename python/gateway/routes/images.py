@@ -46,11 +46,23 @@ MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024  # one image linked from an upstream answe
 _FORMAT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "svg": "image/svg+xml"}
 
 
+def _not_streamed(stream: Any) -> None:
+    """Streamed image generation (server-sent partial images) is not served: the official client
+    asked for it reads only events, so a JSON answer would be charged and read as nothing."""
+    if stream is True or (isinstance(stream, str) and stream.lower() == "true"):
+        raise invalid_request(
+            "Streamed image generation is not served here: leave `stream` (and `partial_images`) out;"
+            " the answer comes once the images exist, one URL each.",
+            "stream",
+        )
+
+
 def routes(state: GatewayState) -> list[Route]:
     async def generations(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "image")
         prompt = _prompt(payload.get("prompt"))
+        _not_streamed(payload.get("stream"))
         order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
         await safety.check(state, request, call, model, payload)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
@@ -66,6 +78,7 @@ def routes(state: GatewayState) -> list[Route]:
         fields = {p.name: p.data.decode(errors="replace") for p in parts if p.name not in UPLOADS}
         model = state.registry.resolve(fields.get("model"), call.ctx, "image")
         prompt = _prompt(fields.get("prompt"))
+        _not_streamed(fields.get("stream"))
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))

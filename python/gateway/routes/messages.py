@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import billing
 from ..config import ModelConfig
 from ..context import Call
 from ..core import (
@@ -27,7 +28,7 @@ from ..translate import (
     message_from_chat_completion,
     message_output_text,
 )
-from .common import json_response, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body
 from .streaming import forward_stream
 from .text import check_and_hold, count_prompt
 from .translated import chat_body, forward_to_chat_model
@@ -70,12 +71,14 @@ def routes(state: GatewayState) -> list[Route]:
     async def count_message_tokens(request: Request, call: Call) -> Response:
         """Anthropic's token counting (the anthropic client's `messages.count_tokens`): the
         gateway's own count of the prompt, the one a request's hold is made from. Free: nothing
-        goes upstream, nothing is charged."""
+        goes upstream, nothing is charged; but, as every model request, refused when the account's
+        balance is at or below zero (spec 7.5.1: free models too)."""
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
         _validate_messages(payload)
+        await billing.hold(state, call, model, Usage())  # nothing set aside; names the model too
         tokens = await count_prompt(request, lambda: _prompt_tokens(model, payload))
-        return json_response({"input_tokens": tokens})
+        return json_response({"input_tokens": tokens}, headers={REQUEST_ID_HEADER: call.request_id})
 
     served = model_endpoint(state, messages)
     counted = model_endpoint(state, count_message_tokens)

@@ -26,7 +26,7 @@ def routes(state: GatewayState) -> list[Route]:
         ctx = await authenticate(request, state.store)
         name = request.query_params.get("model_group")
         models = (
-            [state.registry.lookup(name, ctx, "model_group")]
+            [state.registry.lookup(name, ctx, "model_group", vendor="openai")]
             if name is not None
             else state.registry.visible(ctx)
         )
@@ -38,7 +38,7 @@ def routes(state: GatewayState) -> list[Route]:
         if not name:  # "/v1/models/": a slash too many, an unknown path as every other
             raise GatewayError("not_found", f"No such path: {request.url.path}.")
         ctx = await authenticate(request, state.store)
-        return json_response(_model_entry(state.registry.lookup(name, ctx)))
+        return json_response(_model_entry(state.registry.lookup(name, ctx, vendor="openai")))
 
     return [
         Route("/v1/models", list_models, methods=["GET"]),
