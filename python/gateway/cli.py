@@ -661,6 +661,8 @@ async def _list_top_ups(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _create_key(store: Store, args: argparse.Namespace) -> None:
+    from .management import refuse_reserved_name
+
     account = await _account(store, args.account)
     given: dict[str, object] = {"name": args.name, "limit_reset": args.limit_reset}
     if args.credit_limit is not None:
@@ -670,6 +672,7 @@ async def _create_key(store: Store, args: argparse.Namespace) -> None:
     elif args.expires_in_days is not None:
         given["expires_at"] = time.time_ns() // 1_000_000 + int(args.expires_in_days * 86_400_000)
     fields = _read(given, field.KEY_FIELDS)
+    refuse_reserved_name(fields.get("name"))
     secret = generate_key()
     record = await store.create_key(
         account.id,
@@ -711,7 +714,7 @@ async def _show_key(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
-    from .management import key_json
+    from .management import PLAYGROUND_KEY, key_json, refuse_reserved_name
 
     given: dict[str, object] = {}
     if args.name is not None:
@@ -727,6 +730,10 @@ async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
     fields = _read(given, field.KEY_FIELDS)
     if "expires_at" in fields:
         fields["expires_at_ms"] = fields.pop("expires_at")
+    if "name" in fields:
+        current = await store.get_key(args.key_id)
+        if current is not None and current.name != PLAYGROUND_KEY:
+            refuse_reserved_name(fields["name"])
     updated = await store.update_key(args.key_id, cast(KeyChanges, fields))
     if updated is None:
         raise AdminError(f"no live key with id {args.key_id!r}")

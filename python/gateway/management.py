@@ -111,9 +111,28 @@ async def top_up(
 # ---------------------------------------------------------------- keys
 
 
-async def create_key(store: Accounts, account_id: str, given: Mapping[str, Any]) -> tuple[ApiKey, str]:
+# The account's key the console's playground and compare run under (gateway.console.playground):
+# the oldest live key of this name. Only the console gives a key this name, so that nobody holds
+# its secret; the management API, the CLI and the console's own forms refuse it.
+PLAYGROUND_KEY = "Console playground"
+
+
+def refuse_reserved_name(name: object) -> None:
+    """400 for a key named as the playground's (which would then be mistaken for it)."""
+    if isinstance(name, str) and name.strip() == PLAYGROUND_KEY:
+        raise invalid_request(
+            f"The name {PLAYGROUND_KEY!r} is the console's own playground key's: choose another.", "name"
+        )
+
+
+async def create_key(
+    store: Accounts, account_id: str, given: Mapping[str, Any], *, playground: bool = False
+) -> tuple[ApiKey, str]:
     """A new key of the account (name, credit_limit, limit_reset, expires_at) and its secret: the
-    only time the secret exists outside the caller's hands, as only its hash is stored."""
+    only time the secret exists outside the caller's hands, as only its hash is stored. Only the
+    console's playground (`playground`) makes a key of its reserved name."""
+    if not playground:
+        refuse_reserved_name(given.get("name"))
     fields = field.read_fields(given, field.KEY_FIELDS)
     account = await store.get_account(account_id)
     if account is None:
@@ -131,12 +150,15 @@ async def create_key(store: Accounts, account_id: str, given: Mapping[str, Any])
     return key, secret
 
 
-async def _owned(store: Accounts, key_id: str, account_id: str | None) -> None:
-    """With an account, the key must be one of its own: another account's key is unknown here."""
+async def _owned(store: Accounts, key_id: str, account_id: str | None) -> ApiKey | None:
+    """With an account, the key must be one of its own: another account's key is unknown here.
+    The key as it is, when it was read (always, with an account)."""
     if account_id is not None:
         key = await store.get_key(key_id)
         if key is None or key.account_id != account_id or key.deleted_at_ms is not None:
             raise no_live_key(key_id)
+        return key
+    return None
 
 
 async def update_key(
@@ -146,7 +168,11 @@ async def update_key(
     fields = field.read_fields(given, field.KEY_FIELDS)
     if "expires_at" in fields:
         fields["expires_at_ms"] = fields.pop("expires_at")
-    await _owned(store, key_id, account_id)
+    current = await _owned(store, key_id, account_id)
+    if "name" in fields:
+        current = current or await store.get_key(key_id)
+        if current is not None and current.name != PLAYGROUND_KEY:  # the playground's keeps its own
+            refuse_reserved_name(fields["name"])
     key = await store.update_key(key_id, cast(KeyChanges, fields))
     if key is None:
         raise no_live_key(key_id)

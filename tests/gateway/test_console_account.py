@@ -15,9 +15,11 @@ import csv
 import io
 import os
 import re
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -323,6 +325,51 @@ def test_another_accounts_member_gets_404(page: Page, cgw: Gateway, alice: Membe
         r = page.request.post(f"{mine}/keys/{alice.key_id}/{action}", form={"csrf": csrf})
         assert r.status == 404, action
     assert _chat(cgw, alice.key, "openai/gpt-4o-mini").status_code == 200  # still works
+
+
+def test_renaming_a_key_keeps_its_expiry_and_its_name_is_not_the_playground_s(
+    page: Page, cgw: Gateway, bob: Member
+) -> None:
+    """The edit form shows an expiry as a date: saved unchanged (a rename), the expiry stays to the
+    millisecond; the end of that day would revive a key expired earlier today. And the name the
+    playground's key has is refused by the management API as by the console."""
+    admin = {"authorization": f"Bearer {TOKEN}"}
+    expired_at = time.time_ns() // 1_000_000 - 1000
+    moment = datetime.fromtimestamp(expired_at / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    made = httpx.post(
+        f"{cgw.url}/admin/v1/accounts/{bob.account_id}/keys",
+        headers=admin,
+        json={"name": "short-lived", "expires_at": moment},
+    ).json()
+    sign_in(page, cgw, bob)
+    page.goto(f"{cgw.url}/console/a/{bob.account_id}/keys/{made['id']}")
+    page.fill("#edit-key input[name=name]", "short-lived, renamed")
+    page.click("#edit-key button[type=submit]")
+    page.wait_for_url(f"{cgw.url}/console/a/{bob.account_id}/keys")
+    after = httpx.get(f"{cgw.url}/admin/v1/keys/{made['id']}", headers=admin).json()
+    assert (after["name"], after["expires_at"]) == ("short-lived, renamed", moment)
+    assert _chat(cgw, made["key"], "openai/gpt-4o-mini").json()["error"]["code"] == "key_expired"
+    reserved = httpx.post(
+        f"{cgw.url}/admin/v1/accounts/{bob.account_id}/keys",
+        headers=admin,
+        json={"name": "Console playground"},
+    )
+    assert reserved.status_code == 400 and reserved.json()["error"]["param"] == "name"
+    renamed = httpx.patch(
+        f"{cgw.url}/admin/v1/keys/{made['id']}", headers=admin, json={"name": "Console playground"}
+    )
+    assert renamed.status_code == 400 and renamed.json()["error"]["param"] == "name"
+
+
+def test_money_is_shown_exactly() -> None:
+    """The console's figures are the books' own: every digit, at least cents."""
+    from gateway.console.render import money
+
+    assert money("19.99796078") == "$19.99796078"
+    assert money("0.0000138") == "$0.0000138"
+    assert money("1.000000000001") == "$1.000000000001"
+    assert money("12.5") == "$12.50" and money("0") == "$0.00" and money("-3.10") == "-$3.10"
+    assert money(None) == "—"
 
 
 def test_oversized_and_overfull_forms_are_refused(page: Page, cgw: Gateway, bob: Member) -> None:

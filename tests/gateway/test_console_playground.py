@@ -21,6 +21,7 @@ import pytest
 
 from gateway import management
 from gateway.clock import now_ms
+from gateway.errors import GatewayError
 from gateway.store import Conversation, Store
 from harness import (
     Gateway,
@@ -307,13 +308,17 @@ def test_an_expired_playground_key_stops_the_playground(page: Page, pgw: Gateway
 
     async def keys(store: Store) -> None:
         # The playground's key, expired by the member; then a newer key of the same name (made
-        # outside the console): the oldest is the playground's, and nothing replaces it.
+        # by the playground too, as two workers might): the oldest is the playground's, and
+        # nothing replaces it.
         first, _ = await management.create_key(
-            store, account_id, {"name": PLAYGROUND_KEY, "expires_at": 1000}
+            store, account_id, {"name": PLAYGROUND_KEY, "expires_at": 1000}, playground=True
         )
         while now_ms() <= first.created_at_ms:  # "newer": not made in the same millisecond
             await asyncio.sleep(0.001)
-        await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
+        await management.create_key(store, account_id, {"name": PLAYGROUND_KEY}, playground=True)
+        # Nobody else may give a key its name: its secret would be in their hands.
+        with pytest.raises(GatewayError, match="playground key"):
+            await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
 
     off_loop(with_store, pgw.settings, keys)
     sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
@@ -397,7 +402,7 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
     form.locator('button[type="submit"]').click()
     page.wait_for_url(re.compile(r".*/console/operator/accounts/acct_[0-9a-f]+\?created=1"))
     account_id = page.url.rsplit("/", 1)[1].split("?")[0]
-    assert page.locator("#balance").inner_text() == "$10"
+    assert page.locator("#balance").inner_text() == "$10.00"
     admin = {"authorization": f"Bearer {TOKEN}"}
     account = httpx.get(f"{pgw.url}/admin/v1/accounts/{account_id}", headers=admin).json()
     assert (account["name"], account["allowed_models"], account["rpm_limit"]) == (name, [MINI], 60)
@@ -411,7 +416,7 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
     }
     top_up.locator('button[type="submit"]').click()
     page.wait_for_url(re.compile(r".*\?topped_up=.*"))
-    assert page.locator("#balance").inner_text() == "$35.5"
+    assert page.locator("#balance").inner_text() == "$35.50"
     assert "invoice 1042" in page.locator("#ledger").inner_text()
     ledger = httpx.get(f"{pgw.url}/admin/v1/accounts/{account_id}/top-ups", headers=admin).json()["data"]
     assert [(t["amount"], t["note"]) for t in ledger][-1:] == [("25.50", "invoice 1042")]

@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Route
 from .. import admin_fields as field
 from .. import budget, management
 from ..clock import now_ms, rfc3339
-from ..errors import GatewayError, invalid_request
+from ..errors import GatewayError
 from ..store import LIMIT_RESETS, Account, ApiKey
 from .endpoints import Console, Endpoint
 from .forms import ONCE, bounded_body, form_of, once_token
@@ -28,9 +28,6 @@ from .security import Viewer
 
 # The last moment of an expiry date: a key set to expire on a day works through that day (UTC).
 END_OF_DAY: Final = "T23:59:59.999Z"
-# The account's key the playground and compare run under (gateway.console.playground): the oldest
-# live key of this name. The console gives no other key this name.
-PLAYGROUND_KEY: Final = "Console playground"
 
 
 # ---------------------------------------------------------------- keys
@@ -138,7 +135,6 @@ def routes(console: Console) -> list[BaseRoute]:
         if not ONCE.claim(viewer.session.id, token):  # this very form again: a refresh
             return _done_page(request, viewer, account, None, rotated=False)
         try:
-            _not_reserved(given)
             key, secret = await management.create_key(store, account.id, given)
         except GatewayError as err:
             ONCE.release(viewer.session.id, token)
@@ -181,9 +177,17 @@ def routes(console: Console) -> list[BaseRoute]:
         key = await own_key(account, request.path_params["key_id"])
         form = await form_of(request)
         given = key_fields(form)
+        expires = form.get("expires_at")
+        if (
+            key.expires_at_ms is not None
+            and isinstance(expires, str)
+            and expires.strip() == _date(key.expires_at_ms)
+        ):
+            # The date the form showed, unchanged: the expiry stays as it is, to the millisecond (a
+            # date input cannot say the time, and the end of that day would revive a key expired
+            # earlier today).
+            given.pop("expires_at", None)
         try:
-            if key.name != PLAYGROUND_KEY:
-                _not_reserved(given)
             await management.update_key(store, key.id, given, account_id=account.id)
         except GatewayError as err:
             if err.status >= 500 or err.status == 404:
@@ -221,15 +225,6 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/a/{account_id}/keys/{key_id}/rotate", form(rotate_key), methods=["POST"]),
         Route("/a/{account_id}/keys/{key_id}/delete", form(delete_key), methods=["POST"]),
     ]
-
-
-def _not_reserved(given: Mapping[str, Any]) -> None:
-    """400 for a key named as the playground's (which would then be mistaken for it)."""
-    name = given.get("name")
-    if isinstance(name, str) and name.strip() == PLAYGROUND_KEY:
-        raise invalid_request(
-            f"The name {PLAYGROUND_KEY!r} is the console's own playground key's: choose another.", "name"
-        )
 
 
 def _date(ms: int) -> str:

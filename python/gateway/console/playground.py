@@ -37,13 +37,13 @@ from ..auth import CONSOLE_CALL
 from ..clock import now_ms
 from ..config import ModelConfig
 from ..errors import GatewayError, invalid_request, request_too_large
+from ..management import PLAYGROUND_KEY
 from ..routes.common import read_body
 from ..state import GatewayState
 from ..store import Account, ApiKey, ChatMessage, Conversation, KeyContext, Store
 from ..store.records import new_chat_message, new_id
 from .endpoints import Console
 from .forms import bounded_body, form_of, replay_body
-from .keys import PLAYGROUND_KEY
 from .render import page
 from .security import Viewer
 
@@ -53,7 +53,7 @@ CHAT_TYPES: Final = ("chat", "messages")
 NEW_TITLE: Final = "New conversation"
 MAX_TITLE_CHARS: Final = 80
 MAX_TEXT_CHARS: Final = 200_000
-MAX_JSON_BYTES: Final = 1_000_000  # a playground or compare request's JSON body
+MAX_JSON_BYTES: Final = 1 << 20  # a playground or compare request's JSON body: 1 MiB
 # How long the usage record of a finished request may take to become readable (Ledger.get_usage).
 USAGE_WAIT_S: Final = 3.0
 REQUEST_ID_HEADER: Final = b"x-service-request-id"
@@ -117,7 +117,9 @@ async def playground_context(store: Store, account_id: str) -> KeyContext:
         async with _making_key.hold(account_id):
             key = playground_key(await store.list_keys(account_id))
             if key is None:  # its secret is thrown away at once: only its hash is kept
-                key, _ = await management.create_key(store, account_id, {"name": PLAYGROUND_KEY})
+                key, _ = await management.create_key(
+                    store, account_id, {"name": PLAYGROUND_KEY}, playground=True
+                )
     if key.expires_at_ms is not None and key.expires_at_ms <= now_ms():
         raise GatewayError("key_expired", KEY_EXPIRED)
     return KeyContext(key=key, account=await management.account(store, account_id))

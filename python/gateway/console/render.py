@@ -22,14 +22,14 @@ HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 
 
-def money(value: Decimal | str | None, places: int = 6) -> str:
-    """US dollars for people: "$12.345678"; amounts under a cent keep their digits ("$0.0000138")."""
+def money(value: Decimal | str | None) -> str:
+    """US dollars for people, exact to the last digit the books hold ("$19.99796078",
+    "$0.0000138"), with at least cents ("$12.50"): the console's figures are the API's."""
     if value is None:
         return "—"
     amount = Decimal(value)
-    if amount != 0 and abs(amount) < Decimal("0.01"):
-        return f"${amount.normalize():f}"
-    return f"${amount.quantize(Decimal(1).scaleb(-places)):f}".rstrip("0").rstrip(".").replace("$-", "-$")
+    whole, _, fraction = format(abs(amount).normalize(), "f").partition(".")
+    return f"{'-' if amount < 0 else ''}${whole}.{fraction.ljust(2, '0')}"
 
 
 def when(ms: int | None) -> str:

@@ -22,11 +22,14 @@ const Console = (() => {
     return node;
   }
 
+  // Exact, as render.money writes it: the API's decimal text to its last digit, at least cents.
   function money(value) {
     if (value == null || value === "") return "—";
-    const n = Number(value);
-    if (n !== 0 && Math.abs(n) < 0.01) return "$" + String(value).replace(/^-/, "");
-    return (n < 0 ? "-$" : "$") + Math.abs(n).toFixed(6).replace(/0+$/, "").replace(/\.$/, "");
+    const text = typeof value === "number" ? value.toFixed(12) : String(value);
+    const negative = text.startsWith("-");
+    const [whole, fraction = ""] = text.replace(/^-/, "").split(".");
+    const digits = fraction.replace(/0+$/, "").padEnd(2, "0");
+    return (negative && /[1-9]/.test(text) ? "-$" : "$") + whole + "." + digits;
   }
 
   document.addEventListener("click", async (event) => {
