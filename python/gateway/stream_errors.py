@@ -2,7 +2,8 @@
 event format, so that the shape's clients report it as an error instead of rejecting the chunk.
 
 Each carries the spec's error object (2.1: message, type, param, code) as well, so a reader of
-either kind finds what it looks for:
+either kind finds what it looks for, and the stream's id at the top level, as every chunk before it
+does (spec 6.1.6):
 
 - chat completions: `data: {"error": {...}}`, as OpenAI ends a failed stream;
 - messages: `event: error` with `{"type": "error", "error": {...}}`, Anthropic's event, `error.type`
@@ -17,24 +18,27 @@ from collections.abc import Callable
 
 import orjson
 
-from .errors import ErrorCode, error_body, error_object
+from .errors import ErrorCode, error_object
 
-# code, message, and the number of events the client has received so far (the next event's
-# sequence number in the Responses shape, whose numbers start at 0) -> the final event's bytes.
-StreamErrorRenderer = Callable[[ErrorCode, str, int], bytes]
-
-
-def chat_error_event(code: ErrorCode, message: str, events_sent: int) -> bytes:
-    return b"data: " + error_body(code, message) + b"\n\n"
+# code, message, the number of events the client has received so far (the next event's sequence
+# number in the Responses shape, whose numbers start at 0) and the stream's id -> the final
+# event's bytes.
+StreamErrorRenderer = Callable[[ErrorCode, str, int, str], bytes]
 
 
-def messages_error_event(code: ErrorCode, message: str, events_sent: int) -> bytes:
-    return b"event: error\ndata: " + error_body(code, message, shape="messages") + b"\n\n"
+def chat_error_event(code: ErrorCode, message: str, events_sent: int, stream_id: str) -> bytes:
+    return b"data: " + orjson.dumps({"id": stream_id, "error": error_object(code, message)}) + b"\n\n"
 
 
-def responses_error_event(code: ErrorCode, message: str, events_sent: int) -> bytes:
+def messages_error_event(code: ErrorCode, message: str, events_sent: int, stream_id: str) -> bytes:
+    event = {"type": "error", "id": stream_id, "error": error_object(code, message, shape="messages")}
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def responses_error_event(code: ErrorCode, message: str, events_sent: int, stream_id: str) -> bytes:
     event = {
         "type": "error",
+        "id": stream_id,
         "code": code,
         "message": message,
         "param": None,

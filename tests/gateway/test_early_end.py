@@ -243,6 +243,9 @@ def assert_ends_with_error(got: Streamed, shape: Shape, code: str) -> None:
     if shape.path != CHAT.path:
         assert got.events[-1][0] == "error"
     assert all(data != "[DONE]" for _, data in got.events)
+    # Every chunk carries the stream's id, the last one too (spec 6.1.6).
+    last = got.events[-1][1]
+    assert isinstance(last, dict) and last["id"] == got.rid, last
 
 
 def assert_billed_as_streamed(

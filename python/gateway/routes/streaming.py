@@ -203,7 +203,7 @@ async def forward_stream(
             billing.settle_stream(state, call, model, rid, outcome(delivered, complete))
         if failure is not None:
             call.error_code = failure[0]
-            yield error_event(*failure, rewriter.chunks)
+            yield error_event(*failure, rewriter.chunks, rid)
 
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
 
