@@ -473,6 +473,10 @@ def test_moderations_endpoint_with_the_openai_client(
     again = oai.moderations.create(model=MODERATION, input=inputs)
     assert again.model_dump()["results"] == answer.model_dump()["results"]  # deterministic
     assert again.id != answer.id
+    # No model named: OpenAI's default, as its API has it.
+    defaulted = oai.moderations.create(input=inputs)
+    assert defaulted.model == "omni-moderation-latest"
+    assert defaulted.model_dump()["results"] == answer.model_dump()["results"]
 
 
 def test_moderations_endpoint_refuses_other_models_and_bad_input(

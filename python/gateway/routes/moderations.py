@@ -20,11 +20,17 @@ from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body
 from .upstream import CHAT_ANSWER, forward_plain
 
+# The model of a request that names none: OpenAI's default, `openai/omni-moderation-latest` here
+# (a name without its vendor is the endpoint's vendor's model: gateway.registry).
+DEFAULT_MODEL = "omni-moderation-latest"
+
 
 def routes(state: GatewayState) -> list[Route]:
     async def moderations(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "moderation")
+        # Left out, the model is OpenAI's default, as its API has it.
+        named = payload.get("model") if payload.get("model") is not None else DEFAULT_MODEL
+        model = state.registry.resolve(named, call.ctx, "moderation")
         texts = input_texts(payload.get("input"))
         counted = Usage(prompt_tokens=sum(count_tokens(t, model.tokenizer) for t in texts))
         await billing.hold(state, call, model, counted)
