@@ -427,3 +427,20 @@ def test_a_deeply_nested_stored_body_shows_as_text() -> None:
     shown = view_body(deep, len(deep))
     assert shown.kind == "text" and shown.text.startswith("[[[")
     assert view_body(b'{"a": [1]}', 10).kind == "json"
+
+
+def test_the_logs_filters_read_as_the_table_shows_them() -> None:
+    """A "to" takes in the minute or second it names (the table shows entries to the second), and a
+    key that is not the account's lists nothing, not everything."""
+    from gateway.console.logs import read_filters
+
+    def until(text: str) -> int | None:
+        return read_filters({"to": text}, "acct_1", set())[1].until_ms
+
+    at = int(datetime(2026, 5, 1, 11, 21, tzinfo=UTC).timestamp() * 1000)
+    assert until("2026-05-01T11:21") == at + 60_000
+    assert until("2026-05-01T11:21:48") == at + 49_000
+    assert until("2026-05-01T11:21:48.210") == at + 48_211
+    filters, query, errors = read_filters({"key": "key_other"}, "acct_1", {"key_mine"})
+    assert errors == ["That key is not one of this account's."]
+    assert filters.key == "" and query.key_id == "key_other" and query.account_id == "acct_1"

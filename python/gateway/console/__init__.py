@@ -34,7 +34,17 @@ def routes(state: GatewayState) -> list[BaseRoute]:
         *operator.routes(console),
         Mount("/static", app=_Static(StaticFiles(directory=STATIC_DIR)), name="static"),
     ]
-    return [Route("/", to_console, methods=["GET", "HEAD"]), Mount("/console", routes=pages)]
+
+    async def no_icon(request: Request) -> Response:
+        # Browsers ask every site for one: an empty answer, not a 404 in every page's console.
+        return Response(status_code=204, headers={"cache-control": "public, max-age=86400"})
+
+    return [
+        Route("/", to_console, methods=["GET", "HEAD"]),
+        Route("/console", to_console, methods=["GET", "HEAD"]),
+        Route("/favicon.ico", no_icon, methods=["GET", "HEAD"]),
+        Mount("/console", routes=pages),
+    ]
 
 
 class _Static:

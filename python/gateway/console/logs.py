@@ -89,15 +89,20 @@ class Filters:
         return bool(self.params())
 
 
-def _utc_ms(text: str, param: str) -> int:
-    """A datetime-local value (no zone) read as UTC."""
+def _utc_ms(text: str, param: str, *, end: bool = False) -> int:
+    """A datetime-local value (no zone) read as UTC; with `end`, the end of the unit it names (a
+    "to" of 11:21 or 11:21:48 takes in that minute or that second, as the table shows them)."""
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise invalid_request(f"`{param}` must be a date and time such as 2026-05-01T13:30.", param) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    ms = int(moment.timestamp() * 1000)
+    if end:
+        clock = text.partition("T")[2] or text.partition(" ")[2]
+        ms += 1 if "." in clock else 1000 if clock.count(":") >= 2 else 60_000 if clock else 86_400_000
+    return ms
 
 
 def read_filters(
@@ -108,9 +113,11 @@ def read_filters(
     text = {name: given.get(name, "").strip() for name in FILTER_NAMES}
     errors: list[str] = []
     key_id = text["key"] or None
+    shown_key = key_id or ""
     if key_id is not None and key_id not in key_ids:
+        # Said, and the query still asks for it: no entry of this account has it, so none shows.
         errors.append("That key is not one of this account's.")
-        key_id = None
+        shown_key = ""
     status: int | None = None
     status_class: int | None = None
     status_text = text["status"]
@@ -125,11 +132,11 @@ def read_filters(
     for name in times:
         if text[name]:
             try:
-                times[name] = _utc_ms(text[name], name)
+                times[name] = _utc_ms(text[name], name, end=name == "to")
             except GatewayError as err:
                 errors.append(err.message)
     filters = Filters(
-        key=key_id or "",
+        key=shown_key,
         model=text["model"],
         status=status_text,
         endpoint=text["endpoint"],

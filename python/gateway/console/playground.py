@@ -368,6 +368,8 @@ async def read_json(request: Request, limit: int = MAX_JSON_BYTES) -> dict[str, 
 
 
 def pick_model(state: GatewayState, account: Account, name: Any) -> ModelConfig:
+    if not isinstance(name, str) or not name:
+        raise invalid_request("`model` is required: the name of a model to chat with.", "model")
     for model in chat_models(state, account):
         if model.name == name:
             return model
