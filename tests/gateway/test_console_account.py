@@ -444,3 +444,11 @@ def test_the_logs_filters_read_as_the_table_shows_them() -> None:
     filters, query, errors = read_filters({"key": "key_other"}, "acct_1", {"key_mine"})
     assert errors == ["That key is not one of this account's."]
     assert filters.key == "" and query.key_id == "key_other" and query.account_id == "acct_1"
+
+
+def test_the_console_s_own_address_and_the_browser_s_icon(cgw: Gateway) -> None:
+    with httpx.Client(base_url=cgw.url) as http:
+        bare = http.get("/console")
+        icon = http.get("/favicon.ico")
+    assert bare.status_code == 307 and bare.headers["location"] == "/console/"
+    assert icon.status_code == 204 and not icon.content
