@@ -346,7 +346,7 @@ def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
             first.choices[0].message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": "4"},
         ]
-        second = oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])  # type: ignore[list-item]
+        second = oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])
         assert second.choices[0].message.content
         streamed = "".join(
             c.choices[0].delta.content or ""
@@ -354,7 +354,7 @@ def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
                 model=THINKING,
                 messages=history,
                 tools=[STRICT_TOOL],
-                stream=True,  # type: ignore[list-item]
+                stream=True,
             )
             if c.choices
         )
@@ -362,7 +362,7 @@ def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
         # Without the signature (an id the gateway did not write), Gemini 3 refuses the history.
         history[1]["tool_calls"][0]["id"] = history[2]["tool_call_id"] = "call_elsewhere"
         with pytest.raises(openai.BadRequestError, match="thought_signature"):
-            oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])  # type: ignore[list-item]
+            oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])
     with anthropic.Anthropic(api_key=handle.key, base_url=ggw.url, max_retries=0) as claude:
         die = {"name": "roll_die", "input_schema": STRICT_TOOL["function"]["parameters"]}
         turn = claude.messages.create(
@@ -378,7 +378,7 @@ def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
             tools=[die],  # type: ignore[list-item]
             messages=[
                 {"role": "user", "content": "roll [sim tool]"},
-                {"role": "assistant", "content": turn.content},  # type: ignore[typeddict-item]
+                {"role": "assistant", "content": turn.content},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "4"}]},
             ],
         )

@@ -138,7 +138,7 @@ def _unknown_name(schema: Any) -> str | None:
     if isinstance(schema, dict):
         for name, value in schema.items():
             if name in _NOT_OPENAPI:
-                return name
+                return str(name)
             found = _unknown_name(value)
             if found is not None:
                 return found

@@ -354,7 +354,9 @@ mod tests {
                 reasoning_tokens: 1
             }
         );
-        let written = parse_chat_usage(br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":2,"cache_write_tokens":5}}}"#);
+        let written = parse_chat_usage(
+            br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":2,"cache_write_tokens":5}}}"#,
+        );
         assert_eq!(written.unwrap().unwrap().cache_write_tokens, 5);
         assert_eq!(parse_chat_usage(br#"{"usage":null}"#).unwrap(), None);
         assert!(parse_chat_usage(b"[]").is_err());
