@@ -100,7 +100,7 @@ async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
                     running, timeout=CLAIM_AGAIN_SECONDS, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
-                    if task.exception() is not None:
+                    if not task.cancelled() and task.exception() is not None:
                         log.error("polling a job failed", exc_info=task.exception())
     finally:
         for task in running:

@@ -141,6 +141,10 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     return orjson.dumps(request)
 
 
+# The tool declared for a conversation with tool results but no calls (their calls cut from it).
+UNNAMED_TOOL: Final = "tool"
+
+
 def _tools_used(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tools a conversation's calls name, each declared as taking any object; none when it has
     no tool blocks (a result's tool is named by its call)."""
@@ -155,10 +159,6 @@ def _tools_used(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if results and not names:
         names[UNNAMED_TOOL] = None
     return [{"name": name, "input_schema": {"type": "object"}} for name in names]
-
-
-# The tool declared for a conversation with tool results but no calls (their calls cut from it).
-UNNAMED_TOOL: Final = "tool"
 
 
 def _turn(turn: dict[str, Any], index: int) -> dict[str, Any]:
