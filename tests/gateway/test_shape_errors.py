@@ -199,6 +199,7 @@ def test_messages_stream_error_is_anthropics_error_event(gw: Gateway, key: KeyHa
     events = stream(gw, key, "/v1/messages", message_body(model, "x [sim tokens=8 error_after=2]"))
     name, data = events[-1]
     assert name == "error"
+    assert data.pop("id") == events[-2][1]["id"]  # the stream's id, as on every event (spec 6.1.6)
     assert data == {
         "type": "error",
         "error": {
@@ -217,6 +218,7 @@ def test_responses_stream_error_is_openais_error_event(gw: Gateway, key: KeyHand
     assert name == "error"
     numbers = [d["sequence_number"] for _, d in events[:-1]]
     assert numbers == list(range(len(numbers)))
+    assert data.pop("id") == events[-2][1]["id"]
     assert data == {
         "type": "error",
         "code": "provider_error",
@@ -235,8 +237,10 @@ def test_responses_stream_error_is_openais_error_event(gw: Gateway, key: KeyHand
 @pytest.mark.parametrize("model", [GPT, CLAUDE])
 def test_chat_stream_error_stays_the_spec_chunk(gw: Gateway, key: KeyHandle, model: str) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": "x [sim tokens=8 error_after=2]"}]}
-    name, data = stream(gw, key, "/v1/chat/completions", body)[-1]
+    events = stream(gw, key, "/v1/chat/completions", body)
+    name, data = events[-1]
     assert name is None
+    assert data.pop("id") == events[-2][1]["id"]
     assert data == {
         "error": {
             "message": "The model failed during the stream.",
