@@ -76,7 +76,9 @@ pub fn parts<'a>(body: &'a [u8], boundary: &str) -> Option<Vec<Part<'a>>> {
         }
         let rest = rest.strip_prefix(b"\r\n")?;
         let head_end = memmem::find(rest, b"\r\n\r\n")?;
-        let head = std::str::from_utf8(rest.get(..head_end)?).ok()?;
+        // Lossy: a filename in another charset (raw Latin-1 bytes, as some clients send) is not a
+        // malformed body; its bytes become U+FFFD.
+        let head = String::from_utf8_lossy(rest.get(..head_end)?);
         let content_start = head_end + 4;
         let content_len = finder.find(rest.get(content_start..)?)?;
         let content = rest.get(content_start..content_start + content_len)?;
@@ -85,12 +87,20 @@ pub fn parts<'a>(body: &'a [u8], boundary: &str) -> Option<Vec<Part<'a>>> {
             let (name, value) = line.split_once(':')?;
             if name.trim().eq_ignore_ascii_case("content-disposition") {
                 let params = value.split_once(';').map_or("", |(_, params)| params);
+                let mut extended = None;
                 for (k, v) in header_params(params) {
                     if k.eq_ignore_ascii_case("name") {
                         part.name = v;
                     } else if k.eq_ignore_ascii_case("filename") {
                         part.filename = Some(v);
+                    } else if k.eq_ignore_ascii_case("filename*") {
+                        extended = ext_value(&v);
                     }
+                }
+                // RFC 6266: `filename*` (RFC 8187's charset'lang'%-encoded form), when readable,
+                // is the name; `filename` is the fallback for those who cannot read it.
+                if extended.is_some() {
+                    part.filename = extended;
                 }
             } else if name.trim().eq_ignore_ascii_case("content-type") {
                 part.content_type = Some(value.trim().to_owned());
@@ -99,6 +109,32 @@ pub fn parts<'a>(body: &'a [u8], boundary: &str) -> Option<Vec<Part<'a>>> {
         parts.push(part);
         // Skip the part's content and the CRLF that starts the next delimiter.
         pos = (body.len() - rest.len()) + content_start + content_len + next_delimiter.len();
+    }
+}
+
+/// An RFC 8187 extended value (`UTF-8''%e2%82%ac%20rates.txt`), decoded; None when it is not one
+/// (a charset other than UTF-8 or ISO-8859-1, a malformed escape).
+fn ext_value(value: &str) -> Option<String> {
+    let mut fields = value.splitn(3, '\'');
+    let (charset, _language, encoded) = (fields.next()?, fields.next()?, fields.next()?);
+    let mut bytes = Vec::with_capacity(encoded.len());
+    let mut rest = encoded.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = tail.get(2..)?;
+        } else {
+            bytes.push(byte);
+            rest = tail;
+        }
+    }
+    if charset.eq_ignore_ascii_case("utf-8") {
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    } else if charset.eq_ignore_ascii_case("iso-8859-1") {
+        Some(bytes.iter().map(|&b| char::from(b)).collect())
+    } else {
+        None
     }
 }
 
@@ -134,6 +170,27 @@ mod tests {
         assert_eq!(boundary("multipart/form-data; boundary=\"\""), None);
         let params: Vec<_> = header_params(" form-data ; a ; b=\"unterminated").collect();
         assert_eq!(params, [("b", "unterminated".to_owned())]);
+    }
+
+    #[test]
+    fn filenames_in_other_charsets_and_the_extended_form() {
+        // Raw Latin-1 bytes in a filename: the body is well formed, the bytes become U+FFFD.
+        let latin = b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"caf\xe9.wav\"\r\n\r\nx\r\n--b--";
+        let parts = parse(latin, "multipart/form-data; boundary=b").unwrap();
+        assert_eq!(parts[0].filename.as_deref(), Some("caf\u{fffd}.wav"));
+        // RFC 8187's filename*, alone or beside a plain fallback, which it replaces.
+        for disposition in [
+            "form-data; name=\"file\"; filename*=UTF-8''%e2%82%ac%20rates.wav",
+            "form-data; name=\"file\"; filename=\"EUR rates.wav\"; filename*=utf-8'en'%E2%82%AC%20rates.wav",
+        ] {
+            let body = format!("--b\r\nContent-Disposition: {disposition}\r\n\r\nx\r\n--b--");
+            let parts = parse(body.as_bytes(), "multipart/form-data; boundary=b").unwrap();
+            assert_eq!(parts[0].filename.as_deref(), Some("\u{20ac} rates.wav"), "{disposition}");
+        }
+        assert_eq!(ext_value("iso-8859-1''caf%E9.wav").as_deref(), Some("caf\u{e9}.wav"));
+        assert_eq!(ext_value("koi8-r''x"), None);
+        assert_eq!(ext_value("UTF-8''%zz"), None);
+        assert_eq!(ext_value("no quotes"), None);
     }
 
     proptest::proptest! {
