@@ -452,3 +452,13 @@ def test_the_console_s_own_address_and_the_browser_s_icon(cgw: Gateway) -> None:
         icon = http.get("/favicon.ico")
     assert bare.status_code == 307 and bare.headers["location"] == "/console/"
     assert icon.status_code == 204 and not icon.content
+
+
+def test_open_in_playground_shows_only_for_bodies_it_can_open() -> None:
+    from gateway.console.logs import _opens_in_playground
+
+    chat = b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}'
+    assert _opens_in_playground(chat)
+    assert not _opens_in_playground(chat[:40])  # cut at the log's size limit
+    assert not _opens_in_playground(b'{"model": "m", "messages": []}')
+    assert not _opens_in_playground(None)

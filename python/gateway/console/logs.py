@@ -29,6 +29,7 @@ from ..errors import GatewayError, invalid_request
 from ..registry import ENDPOINT_FOR_TYPE
 from ..store import Account, ApiKey, LogQuery, RequestLog, UsageRecord
 from .endpoints import Console
+from .playground import messages_from_log_body
 from .render import money, page
 from .security import Viewer
 
@@ -156,6 +157,17 @@ def read_filters(
         request_id=text["q"] or None,
     )
     return filters, query, errors
+
+
+def _opens_in_playground(body: bytes | None) -> bool:
+    """Whether a logged request body holds messages the playground can open (a body cut at the
+    log's size limit, or one that is no chat request, does not: no button that only errs)."""
+    if body is None:
+        return False
+    try:
+        return bool(messages_from_log_body(body)[1])
+    except GatewayError:
+        return False
 
 
 def small_int(text: str, digits: int = 9) -> int | None:
@@ -425,7 +437,7 @@ def routes(console: Console) -> list[BaseRoute]:
             # Open in playground: a POST (it makes a conversation), never a link a prefetch follows.
             playground_url=(
                 f"{base}/playground/from-log/{quote(entry.id, safe='')}"
-                if entry.path == "/v1/chat/completions" and entry.request_body is not None
+                if entry.path == "/v1/chat/completions" and _opens_in_playground(entry.request_body)
                 else None
             ),
             cost_exact=None if entry.cost is None else field.money_text(entry.cost),
