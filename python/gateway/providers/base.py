@@ -25,6 +25,22 @@ def unchanged_answer(channel: ChannelConfig, operation: str, content: bytes, req
     return content
 
 
+async def bearer_headers(
+    channel: ChannelConfig,
+    client_headers: Mapping[str, str],
+    upstream: UpstreamClient,
+    *,
+    url: str = "",
+    body: bytes = b"",
+) -> dict[str, str]:
+    """JSON both ways, and the channel's key as a bearer token (OpenAI's API and Cohere's)."""
+    out = {"content-type": "application/json", "accept": "application/json"}
+    key = channel.api_key()
+    if key:
+        out["authorization"] = f"Bearer {key}"
+    return out
+
+
 def no_stream_translation(channel: ChannelConfig, operation: str) -> None:
     return None
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Final
 
 from ..config import ChannelConfig
-from .base import no_stream_translation, unchanged, unchanged_answer
-from .http import UpstreamClient
+from .base import bearer_headers, no_stream_translation, unchanged, unchanged_answer
 
 # "model", "query" and "documents" are the request itself: they always go.
 RERANK_PARAMS: Final = frozenset(
@@ -22,19 +20,7 @@ def url(channel: ChannelConfig, model_type: str, *, stream: bool = False) -> str
     return channel.base_url + PATHS[model_type]
 
 
-async def headers(
-    channel: ChannelConfig,
-    client_headers: Mapping[str, str],
-    upstream: UpstreamClient,
-    *,
-    url: str = "",
-    body: bytes = b"",
-) -> dict[str, str]:
-    out = {"content-type": "application/json", "accept": "application/json"}
-    key = channel.api_key()
-    if key:
-        out["authorization"] = f"Bearer {key}"
-    return out
+headers = bearer_headers
 
 
 # The upstream speaks the model type's own wire format.
