@@ -213,6 +213,29 @@ def test_a_tool_loop_s_prose_turn_declares_tools_converse_needs(
     assert "toolChoice" not in sent["body"]["toolConfig"]
 
 
+def test_a_tool_that_returned_nothing_is_said_in_words(bgw: Gateway, sim: httpx.Client) -> None:
+    """Converse refuses a blank text block: an empty tool result goes as "(no output)"."""
+    handle = bgw.new_key()
+    marker = uuid.uuid4().hex
+    history: list[Any] = [
+        {"role": "user", "content": f"{marker} clear the cache"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "clear", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": ""},
+    ]
+    with client(bgw, handle.key) as oai:
+        answer = oai.chat.completions.create(model=MODEL, messages=history)
+    assert answer.choices[0].message.content
+    (sent,) = converse_requests(sim, marker)
+    (result,) = [b["toolResult"] for m in sent["body"]["messages"] for b in m["content"] if "toolResult" in b]
+    assert result["content"] == [{"text": "(no output)"}]
+
+
 def test_the_messages_shape_through_bedrock(bgw: Gateway) -> None:
     handle = bgw.new_key()
     with anthropic.Anthropic(api_key=handle.key, base_url=bgw.url, max_retries=0) as claude:

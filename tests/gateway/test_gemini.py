@@ -359,8 +359,20 @@ def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
             if c.choices
         )
         assert streamed
+        # As Google's OpenAI-compatible API has it (and the Agents SDK sends it back): the
+        # signature in the call's extra_content, the id without it.
+        extra = history[1]["tool_calls"][0]["extra_content"]["google"]["thought_signature"]
+        assert call.id.endswith(extra.replace("+", "-").replace("/", "_").rstrip("="))
+        short = call.id.partition("__thought__")[0]
+        compatible = [
+            asked,
+            {**history[1], "tool_calls": [{**history[1]["tool_calls"][0], "id": short}]},
+            {**history[2], "tool_call_id": short},
+        ]
+        assert oai.chat.completions.create(model=THINKING, messages=compatible, tools=[STRICT_TOOL]).choices
         # Without the signature (an id the gateway did not write), Gemini 3 refuses the history.
         history[1]["tool_calls"][0]["id"] = history[2]["tool_call_id"] = "call_elsewhere"
+        del history[1]["tool_calls"][0]["extra_content"]
         with pytest.raises(openai.BadRequestError, match="thought_signature"):
             oai.chat.completions.create(model=THINKING, messages=history, tools=[STRICT_TOOL])
     with anthropic.Anthropic(api_key=handle.key, base_url=ggw.url, max_retries=0) as claude:

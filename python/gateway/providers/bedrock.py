@@ -141,6 +141,8 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     return orjson.dumps(request)
 
 
+# What a tool result that says nothing is sent as (Converse refuses blank text).
+EMPTY_RESULT: Final = "(no output)"
 # The tool declared for a conversation with tool results but no calls (their calls cut from it).
 UNNAMED_TOOL: Final = "tool"
 
@@ -175,7 +177,9 @@ def _block(block: dict[str, Any], index: int) -> dict[str, Any]:
         return {"toolUse": {"toolUseId": block["id"], "name": block["name"], "input": block["input"]}}
     if kind == "tool_result":
         content = block.get("content")
-        text = content if isinstance(content, str) else orjson.dumps(content).decode()
+        text = content if isinstance(content, str) else orjson.dumps(content).decode() if content else ""
+        if not text.strip():  # Converse refuses a blank text block, and a tool may return nothing
+            text = EMPTY_RESULT
         return {"toolResult": {"toolUseId": block["tool_use_id"], "content": [{"text": text}]}}
     if kind == "image":
         source = block.get("source", {})

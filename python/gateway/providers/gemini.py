@@ -113,8 +113,9 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
         return _embed_request(channel, payload)
     said = messages_request_from_chat(payload, 0, image_links=False)
     names: dict[str, str] = {}  # tool call id -> function name (a function response names it)
+    signatures = _given_signatures(payload["messages"])
     request: dict[str, Any] = {
-        "contents": [_content(t, i, names) for i, t in enumerate(said["messages"])],
+        "contents": [_content(t, i, names, signatures) for i, t in enumerate(said["messages"])],
     }
     system = said.get("system")
     if isinstance(system, list):
@@ -167,24 +168,44 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     return orjson.dumps(request)
 
 
-def _content(turn: dict[str, Any], index: int, names: dict[str, str]) -> dict[str, Any]:
+def _given_signatures(messages: list[Any]) -> dict[str, str]:
+    """Tool call id -> thought signature, as Google's OpenAI-compatible API carries it
+    (`tool_calls[].extra_content.google.thought_signature`; clients that know Gemini, as the
+    Agents SDK, send it back there, and take THOUGHT_SEPARATOR's part off the id)."""
+    found: dict[str, str] = {}
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else []:
+            extra = call.get("extra_content") if isinstance(call, dict) else None
+            google = extra.get("google") if isinstance(extra, dict) else None
+            signature = google.get("thought_signature") if isinstance(google, dict) else None
+            if isinstance(signature, str) and signature and isinstance(call.get("id"), str):
+                found[call["id"]] = signature
+    return found
+
+
+def _content(
+    turn: dict[str, Any], index: int, names: dict[str, str], signatures: dict[str, str]
+) -> dict[str, Any]:
     blocks = turn["content"]
     if isinstance(blocks, str):
         blocks = [{"type": "text", "text": blocks}]
     return {
         "role": "model" if turn["role"] == "assistant" else "user",
-        "parts": [_part(b, index, names) for b in blocks],
+        "parts": [_part(b, index, names, signatures) for b in blocks],
     }
 
 
-def _part(block: dict[str, Any], index: int, names: dict[str, str]) -> dict[str, Any]:
+def _part(
+    block: dict[str, Any], index: int, names: dict[str, str], signatures: dict[str, str]
+) -> dict[str, Any]:
     kind = block.get("type")
     if kind == "text":
         return {"text": block["text"]}
     if kind == "tool_use":
         names[block["id"]] = block["name"]
         part: dict[str, Any] = {"functionCall": {"name": block["name"], "args": block["input"]}}
-        signature = _thought_signature(block["id"])
+        signature = signatures.get(block["id"]) or _thought_signature(block["id"])
         if signature:
             part["thoughtSignature"] = signature
         return part
@@ -264,13 +285,16 @@ def _parts(candidate: dict[str, Any]) -> tuple[list[str], list[str], list[dict[s
         elif isinstance(part.get("functionCall"), dict):
             call = part["functionCall"]
             arguments = orjson.dumps(call.get("args") or {}).decode()
-            calls.append(
-                {
-                    "id": _call_id(call.get("id"), part.get("thoughtSignature")),
-                    "type": "function",
-                    "function": {"name": call.get("name"), "arguments": arguments},
-                }
-            )
+            signature = part.get("thoughtSignature")
+            entry: dict[str, Any] = {
+                "id": _call_id(call.get("id"), signature),
+                "type": "function",
+                "function": {"name": call.get("name"), "arguments": arguments},
+            }
+            if isinstance(signature, str) and signature:
+                # Also where Google's OpenAI-compatible API puts it, for the clients that look there.
+                entry["extra_content"] = {"google": {"thought_signature": signature}}
+            calls.append(entry)
     return text, thoughts, calls
 
 

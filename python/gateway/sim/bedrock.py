@@ -123,6 +123,18 @@ def _invalid(req: Any) -> str | None:
     tool_blocks = any(
         isinstance(b, dict) and ("toolUse" in b or "toolResult" in b) for m in messages for b in m["content"]
     )
+    blank = any(
+        isinstance(c, dict) and isinstance(c.get("text"), str) and not c["text"].strip()
+        for m in messages
+        for b in m["content"]
+        if isinstance(b, dict)
+        for c in ([b] + ((b.get("toolResult") or {}).get("content") or []))
+        if isinstance(c, dict)
+    )
+    if blank:
+        return (
+            "The text field in the ContentBlock object is blank. Add text to the text field, and try again."
+        )
     if tool_blocks and not (req.get("toolConfig") or {}).get("tools"):
         return "The toolConfig field must be defined when using toolUse and toolResult content blocks."
     return None

@@ -93,6 +93,13 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
         output = item.get("output")
         text = output if isinstance(output, str) else _text_parts(output, f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+    elif kind == "item_reference":
+        raise invalid_request(
+            f"`{where}`: an item_reference cannot be resolved on this model: it is a chat model, and"
+            " the gateway keeps no copy of its answers (their `store` is false). Send the items"
+            " themselves; with the AI SDK, set providerOptions.openai.store to false.",
+            where,
+        )
     elif kind not in UNSAID_ITEMS:
         raise invalid_request(
             f"`{where}`: an item of type {kind!r} cannot be sent to this model (messages, function_call "
