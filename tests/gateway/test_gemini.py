@@ -364,7 +364,7 @@ def test_a_tool_loop_with_gemini_3_keeps_each_call_s_thought_signature(
         extra = history[1]["tool_calls"][0]["extra_content"]["google"]["thought_signature"]
         assert call.id.endswith(extra.replace("+", "-").replace("/", "_").rstrip("="))
         short = call.id.partition("__thought__")[0]
-        compatible = [
+        compatible: list[Any] = [
             asked,
             {**history[1], "tool_calls": [{**history[1]["tool_calls"][0], "id": short}]},
             {**history[2], "tool_call_id": short},

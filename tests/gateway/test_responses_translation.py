@@ -15,7 +15,7 @@ import pytest
 from test_translation import GPT, PRICES, WEATHER_TOOL_SCHEMA, marker, raw_stream, usage_record
 
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle, sim_requests
+from harness import Gateway, KeyHandle, eventually, sim_requests
 
 TOOLS: list[Any] = [
     {
@@ -308,6 +308,12 @@ def test_what_a_chat_model_cannot_be_asked_is_400(gw: Gateway, body: dict[str, A
     error = r.json()["error"]
     assert error["code"] == "invalid_request" and error["param"] == param
     assert gw.balance(key.account_id) == before
+    # Logged with the model it named, though refused while its body was checked.
+    rid = r.headers["x-service-request-id"]
+    logged = eventually(
+        lambda: gw.query("SELECT model FROM request_logs WHERE id = ?", rid), what="its entry"
+    )
+    assert [tuple(row) for row in logged] == [(GPT,)]
 
 
 def check_responses_shape(gw: Gateway, model: str) -> None:

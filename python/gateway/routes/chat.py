@@ -29,7 +29,7 @@ from ..translate import (
     message_output_text,
     messages_request_from_chat,
 )
-from .common import model_endpoint, parse_object, read_body
+from .common import model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream
 from .text import check_and_hold
 from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, forward_plain
@@ -41,7 +41,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def chat_completions(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
         payload = parse_object(raw)
-        model = state.registry.resolve(payload.get("model"), call.ctx, "chat")
+        model = resolve_model(state, call, payload.get("model"), "chat")
         _validate(payload)
         # A messages-family model gets the request as a message request, translated before the
         # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.

@@ -16,6 +16,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
+from ..config import ModelConfig
 from ..context import Call
 from ..core import json_nesting_depth
 from ..deadline import within
@@ -222,6 +223,14 @@ REQUEST_ID_HEADER = "x-service-request-id"
 # The mark model_endpoint leaves on what it returns (gateway.model_dispatch serves those first).
 _MODEL_ENDPOINT = "_gateway_model_endpoint"
 log = logging.getLogger("gateway.requests")
+
+
+def resolve_model(state: GatewayState, call: Call, name: Any, model_type: str) -> ModelConfig:
+    """The model a request names for this endpoint (ModelRegistry.resolve), noted on the call at
+    once, so that a request refused while its body is checked is logged with its model too."""
+    model = state.registry.resolve(name, call.ctx, model_type)
+    call.model = model.name
+    return model
 
 
 def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bool = False) -> Endpoint:

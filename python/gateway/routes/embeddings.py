@@ -17,14 +17,14 @@ from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
-from .common import model_endpoint, parse_object, read_body
+from .common import model_endpoint, parse_object, read_body, resolve_model
 from .upstream import CHAT_ANSWER, forward_plain
 
 
 def routes(state: GatewayState) -> list[Route]:
     async def embeddings(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "embedding")
+        model = resolve_model(state, call, payload.get("model"), "embedding")
         inputs = _inputs(payload.get("input"))
         await billing.hold(state, call, model, _counted_usage(model, inputs))
         upstream = state.registry.channel_body(model, payload, call)

@@ -33,7 +33,7 @@ from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
 from ..state import GatewayState
 from . import image_files
-from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
 from .upstream import call_upstream
 
@@ -60,7 +60,7 @@ def _not_streamed(stream: Any) -> None:
 def routes(state: GatewayState) -> list[Route]:
     async def generations(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "image")
+        model = resolve_model(state, call, payload.get("model"), "image")
         prompt = _prompt(payload.get("prompt"))
         _not_streamed(payload.get("stream"))
         order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
@@ -76,7 +76,7 @@ def routes(state: GatewayState) -> list[Route]:
         if parts is None:
             raise invalid_request("The request must be a well-formed multipart/form-data body.")
         fields = {p.name: p.data.decode(errors="replace") for p in parts if p.name not in UPLOADS}
-        model = state.registry.resolve(fields.get("model"), call.ctx, "image")
+        model = resolve_model(state, call, fields.get("model"), "image")
         prompt = _prompt(fields.get("prompt"))
         _not_streamed(fields.get("stream"))
         if not any(p.name in IMAGE_FIELDS for p in parts):

@@ -28,7 +28,7 @@ from ..translate import (
     message_from_chat_completion,
     message_output_text,
 )
-from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream
 from .text import check_and_hold, count_prompt
 from .translated import chat_body, forward_to_chat_model
@@ -38,7 +38,7 @@ from .upstream import MESSAGES_ANSWER, forward_plain
 def routes(state: GatewayState) -> list[Route]:
     async def messages(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
+        model = resolve_model(state, call, payload.get("model"), "messages")
         _validate(payload)
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
@@ -74,7 +74,7 @@ def routes(state: GatewayState) -> list[Route]:
         goes upstream, nothing is charged; but, as every model request, refused when the account's
         balance is at or below zero (spec 7.5.1: free models too)."""
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "messages")
+        model = resolve_model(state, call, payload.get("model"), "messages")
         _validate_messages(payload)
         await billing.hold(state, call, model, Usage())  # nothing set aside; names the model too
         tokens = await count_prompt(request, lambda: _prompt_tokens(model, payload))

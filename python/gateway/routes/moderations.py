@@ -17,7 +17,7 @@ from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
-from .common import model_endpoint, parse_object, read_body
+from .common import model_endpoint, parse_object, read_body, resolve_model
 from .upstream import CHAT_ANSWER, forward_plain
 
 # The model of a request that names none: OpenAI's default, `openai/omni-moderation-latest` here
@@ -30,7 +30,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         # Left out, the model is OpenAI's default, as its API has it.
         named = payload.get("model") if payload.get("model") is not None else DEFAULT_MODEL
-        model = state.registry.resolve(named, call.ctx, "moderation")
+        model = resolve_model(state, call, named, "moderation")
         texts = input_texts(payload.get("input"))
         counted = Usage(prompt_tokens=sum(count_tokens(t, model.tokenizer) for t in texts))
         await billing.hold(state, call, model, counted)

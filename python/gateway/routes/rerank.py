@@ -22,14 +22,14 @@ from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
-from .common import model_endpoint, parse_object, read_body
+from .common import model_endpoint, parse_object, read_body, resolve_model
 from .upstream import forward_plain, stamped_answer
 
 
 def routes(state: GatewayState) -> list[Route]:
     async def rerank(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "rerank")
+        model = resolve_model(state, call, payload.get("model"), "rerank")
         texts = _validate(payload)
         await billing.hold(state, call, model, _counted(model, payload, texts))
         upstream = state.registry.channel_body(model, payload, call)

@@ -41,7 +41,7 @@ from ..translate import (
     response_item_text,
     response_output_text,
 )
-from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body
+from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body, resolve_model
 from .streaming import forward_stream
 from .text import check_and_hold
 from .translated import chat_body, forward_to_chat_model
@@ -54,7 +54,7 @@ STATE_TTL_MS = 30 * 24 * 3600 * 1000
 def routes(state: GatewayState) -> list[Route]:
     async def responses(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "responses")
+        model = resolve_model(state, call, payload.get("model"), "responses")
         _validate(payload)
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)

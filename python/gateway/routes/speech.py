@@ -19,7 +19,7 @@ from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
 from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..state import GatewayState
-from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body
+from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body, resolve_model
 from .upstream import open_stream
 
 MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
@@ -30,7 +30,7 @@ RESPONSE_ID_HEADER = "x-service-response-id"
 def routes(state: GatewayState) -> list[Route]:
     async def speech(request: Request, call: Call) -> Response:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
-        model = state.registry.resolve(payload.get("model"), call.ctx, "speech")
+        model = resolve_model(state, call, payload.get("model"), "speech")
         text = _validate(payload)
         await safety.check(state, request, call, model, payload)
         # The cost depends on the input alone: known before the model runs.

@@ -23,7 +23,7 @@ from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
 from ..state import GatewayState
-from .common import REQUEST_ID_HEADER, model_endpoint, read_body
+from .common import REQUEST_ID_HEADER, model_endpoint, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
 from .speech import RESPONSE_ID_HEADER
 from .upstream import call_upstream
@@ -37,7 +37,7 @@ def routes(state: GatewayState) -> list[Route]:
         if parts is None:
             raise invalid_request("The request must be a well-formed multipart/form-data body.")
         names = [p.data.decode(errors="replace") for p in parts if p.name == "model"]
-        model = state.registry.resolve(names[0] if names else None, call.ctx, "transcription")
+        model = resolve_model(state, call, names[0] if names else None, "transcription")
         upload = next((p for p in parts if p.name == "file"), None)
         if upload is None or not upload.data or not upload.filename:
             raise invalid_request("`file` is required: the audio file to transcribe.", "file")

@@ -37,6 +37,7 @@ from .common import (
     parse_object,
     public_base,
     read_body,
+    resolve_model,
 )
 from .multipart import FormPart, channel_form, form_parts, is_form
 from .upstream import call_upstream
@@ -51,7 +52,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def create(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
         fields, parts = _fields(request, raw)
-        model = state.registry.resolve(fields.get("model"), call.ctx, "video")
+        model = resolve_model(state, call, fields.get("model"), "video")
         prompt = fields.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise invalid_request("`prompt` is required: a description of the video.", "prompt")
