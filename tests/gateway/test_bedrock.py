@@ -182,6 +182,16 @@ def test_tool_calls_plain_and_streamed(bgw: Gateway, sim: httpx.Client) -> None:
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
 
 
+def tool_loop(marker: str, tool: str, result: str) -> list[Any]:
+    """A conversation in which the model called `tool` and it answered `result`."""
+    call = {"id": "call_1", "type": "function", "function": {"name": tool, "arguments": "{}"}}
+    return [
+        {"role": "user", "content": f"{marker} go on"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": result},
+    ]
+
+
 @pytest.mark.parametrize("last_turn", ["no tools", "tool_choice none"])
 def test_a_tool_loop_s_prose_turn_declares_tools_converse_needs(
     bgw: Gateway, sim: httpx.Client, last_turn: str
@@ -190,17 +200,7 @@ def test_a_tool_loop_s_prose_turn_declares_tools_converse_needs(
     them declares the tools it used (the client's own when it sends them)."""
     handle = bgw.new_key()
     marker = uuid.uuid4().hex
-    history: list[Any] = [
-        {"role": "user", "content": f"{marker} weather in Paris?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-    ]
+    history = tool_loop(marker, "get_weather", "sunny")
     extra: dict[str, Any] = {}
     if last_turn == "tool_choice none":
         extra = {"tool_choice": "none", "tools": [WEATHER]}
@@ -217,17 +217,7 @@ def test_a_tool_that_returned_nothing_is_said_in_words(bgw: Gateway, sim: httpx.
     """Converse refuses a blank text block: an empty tool result goes as "(no output)"."""
     handle = bgw.new_key()
     marker = uuid.uuid4().hex
-    history: list[Any] = [
-        {"role": "user", "content": f"{marker} clear the cache"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "clear", "arguments": "{}"}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": ""},
-    ]
+    history = tool_loop(marker, "clear", "")
     with client(bgw, handle.key) as oai:
         answer = oai.chat.completions.create(model=MODEL, messages=history)
     assert answer.choices[0].message.content
