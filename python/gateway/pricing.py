@@ -80,8 +80,8 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
     builtin costs ~1,100 instructions a call, ten times as much (benches/instructions.py)."""
     prompt, completion = usage.prompt_tokens, usage.completion_tokens
     cached = usage.cached_tokens if usage.cached_tokens < prompt else prompt
-    written = usage.cache_write_tokens
-    written = min(written, prompt - cached)
+    unread = prompt - cached
+    written = usage.cache_write_tokens if usage.cache_write_tokens < unread else unread
     reasoning = usage.reasoning_tokens if usage.reasoning_tokens < completion else completion
     per_million = ZERO
     if prompt:
