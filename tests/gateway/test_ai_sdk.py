@@ -1,7 +1,8 @@
 """A strict third-party client in the suite: the Vercel AI SDK (npm `ai`, `@ai-sdk/openai`,
 `@ai-sdk/anthropic`; pinned in tests/js/package-lock.json, installed by `make test`) against the
 gateway and the simulator, on chat completions, responses and messages: plain and streamed text,
-structured output (both translation directions too), a mid-stream error and an error answer.
+structured output (both translation directions too), a mid-stream error and an error answer; and
+on a chat model through the responses API, a tool loop and later turns with the SDK's defaults.
 The SDK validates every answer and every streamed chunk against its own schemas."""
 
 from __future__ import annotations
@@ -41,3 +42,4 @@ def test_the_ai_sdk_on_every_text_shape(gw: Gateway, key: KeyHandle) -> None:
     for shape in ("chat", "responses", "responses->gpt", "messages", "messages->gpt"):
         assert f"{shape} mid-stream error" in names
     assert "messages error body" in names
+    assert "responses->gpt tool loop and next turn" in names

@@ -158,6 +158,10 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
             r = c.post("/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
             ids.append(r.json()["id"])
+        # A chat model's conversation the gateway keeps (routes/kept_responses.py) moves with it.
+        r = c.post("/v1/responses", json={"model": MODEL, "input": "keep me"})
+        assert r.status_code == 200, r.text
+        kept = r.json()["id"]
         # Refused while the gateway runs: its journal is live.
         busy = migrate_store(db, target_db)
         assert busy.returncode == 1 and "stop every gateway process" in busy.stderr
@@ -166,12 +170,13 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
         (balance,) = conn.execute("SELECT balance FROM accounts WHERE name = 'acme'").fetchone()
         (charged,) = conn.execute("SELECT COUNT(*) FROM usage_records").fetchone()
         (logged,) = conn.execute("SELECT COUNT(*) FROM request_logs").fetchone()
-    assert charged == 3 and Decimal(balance) < 5
+    assert charged == 4 and Decimal(balance) < 5
 
     moved = migrate_store(lite, target_db)  # a config file names the source as well as a path
     assert moved.returncode == 0, moved.stderr
     report = orjson.loads(moved.stdout)
-    assert report["rows"]["accounts"] == 1 and report["rows"]["usage_records"] == 3
+    assert report["rows"]["accounts"] == 1 and report["rows"]["usage_records"] == 4
+    assert report["rows"]["kept_responses"] == 1
     assert report["rows"]["request_logs"] == logged
     assert Decimal(report["balances"]) == Decimal(balance)
     assert pg_rows(target_db, "SELECT balance FROM accounts") == [(Decimal(balance),)]
@@ -183,7 +188,7 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
     # Moving again into the now full database is refused, and changes nothing.
     again = migrate_store(db, target_db)
     assert again.returncode == 1 and "empty database only" in again.stderr
-    assert pg_rows(target_db, "SELECT COUNT(*) FROM usage_records") == [(3,)]
+    assert pg_rows(target_db, "SELECT COUNT(*) FROM usage_records") == [(4,)]
 
     # A gateway on PostgreSQL serves the same key, balance and records.
     port2 = free_port()
@@ -200,4 +205,7 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
             r = c.post("/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
             cost = Decimal(r.headers["x-service-cost"])
+            r = c.post("/v1/responses", json={"model": MODEL, "input": "next", "previous_response_id": kept})
+            assert r.status_code == 200, r.text
+            cost += Decimal(r.headers["x-service-cost"])
     assert pg_rows(target_db, "SELECT balance FROM accounts") == [(Decimal(balance) - cost,)]

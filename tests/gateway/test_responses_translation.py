@@ -1,7 +1,7 @@
 """/v1/responses on a chat model: the request said as chat completions, the answer and the stream
 built back into a Response, through the official openai client (plain, streamed with its stream
-helper, tools, reasoning, structured output); billing from the upstream's usage; what needs state
-the upstream cannot hold refused clearly."""
+helper, tools, reasoning, structured output); billing from the upstream's usage; what cannot be said
+to a chat model refused clearly. The conversations the gateway keeps: test_kept_responses.py."""
 
 from __future__ import annotations
 
@@ -281,6 +281,7 @@ def test_mid_stream_error_ends_with_the_error_event_and_bills_what_came(gw: Gate
         ({"input": "hi", "previous_response_id": "resp_123"}, "previous_response_id"),
         ({"input": "hi", "background": True}, "background"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": 7}]}, "input[1].id"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
             "input[0].content[0]",

@@ -9,6 +9,7 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -555,6 +556,67 @@ def test_conversations_belong_to_their_account(new_store: StoreFactory) -> None:
             await store.create_conversation(first)
             assert await store.get_conversation(first.id, mine) == (first, [])
             assert [c.id for c in await store.list_conversations(other)] == [theirs.id]
+
+    asyncio.run(main())
+
+
+def test_kept_responses_form_conversations_of_their_account(new_store: StoreFactory) -> None:
+    from gateway.store import KeptResponse
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            mine, _ = await account_and_key(store, "1")
+            other, _ = await account_and_key(store, "1")
+            now = now_ms()
+            tag = os.urandom(6).hex()
+
+            def turn(n: int, previous: int | None, expires: int, account: str = mine) -> KeptResponse:
+                return KeptResponse(
+                    id=f"resp_{tag}{n}",
+                    account_id=account,
+                    model="openai/gpt-4o-mini",
+                    previous_id=None if previous is None else f"resp_{tag}{previous}",
+                    items=f'[{{"id": "msg_{tag}{n}"}}]'.encode(),
+                    body=f'{{"id": "resp_{tag}{n}"}}'.encode(),
+                    expires_at_ms=expires,
+                )
+
+            first, second, third = turn(1, None, now + 100), turn(2, 1, now + 200), turn(3, 2, now + 300)
+            for kept in (first, second, third):
+                await store.keep_response(kept)
+            assert await store.find_kept_response(second.id, mine, now) == replace(
+                second, expires_at_ms=now + 300
+            )
+            # The conversation, oldest turn first; the walk stops once past the byte limit.
+            assert await store.kept_conversation(third.id, mine, now, 10_000) == [
+                first.items,
+                second.items,
+                third.items,
+            ]
+            assert await store.kept_conversation(third.id, mine, now, 1) == [third.items]
+            at_most = len(third.items)
+            assert await store.kept_conversation(third.id, mine, now, at_most) == [second.items, third.items]
+            assert await store.kept_conversation(second.id, mine, now, 10_000) == [first.items, second.items]
+            # A later turn keeps the earlier ones as long as itself: the first outlives its own expiry.
+            assert await store.kept_conversation(third.id, mine, now + 250, 10_000) is not None
+            assert await store.find_kept_response(first.id, mine, now + 250) is not None
+            # Nothing of it is another account's, and an expired one is gone.
+            assert await store.kept_conversation(third.id, other, now, 10_000) is None
+            assert await store.find_kept_response(third.id, other, now) is None
+            assert await store.kept_conversation(third.id, mine, now + 300, 10_000) is None
+            assert await store.kept_items([first.id, third.id, "resp_missing"], mine, now) == {
+                first.id: first.items,
+                third.id: third.items,
+            }
+            assert await store.kept_items([first.id], other, now) == {}
+            assert await store.kept_items([], mine, now) == {}
+            theirs = turn(4, None, now + 50, account=other)
+            await store.keep_response(theirs)
+            assert await store.purge_responses(now + 100) >= 1
+            assert await store.find_kept_response(theirs.id, other, now) is None
+            assert await store.find_kept_response(first.id, mine, now) is not None
+            await store.purge_responses(now + 300)
+            assert await store.kept_items([first.id, second.id, third.id], mine, now) == {}
 
     asyncio.run(main())
 

@@ -4,7 +4,7 @@
 // Prints one JSON line per check ({name, ok, detail}) and exits 1 if any failed.
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
-import { generateObject, generateText, streamObject, streamText } from "ai";
+import { generateObject, generateText, stepCountIs, streamObject, streamText, tool } from "ai";
 import { z } from "zod";
 
 const [base, key] = process.argv.slice(2);
@@ -125,6 +125,42 @@ async function midStreamError(model) {
   return described.slice(0, 300);
 }
 
+// A tool loop, then a second turn, with the SDK's defaults: on the responses API its `store` is
+// true, so it sends earlier turns' output as item_references (the gateway keeps a chat model's
+// answers to resolve them), and a turn may name the one before by previousResponseId.
+async function toolLoopAndNextTurn(model) {
+  const tools = {
+    get_weather: tool({
+      description: "The forecast for a city",
+      inputSchema: z.object({ city: z.string() }),
+      execute: async ({ city }) => `sunny in ${city}`,
+    }),
+  };
+  const prompt = "Weather in Paris? [sim tool]";
+  const first = await generateText({ model, tools, prompt, stopWhen: stepCountIs(3), maxRetries: 0 });
+  expect(first.steps.length === 2, `steps ${first.steps.length}`);
+  expect(first.steps[0].toolCalls.length === 1, "no tool call in the first step");
+  expect(first.text.trim().length > 0, "no text after the tool result");
+  const messages = [{ role: "user", content: prompt }, ...first.response.messages];
+  const sent = JSON.stringify(messages);
+  expect(sent.includes("itemId"), `no item ids to reference: ${sent.slice(0, 300)}`);
+  const second = await generateText({
+    model,
+    tools,
+    messages: [...messages, { role: "user", content: "And tomorrow?" }],
+    maxRetries: 0,
+  });
+  expect(second.text.trim().length > 0, "no text in the second turn");
+  const third = await generateText({
+    model,
+    prompt: "Thanks",
+    providerOptions: { openai: { previousResponseId: second.providerMetadata.openai.responseId } },
+    maxRetries: 0,
+  });
+  expect(third.text.trim().length > 0, "no text in the third turn");
+  return { first: first.text, second: second.text, third: third.text };
+}
+
 // Chat completions: the openai provider's chat model.
 await check("chat generateText", () => plainText(openai.chat(GPT)));
 await check("chat streamText", () => streamedText(openai.chat(GPT)));
@@ -149,6 +185,7 @@ await check("responses->gpt streamText", () => streamedText(openai.responses(GPT
 await check("responses->gpt generateObject", () => plainObject(openai.responses(GPT)));
 await check("responses->gpt streamObject", () => streamedObject(openai.responses(GPT)));
 await check("responses->gpt mid-stream error", () => midStreamError(openai.responses(GPT)));
+await check("responses->gpt tool loop and next turn", () => toolLoopAndNextTurn(openai.responses(GPT)));
 
 // Messages: the anthropic provider (output_config.format for structured output).
 await check("messages generateText", () => plainText(anthropic(CLAUDE)));

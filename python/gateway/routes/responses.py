@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import background, billing
+from ..auth import authenticate
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
@@ -41,14 +42,12 @@ from ..translate import (
     response_item_text,
     response_output_text,
 )
+from . import kept_responses
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body, resolve_model
 from .streaming import forward_stream
 from .text import check_and_hold
 from .translated import chat_body, forward_to_chat_model
 from .upstream import call_upstream
-
-# How long a response can be continued, as OpenAI keeps stored responses (30 days).
-STATE_TTL_MS = 30 * 24 * 3600 * 1000
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -87,7 +86,7 @@ def routes(state: GatewayState) -> list[Route]:
                         model=model.name,
                         channel_url=channel.base_url,
                         upstream_id=upstream_id,
-                        expires_at_ms=now_ms() + STATE_TTL_MS,
+                        expires_at_ms=now_ms() + kept_responses.RESPONSE_TTL_MS,
                     )
                 )
 
@@ -151,10 +150,19 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
     async def retrieve(request: Request) -> Response:
-        job = await owned_job(state, request, "response", "response_id", "background response")
+        """A response the gateway keeps (a chat model's, routes/kept_responses.py) or a background
+        one; a response an upstream keeps is not fetched from it (docs/behaviour.md)."""
+        ctx = await authenticate(request, state.store)
         if request.query_params.get("stream") in ("true", "1"):
-            raise invalid_request("A background response is not streamed by this gateway: poll it.", "stream")
-        return _job_response(job)
+            raise invalid_request(
+                "A stored response is not streamed again by this gateway: poll it.", "stream"
+            )
+        kept = await state.store.find_kept_response(
+            request.path_params["response_id"], ctx.account.id, now_ms()
+        )
+        if kept is not None:
+            return Response(kept.body, media_type="application/json")
+        return _job_response(await owned_job(state, request, "response", "response_id", "stored response"))
 
     async def cancel(request: Request) -> Response:
         job = await owned_job(state, request, "response", "response_id", "background response")
@@ -192,23 +200,23 @@ async def _from_chat_model(
 ) -> Response:
     """A chat model in the responses shape: the request goes out as a chat completions request, the
     answer or stream comes back as a Response (gateway.translate), billed from the upstream's own
-    usage. A chat upstream holds no conversation and runs nothing in the background, so a request
-    that needs either is refused rather than answered as if it had been kept."""
-    if payload.get("previous_response_id") is not None:
-        raise invalid_request(
-            f"{model.name!r} is a chat model, served here through translation: it keeps no earlier "
-            "responses. Send the whole conversation as `input` instead of previous_response_id.",
-            "previous_response_id",
-        )
+    usage. A chat upstream holds no conversation, so the gateway keeps it (routes/kept_responses.py):
+    the earlier turns a request names go upstream with it, and its answer is kept for the next. It
+    runs nothing in the background, so `background` is refused rather than answered at once."""
     if payload.get("background") is True:
         raise invalid_request(
             f"{model.name!r} is a chat model, served here through translation: it cannot run in the "
             "background. Leave out `background`.",
             "background",
         )
-    upstream = chat_body(state, model, payload, call, chat_request_from_responses)
-    prompt = await _check_and_hold(state, request, call, model, payload)
+    turn = await kept_responses.resolve(state, call, payload)
+    upstream = chat_body(state, model, turn.payload, call, chat_request_from_responses)
+    prompt = await _check_and_hold(state, request, call, model, turn.payload)
     rid = response_id("resp_")
+
+    async def keep(answer: dict[str, Any]) -> None:
+        await kept_responses.keep(state, call, model, turn, answer)
+
     return await forward_to_chat_model(
         state,
         request,
@@ -221,6 +229,7 @@ async def _from_chat_model(
         new_stream=lambda counted: ResponsesStreamFromChat(rid, payload, counted),
         from_chat=lambda completion, usage: response_from_chat_completion(completion, usage, rid, payload),
         error_event=responses_error_event,
+        keep=None if payload.get("store") is False else keep,
     )
 
 

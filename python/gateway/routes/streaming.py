@@ -4,6 +4,7 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -16,7 +17,7 @@ from .. import billing, request_log
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
 from ..drain import CUT_MESSAGE
-from ..errors import ErrorCode, GatewayError
+from ..errors import ErrorCode, GatewayError, unexpected_failure
 from ..pricing import ReportedUsage
 from ..providers import PROVIDERS, StreamTranslator
 from ..providers.base import stream_failure
@@ -33,6 +34,16 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # How often a running stream journals what it delivered (see _Progress).
 PROGRESS_CHUNKS = 64
 PROGRESS_SECONDS = 1.0
+
+log = logging.getLogger("gateway.requests")
+
+
+class _EndFailed(Exception):
+    """forward_stream's on_end failed: the stream ends with this error event instead of its last."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.failure = (code, message)
 
 
 class StreamRewriter(Protocol):
@@ -74,12 +85,15 @@ async def forward_stream(
     error_event: StreamErrorRenderer = chat_error_event,
     only: ChannelConfig | None = None,
     on_start: Callable[[R, ChannelConfig], Awaitable[None]] | None = None,
+    on_end: Callable[[R], Awaitable[None]] | None = None,
 ) -> Response:
     """`new_rewriter()` makes the shape's rewriter, afresh for each attempt. `counted_prompt` is the
     gateway's own prompt count (check_and_hold's), used only when the upstream reports no usage.
     `error_event` renders the final error event in the shape's own format (gateway.stream_errors).
     `only` pins the request to the channel that holds its state. `on_start(rewriter, channel)` runs
-    once the stream has started, before the client sees its first byte.
+    once the stream has started, before the client sees its first byte; `on_end(rewriter)` once the
+    rewriter has the whole answer, before the client sees its last event (a failure there ends the
+    stream with an error event instead).
 
     Until the first token the stream is an attempt like any other (gateway.routing): retried, moved
     to another channel; from the first byte the client sees, never."""
@@ -149,9 +163,26 @@ async def forward_stream(
         delivered = 0
         sent_all = False
         progress = _Progress(time.monotonic())
+        ended_noted = False
+
+        async def note_end(on_end: Callable[[R], Awaitable[None]]) -> None:
+            """on_end, once, now that the rewriter has ended the stream."""
+            nonlocal ended_noted
+            if not ended_noted:
+                ended_noted = True
+                try:
+                    await on_end(rewriter)
+                except Exception as exc:
+                    if not isinstance(exc, GatewayError):  # the route's own failure is said as it is
+                        log.exception("request %s: the stream's end could not be noted", call.request_id)
+                    said = exc if isinstance(exc, GatewayError) else unexpected_failure()
+                    raise _EndFailed(said.code, said.message) from exc
+
         # At the drain deadline (gateway.drain) the upstream is closed: the loop below ends there.
         unfollow = state.drain.follow(response.close)
         try:
+            if on_end is not None and rewriter.done:
+                await note_end(on_end)
             yield first
             call.first_byte_ns = time.time_ns()
             delivered = rewriter.output_len
@@ -162,6 +193,8 @@ async def forward_stream(
             if rewriter.error is None and not rewriter.done:
                 async for chunk in upstream:
                     out = rewriter.feed(chunk)
+                    if on_end is not None and rewriter.done:  # no coroutine a chunk otherwise
+                        await note_end(on_end)
                     if out:
                         yield out
                         delivered = rewriter.output_len
@@ -178,6 +211,8 @@ async def forward_stream(
                         break
                 else:
                     tail = rewriter.finish()
+                    if on_end is not None and rewriter.done:
+                        await note_end(on_end)
                     if tail:
                         yield tail
                         delivered = rewriter.output_len
@@ -188,6 +223,8 @@ async def forward_stream(
                 failure = ("provider_error", "The model failed during the stream.")
             elif not rewriter.done:
                 failure = ("provider_error", "The model's stream ended before it was complete.")
+        except _EndFailed as failed:
+            failure = failed.failure
         except UPSTREAM_FAILURES as exc:
             sent_all = True  # everything the model sent was passed on
             if state.drain.cut:

@@ -4,7 +4,7 @@ billed from the upstream's own usage, or from the gateway's count when it report
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -19,13 +19,16 @@ from ..routing import ChannelBody
 from ..state import GatewayState
 from ..stream_errors import StreamErrorRenderer
 from ..translate import chat_output_text
-from .streaming import StreamRewriter, forward_stream
+from ..translate.stream_base import FromChatStream
+from .streaming import forward_stream
 from .upstream import CHAT_ANSWER, forward_plain
 
 # The shape's request as a chat completions request, told where the token limit goes.
 ToChat = Callable[[dict[str, Any], str], dict[str, Any]]
 # The shape's stream translator, given the gateway's own count of the output (as Usage).
-NewStream = Callable[[Callable[[str], Usage]], StreamRewriter]
+NewStream = Callable[[Callable[[str], Usage]], FromChatStream]
+# What the route keeps of the answer in its shape (a Response object: routes/kept_responses.py).
+KeepAnswer = Callable[[dict[str, Any]], Awaitable[None]]
 # A whole chat completion as the shape's answer, with the usage billed.
 FromChat = Callable[[dict[str, Any], Usage], dict[str, Any]]
 
@@ -54,9 +57,11 @@ async def forward_to_chat_model(
     new_stream: NewStream,
     from_chat: FromChat,
     error_event: StreamErrorRenderer,
+    keep: KeepAnswer | None = None,
 ) -> Response:
     """`upstream` is chat_body's; the answer or stream comes back in the endpoint's shape.
-    `counted_prompt` is check_and_hold's count, billed when the upstream reports no usage."""
+    `counted_prompt` is check_and_hold's count, billed when the upstream reports no usage.
+    `keep(answer)` runs once the whole answer is known, before the client has all of it."""
 
     def counted_usage(output_text: str) -> Usage:
         return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
@@ -72,6 +77,7 @@ async def forward_to_chat_model(
             lambda: new_stream(counted_usage),
             counted_prompt,
             error_event=error_event,
+            on_end=None if keep is None else lambda rewriter: keep(_ended(rewriter)),
         )
     return await forward_plain(
         state,
@@ -83,4 +89,10 @@ async def forward_to_chat_model(
         CHAT_ANSWER,
         lambda body: counted_usage(chat_output_text(body)),
         to_client=lambda body, usage: orjson.dumps(from_chat(orjson.loads(body), usage)),
+        on_answer=None if keep is None else lambda body: keep(orjson.loads(body)),
     )
+
+
+def _ended(stream: FromChatStream) -> dict[str, Any]:
+    assert stream.answer is not None, "a translator that ends a stream has its answer"
+    return stream.answer

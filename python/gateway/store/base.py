@@ -19,6 +19,7 @@ from .records import (
     Conversation,
     IdempotencyClaim,
     Job,
+    KeptResponse,
     KeyChanges,
     KeyContext,
     LogQuery,
@@ -242,7 +243,8 @@ class Blobs(Protocol):
 
 
 class ResponseStates(Protocol):
-    """Where a stateful response (Responses API) lives upstream."""
+    """Stateful responses (Responses API): where one lives upstream, or, for a chat model's
+    translated answers, the conversation the gateway keeps itself."""
 
     async def remember_response(self, state: ResponseState) -> None:
         """Keep where a response's state lives; committed when this returns."""
@@ -250,8 +252,26 @@ class ResponseStates(Protocol):
     async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
         """The unexpired state of this account's response."""
 
+    async def keep_response(self, kept: KeptResponse) -> None:
+        """Keep a translated response; committed when this returns. The turns it continues (its
+        `previous_id`, theirs ...) are kept at least as long as it is: a conversation lasts from
+        its last turn."""
+
+    async def find_kept_response(self, response_id: str, account_id: str, now_ms: int) -> KeptResponse | None:
+        """This account's unexpired kept response."""
+
+    async def kept_conversation(
+        self, response_id: str, account_id: str, now_ms: int, max_bytes: int
+    ) -> list[bytes] | None:
+        """The `items` of this account's kept response and of every turn before it, oldest first;
+        None when the response is not kept (unknown, expired, another account's). The walk stops
+        once the items add up to more than `max_bytes`: the caller sees the sum is over."""
+
+    async def kept_items(self, response_ids: list[str], account_id: str, now_ms: int) -> dict[str, bytes]:
+        """The `items` of those of these kept responses that are this account's and unexpired."""
+
     async def purge_responses(self, now_ms: int) -> int:
-        """Delete every response state expired at `now_ms`; returns how many were deleted."""
+        """Delete every response state and kept response expired at `now_ms`; returns how many."""
 
 
 class Jobs(Protocol):

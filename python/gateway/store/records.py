@@ -275,6 +275,24 @@ class ResponseState:
     expires_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class KeptResponse:
+    """A response the gateway made itself, translating a chat model's answer into the Responses API,
+    and keeps as OpenAI keeps a stored one: a later turn may continue it (previous_response_id) or
+    name its output items (item_reference). `items` is what this turn added to the conversation, a
+    JSON array of Responses items: its input (references resolved), then its output; `previous_id`
+    the kept response it continued. `body` is the Response object as the client saw it. Scoped to
+    the account that made it."""
+
+    id: str
+    account_id: str
+    model: str
+    previous_id: str | None
+    items: bytes
+    body: bytes
+    expires_at_ms: int
+
+
 @frozen
 class Settlement:
     """A charge and its records: the usage record and, when the request was logged, its log entry.

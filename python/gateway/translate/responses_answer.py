@@ -95,11 +95,11 @@ def response_object(
         "model": model if isinstance(model, str) else request.get("model"),
         "output": output,
         "parallel_tool_calls": given("parallel_tool_calls", True),
-        "previous_response_id": None,
+        "previous_response_id": given("previous_response_id", None),
         "reasoning": given("reasoning", {"effort": None, "summary": None}),
         "service_tier": "default",
-        # Nothing is kept for a later turn: the model's upstream holds no state (docs/translation.md).
-        "store": False,
+        # Kept by the gateway unless the client said not to (routes/kept_responses.py).
+        "store": request.get("store") is not False,
         "temperature": given("temperature", 1.0),
         "text": text if isinstance(text, dict) else {"format": {"type": "text"}},
         "tool_choice": given("tool_choice", "auto"),

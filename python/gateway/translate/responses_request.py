@@ -3,10 +3,10 @@
 `instructions` becomes the first message; `input` items become chat messages: message items by their
 role (developer as system), `function_call` items the assistant's tool calls, `function_call_output`
 items tool messages. Reasoning items from earlier turns have no place in the chat shape and are left
-out, as are hosted tools (web search, file search, ...). What would need state held upstream
-(`item_reference`, a hosted tool's own call items) or content the chat shape cannot carry (files) is a
-400: dropping it would change what was asked. The route refuses `previous_response_id` and
-`background` for such a model before this runs.
+out, as are hosted tools (web search, file search, ...). What would need state held upstream (a hosted
+tool's own call items) or content the chat shape cannot carry (files) is a 400: dropping it would
+change what was asked. The route has put the conversation the gateway keeps in place of
+`previous_response_id` and `item_reference` items before this runs (routes/kept_responses.py).
 """
 
 from __future__ import annotations
@@ -93,13 +93,6 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
         output = item.get("output")
         text = output if isinstance(output, str) else _text_parts(output, f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
-    elif kind == "item_reference":
-        raise invalid_request(
-            f"`{where}`: an item_reference cannot be resolved on this model: it is a chat model, and"
-            " the gateway keeps no copy of its answers (their `store` is false). Send the items"
-            " themselves; with the AI SDK, set providerOptions.openai.store to false.",
-            where,
-        )
     elif kind not in UNSAID_ITEMS:
         raise invalid_request(
             f"`{where}`: an item of type {kind!r} cannot be sent to this model (messages, function_call "

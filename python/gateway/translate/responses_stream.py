@@ -243,7 +243,8 @@ class ResponsesStreamFromChat(FromChatStream):
         self._close(out)
         self._close_calls(out)
         status = finished_status(self._finish_reason)
-        self._event(f"response.{status}", {"response": self._response(status)}, out)
+        self.answer = self._response(status)
+        self._event(f"response.{status}", {"response": self.answer}, out)
         out.append(b"data: [DONE]\n\n")
         self.done = True
 

@@ -24,6 +24,9 @@ class TranslatedStream:
         self.error: bytes | None = None
         # Events sent to the client so far.
         self.chunks = 0
+        # The whole answer in the client's shape once the stream has ended, where the route keeps
+        # it (a Response object: routes/kept_responses.py); None otherwise.
+        self.answer: dict[str, Any] | None = None
 
     @property
     def output_text(self) -> str:

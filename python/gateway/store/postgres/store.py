@@ -72,6 +72,7 @@ from .. import (
     IdempotencyClaim,
     IdempotencyKeyReused,
     Job,
+    KeptResponse,
     KeyChanges,
     KeyContext,
     NameTaken,
@@ -666,8 +667,76 @@ class PostgresStore(PostgresConsole):
         )
         return None if row is None else ResponseState(*row)
 
+    async def keep_response(self, kept: KeptResponse) -> None:
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "INSERT INTO kept_responses (id, account_id, model, previous_id, items, body, expires_at_ms)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                kept.id,
+                kept.account_id,
+                kept.model,
+                kept.previous_id,
+                kept.items,
+                kept.body,
+                kept.expires_at_ms,
+            )
+            if kept.previous_id is not None:
+                # The turns it continues are kept as long as it is.
+                await conn.execute(
+                    "WITH RECURSIVE turn(id) AS (SELECT $1::text UNION"
+                    " SELECT k.previous_id FROM kept_responses k JOIN turn ON k.id = turn.id"
+                    " WHERE k.previous_id IS NOT NULL)"
+                    " UPDATE kept_responses SET expires_at_ms = GREATEST(expires_at_ms, $2)"
+                    " WHERE id IN (SELECT id FROM turn)",
+                    kept.previous_id,
+                    kept.expires_at_ms,
+                )
+
+        await self._tx(work)
+
+    async def find_kept_response(self, response_id: str, account_id: str, now_ms: int) -> KeptResponse | None:
+        row = await self._fetchrow(
+            "SELECT id, account_id, model, previous_id, items, body, expires_at_ms FROM kept_responses"
+            " WHERE id = $1 AND account_id = $2 AND expires_at_ms > $3",
+            response_id,
+            account_id,
+            now_ms,
+        )
+        return None if row is None else KeptResponse(*row)
+
+    async def kept_conversation(
+        self, response_id: str, account_id: str, now_ms: int, max_bytes: int
+    ) -> list[bytes] | None:
+        found = await self._fetch(
+            "WITH RECURSIVE turn(id, previous_id, items, total, depth) AS ("
+            " SELECT id, previous_id, items, octet_length(items)::bigint, 0 FROM kept_responses"
+            " WHERE id = $1 AND account_id = $2 AND expires_at_ms > $3"
+            " UNION ALL SELECT k.id, k.previous_id, k.items, turn.total + octet_length(k.items),"
+            " turn.depth + 1 FROM kept_responses k JOIN turn ON k.id = turn.previous_id"
+            " WHERE k.account_id = $2 AND turn.total <= $4)"
+            " SELECT items FROM turn ORDER BY depth DESC",
+            response_id,
+            account_id,
+            now_ms,
+            max_bytes,
+        )
+        return [row[0] for row in found] or None
+
+    async def kept_items(self, response_ids: list[str], account_id: str, now_ms: int) -> dict[str, bytes]:
+        if not response_ids:
+            return {}
+        found = await self._fetch(
+            "SELECT id, items FROM kept_responses WHERE id = ANY($1::text[])"
+            " AND account_id = $2 AND expires_at_ms > $3",
+            response_ids,
+            account_id,
+            now_ms,
+        )
+        return {row[0]: row[1] for row in found}
+
     async def purge_responses(self, now_ms: int) -> int:
-        return rows.count(
+        kept = rows.count(await self._execute("DELETE FROM kept_responses WHERE expires_at_ms <= $1", now_ms))
+        return kept + rows.count(
             await self._execute("DELETE FROM response_states WHERE expires_at_ms <= $1", now_ms)
         )
 

@@ -317,6 +317,20 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE leases ADD COLUMN recalled INTEGER NOT NULL DEFAULT 0;
     """,
+    # Responses the gateway keeps itself (a chat model's translated answers): a turn's items, the
+    # turn it continued, and the Response object.
+    """
+    CREATE TABLE kept_responses (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        previous_id TEXT,
+        items BLOB NOT NULL,
+        body BLOB NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX kept_responses_expiry ON kept_responses(expires_at_ms);
+    """,
 )
 
 

@@ -38,6 +38,7 @@ from ..records import (
     IdempotencyClaim,
     IdempotencyKeyReused,
     Job,
+    KeptResponse,
     KeyChanges,
     KeyContext,
     NameTaken,
@@ -81,6 +82,13 @@ from .rows import (
 )
 from .schema import MIGRATIONS, migrate
 from .writer import WriteOp, Writer
+
+# A new turn keeps the turns it continues as long as itself: each one's expiry is raised to its own.
+_KEEP_CONVERSATION = (
+    "WITH RECURSIVE turn(id) AS (SELECT ? UNION"
+    " SELECT k.previous_id FROM kept_responses k JOIN turn ON k.id = turn.id WHERE k.previous_id IS NOT NULL)"
+    " UPDATE kept_responses SET expires_at_ms = max(expires_at_ms, ?) WHERE id IN (SELECT id FROM turn)"
+)
 
 
 class SqliteStore(SqliteConsole):
@@ -433,9 +441,82 @@ class SqliteStore(SqliteConsole):
 
         await self._write(op)
 
+    async def keep_response(self, kept: KeptResponse) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO kept_responses (id, account_id, model, previous_id, items, body, expires_at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    kept.id,
+                    kept.account_id,
+                    kept.model,
+                    kept.previous_id,
+                    kept.items,
+                    kept.body,
+                    kept.expires_at_ms,
+                ),
+            )
+            if kept.previous_id is not None:
+                conn.execute(_KEEP_CONVERSATION, (kept.previous_id, kept.expires_at_ms))
+
+        await self._write(op)
+
+    async def find_kept_response(self, response_id: str, account_id: str, now_ms: int) -> KeptResponse | None:
+        row = (
+            self._read()
+            .execute(
+                "SELECT id, account_id, model, previous_id, items, body, expires_at_ms FROM kept_responses"
+                " WHERE id = ? AND account_id = ? AND expires_at_ms > ?",
+                (response_id, account_id, now_ms),
+            )
+            .fetchone()
+        )
+        return None if row is None else KeptResponse(*row)
+
+    async def kept_conversation(
+        self, response_id: str, account_id: str, now_ms: int, max_bytes: int
+    ) -> list[bytes] | None:
+        rows = (
+            self._read()
+            .execute(
+                "WITH RECURSIVE turn(id, previous_id, items, total, depth) AS ("
+                " SELECT id, previous_id, items, length(items), 0 FROM kept_responses"
+                " WHERE id = ? AND account_id = ? AND expires_at_ms > ?"
+                " UNION ALL SELECT k.id, k.previous_id, k.items, turn.total + length(k.items), turn.depth + 1"
+                " FROM kept_responses k JOIN turn ON k.id = turn.previous_id"
+                " WHERE k.account_id = ? AND turn.total <= ?)"
+                " SELECT items FROM turn ORDER BY depth DESC",
+                (response_id, account_id, now_ms, account_id, max_bytes),
+            )
+            .fetchall()
+        )
+        return [items for (items,) in rows] or None
+
+    async def kept_items(self, response_ids: list[str], account_id: str, now_ms: int) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        # A few hundred ids a statement: SQLite limits a statement's parameters.
+        for at in range(0, len(response_ids), 500):
+            chunk = response_ids[at : at + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = (
+                self._read()
+                .execute(
+                    f"SELECT id, items FROM kept_responses WHERE id IN ({marks})"
+                    " AND account_id = ? AND expires_at_ms > ?",
+                    (*chunk, account_id, now_ms),
+                )
+                .fetchall()
+            )
+            found.update(rows)
+        return found
+
     async def purge_responses(self, now_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
-            return conn.execute("DELETE FROM response_states WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+            kept = conn.execute("DELETE FROM kept_responses WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+            return (
+                kept
+                + conn.execute("DELETE FROM response_states WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+            )
 
         deleted: int = await self._write(op)
         return deleted

@@ -1,0 +1,211 @@
+"""A chat model on the Responses API keeps its conversation in the gateway (routes/kept_responses.py),
+on both store backends, through the official openai client: a later turn continues it by
+previous_response_id (plain, streamed, a tool loop) or names its output by item_reference; the kept
+response comes back from GET /v1/responses/{id}; what was not kept, or is another account's, is 400
+or 404; a conversation past the request size limit is 413; an answer the store fails to keep is 503
+(the stream: its error event), and charged."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from test_responses_translation import TOOLS
+from test_translation import GPT, marker, raw_stream, usage_record
+
+from harness import Gateway, KeyHandle, chat_model, gateway, sim_requests
+
+NATIVE = "openai/gpt-4.1-mini"  # a model of type responses: its upstream keeps the state
+
+
+@pytest.fixture
+def gw(backend_gw: Gateway) -> Gateway:
+    return backend_gw
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def said(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """A chat request's messages as (role, content), tool calls and results by their call id."""
+    out: list[tuple[str, Any]] = []
+    for m in messages:
+        if m.get("tool_calls"):
+            out.append((m["role"], [c["function"]["name"] for c in m["tool_calls"]]))
+        elif m["role"] == "tool":
+            out.append(("tool", m["content"]))
+        else:
+            out.append((m["role"], m["content"]))
+    return out
+
+
+def test_previous_response_id_continues_the_conversation(
+    gw: Gateway, oai: openai.OpenAI, sim: httpx.Client
+) -> None:
+    tag = marker()
+    first = oai.responses.create(model=GPT, instructions="Be brief.", input=f"one {tag} [sim tokens=3]")
+    assert first.store is True and first.previous_response_id is None
+    second = oai.responses.create(model=GPT, input=f"two {tag} [sim tokens=4]", previous_response_id=first.id)
+    assert second.previous_response_id == first.id and second.store is True
+    # The whole conversation went upstream, and was billed: more input than the first turn's.
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens
+    # Streamed, then continued at once: it was kept before its last event reached the client.
+    with oai.responses.stream(
+        model=GPT, input=f"three {tag} [sim tokens=2]", previous_response_id=second.id
+    ) as stream:
+        third = stream.get_final_response()
+    assert third.previous_response_id == second.id and third.store is True
+    fourth = oai.responses.create(
+        model=GPT, instructions="Answer.", input=f"four {tag}", previous_response_id=third.id
+    )
+    assert fourth.status == "completed"
+
+    *_, last = sim_requests(sim, f"four {tag}")
+    # Earlier turns' instructions are not carried over (as OpenAI does); this turn's lead.
+    assert said(last["messages"]) == [
+        ("system", "Answer."),
+        ("user", f"one {tag} [sim tokens=3]"),
+        ("assistant", first.output_text),
+        ("user", f"two {tag} [sim tokens=4]"),
+        ("assistant", second.output_text),
+        ("user", f"three {tag} [sim tokens=2]"),
+        ("assistant", third.output_text),
+        ("user", f"four {tag}"),
+    ]
+    # The kept responses are there to fetch, as the client saw them.
+    for made in (first, fourth):
+        assert oai.responses.retrieve(made.id).model_dump() == made.model_dump()
+    fetched = oai.responses.retrieve(third.id)  # the stream helper adds `parsed` to its copy
+    assert (fetched.id, fetched.status, fetched.output_text) == (third.id, "completed", third.output_text)
+    assert fetched.usage == third.usage and fetched.previous_response_id == second.id
+
+
+def test_a_tool_loop_by_previous_response_id(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    tag = marker()
+    asked = oai.responses.create(model=GPT, input=f"weather in Paris? {tag} [sim tool]", tools=TOOLS)
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    answered = oai.responses.create(
+        model=GPT,
+        previous_response_id=asked.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}],
+        tools=TOOLS,
+    )
+    assert answered.output_text and answered.previous_response_id == asked.id
+    (received,) = [b for b in sim_requests(sim, tag) if any(m["role"] == "tool" for m in b["messages"])]
+    assert said(received["messages"]) == [
+        ("user", f"weather in Paris? {tag} [sim tool]"),
+        ("assistant", ["get_weather"]),
+        ("tool", "sunny, 21 C"),
+    ]
+    assert received["messages"][1]["tool_calls"][0]["id"] == call.call_id
+
+
+def test_item_references_name_kept_output(gw: Gateway, oai: openai.OpenAI, sim: httpx.Client) -> None:
+    tag = marker()
+    first = oai.responses.create(model=GPT, input=f"one {tag} [sim tokens=3]")
+    (message,) = first.output
+    # The AI SDK's openai.responses(...) sends its earlier turns so (its `store` is true by default).
+    history: list[Any] = [
+        {"role": "user", "content": [{"type": "input_text", "text": f"one {tag} [sim tokens=3]"}]},
+        {"type": "item_reference", "id": message.id},
+    ]
+    second = oai.responses.create(model=GPT, input=[*history, {"role": "user", "content": f"two {tag}"}])
+    assert second.status == "completed"
+    (received,) = sim_requests(sim, f"two {tag}")
+    assert said(received["messages"]) == [
+        ("user", f"one {tag} [sim tokens=3]"),
+        ("assistant", first.output_text),
+        ("user", f"two {tag}"),
+    ]
+    # An item this account has not kept: unknown, or another account's.
+    stranger = gw.new_key()
+    with openai.OpenAI(base_url=gw.openai_base, api_key=stranger.key, max_retries=0) as theirs:
+        for client, item_id in ((oai, "msg_0123456789abcdef"), (oai, "fc_nope_0"), (theirs, message.id)):
+            with pytest.raises(openai.BadRequestError) as err:
+                client.responses.create(model=GPT, input=[{"type": "item_reference", "id": item_id}])
+            assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0]"
+            assert item_id in err.value.message
+    # Thousands of references, each to a response of its own: looked up, not a failure of the store.
+    many = [{"type": "item_reference", "id": f"msg_{i:032x}"} for i in range(3000)]
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model=GPT, input=many)
+    assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0]"
+
+
+def test_what_is_not_kept_cannot_be_continued_or_fetched(gw: Gateway, oai: openai.OpenAI) -> None:
+    unkept = oai.responses.create(model=GPT, input="not kept", store=False)
+    assert unkept.store is False
+    kept = oai.responses.create(model=GPT, input="kept")
+    native = oai.responses.create(model=NATIVE, input="held upstream")
+    stranger = gw.new_key()
+    with openai.OpenAI(base_url=gw.openai_base, api_key=stranger.key, max_retries=0) as theirs:
+        for client, previous in ((oai, "resp_nope"), (oai, unkept.id), (theirs, kept.id)):
+            with pytest.raises(openai.BadRequestError) as err:
+                client.responses.create(model=GPT, input="next", previous_response_id=previous)
+            assert err.value.code == "invalid_request"
+            assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"
+            assert "not found" in err.value.message
+        for client, rid in ((oai, unkept.id), (theirs, kept.id)):
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(rid)
+    # A response its upstream keeps cannot be continued by a chat model: the error names its model.
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model=GPT, input="next", previous_response_id=native.id)
+    assert NATIVE in err.value.message
+
+
+def test_a_conversation_past_the_size_limit_is_413(tmp_path: Path, sim_url: str) -> None:
+    models = chat_model(GPT, "gpt-4o-mini", sim_url)
+    with gateway(tmp_path, models, limits_toml="max_request_bytes = 4096") as small:
+        handle = small.new_key()
+        with openai.OpenAI(base_url=small.openai_base, api_key=handle.key, max_retries=0) as oai:
+            previous = None
+            with pytest.raises(openai.APIStatusError) as err:
+                for _ in range(10):  # each turn under the limit; the whole conversation soon past it
+                    previous = oai.responses.create(
+                        model=GPT, input="x" * 1500 + " [sim tokens=3]", previous_response_id=previous
+                    ).id
+            assert previous is not None  # the first turns were answered
+            assert err.value.status_code == 413
+            assert isinstance(err.value.body, dict) and err.value.body["code"] == "request_too_large"
+            assert err.value.body["param"] == "previous_response_id"
+            # Many references to one kept item would multiply it: counted as if sent.
+            (message,) = oai.responses.retrieve(previous).output
+            with pytest.raises(openai.APIStatusError) as err:
+                oai.responses.create(model=GPT, input=[{"type": "item_reference", "id": message.id}] * 40)
+            assert err.value.status_code == 413
+            assert isinstance(err.value.body, dict) and err.value.body["param"] == "input"
+
+
+def test_an_answer_that_cannot_be_kept_is_503_and_still_charged(tmp_path: Path, sim_url: str) -> None:
+    with gateway(tmp_path, chat_model(GPT, "gpt-4o-mini", sim_url)) as lone:
+        handle = lone.new_key()
+        with sqlite3.connect(lone.db_path) as conn:  # the store fails to keep anything from now on
+            conn.execute("DROP TABLE kept_responses")
+        with lone.client(handle.key) as c:
+            r = c.post("/v1/responses", json={"model": GPT, "input": "hi [sim tokens=3]"})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "service_unavailable"
+        # Streamed: every delta came, then the error event instead of response.completed.
+        events = raw_stream(lone, handle, "/v1/responses", {"model": GPT, "input": "hi [sim tokens=4]"})
+        name, data = events[-1]
+        assert name == "error" and json.loads(data)["code"] == "service_unavailable"
+        payloads = [json.loads(d) for _, d in events[:-1]]
+        assert [p["type"] for p in payloads].count("response.output_text.delta") == 4
+        assert "response.completed" not in [p["type"] for p in payloads]
+        # The model ran: both were charged. Not kept, as `store: false` would not be.
+        assert usage_record(lone, handle, payloads[0]["id"])["usage"]["completion_tokens"] >= 3
+        with lone.client(handle.key) as c:
+            assert (
+                c.post("/v1/responses", json={"model": GPT, "input": "x", "store": False}).status_code == 200
+            )
