@@ -2,22 +2,22 @@
 on both store backends, through the official openai client: a later turn continues it by
 previous_response_id (plain, streamed, a tool loop) or names its output by item_reference; the kept
 response comes back from GET /v1/responses/{id}; what was not kept, or is another account's, is 400
-or 404; a conversation past the request size limit is 413; an answer the store fails to keep is 503
-(the stream: its error event), and charged."""
+or 404, and so is an item said twice; a conversation past the request size limit is 413; an answer
+the store fails to keep still comes (charged once), said not to be kept."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
 from test_responses_translation import TOOLS
-from test_translation import GPT, marker, raw_stream, usage_record
+from test_translation import GPT, marker, usage_record
 
 from harness import Gateway, KeyHandle, chat_model, gateway, sim_requests
 
@@ -33,6 +33,11 @@ def gw(backend_gw: Gateway) -> Gateway:
 def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
         yield c
+
+
+def stored(response: Any) -> Any:
+    """The Response's `store` (this client's types leave it out)."""
+    return response.model_dump()["store"]
 
 
 def said(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
@@ -53,9 +58,9 @@ def test_previous_response_id_continues_the_conversation(
 ) -> None:
     tag = marker()
     first = oai.responses.create(model=GPT, instructions="Be brief.", input=f"one {tag} [sim tokens=3]")
-    assert first.store is True and first.previous_response_id is None
+    assert stored(first) is True and first.previous_response_id is None
     second = oai.responses.create(model=GPT, input=f"two {tag} [sim tokens=4]", previous_response_id=first.id)
-    assert second.previous_response_id == first.id and second.store is True
+    assert second.previous_response_id == first.id and stored(second) is True
     # The whole conversation went upstream, and was billed: more input than the first turn's.
     assert second.usage is not None and first.usage is not None
     assert second.usage.input_tokens > first.usage.input_tokens
@@ -64,7 +69,7 @@ def test_previous_response_id_continues_the_conversation(
         model=GPT, input=f"three {tag} [sim tokens=2]", previous_response_id=second.id
     ) as stream:
         third = stream.get_final_response()
-    assert third.previous_response_id == second.id and third.store is True
+    assert third.previous_response_id == second.id and stored(third) is True
     fourth = oai.responses.create(
         model=GPT, instructions="Answer.", input=f"four {tag}", previous_response_id=third.id
     )
@@ -132,19 +137,51 @@ def test_item_references_name_kept_output(gw: Gateway, oai: openai.OpenAI, sim: 
     with openai.OpenAI(base_url=gw.openai_base, api_key=stranger.key, max_retries=0) as theirs:
         for client, item_id in ((oai, "msg_0123456789abcdef"), (oai, "fc_nope_0"), (theirs, message.id)):
             with pytest.raises(openai.BadRequestError) as err:
-                client.responses.create(model=GPT, input=[{"type": "item_reference", "id": item_id}])
+                reference: Any = [{"type": "item_reference", "id": item_id}]
+                client.responses.create(model=GPT, input=reference)
             assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0]"
-            assert item_id in err.value.message
+            assert str(item_id) in err.value.message
     # Thousands of references, each to a response of its own: looked up, not a failure of the store.
-    many = [{"type": "item_reference", "id": f"msg_{i:032x}"} for i in range(3000)]
+    many: Any = [{"type": "item_reference", "id": f"msg_{i:032x}"} for i in range(3000)]
     with pytest.raises(openai.BadRequestError) as err:
         oai.responses.create(model=GPT, input=many)
     assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0]"
 
 
+def test_an_item_said_twice_is_refused(oai: openai.OpenAI) -> None:
+    first = oai.responses.create(model=GPT, input="one [sim tokens=2]")
+    second = oai.responses.create(model=GPT, input="two [sim tokens=2]", previous_response_id=first.id)
+    reference = {"type": "item_reference", "id": first.output[0].id}
+    body: dict[str, Any]
+    for body in (
+        {"input": [reference], "previous_response_id": second.id},  # already in the conversation
+        {"input": [reference, reference]},
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.responses.create(model=GPT, **body)
+        assert "Duplicate item" in err.value.message
+
+
+def test_a_responses_model_cannot_continue_what_the_gateway_keeps(oai: openai.OpenAI) -> None:
+    kept = oai.responses.create(model=GPT, input="said by a chat model")
+    reference = {"type": "item_reference", "id": kept.output[0].id}
+    body: dict[str, Any]
+    for body, param in (
+        ({"previous_response_id": kept.id, "input": "next"}, "previous_response_id"),
+        ({"input": [{"role": "user", "content": "hi"}, reference]}, "input[1]"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.responses.create(model=NATIVE, **body)
+        assert isinstance(err.value.body, dict) and err.value.body["param"] == param
+        assert GPT in err.value.message and NATIVE in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model=GPT, input="x", store=cast(Any, "no"))
+    assert isinstance(err.value.body, dict) and err.value.body["param"] == "store"
+
+
 def test_what_is_not_kept_cannot_be_continued_or_fetched(gw: Gateway, oai: openai.OpenAI) -> None:
     unkept = oai.responses.create(model=GPT, input="not kept", store=False)
-    assert unkept.store is False
+    assert stored(unkept) is False
     kept = oai.responses.create(model=GPT, input="kept")
     native = oai.responses.create(model=NATIVE, input="held upstream")
     stranger = gw.new_key()
@@ -179,33 +216,27 @@ def test_a_conversation_past_the_size_limit_is_413(tmp_path: Path, sim_url: str)
             assert err.value.status_code == 413
             assert isinstance(err.value.body, dict) and err.value.body["code"] == "request_too_large"
             assert err.value.body["param"] == "previous_response_id"
-            # Many references to one kept item would multiply it: counted as if sent.
-            (message,) = oai.responses.retrieve(previous).output
+            # What references bring in counts as sent: a few long answers, named in a small request.
+            long = [oai.responses.create(model=GPT, input="x [sim tokens=200]") for _ in range(5)]
+            references = [{"type": "item_reference", "id": r.output[0].id} for r in long]
             with pytest.raises(openai.APIStatusError) as err:
-                oai.responses.create(model=GPT, input=[{"type": "item_reference", "id": message.id}] * 40)
+                oai.responses.create(model=GPT, input=references)  # type: ignore[arg-type]
             assert err.value.status_code == 413
             assert isinstance(err.value.body, dict) and err.value.body["param"] == "input"
 
 
-def test_an_answer_that_cannot_be_kept_is_503_and_still_charged(tmp_path: Path, sim_url: str) -> None:
+def test_an_answer_the_store_fails_to_keep_still_comes_unkept(tmp_path: Path, sim_url: str) -> None:
     with gateway(tmp_path, chat_model(GPT, "gpt-4o-mini", sim_url)) as lone:
         handle = lone.new_key()
         with sqlite3.connect(lone.db_path) as conn:  # the store fails to keep anything from now on
             conn.execute("DROP TABLE kept_responses")
-        with lone.client(handle.key) as c:
-            r = c.post("/v1/responses", json={"model": GPT, "input": "hi [sim tokens=3]"})
-        assert r.status_code == 503, r.text
-        assert r.json()["error"]["code"] == "service_unavailable"
-        # Streamed: every delta came, then the error event instead of response.completed.
-        events = raw_stream(lone, handle, "/v1/responses", {"model": GPT, "input": "hi [sim tokens=4]"})
-        name, data = events[-1]
-        assert name == "error" and json.loads(data)["code"] == "service_unavailable"
-        payloads = [json.loads(d) for _, d in events[:-1]]
-        assert [p["type"] for p in payloads].count("response.output_text.delta") == 4
-        assert "response.completed" not in [p["type"] for p in payloads]
-        # The model ran: both were charged. Not kept, as `store: false` would not be.
-        assert usage_record(lone, handle, payloads[0]["id"])["usage"]["completion_tokens"] >= 3
-        with lone.client(handle.key) as c:
-            assert (
-                c.post("/v1/responses", json={"model": GPT, "input": "x", "store": False}).status_code == 200
-            )
+        with openai.OpenAI(base_url=lone.openai_base, api_key=handle.key, max_retries=0) as oai:
+            raw = oai.responses.with_raw_response.create(model=GPT, input="hi [sim tokens=3]")
+            plain = raw.parse()
+            # Answered and charged once, said not to be kept (as with store: false).
+            assert stored(plain) is False and len(plain.output_text.split()) == 3
+            assert Decimal(raw.headers["x-service-cost"]) > 0
+            with oai.responses.stream(model=GPT, input="hi [sim tokens=4]") as stream:
+                streamed = stream.get_final_response()
+            assert stored(streamed) is False and streamed.status == "completed"
+            assert usage_record(lone, handle, streamed.id)["usage"]["completion_tokens"] == 4

@@ -9,7 +9,6 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -570,7 +569,7 @@ def test_kept_responses_form_conversations_of_their_account(new_store: StoreFact
             now = now_ms()
             tag = os.urandom(6).hex()
 
-            def turn(n: int, previous: int | None, expires: int, account: str = mine) -> KeptResponse:
+            def turn(n: int, previous: int | None, account: str = mine) -> KeptResponse:
                 return KeptResponse(
                     id=f"resp_{tag}{n}",
                     account_id=account,
@@ -578,15 +577,13 @@ def test_kept_responses_form_conversations_of_their_account(new_store: StoreFact
                     previous_id=None if previous is None else f"resp_{tag}{previous}",
                     items=f'[{{"id": "msg_{tag}{n}"}}]'.encode(),
                     body=f'{{"id": "resp_{tag}{n}"}}'.encode(),
-                    expires_at_ms=expires,
                 )
 
-            first, second, third = turn(1, None, now + 100), turn(2, 1, now + 200), turn(3, 2, now + 300)
-            for kept in (first, second, third):
-                await store.keep_response(kept)
-            assert await store.find_kept_response(second.id, mine, now) == replace(
-                second, expires_at_ms=now + 300
-            )
+            first, second, third = turn(1, None), turn(2, 1), turn(3, 2)
+            await store.keep_response(first, now + 100)
+            await store.keep_response(second, now + 200)
+            await store.keep_response(third, now + 300)
+            assert await store.find_kept_response(second.id, mine, now) == second
             # The conversation, oldest turn first; the walk stops once past the byte limit.
             assert await store.kept_conversation(third.id, mine, now, 10_000) == [
                 first.items,
@@ -597,7 +594,7 @@ def test_kept_responses_form_conversations_of_their_account(new_store: StoreFact
             at_most = len(third.items)
             assert await store.kept_conversation(third.id, mine, now, at_most) == [second.items, third.items]
             assert await store.kept_conversation(second.id, mine, now, 10_000) == [first.items, second.items]
-            # A later turn keeps the earlier ones as long as itself: the first outlives its own expiry.
+            # A conversation lasts from its last turn: the first outlives the expiry it was kept with.
             assert await store.kept_conversation(third.id, mine, now + 250, 10_000) is not None
             assert await store.find_kept_response(first.id, mine, now + 250) is not None
             # Nothing of it is another account's, and an expired one is gone.
@@ -610,13 +607,19 @@ def test_kept_responses_form_conversations_of_their_account(new_store: StoreFact
             }
             assert await store.kept_items([first.id], other, now) == {}
             assert await store.kept_items([], mine, now) == {}
-            theirs = turn(4, None, now + 50, account=other)
-            await store.keep_response(theirs)
-            assert await store.purge_responses(now + 100) >= 1
+            # A turn that names another conversation's items keeps that one as long as itself.
+            named, naming = turn(4, None), turn(5, None)
+            await store.keep_response(named, now + 100)
+            await store.keep_response(naming, now + 400, touches=[named.id, "resp_missing"])
+            assert await store.kept_items([named.id], mine, now + 350) == {named.id: named.items}
+            theirs = turn(6, None, account=other)
+            await store.keep_response(theirs, now + 50)
+            assert await store.purge_responses(now + 100) == 1
             assert await store.find_kept_response(theirs.id, other, now) is None
             assert await store.find_kept_response(first.id, mine, now) is not None
-            await store.purge_responses(now + 300)
+            assert await store.purge_responses(now + 300) == 3
             assert await store.kept_items([first.id, second.id, third.id], mine, now) == {}
+            assert await store.find_kept_response(named.id, mine, now) is not None
 
     asyncio.run(main())
 

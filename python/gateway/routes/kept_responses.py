@@ -5,7 +5,8 @@ stored one (`store` not false): what the turn added to the conversation (its inp
 resolved, then its output items) and the Response object. A later turn may name it as
 `previous_response_id` (the whole conversation then goes before the new input, instructions excepted,
 as OpenAI does) or name its output items by `item_reference` (the AI SDK's `openai.responses(...)`
-does, its `store` being true by default). A conversation is kept 30 days from its last turn.
+does, its `store` being true by default). A conversation is kept 30 days from its last turn, and so
+is one whose items a later turn names.
 
 Output item ids name their response: `msg_X`, `rs_X` and `fc_X_n` belong to `resp_X`
 (gateway.translate.responses_answer), so the items a request names are found by response id, in one
@@ -42,39 +43,49 @@ class Turn:
 
     `payload` is the request as the translation to chat reads it: the whole conversation as `input`
     (earlier turns, then this one's items) and no previous_response_id. `items` is this turn's
-    input, references resolved: what is kept of it, with the output, for the next turn."""
+    input, references resolved: what is kept of it, with the output, for the next turn. `brought`
+    is the bytes the kept conversation and items added to the request (its prompt is that much
+    larger than its body); `touches` the kept responses whose items it named."""
 
     payload: dict[str, Any]
     items: list[dict[str, Any]]
     previous_id: str | None
+    brought: int = 0
+    touches: tuple[str, ...] = ()
 
 
 async def resolve(state: GatewayState, call: Call, payload: dict[str, Any]) -> Turn:
     """The request with its previous_response_id and item_references replaced by what they name.
     Either naming what this account has not kept (unknown, expired, another account's, made with
-    `store: false`) is 400 `invalid_request`, as OpenAI answers. What they bring in together may be
-    at most the request size limit (what a client could have sent itself), or 413."""
+    `store: false`) is 400 `invalid_request`, as OpenAI answers, and so is an item named twice. What
+    they bring in together may be at most the request size limit (what a client could have sent
+    itself), or 413."""
     given = payload.get("input")
     items: list[dict[str, Any]] = (
         [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given or []
     )
     budget = state.settings.max_request_bytes
-    resolved, brought = await _resolve_references(state, call, items, budget)
     previous = payload.get("previous_response_id")
-    if previous is None:
-        # Nothing named: the request goes as it came.
-        return Turn(payload if resolved is items else {**payload, "input": resolved}, resolved, None)
-    history = await _conversation(state, call, previous, budget - brought)
-    expanded = {**payload, "input": history + resolved}
-    del expanded["previous_response_id"]
-    return Turn(expanded, resolved, previous)
+    history: list[dict[str, Any]] = []
+    history_bytes = 0
+    if previous is not None:
+        history, history_bytes = await _conversation(state, call, previous, budget)
+    named = _references(items)
+    if not named:
+        if previous is None:  # nothing named: the request goes as it came
+            return Turn(payload, items, None)
+        return Turn(_expanded(payload, history + items), items, previous, history_bytes)
+    resolved, brought, touches = await _resolve(state, call, items, named, history, budget - history_bytes)
+    return Turn(_expanded(payload, history + resolved), resolved, previous, history_bytes + brought, touches)
 
 
 async def keep(
     state: GatewayState, call: Call, model: ModelConfig, turn: Turn, response: dict[str, Any]
-) -> None:
+) -> bool:
     """Keep a translated response (as its client saw it) for the turns that may follow it;
-    committed when this returns. A store that fails is 503: the answer was not kept."""
+    committed when this returns True. A store that fails is logged, and the answer goes out
+    unkept (False): the caller says `store: false` on it, as if the client had asked for that. The
+    model's answer is charged either way, and never lost for want of a copy."""
     output = response.get("output")
     items = turn.items + (output if isinstance(output, list) else [])
     kept = KeptResponse(
@@ -83,44 +94,92 @@ async def keep(
         model=model.name,
         previous_id=turn.previous_id,
         items=orjson.dumps(items),
-        body=orjson.dumps(response),
-        expires_at_ms=now_ms() + RESPONSE_TTL_MS,
+        body=orjson.dumps({**response, "store": True}),
     )
     try:
-        await state.store.keep_response(kept)
-    except GatewayError:
-        raise  # the store's own 503 (PostgreSQL out of reach)
-    except Exception as exc:
-        log.exception("request %s: response %s could not be kept", call.request_id, kept.id)
-        raise GatewayError(
-            "service_unavailable", "The gateway could not keep the answer (`store` is true). Retry shortly."
-        ) from exc
+        await state.store.keep_response(kept, now_ms() + RESPONSE_TTL_MS, turn.touches)
+    except Exception:
+        log.exception(
+            "request %s: response %s could not be kept; answered with store false", call.request_id, kept.id
+        )
+        return False
+    return True
 
 
-async def _conversation(state: GatewayState, call: Call, previous: str, budget: int) -> list[dict[str, Any]]:
-    """Every item of the kept conversation that `previous` ends, oldest first; at most `budget`
-    bytes of them."""
+async def refuse_kept_items(
+    state: GatewayState, call: Call, model: ModelConfig, payload: dict[str, Any]
+) -> None:
+    """For a model whose upstream keeps its state (type responses): item_references naming items
+    the gateway keeps for a chat model are out of that upstream's reach, 400 naming the model that
+    said them (an item the gateway did not make is the upstream's own, and goes to it)."""
+    given = payload.get("input")
+    owners = {
+        i: _owner(item_id) for i, item_id in (_references(given) if isinstance(given, list) else {}).items()
+    }
+    asked = sorted({owner for owner in owners.values() if owner is not None})
+    kept = await state.store.kept_items(asked, call.ctx.account.id, now_ms()) if asked else {}
+    if kept:
+        first = min(i for i, owner in owners.items() if owner in kept)
+        raise await _out_of_reach(state, call, model, f"input[{first}]", str(owners[first]))
+
+
+async def previous_unknown(
+    state: GatewayState, call: Call, model: ModelConfig, previous: str
+) -> GatewayError:
+    """The 400 for a previous_response_id that no upstream holds for a model of type responses: it
+    names a chat model's kept response, or nothing this account has."""
+    if await state.store.find_kept_response(previous, call.ctx.account.id, now_ms()) is not None:
+        return await _out_of_reach(state, call, model, "previous_response_id", previous)
+    return previous_not_found(previous)
+
+
+async def _out_of_reach(
+    state: GatewayState, call: Call, model: ModelConfig, param: str, rid: str
+) -> GatewayError:
+    made = await state.store.find_kept_response(rid, call.ctx.account.id, now_ms())
+    maker = made.model if made is not None else "a chat model"
+    return invalid_request(
+        f"`{param}` names what {maker!r} said, a chat model whose conversation the gateway keeps; "
+        f"{model.name!r} has its conversation kept by its own upstream, which does not know it."
+        " Continue with a chat model, or send the conversation's items themselves as `input`.",
+        param,
+    )
+
+
+def previous_not_found(previous: str) -> GatewayError:
+    return invalid_request(f"Previous response with id {_shown(previous)} not found.", "previous_response_id")
+
+
+def _expanded(payload: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:
+    expanded = {**payload, "input": conversation}
+    expanded.pop("previous_response_id", None)
+    return expanded
+
+
+async def _conversation(
+    state: GatewayState, call: Call, previous: str, budget: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Every item of the kept conversation that `previous` ends, oldest first, and their bytes (at
+    most `budget`)."""
     account = call.ctx.account.id
     turns = await state.store.kept_conversation(previous, account, now_ms(), budget)
     if turns is None:
         held = await state.store.find_response(previous, account, now_ms())
         if held is not None:
             raise invalid_request(
-                f"Response {previous!r} was made by {held.model!r}, whose upstream holds its state: a "
-                f"chat model cannot continue it. Continue the conversation with {held.model!r}.",
+                f"Response {_shown(previous)} was made by {held.model!r}, whose upstream holds its state: "
+                f"a chat model cannot continue it. Continue the conversation with {held.model!r}.",
                 "previous_response_id",
             )
-        raise invalid_request(f"Previous response with id {previous!r} not found.", "previous_response_id")
-    if sum(len(items) for items in turns) > budget:
-        raise _too_large(state, f"The conversation that {previous!r} ends", "previous_response_id")
-    return [item for items in turns for item in orjson.loads(items)]
+        raise previous_not_found(previous)
+    size = sum(len(items) for items in turns)
+    if size > budget:
+        raise _too_large(state, f"The conversation that {_shown(previous)} ends", "previous_response_id")
+    return [item for items in turns for item in orjson.loads(items)], size
 
 
-async def _resolve_references(
-    state: GatewayState, call: Call, items: list[dict[str, Any]], budget: int
-) -> tuple[list[dict[str, Any]], int]:
-    """`items` with every item_reference replaced by the kept item it names (the same list when
-    there is none), and the bytes the replacements brought in (at most `budget`)."""
+def _references(items: list[dict[str, Any]]) -> dict[int, str]:
+    """The item ids that item_reference items name, by their place in `items`."""
     named: dict[int, str] = {}
     for i, item in enumerate(items):
         if item.get("type") == "item_reference":
@@ -128,26 +187,40 @@ async def _resolve_references(
             if not isinstance(item_id, str) or not item_id:
                 raise invalid_request(f"`input[{i}].id` must be an item id.", f"input[{i}].id")
             named[i] = item_id
-    if not named:
-        return items, 0
-    owners = {_owner(item_id) for item_id in named.values()}
-    kept = await state.store.kept_items(
-        sorted(o for o in owners if o is not None), call.ctx.account.id, now_ms()
-    )
+    return named
+
+
+async def _resolve(
+    state: GatewayState,
+    call: Call,
+    items: list[dict[str, Any]],
+    named: dict[int, str],
+    history: list[dict[str, Any]],
+    budget: int,
+) -> tuple[list[dict[str, Any]], int, tuple[str, ...]]:
+    """`items` with every item_reference replaced by the kept item it names, the bytes that brought
+    in (at most `budget`), and the kept responses named. An item already in the conversation, or
+    named twice, is 400 as OpenAI answers: it would be said twice."""
+    owners = sorted({owner for owner in map(_owner, named.values()) if owner is not None})
+    kept = await state.store.kept_items(owners, call.ctx.account.id, now_ms())
     found: dict[str, tuple[dict[str, Any], int]] = {}  # by item id: the item, and its size
     for response in kept.values():
         for item in orjson.loads(response):
             if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"] not in found:
                 found[item["id"]] = (item, len(orjson.dumps(item)))
+    said = {item["id"] for item in history if isinstance(item.get("id"), str)}
     resolved, brought = list(items), 0
     for i, item_id in named.items():
         if item_id not in found:
-            raise invalid_request(f"Item with id {item_id!r} not found.", f"input[{i}]")
+            raise invalid_request(f"Item with id {_shown(item_id)} not found.", f"input[{i}]")
+        if item_id in said:
+            raise invalid_request(f"Duplicate item found with id {_shown(item_id)}.", f"input[{i}]")
+        said.add(item_id)
         resolved[i], size = found[item_id]
         brought += size
-        if brought > budget:  # many references to one large item would multiply it
+        if brought > budget:
             raise _too_large(state, "The items that `input` references", "input")
-    return resolved, brought
+    return resolved, brought, tuple(sorted(kept))
 
 
 def _too_large(state: GatewayState, what: str, param: str) -> GatewayError:
@@ -159,6 +232,11 @@ def _too_large(state: GatewayState, what: str, param: str) -> GatewayError:
         " of it that matters as `input`.",
         param=param,
     )
+
+
+def _shown(given: str) -> str:
+    """A client's id as an error message quotes it: cut short when it is longer than any id."""
+    return repr(given if len(given) <= 100 else given[:100] + "...")
 
 
 def _owner(item_id: str) -> str | None:

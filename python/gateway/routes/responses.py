@@ -42,6 +42,7 @@ from ..translate import (
     response_item_text,
     response_output_text,
 )
+from ..translate.stream_base import FromChatStream
 from . import kept_responses
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body, resolve_model
 from .streaming import forward_stream
@@ -62,6 +63,7 @@ def routes(state: GatewayState) -> list[Route]:
         in_background = upstream.get("background") is True
         if in_background:
             _validate_background(payload)
+        await kept_responses.refuse_kept_items(state, call, model, payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
         prompt = await _check_and_hold(state, request, call, model, payload)
         previous = payload.get("previous_response_id")
@@ -69,9 +71,7 @@ def routes(state: GatewayState) -> list[Route]:
         if previous is not None:
             held = await state.store.find_response(previous, call.ctx.account.id, now_ms())
             if held is None:
-                raise invalid_request(
-                    f"Previous response with id {previous!r} not found.", "previous_response_id"
-                )
+                raise await kept_responses.previous_unknown(state, call, model, previous)
             only = _channel_holding(model, held)
             upstream["previous_response_id"] = held.upstream_id
         rid = response_id("resp_")
@@ -181,7 +181,12 @@ def routes(state: GatewayState) -> list[Route]:
 
 
 async def _check_and_hold(
-    state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
+    state: GatewayState,
+    request: Request,
+    call: Call,
+    model: ModelConfig,
+    payload: dict[str, Any],
+    brought: int = 0,
 ) -> int:
     return await check_and_hold(
         state,
@@ -192,6 +197,7 @@ async def _check_and_hold(
         "responses",
         lambda: _prompt_tokens(model, payload),
         "max_output_tokens",
+        brought=brought,
     )
 
 
@@ -211,11 +217,19 @@ async def _from_chat_model(
         )
     turn = await kept_responses.resolve(state, call, payload)
     upstream = chat_body(state, model, turn.payload, call, chat_request_from_responses)
-    prompt = await _check_and_hold(state, request, call, model, turn.payload)
+    prompt = await _check_and_hold(state, request, call, model, turn.payload, turn.brought)
     rid = response_id("resp_")
+    keeps = payload.get("store") is not False
 
-    async def keep(answer: dict[str, Any]) -> None:
-        await kept_responses.keep(state, call, model, turn, answer)
+    async def kept_stream_end(stream: FromChatStream) -> bytes:
+        assert isinstance(stream, ResponsesStreamFromChat) and stream.answer is not None
+        return stream.last_events(await kept_responses.keep(state, call, model, turn, stream.answer))
+
+    async def kept_answer(body: bytes) -> bytes:
+        answer = orjson.loads(body)
+        if await kept_responses.keep(state, call, model, turn, answer):
+            return body
+        return orjson.dumps({**answer, "store": False})
 
     return await forward_to_chat_model(
         state,
@@ -226,10 +240,11 @@ async def _from_chat_model(
         upstream,
         rid,
         prompt,
-        new_stream=lambda counted: ResponsesStreamFromChat(rid, payload, counted),
+        new_stream=lambda counted: ResponsesStreamFromChat(rid, payload, counted, hold_end=keeps),
         from_chat=lambda completion, usage: response_from_chat_completion(completion, usage, rid, payload),
         error_event=responses_error_event,
-        keep=None if payload.get("store") is False else keep,
+        on_end=kept_stream_end if keeps else None,
+        on_answer=kept_answer if keeps else None,
     )
 
 
@@ -259,7 +274,7 @@ def _validate(payload: dict[str, Any]) -> None:
     previous = payload.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise invalid_request("`previous_response_id` must be a response id.", "previous_response_id")
-    for flag in ("stream", "background"):
+    for flag in ("stream", "background", "store"):
         if flag in payload and not isinstance(payload[flag], bool | None):
             raise invalid_request(f"`{flag}` must be a boolean.", flag)
 

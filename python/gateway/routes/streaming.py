@@ -85,15 +85,15 @@ async def forward_stream(
     error_event: StreamErrorRenderer = chat_error_event,
     only: ChannelConfig | None = None,
     on_start: Callable[[R, ChannelConfig], Awaitable[None]] | None = None,
-    on_end: Callable[[R], Awaitable[None]] | None = None,
+    on_end: Callable[[R], Awaitable[bytes]] | None = None,
 ) -> Response:
     """`new_rewriter()` makes the shape's rewriter, afresh for each attempt. `counted_prompt` is the
     gateway's own prompt count (check_and_hold's), used only when the upstream reports no usage.
     `error_event` renders the final error event in the shape's own format (gateway.stream_errors).
     `only` pins the request to the channel that holds its state. `on_start(rewriter, channel)` runs
     once the stream has started, before the client sees its first byte; `on_end(rewriter)` once the
-    rewriter has the whole answer, before the client sees its last event (a failure there ends the
-    stream with an error event instead).
+    rewriter has the whole answer, and what it returns ends the stream (a rewriter made for it holds
+    its last events back until then; a failure there ends the stream with an error event).
 
     Until the first token the stream is an attempt like any other (gateway.routing): retried, moved
     to another channel; from the first byte the client sees, never."""
@@ -163,30 +163,30 @@ async def forward_stream(
         delivered = 0
         sent_all = False
         progress = _Progress(time.monotonic())
-        ended_noted = False
+        ended = False
 
-        async def note_end(on_end: Callable[[R], Awaitable[None]]) -> None:
-            """on_end, once, now that the rewriter has ended the stream."""
-            nonlocal ended_noted
-            if not ended_noted:
-                ended_noted = True
-                try:
-                    await on_end(rewriter)
-                except Exception as exc:
-                    if not isinstance(exc, GatewayError):  # the route's own failure is said as it is
-                        log.exception("request %s: the stream's end could not be noted", call.request_id)
-                    said = exc if isinstance(exc, GatewayError) else unexpected_failure()
-                    raise _EndFailed(said.code, said.message) from exc
+        async def end(on_end: Callable[[R], Awaitable[bytes]]) -> bytes:
+            """on_end's bytes, once, now that the rewriter has the whole answer."""
+            nonlocal ended
+            if ended:
+                return b""
+            ended = True
+            try:
+                return await on_end(rewriter)
+            except Exception as exc:
+                if not isinstance(exc, GatewayError):  # the route's own failure is said as it is
+                    log.exception("request %s: the stream's end failed", call.request_id)
+                said = exc if isinstance(exc, GatewayError) else unexpected_failure()
+                raise _EndFailed(said.code, said.message) from exc
 
         # At the drain deadline (gateway.drain) the upstream is closed: the loop below ends there.
         unfollow = state.drain.follow(response.close)
         try:
-            if on_end is not None and rewriter.done:
-                await note_end(on_end)
-            yield first
+            head = first + await end(on_end) if on_end is not None and rewriter.done else first
+            yield head
             call.first_byte_ns = time.time_ns()
             delivered = rewriter.output_len
-            progress.sent(len(first))
+            progress.sent(len(head))
             billing.note_progress(
                 state, call, model, rid, outcome(delivered, False), progress.entry(state, request, call)
             )
@@ -194,7 +194,7 @@ async def forward_stream(
                 async for chunk in upstream:
                     out = rewriter.feed(chunk)
                     if on_end is not None and rewriter.done:  # no coroutine a chunk otherwise
-                        await note_end(on_end)
+                        out += await end(on_end)
                     if out:
                         yield out
                         delivered = rewriter.output_len
@@ -212,7 +212,7 @@ async def forward_stream(
                 else:
                     tail = rewriter.finish()
                     if on_end is not None and rewriter.done:
-                        await note_end(on_end)
+                        tail += await end(on_end)
                     if tail:
                         yield tail
                         delivered = rewriter.output_len

@@ -43,15 +43,17 @@ async def check_and_hold(
     endpoint_type: str,
     prompt_tokens: Callable[[], int],
     *limits: str,
+    brought: int = 0,
 ) -> int:
     """A text request's way in: the safety check of `payload` (in the `endpoint_type` shape), then
     the hold of the most it may cost, its whole prompt and as much output as the first of its
     `limits` parameters allows (billing.estimate_usage). The prompt is counted only once the check
     has passed (a large one in a thread, once the money covers the output: LARGE_PROMPT_BYTES).
     Returns that count: an upstream that reports no usage is billed from it, not from a second
-    count (which would be made on the event loop)."""
+    count (which would be made on the event loop). `brought` is the bytes of prompt the request
+    names rather than sends (a kept conversation: routes/kept_responses.py), large like a body."""
     await safety.check(state, request, call, model, payload, endpoint_type)
-    if _is_large(request):
+    if _is_large(request, brought):
         await billing.check_output_covered(
             state, call, model, billing.estimate_usage(model, 0, payload, *limits)
         )
@@ -67,8 +69,8 @@ async def count_prompt(request: Request, prompt_tokens: Callable[[], int]) -> in
     return await _count_in_thread(prompt_tokens) if _is_large(request) else prompt_tokens()
 
 
-def _is_large(request: Request) -> bool:
-    return len(request.scope.get(request_log.BODY_SCOPE_KEY, b"")) > LARGE_PROMPT_BYTES
+def _is_large(request: Request, brought: int = 0) -> bool:
+    return len(request.scope.get(request_log.BODY_SCOPE_KEY, b"")) + brought > LARGE_PROMPT_BYTES
 
 
 async def _count_in_thread(prompt_tokens: Callable[[], int]) -> int:

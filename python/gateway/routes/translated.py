@@ -27,8 +27,6 @@ from .upstream import CHAT_ANSWER, forward_plain
 ToChat = Callable[[dict[str, Any], str], dict[str, Any]]
 # The shape's stream translator, given the gateway's own count of the output (as Usage).
 NewStream = Callable[[Callable[[str], Usage]], FromChatStream]
-# What the route keeps of the answer in its shape (a Response object: routes/kept_responses.py).
-KeepAnswer = Callable[[dict[str, Any]], Awaitable[None]]
 # A whole chat completion as the shape's answer, with the usage billed.
 FromChat = Callable[[dict[str, Any], Usage], dict[str, Any]]
 
@@ -57,11 +55,13 @@ async def forward_to_chat_model(
     new_stream: NewStream,
     from_chat: FromChat,
     error_event: StreamErrorRenderer,
-    keep: KeepAnswer | None = None,
+    on_end: Callable[[FromChatStream], Awaitable[bytes]] | None = None,
+    on_answer: Callable[[bytes], Awaitable[bytes]] | None = None,
 ) -> Response:
     """`upstream` is chat_body's; the answer or stream comes back in the endpoint's shape.
     `counted_prompt` is check_and_hold's count, billed when the upstream reports no usage.
-    `keep(answer)` runs once the whole answer is known, before the client has all of it."""
+    `on_end` (forward_stream's) and `on_answer` (forward_plain's) run once the whole answer is
+    known, before the client has all of it (the route keeps it: routes/kept_responses.py)."""
 
     def counted_usage(output_text: str) -> Usage:
         return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
@@ -77,7 +77,7 @@ async def forward_to_chat_model(
             lambda: new_stream(counted_usage),
             counted_prompt,
             error_event=error_event,
-            on_end=None if keep is None else lambda rewriter: keep(_ended(rewriter)),
+            on_end=on_end,
         )
     return await forward_plain(
         state,
@@ -89,10 +89,5 @@ async def forward_to_chat_model(
         CHAT_ANSWER,
         lambda body: counted_usage(chat_output_text(body)),
         to_client=lambda body, usage: orjson.dumps(from_chat(orjson.loads(body), usage)),
-        on_answer=None if keep is None else lambda body: keep(orjson.loads(body)),
+        on_answer=on_answer,
     )
-
-
-def _ended(stream: FromChatStream) -> dict[str, Any]:
-    assert stream.answer is not None, "a translator that ends a stream has its answer"
-    return stream.answer

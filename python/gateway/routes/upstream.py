@@ -168,14 +168,14 @@ async def forward_plain(
     read_answer: AnswerReader,
     count_usage: Callable[[bytes], Usage],
     to_client: Callable[[bytes, Usage], bytes] | None = None,
-    on_answer: Callable[[bytes], Awaitable[None]] | None = None,
+    on_answer: Callable[[bytes], Awaitable[bytes]] | None = None,
 ) -> Response:
     """`read_answer(answer, rid)` stamps the gateway's id on the upstream's answer and reads the
     usage it reports in its shape (CHAT_ANSWER, MESSAGES_ANSWER, stamped_answer);
     `count_usage(answer)` is the gateway's own count, used only when the upstream reports none.
     `to_client(answer, usage)` turns an answer of the other text shape into the endpoint's
-    (gateway.translate). `on_answer(body)` runs once the answer is charged, before the client has it
-    (its failure is the request's: the charge stands)."""
+    (gateway.translate). `on_answer(body)` runs once the answer is charged, and what it returns is
+    the answer the client gets."""
     content = (await call_upstream(state, request, call, model, upstream_body)).content
     try:
         body, reported = read_answer(content, rid)
@@ -186,7 +186,7 @@ async def forward_plain(
         raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
     charged = billing.settle(state, call, model, rid, "completed", usage)
     if on_answer is not None:
-        await on_answer(body)
+        body = await on_answer(body)
     return JsonAnswer(
         body, headers={REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
     )

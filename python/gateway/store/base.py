@@ -252,13 +252,16 @@ class ResponseStates(Protocol):
     async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
         """The unexpired state of this account's response."""
 
-    async def keep_response(self, kept: KeptResponse) -> None:
-        """Keep a translated response; committed when this returns. The turns it continues (its
-        `previous_id`, theirs ...) are kept at least as long as it is: a conversation lasts from
-        its last turn."""
+    async def keep_response(
+        self, kept: KeptResponse, expires_at_ms: int, touches: Sequence[str] = ()
+    ) -> None:
+        """Keep a translated response; committed when this returns. It joins the conversation of
+        its `previous_id` (or begins one); that conversation, and those of the kept responses in
+        `touches` (whose items the turn named), are kept until `expires_at_ms` at least. Work
+        proportional to the turn, not to its conversation's length."""
 
     async def find_kept_response(self, response_id: str, account_id: str, now_ms: int) -> KeptResponse | None:
-        """This account's unexpired kept response."""
+        """This account's kept response, while its conversation is unexpired."""
 
     async def kept_conversation(
         self, response_id: str, account_id: str, now_ms: int, max_bytes: int
@@ -267,7 +270,7 @@ class ResponseStates(Protocol):
         None when the response is not kept (unknown, expired, another account's). The walk stops
         once the items add up to more than `max_bytes`: the caller sees the sum is over."""
 
-    async def kept_items(self, response_ids: list[str], account_id: str, now_ms: int) -> dict[str, bytes]:
+    async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         """The `items` of those of these kept responses that are this account's and unexpired."""
 
     async def purge_responses(self, now_ms: int) -> int:

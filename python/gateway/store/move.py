@@ -40,6 +40,7 @@ TABLES = (
     "leases",
     "idempotency",
     "response_states",
+    "kept_conversations",
     "kept_responses",
     "images",
     "video_files",

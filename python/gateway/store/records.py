@@ -282,7 +282,7 @@ class KeptResponse:
     name its output items (item_reference). `items` is what this turn added to the conversation, a
     JSON array of Responses items: its input (references resolved), then its output; `previous_id`
     the kept response it continued. `body` is the Response object as the client saw it. Scoped to
-    the account that made it."""
+    the account that made it; kept as long as its conversation (the turns linked by previous_id)."""
 
     id: str
     account_id: str
@@ -290,7 +290,6 @@ class KeptResponse:
     previous_id: str | None
     items: bytes
     body: bytes
-    expires_at_ms: int
 
 
 @frozen

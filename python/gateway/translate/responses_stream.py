@@ -54,7 +54,8 @@ class ResponsesStreamFromChat(FromChatStream):
 
     `request` is the client's responses request (its settings are echoed in the Response object);
     `counted_usage(output_text)` is the gateway's own count, shown only when the upstream reports
-    no usage."""
+    no usage. With `hold_end`, the stream's last events wait for `last_events()`, once the route
+    has kept the answer (`self.answer`) or failed to."""
 
     def __init__(
         self,
@@ -62,6 +63,8 @@ class ResponsesStreamFromChat(FromChatStream):
         request: dict[str, Any],
         counted_usage: Callable[[str], Usage],
         created_at: int | None = None,
+        *,
+        hold_end: bool = False,
     ) -> None:
         super().__init__()
         self._id = response_id
@@ -73,6 +76,7 @@ class ResponsesStreamFromChat(FromChatStream):
         self._items: list[dict[str, Any]] = []  # the output items, by output_index
         self._open: OpenItem | None = None  # the open reasoning or message item
         self._calls: dict[int, OpenItem] = {}  # tool calls by their chat index; open until the end
+        self._hold_end = hold_end
 
     def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
         reasoning = reasoning_text(delta)
@@ -242,11 +246,24 @@ class ResponsesStreamFromChat(FromChatStream):
             self._start(None, out)
         self._close(out)
         self._close_calls(out)
-        status = finished_status(self._finish_reason)
-        self.answer = self._response(status)
-        self._event(f"response.{status}", {"response": self.answer}, out)
-        out.append(b"data: [DONE]\n\n")
+        self.answer = self._response(finished_status(self._finish_reason))
         self.done = True
+        if not self._hold_end:
+            out += self._last_events(self.answer)
+
+    def last_events(self, kept: bool) -> bytes:
+        """The held end of the stream: response.completed (or .incomplete) saying whether the answer
+        was kept (`store`), and the gateway's `data: [DONE]`."""
+        assert self.answer is not None and self._hold_end, "the stream has ended, its end held"
+        events = self._last_events({**self.answer, "store": kept and self.answer["store"]})
+        self.chunks += len(events)
+        return b"".join(events)
+
+    def _last_events(self, answer: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        self._event(f"response.{answer['status']}", {"response": answer}, out)
+        out.append(b"data: [DONE]\n\n")
+        return out
 
     def _event(self, name: str, fields: dict[str, Any], out: list[bytes]) -> None:
         data = orjson.dumps({"id": self._id, "type": name, "sequence_number": self._sequence, **fields})

@@ -667,37 +667,44 @@ class PostgresStore(PostgresConsole):
         )
         return None if row is None else ResponseState(*row)
 
-    async def keep_response(self, kept: KeptResponse) -> None:
+    async def keep_response(
+        self, kept: KeptResponse, expires_at_ms: int, touches: Sequence[str] = ()
+    ) -> None:
         async def work(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                "INSERT INTO kept_responses (id, account_id, model, previous_id, items, body, expires_at_ms)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            conversation = await conn.fetchval(
+                "INSERT INTO kept_responses"
+                " (id, account_id, model, previous_id, conversation_id, items, body)"
+                " VALUES ($1, $2, $3, $4::text, COALESCE((SELECT conversation_id FROM kept_responses"
+                " WHERE id = $4::text), $1), $5, $6) RETURNING conversation_id",
                 kept.id,
                 kept.account_id,
                 kept.model,
                 kept.previous_id,
                 kept.items,
                 kept.body,
-                kept.expires_at_ms,
             )
-            if kept.previous_id is not None:
-                # The turns it continues are kept as long as it is.
+            await conn.execute(
+                "INSERT INTO kept_conversations (id, expires_at_ms) VALUES ($1, $2) ON CONFLICT (id)"
+                " DO UPDATE SET expires_at_ms"
+                " = GREATEST(kept_conversations.expires_at_ms, excluded.expires_at_ms)",
+                conversation,
+                expires_at_ms,
+            )
+            if touches:
                 await conn.execute(
-                    "WITH RECURSIVE turn(id) AS (SELECT $1::text UNION"
-                    " SELECT k.previous_id FROM kept_responses k JOIN turn ON k.id = turn.id"
-                    " WHERE k.previous_id IS NOT NULL)"
-                    " UPDATE kept_responses SET expires_at_ms = GREATEST(expires_at_ms, $2)"
-                    " WHERE id IN (SELECT id FROM turn)",
-                    kept.previous_id,
-                    kept.expires_at_ms,
+                    "UPDATE kept_conversations SET expires_at_ms = GREATEST(expires_at_ms, $1) WHERE id IN"
+                    " (SELECT conversation_id FROM kept_responses WHERE id = ANY($2::text[]))",
+                    expires_at_ms,
+                    list(touches),
                 )
 
         await self._tx(work)
 
     async def find_kept_response(self, response_id: str, account_id: str, now_ms: int) -> KeptResponse | None:
         row = await self._fetchrow(
-            "SELECT id, account_id, model, previous_id, items, body, expires_at_ms FROM kept_responses"
-            " WHERE id = $1 AND account_id = $2 AND expires_at_ms > $3",
+            "SELECT r.id, r.account_id, r.model, r.previous_id, r.items, r.body FROM kept_responses r"
+            " JOIN kept_conversations c ON c.id = r.conversation_id"
+            " WHERE r.id = $1 AND r.account_id = $2 AND c.expires_at_ms > $3",
             response_id,
             account_id,
             now_ms,
@@ -709,8 +716,9 @@ class PostgresStore(PostgresConsole):
     ) -> list[bytes] | None:
         found = await self._fetch(
             "WITH RECURSIVE turn(id, previous_id, items, total, depth) AS ("
-            " SELECT id, previous_id, items, octet_length(items)::bigint, 0 FROM kept_responses"
-            " WHERE id = $1 AND account_id = $2 AND expires_at_ms > $3"
+            " SELECT r.id, r.previous_id, r.items, octet_length(r.items)::bigint, 0 FROM kept_responses r"
+            " JOIN kept_conversations c ON c.id = r.conversation_id"
+            " WHERE r.id = $1 AND r.account_id = $2 AND c.expires_at_ms > $3"
             " UNION ALL SELECT k.id, k.previous_id, k.items, turn.total + octet_length(k.items),"
             " turn.depth + 1 FROM kept_responses k JOIN turn ON k.id = turn.previous_id"
             " WHERE k.account_id = $2 AND turn.total <= $4)"
@@ -722,20 +730,29 @@ class PostgresStore(PostgresConsole):
         )
         return [row[0] for row in found] or None
 
-    async def kept_items(self, response_ids: list[str], account_id: str, now_ms: int) -> dict[str, bytes]:
+    async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         if not response_ids:
             return {}
         found = await self._fetch(
-            "SELECT id, items FROM kept_responses WHERE id = ANY($1::text[])"
-            " AND account_id = $2 AND expires_at_ms > $3",
-            response_ids,
+            "SELECT r.id, r.items FROM kept_responses r JOIN kept_conversations c ON c.id = r.conversation_id"
+            " WHERE r.id = ANY($1::text[]) AND r.account_id = $2 AND c.expires_at_ms > $3",
+            list(response_ids),
             account_id,
             now_ms,
         )
         return {row[0]: row[1] for row in found}
 
     async def purge_responses(self, now_ms: int) -> int:
-        kept = rows.count(await self._execute("DELETE FROM kept_responses WHERE expires_at_ms <= $1", now_ms))
+        async def work(conn: asyncpg.Connection) -> int:
+            kept = await conn.execute(
+                "DELETE FROM kept_responses WHERE conversation_id IN"
+                " (SELECT id FROM kept_conversations WHERE expires_at_ms <= $1)",
+                now_ms,
+            )
+            await conn.execute("DELETE FROM kept_conversations WHERE expires_at_ms <= $1", now_ms)
+            return rows.count(kept)
+
+        kept = await self._tx(work)
         return kept + rows.count(
             await self._execute("DELETE FROM response_states WHERE expires_at_ms <= $1", now_ms)
         )

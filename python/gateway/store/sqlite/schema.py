@@ -318,18 +318,23 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN recalled INTEGER NOT NULL DEFAULT 0;
     """,
     # Responses the gateway keeps itself (a chat model's translated answers): a turn's items, the
-    # turn it continued, and the Response object.
+    # turn it continued, and the Response object; kept as long as their conversation.
     """
+    CREATE TABLE kept_conversations (
+        id TEXT PRIMARY KEY,
+        expires_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX kept_conversations_expiry ON kept_conversations(expires_at_ms);
     CREATE TABLE kept_responses (
         id TEXT PRIMARY KEY,
         account_id TEXT NOT NULL,
         model TEXT NOT NULL,
         previous_id TEXT,
+        conversation_id TEXT NOT NULL,
         items BLOB NOT NULL,
-        body BLOB NOT NULL,
-        expires_at_ms INTEGER NOT NULL
+        body BLOB NOT NULL
     );
-    CREATE INDEX kept_responses_expiry ON kept_responses(expires_at_ms);
+    CREATE INDEX kept_responses_conversation ON kept_responses(conversation_id);
     """,
 )
 

@@ -83,13 +83,6 @@ from .rows import (
 from .schema import MIGRATIONS, migrate
 from .writer import WriteOp, Writer
 
-# A new turn keeps the turns it continues as long as itself: each one's expiry is raised to its own.
-_KEEP_CONVERSATION = (
-    "WITH RECURSIVE turn(id) AS (SELECT ? UNION"
-    " SELECT k.previous_id FROM kept_responses k JOIN turn ON k.id = turn.id WHERE k.previous_id IS NOT NULL)"
-    " UPDATE kept_responses SET expires_at_ms = max(expires_at_ms, ?) WHERE id IN (SELECT id FROM turn)"
-)
-
 
 class SqliteStore(SqliteConsole):
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -441,23 +434,35 @@ class SqliteStore(SqliteConsole):
 
         await self._write(op)
 
-    async def keep_response(self, kept: KeptResponse) -> None:
+    async def keep_response(
+        self, kept: KeptResponse, expires_at_ms: int, touches: Sequence[str] = ()
+    ) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO kept_responses (id, account_id, model, previous_id, items, body, expires_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    kept.id,
-                    kept.account_id,
-                    kept.model,
-                    kept.previous_id,
-                    kept.items,
-                    kept.body,
-                    kept.expires_at_ms,
-                ),
+            row = (
+                None
+                if kept.previous_id is None
+                else conn.execute(
+                    "SELECT conversation_id FROM kept_responses WHERE id = ?", (kept.previous_id,)
+                ).fetchone()
             )
-            if kept.previous_id is not None:
-                conn.execute(_KEEP_CONVERSATION, (kept.previous_id, kept.expires_at_ms))
+            conversation = kept.id if row is None else row[0]
+            conn.execute(
+                "INSERT INTO kept_responses"
+                " (id, account_id, model, previous_id, conversation_id, items, body)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (kept.id, kept.account_id, kept.model, kept.previous_id, conversation, kept.items, kept.body),
+            )
+            conn.execute(
+                "INSERT INTO kept_conversations (id, expires_at_ms) VALUES (?, ?) ON CONFLICT (id)"
+                " DO UPDATE SET expires_at_ms = max(expires_at_ms, excluded.expires_at_ms)",
+                (conversation, expires_at_ms),
+            )
+            for chunk in _chunks(touches):
+                conn.execute(
+                    "UPDATE kept_conversations SET expires_at_ms = max(expires_at_ms, ?) WHERE id IN"
+                    f" (SELECT conversation_id FROM kept_responses WHERE id IN ({_marks(chunk)}))",
+                    (expires_at_ms, *chunk),
+                )
 
         await self._write(op)
 
@@ -465,8 +470,9 @@ class SqliteStore(SqliteConsole):
         row = (
             self._read()
             .execute(
-                "SELECT id, account_id, model, previous_id, items, body, expires_at_ms FROM kept_responses"
-                " WHERE id = ? AND account_id = ? AND expires_at_ms > ?",
+                "SELECT r.id, r.account_id, r.model, r.previous_id, r.items, r.body FROM kept_responses r"
+                " JOIN kept_conversations c ON c.id = r.conversation_id"
+                " WHERE r.id = ? AND r.account_id = ? AND c.expires_at_ms > ?",
                 (response_id, account_id, now_ms),
             )
             .fetchone()
@@ -480,8 +486,9 @@ class SqliteStore(SqliteConsole):
             self._read()
             .execute(
                 "WITH RECURSIVE turn(id, previous_id, items, total, depth) AS ("
-                " SELECT id, previous_id, items, length(items), 0 FROM kept_responses"
-                " WHERE id = ? AND account_id = ? AND expires_at_ms > ?"
+                " SELECT r.id, r.previous_id, r.items, length(r.items), 0 FROM kept_responses r"
+                " JOIN kept_conversations c ON c.id = r.conversation_id"
+                " WHERE r.id = ? AND r.account_id = ? AND c.expires_at_ms > ?"
                 " UNION ALL SELECT k.id, k.previous_id, k.items, turn.total + length(k.items), turn.depth + 1"
                 " FROM kept_responses k JOIN turn ON k.id = turn.previous_id"
                 " WHERE k.account_id = ? AND turn.total <= ?)"
@@ -492,17 +499,15 @@ class SqliteStore(SqliteConsole):
         )
         return [items for (items,) in rows] or None
 
-    async def kept_items(self, response_ids: list[str], account_id: str, now_ms: int) -> dict[str, bytes]:
+    async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
-        # A few hundred ids a statement: SQLite limits a statement's parameters.
-        for at in range(0, len(response_ids), 500):
-            chunk = response_ids[at : at + 500]
-            marks = ", ".join("?" * len(chunk))
+        for chunk in _chunks(response_ids):
             rows = (
                 self._read()
                 .execute(
-                    f"SELECT id, items FROM kept_responses WHERE id IN ({marks})"
-                    " AND account_id = ? AND expires_at_ms > ?",
+                    f"SELECT r.id, r.items FROM kept_responses r WHERE r.id IN ({_marks(chunk)})"
+                    " AND r.account_id = ? AND (SELECT c.expires_at_ms FROM kept_conversations c"
+                    " WHERE c.id = r.conversation_id) > ?",
                     (*chunk, account_id, now_ms),
                 )
                 .fetchall()
@@ -512,9 +517,14 @@ class SqliteStore(SqliteConsole):
 
     async def purge_responses(self, now_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
-            kept = conn.execute("DELETE FROM kept_responses WHERE expires_at_ms <= ?", (now_ms,)).rowcount
+            deleted: int = conn.execute(
+                "DELETE FROM kept_responses WHERE conversation_id IN"
+                " (SELECT id FROM kept_conversations WHERE expires_at_ms <= ?)",
+                (now_ms,),
+            ).rowcount
+            conn.execute("DELETE FROM kept_conversations WHERE expires_at_ms <= ?", (now_ms,))
             return (
-                kept
+                deleted
                 + conn.execute("DELETE FROM response_states WHERE expires_at_ms <= ?", (now_ms,)).rowcount
             )
 
@@ -981,3 +991,16 @@ def _write_ahead_log(conn: sqlite3.Connection) -> None:
             if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                 raise
         time.sleep(0.01)
+
+
+# Ids a statement: SQLite limits a statement's parameters (32,766), a request may name more.
+_CHUNK = 500
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for at in range(0, len(ids), _CHUNK):
+        yield ids[at : at + _CHUNK]
+
+
+def _marks(ids: Sequence[str]) -> str:
+    return ", ".join("?" * len(ids))
