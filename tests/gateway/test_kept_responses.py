@@ -16,6 +16,7 @@ from typing import Any, cast
 import httpx
 import openai
 import pytest
+from test_responses import check_unknown_foreign_and_unstored_refused
 from test_responses_translation import TOOLS
 from test_translation import GPT, marker, usage_record
 
@@ -180,18 +181,11 @@ def test_a_responses_model_cannot_continue_what_the_gateway_keeps(oai: openai.Op
 
 
 def test_what_is_not_kept_cannot_be_continued_or_fetched(gw: Gateway, oai: openai.OpenAI) -> None:
-    unkept = oai.responses.create(model=GPT, input="not kept", store=False)
+    unkept, kept = check_unknown_foreign_and_unstored_refused(gw, oai, GPT)
     assert stored(unkept) is False
-    kept = oai.responses.create(model=GPT, input="kept")
     native = oai.responses.create(model=NATIVE, input="held upstream")
     stranger = gw.new_key()
     with openai.OpenAI(base_url=gw.openai_base, api_key=stranger.key, max_retries=0) as theirs:
-        for client, previous in ((oai, "resp_nope"), (oai, unkept.id), (theirs, kept.id)):
-            with pytest.raises(openai.BadRequestError) as err:
-                client.responses.create(model=GPT, input="next", previous_response_id=previous)
-            assert err.value.code == "invalid_request"
-            assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"
-            assert "not found" in err.value.message
         for client, rid in ((oai, unkept.id), (theirs, kept.id)):
             with pytest.raises(openai.NotFoundError):
                 client.responses.retrieve(rid)

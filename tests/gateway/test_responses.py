@@ -114,18 +114,26 @@ def test_streamed_turn_can_be_continued(oai: openai.OpenAI) -> None:
     assert second.status == "completed" and second.previous_response_id == first.id
 
 
-def test_unknown_foreign_and_unstored_previous_ids_are_refused(
-    gw: Gateway, key: KeyHandle, oai: openai.OpenAI
-) -> None:
-    unstored = oai.responses.create(model=MODEL, input="not kept", store=False)
-    kept = oai.responses.create(model=MODEL, input="kept")
+def test_unknown_foreign_and_unstored_previous_ids_are_refused(gw: Gateway, oai: openai.OpenAI) -> None:
+    check_unknown_foreign_and_unstored_refused(gw, oai, MODEL)
+
+
+def check_unknown_foreign_and_unstored_refused(
+    gw: Gateway, oai: openai.OpenAI, model: str
+) -> tuple[openai.types.responses.Response, openai.types.responses.Response]:
+    """An unknown previous id, one made with store false, and another account's are 400 "not
+    found" (as OpenAI answers); returns the unkept response and the kept one."""
+    unstored = oai.responses.create(model=model, input="not kept", store=False)
+    kept = oai.responses.create(model=model, input="kept")
     other = gw.new_key()
     with openai.OpenAI(base_url=gw.openai_base, api_key=other.key, max_retries=0) as stranger:
         for client, previous in ((oai, "resp_nope"), (oai, unstored.id), (stranger, kept.id)):
             with pytest.raises(openai.BadRequestError) as err:
-                client.responses.create(model=MODEL, input="next", previous_response_id=previous)
+                client.responses.create(model=model, input="next", previous_response_id=previous)
             assert err.value.code == "invalid_request"
             assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"
+            assert "not found" in err.value.message
+    return unstored, kept
 
 
 def test_hosted_tool_passed_through_and_echoed(oai: openai.OpenAI, sim: httpx.Client) -> None:
