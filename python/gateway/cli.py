@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.file)
+    if args.command == "admin":
+        os.umask(PRIVATE_FILES)  # a store `gateway admin` makes first is as private as serve's
     try:
         if args.command == "sim":
             from .sim import run
@@ -94,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except GatewayError as exc:  # a value refused by the same checks the management API makes
         print(f"gateway: {exc.message}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # A store that cannot be opened (no such file or database, refused, wrong user): its
+        # reason in one line, not a traceback. asyncpg is not imported before it is needed.
+        if not isinstance(exc, OSError) and not type(exc).__module__.startswith("asyncpg"):
+            raise
+        print(f"gateway: cannot open the store: {exc}", file=sys.stderr)
         return 1
 
 

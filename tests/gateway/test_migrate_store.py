@@ -209,3 +209,23 @@ def test_an_embedded_deployment_moves_to_postgres_exactly(
             assert r.status_code == 200, r.text
             cost += Decimal(r.headers["x-service-cost"])
     assert pg_rows(target_db, "SELECT balance FROM accounts") == [(Decimal(balance) - cost,)]
+
+
+def test_stores_that_cannot_be_opened_are_one_line_and_admin_files_are_private(
+    sim_url: str, tmp_path: Path, postgres_url: str
+) -> None:
+    # `gateway admin` run first makes the store (and its directories) its user's alone, as serve does.
+    lite = config(tmp_path, "lite", sim_url, '[store]\npath = "new/dir/gateway.db"', free_port())
+    subprocess.run(
+        [sys.executable, "-m", "gateway", "admin", "create-account", "--config", str(lite), "--name", "a",
+         "--balance", "1"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    made = [tmp_path / "new", tmp_path / "new" / "dir", *(tmp_path / "new" / "dir").iterdir()]
+    assert all(path.stat().st_mode & 0o077 == 0 for path in made), [oct(p.stat().st_mode) for p in made]
+    # A PostgreSQL target that does not exist or cannot be reached: the reason, not a traceback.
+    base = postgres_url.rsplit("/", 1)[0]
+    for target in (f"{base}/gw_no_such_db", "postgresql://postgres@127.0.0.1:1/x"):
+        moved = migrate_store(tmp_path / "new" / "dir" / "gateway.db", target)
+        assert moved.returncode == 1 and moved.stderr.startswith("gateway: cannot open the store: ")
+        assert "Traceback" not in moved.stderr and len(moved.stderr.splitlines()) == 1
