@@ -96,16 +96,21 @@ def test_previous_response_id_continues_the_conversation(
     assert fetched.usage == third.usage and fetched.previous_response_id == second.id
 
 
-def test_a_tool_loop_by_previous_response_id(oai: openai.OpenAI, sim: httpx.Client) -> None:
+@pytest.mark.parametrize("call_again", [False, True])
+def test_a_tool_loop_by_previous_response_id(oai: openai.OpenAI, sim: httpx.Client, call_again: bool) -> None:
     tag = marker()
     asked = oai.responses.create(model=GPT, input=f"weather in Paris? {tag} [sim tool]", tools=TOOLS)
     (call,) = [item for item in asked.output if item.type == "function_call"]
-    answered = oai.responses.create(
-        model=GPT,
-        previous_response_id=asked.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}],
-        tools=TOOLS,
-    )
+    result: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}]
+    if call_again:  # the AI SDK advancing previousResponseId at every step sends its call again
+        again = {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+        }
+        result.insert(0, again)
+    answered = oai.responses.create(model=GPT, previous_response_id=asked.id, input=result, tools=TOOLS)
     assert answered.output_text and answered.previous_response_id == asked.id
     (received,) = [b for b in sim_requests(sim, tag) if any(m["role"] == "tool" for m in b["messages"])]
     assert said(received["messages"]) == [

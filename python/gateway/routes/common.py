@@ -500,7 +500,8 @@ async def owned_job(state: GatewayState, request: Request, kind: str, param: str
     job_id = request.path_params[param]
     job = await state.store.get_job(job_id, ctx.key.id, kind)
     if job is None:
-        raise GatewayError("not_found", f"No {what} {job_id!r}.")
+        shown = job_id if len(job_id) <= 100 else job_id[:100] + "..."
+        raise GatewayError("not_found", f"No {what} {shown!r}.")
     return job
 
 

@@ -70,6 +70,7 @@ async def resolve(state: GatewayState, call: Call, payload: dict[str, Any]) -> T
     history_bytes = 0
     if previous is not None:
         history, history_bytes = await _conversation(state, call, previous, budget)
+        items = _unrepeated_calls(history, items)
     named = _references(items)
     if not named:
         if previous is None:  # nothing named: the request goes as it came
@@ -148,6 +149,18 @@ async def _out_of_reach(
 
 def previous_not_found(previous: str) -> GatewayError:
     return invalid_request(f"Previous response with id {_shown(previous)} not found.", "previous_response_id")
+
+
+def _unrepeated_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`items` without the function_call items the kept conversation already holds (same call_id):
+    the AI SDK, advancing previousResponseId at every step of a tool loop, sends the call again
+    with its output, and a chat upstream refuses a tool call said twice before its result."""
+    made = {item.get("call_id") for item in history if item.get("type") == "function_call"}
+    if not any(item.get("type") == "function_call" and item.get("call_id") in made for item in items):
+        return items
+    return [
+        item for item in items if not (item.get("type") == "function_call" and item.get("call_id") in made)
+    ]
 
 
 def _expanded(payload: dict[str, Any], conversation: list[dict[str, Any]]) -> dict[str, Any]:

@@ -482,9 +482,15 @@ class SqliteStore(SqliteConsole):
     async def kept_conversation(
         self, response_id: str, account_id: str, now_ms: int, max_bytes: int
     ) -> list[bytes] | None:
-        rows = (
-            self._read()
-            .execute(
+        # Up to max_bytes (megabytes) read: in a thread of its own, on a connection of its own, so
+        # that the event loop goes on serving meanwhile.
+        return await asyncio.to_thread(self._kept_conversation, response_id, account_id, now_ms, max_bytes)
+
+    def _kept_conversation(
+        self, response_id: str, account_id: str, now_ms: int, max_bytes: int
+    ) -> list[bytes] | None:
+        with contextlib.closing(sqlite3.connect(self.path)) as conn:
+            rows = conn.execute(
                 "WITH RECURSIVE turn(id, previous_id, items, total, depth) AS ("
                 " SELECT r.id, r.previous_id, r.items, length(r.items), 0 FROM kept_responses r"
                 " JOIN kept_conversations c ON c.id = r.conversation_id"
@@ -494,9 +500,7 @@ class SqliteStore(SqliteConsole):
                 " WHERE k.account_id = ? AND turn.total <= ?)"
                 " SELECT items FROM turn ORDER BY depth DESC",
                 (response_id, account_id, now_ms, account_id, max_bytes),
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return [items for (items,) in rows] or None
 
     async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
