@@ -121,7 +121,8 @@ async def refuse_kept_items(
     kept = await state.store.kept_items(asked, call.ctx.account.id, now_ms()) if asked else {}
     if kept:
         first = min(i for i, owner in owners.items() if owner in kept)
-        raise await _out_of_reach(state, call, model, f"input[{first}]", str(owners[first]))
+        made = await state.store.find_kept_response(str(owners[first]), call.ctx.account.id, now_ms())
+        raise _out_of_reach(model, f"input[{first}]", made)
 
 
 async def previous_unknown(
@@ -129,15 +130,14 @@ async def previous_unknown(
 ) -> GatewayError:
     """The 400 for a previous_response_id that no upstream holds for a model of type responses: it
     names a chat model's kept response, or nothing this account has."""
-    if await state.store.find_kept_response(previous, call.ctx.account.id, now_ms()) is not None:
-        return await _out_of_reach(state, call, model, "previous_response_id", previous)
-    return previous_not_found(previous)
+    made = await state.store.find_kept_response(previous, call.ctx.account.id, now_ms())
+    return (
+        previous_not_found(previous) if made is None else _out_of_reach(model, "previous_response_id", made)
+    )
 
 
-async def _out_of_reach(
-    state: GatewayState, call: Call, model: ModelConfig, param: str, rid: str
-) -> GatewayError:
-    made = await state.store.find_kept_response(rid, call.ctx.account.id, now_ms())
+def _out_of_reach(model: ModelConfig, param: str, made: KeptResponse | None) -> GatewayError:
+    """`param` names a kept response (`made`, unless it expired meanwhile) of a chat model."""
     maker = made.model if made is not None else "a chat model"
     return invalid_request(
         f"`{param}` names what {maker!r} said, a chat model whose conversation the gateway keeps; "
@@ -156,8 +156,6 @@ def _unrepeated_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]
     the AI SDK, advancing previousResponseId at every step of a tool loop, sends the call again
     with its output, and a chat upstream refuses a tool call said twice before its result."""
     made = {item.get("call_id") for item in history if item.get("type") == "function_call"}
-    if not any(item.get("type") == "function_call" and item.get("call_id") in made for item in items):
-        return items
     return [
         item for item in items if not (item.get("type") == "function_call" and item.get("call_id") in made)
     ]
