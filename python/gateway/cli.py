@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
 
 from . import admin_fields as field
+from . import deployment
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
 from .config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
@@ -151,6 +152,7 @@ def _ready_to_serve(settings: Settings, host: str, port: int) -> None:
     os.umask(PRIVATE_FILES)
     _check_store_directory(settings)
     _check_port(host, port)
+    _check_joining(settings, host, port)
 
 
 def _check_store_directory(settings: Settings) -> None:
@@ -176,8 +178,8 @@ def _check_store_directory(settings: Settings) -> None:
 
 
 def _check_port(host: str, port: int, what: str = "server") -> None:
-    """The address is free to listen on, as Granian's workers will (SO_REUSEPORT: beside another
-    gateway's workers it is): else a plain message, not Granian's traceback and Rust backtrace."""
+    """The address is free to listen on, as Granian's workers will: else a plain message, not
+    Granian's traceback and Rust backtrace."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -186,6 +188,37 @@ def _check_port(host: str, port: int, what: str = "server") -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _check_joining(settings: Settings, host: str, port: int) -> None:
+    """Workers listen with SO_REUSEPORT, so binding beside another gateway's always succeeds and
+    the kernel then splits connections between the two. Only the same deployment (same store and
+    Redis: a handover) may do that; anything else on the port stops this start (gateway.deployment)."""
+    if not deployment.shared_listener(host, port):
+        return
+    ours = deployment.identity(settings)
+    others = deployment.listeners(host, port)
+    if not others:
+        raise ConfigError(
+            f"server: {host}:{port} is already served by a process that shares its port (another"
+            " gateway, run from another temporary directory?): two servers on one port split its"
+            " requests between them; stop it, or choose another port"
+        )
+    for other in others:
+        if other.data != ours:
+            raise ConfigError(
+                f"server: {host}:{port} is already served by another gateway (pid {other.pid}) on other"
+                f" data ({deployment.describe(other.data)}; this one: {deployment.describe(ours)}):"
+                " two deployments on one port would split its requests between them; stop it, or"
+                " choose another port"
+            )
+    pids = ", ".join(str(other.pid) for other in others)
+    print(
+        f"gateway: {host}:{port} is already served by the gateway with pid {pids} on the same data:"
+        " this one joins it and the two share its requests (a handover: stop the old one when this"
+        " one is up)",
+        file=sys.stderr,
+    )
 
 
 def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[str]:

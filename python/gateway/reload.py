@@ -1,20 +1,64 @@
 """What a configuration reload may not change (gateway.supervisor, routes/admin_config.py): where
-the data lives and the supervisor's own listeners. New workers on another store or Redis than the
-old ones would split one deployment in two; the listen address is the supervisor's."""
+the data lives and where the gateway listens. New workers on another store or Redis than the old
+ones would split one deployment in two; the listen address, the worker count and the metrics
+listener are the supervisor's, fixed at its start."""
 
 from __future__ import annotations
 
-from typing import Final
+import os
+from collections.abc import Mapping
+from typing import Any, Final
 
-from .config import Settings
+from .config import (
+    ACCEPTED_CONFIG_ENV,
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    read_config_text,
+    settings_from_text,
+)
 
-FIXED: Final = ("store_backend", "store_path", "store_url", "redis_url", "redis_prefix", "metrics_listen")
+# Each as the file names it.
+_DATA: Final = {
+    "store_backend": "store.backend",
+    "store_path": "store.path",
+    "store_url": "store.url (or url_env)",
+    "redis_url": "redis.url (or url_env)",
+    "redis_prefix": "redis.prefix",
+    "metrics_listen": "metrics.listen",
+}
+# ... and those `gateway serve --host/--port/--workers` may override.
+_LISTEN: Final = {"host": "server.host", "port": "server.port", "workers": "server.workers"}
 
 
-def fixed_changes(running: Settings, new: Settings) -> list[str]:
-    """One sentence per setting `new` changes that a reload cannot (empty: it may go ahead)."""
-    return [
-        f"{name} differs from the running gateway's: a reload cannot change it, restart instead"
-        for name in FIXED
+def fixed_changes(running: Settings, new: Settings, serving: Mapping[str, Any] | None = None) -> list[str]:
+    """One sentence per setting the file `new` changes that a reload cannot (empty: it may go
+    ahead). `running` is the configuration last accepted, as its file says; `serving`, the host,
+    port and worker count the gateway runs with: a value a command-line flag overrides is not the
+    file's to change, so an edit of it is no reason to refuse."""
+    problems = [
+        f"{setting} differs from the running gateway's: a reload cannot change it, restart instead"
+        for name, setting in _DATA.items()
         if getattr(running, name) != getattr(new, name)
     ]
+    for name, setting in _LISTEN.items():
+        was, now = getattr(running, name), getattr(new, name)
+        overridden = serving is not None and serving.get(name, was) != was
+        if was != now and not overridden:
+            problems.append(
+                f"{setting} changed from {was} to {now}: a reload cannot change where the gateway"
+                " listens or how many workers it runs, restart instead"
+            )
+    return problems
+
+
+def accepted_settings(serving: Settings) -> Settings:
+    """In a worker: the configuration the supervisor last accepted, as its file says (before any
+    --host/--port/--workers); `serving` (this worker's own) when there is no such copy."""
+    accepted, path = os.environ.get(ACCEPTED_CONFIG_ENV), os.environ.get(CONFIG_ENV)
+    if not accepted or not path:
+        return serving
+    try:
+        return settings_from_text(read_config_text(accepted), path)
+    except ConfigError:
+        return serving

@@ -40,11 +40,12 @@ import tempfile
 import time
 from typing import Any
 
-# This start's own files: the workers' metrics and the accepted configuration's text. Its lock
-# file is held for as long as this process or a worker forked from it lives (they share it): a
-# later start removes a directory whose lock it can take (_sweep_run_dirs).
-RUN_DIR_PREFIX = "gateway-run-"
-RUN_LOCK = "lock"
+from gateway.deployment import RUN_DIR_PREFIX, RUN_LOCK, identity, write_listening  # stdlib only
+
+# This start's own files: the workers' metrics, the accepted configuration's text and where it
+# listens (gateway.deployment). Its lock file is held for as long as this process or a worker
+# forked from it lives (they share it): a later start removes a directory whose lock it can take
+# (_sweep_run_dirs).
 RUN_DIR = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
 
 
@@ -281,6 +282,7 @@ def _kill_timeout(drain_seconds: float, kill_grace_seconds: float) -> int:
 
 
 _RUNNING: list[Any] = []  # the accepted configuration's settings (gateway.config.Settings)
+_SERVING: dict[str, Any] = {}  # the host, port and worker count it serves with (flags included)
 
 
 def _accept(path: str) -> list[str]:
@@ -294,7 +296,7 @@ def _accept(path: str) -> list[str]:
     if checked.settings is None:
         return list(checked.problems)
     new = checked.settings
-    problems = fixed_changes(_RUNNING[0], new) if _RUNNING else []
+    problems = fixed_changes(_RUNNING[0], new, _SERVING) if _RUNNING else []
     if not problems:
         _RUNNING[:] = [new]
         _publish(checked.text)
@@ -401,6 +403,7 @@ def main(argv: list[str]) -> None:
     if options.get("metrics_listen"):
         _serve_metrics(options["metrics_listen"])
     drain = float(options.get("drain_seconds", 30.0))
+    _SERVING.update({name: options[name] for name in ("host", "port", "workers")})
     config = os.environ.get(CONFIG_ENV)
     if config:
         # What the workers start with: the file as read now (`gateway serve` checked it just
@@ -409,6 +412,8 @@ def main(argv: list[str]) -> None:
         if problems:
             shutil.rmtree(RUN_DIR, ignore_errors=True)
             sys.exit(f"gateway: configuration error: {'; '.join(problems)}")
+        # What a later `gateway serve` on this port reads to tell a handover from a mistake.
+        write_listening(RUN_DIR, options["host"], options["port"], identity(_RUNNING[0]))
     # Notice (SIGUSR1) must not kill a worker still starting: ignored until gateway.drain handles it.
     signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
     kill_grace = float(options.get("kill_grace_seconds", 10.0))

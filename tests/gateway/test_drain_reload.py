@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.config import load_settings
+from gateway.config import Settings, load_settings
+from gateway.reload import fixed_changes
 from harness import chat_model, eventually, free_port, kill_worker, new_key, query, running, workers_serving
 
 pytestmark = pytest.mark.slow
@@ -251,3 +253,45 @@ def _health(url: str, status: str) -> httpx.Response | None:
     """GET /health, when it says `status`."""
     health = httpx.get(url + "/health", timeout=2)
     return health if health.json() == {"status": status} else None
+
+
+def test_a_reload_that_moves_the_listener_or_the_data_is_refused(tmp_path: Path, sim_url: str) -> None:
+    """Where the gateway listens, its worker count and its store are fixed at start: a file that
+    changes them is refused (naming each as the file does), not accepted and silently not applied."""
+    port = free_port()
+    model = chat_model("test/a", "sim-chat", sim_url)
+    config = _config(tmp_path, port, sim_url, 1, model)
+    url = f"http://127.0.0.1:{port}"
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    with serving(config, port):
+        text = config.read_text()
+        moved = text.replace(f"port = {port}", f"port = {port + 1}").replace("workers = 1", "workers = 3")
+        config.write_text(moved.replace('gw.db"', 'other.db"') + '\n[metrics]\nlisten = "127.0.0.1:9"\n')
+        refused = httpx.post(url + "/admin/v1/config/reload", headers=admin)
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert f"server.port changed from {port} to {port + 1}" in message
+        assert "server.workers changed from 1 to 3" in message
+        assert "store.path differs from the running gateway's" in message
+        assert "metrics.listen differs" in message
+        assert "store_path" not in message and "metrics_listen" not in message
+        # Put back, the same file reloads.
+        config.write_text(text)
+        assert httpx.post(url + "/admin/v1/config/reload", headers=admin).status_code == 202
+
+
+def test_a_flag_overrides_what_a_reload_may_edit() -> None:
+    """Started with --port (or --host, --workers), the file's own value is not in use: editing it
+    is no reason to refuse a reload."""
+    running = Settings(models=(), port=8080, workers=2)
+    edited = replace(running, port=8081, workers=4)
+    assert fixed_changes(running, edited, {"host": running.host, "port": 9000, "workers": 2}) == [
+        "server.workers changed from 2 to 4: a reload cannot change where the gateway listens or how"
+        " many workers it runs, restart instead"
+    ]
+    assert (
+        fixed_changes(
+            running, replace(running, port=9000), {"host": running.host, "port": 9000, "workers": 2}
+        )
+        == []
+    )

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from ..auth import admin_token, authenticate_admin
 from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
-from ..reload import fixed_changes
+from ..reload import accepted_settings, fixed_changes
 from ..state import GatewayState
 from .common import json_response
 
@@ -35,7 +35,9 @@ def routes(state: GatewayState) -> list[Route]:
         checked = await asyncio.to_thread(check_and_load, path)
         problems = list(checked.problems)
         if checked.settings is not None:
-            problems = fixed_changes(state.settings, checked.settings)
+            running = await asyncio.to_thread(accepted_settings, state.settings)
+            serving = {name: getattr(state.settings, name) for name in ("host", "port", "workers")}
+            problems = fixed_changes(running, checked.settings, serving)
         if problems:
             raise GatewayError(
                 "invalid_request",
