@@ -52,6 +52,11 @@ def _exact_decimal(value: object) -> Decimal | None:
     return None
 
 
+def _null(param: str) -> str:
+    """How the caller says "no value": JSON's null, or "none" on the command line (--flags)."""
+    return '"none"' if param.startswith("--") else "null"
+
+
 def optional_money(value: object, param: str) -> Decimal | None:
     return None if value is None else money(value, param)
 
@@ -61,7 +66,7 @@ def rate_limit(value: object, param: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_RATE:
-        raise invalid_request(f"`{param}` must be a positive integer or null.", param)
+        raise invalid_request(f"`{param}` must be a positive integer or {_null(param)}.", param)
     return value
 
 
@@ -70,7 +75,7 @@ def limit_reset(value: object, param: str) -> str | None:
         return None
     if isinstance(value, str) and value in LIMIT_RESETS:
         return value
-    raise invalid_request(f"`{param}` must be one of {', '.join(LIMIT_RESETS)}, or null.", param)
+    raise invalid_request(f"`{param}` must be one of {', '.join(LIMIT_RESETS)}, or {_null(param)}.", param)
 
 
 def expiry(value: object, param: str) -> int | None:
@@ -101,7 +106,8 @@ def _iso_ms(text: str, param: str) -> int:
 
 def _bad_moment(param: str) -> GatewayError:
     return invalid_request(
-        f"`{param}` must be Unix milliseconds, an ISO 8601 time such as 2026-12-31T23:59:59Z, or null.",
+        f"`{param}` must be Unix milliseconds, an ISO 8601 time such as 2026-12-31T23:59:59Z,"
+        f" or {_null(param)}.",
         param,
     )
 
@@ -127,7 +133,9 @@ def model_names(value: object, param: str, known: Collection[str]) -> frozenset[
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
-        raise invalid_request(f"`{param}` must be a list of model names, or null for every model.", param)
+        raise invalid_request(
+            f"`{param}` must be a list of model names, or {_null(param)} for every model.", param
+        )
     unknown = sorted(set(value) - set(known))
     if unknown:
         raise invalid_request(f"`{param}` names models that are not configured: {unknown}.", param)

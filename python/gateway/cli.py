@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import secrets
 import signal
@@ -17,10 +19,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TextIO, TypeVar, cast
+from typing import Any, Final, TextIO, TypeVar, cast
 
 from . import admin_fields as field
-from . import deployment
+from . import deployment, management
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
 from .config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)
         return 2
-    except AdminError as exc:
+    except (AdminError, ServiceUnreachable) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     except GatewayError as exc:  # a value refused by the same checks the management API makes
@@ -153,6 +155,7 @@ def _ready_to_serve(settings: Settings, host: str, port: int) -> None:
     _check_store_directory(settings)
     _check_port(host, port)
     _check_joining(settings, host, port)
+    asyncio.run(_check_services(settings))
 
 
 def _check_store_directory(settings: Settings) -> None:
@@ -175,6 +178,59 @@ def _check_store_directory(settings: Settings) -> None:
         f"store.path: {settings.store_path}: its directory {directory} cannot hold the store's files"
         f" ({reason})"
     )
+
+
+class ServiceUnreachable(Exception):
+    """PostgreSQL or Redis does not answer at start: one line and exit status 1, not every
+    worker's traceback as each fails to start (and is started again, and fails)."""
+
+
+async def _check_services(settings: Settings) -> None:
+    """The PostgreSQL store and Redis answer, once, before any worker starts."""
+    if settings.store_backend == "postgres":
+        import asyncpg
+
+        where = deployment.shown_url(settings.store_url or "")
+        try:
+            conn = await asyncpg.connect(settings.store_url, timeout=10)
+            await conn.close()
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ServiceUnreachable(
+                f"the store (PostgreSQL at {where}) cannot be reached: {_reason(exc)}"
+            ) from None
+    if settings.redis_url:
+        from .redis_client import RedisUnavailable, connect
+        from .redis_protocol import ReplyError
+
+        where = deployment.shown_url(settings.redis_url)
+        try:
+            client = connect(settings.redis_url, timeout=5)
+            try:
+                await client.ping()
+            finally:
+                await client.aclose()
+        except (OSError, RedisUnavailable, ReplyError) as exc:
+            raise ServiceUnreachable(f"Redis at {where} cannot be reached: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+MAX_EXPIRY_DAYS: Final = 36_600  # a century: a key meant never to expire takes no expiry
+
+
+def _days(text: str) -> float:
+    """--expires-in-days: a positive, finite number (0 would make a key expired at birth)."""
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not 0 < days <= MAX_EXPIRY_DAYS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of days above 0 and at most {MAX_EXPIRY_DAYS}"
+        )
+    return days
 
 
 def _check_port(host: str, port: int, what: str = "server") -> None:
@@ -500,7 +556,7 @@ def _admin_args(admin: argparse.ArgumentParser) -> None:
     key.add_argument("--account", required=True, help="account name or id")
     key.add_argument("--name", default="default")
     expiry = key.add_mutually_exclusive_group()
-    expiry.add_argument("--expires-in-days", type=float, default=None)
+    expiry.add_argument("--expires-in-days", type=_days, default=None, help="a positive number of days")
     expiry.add_argument("--expires-at", default=None, help=_EXPIRY_HELP)
     key.add_argument("--credit-limit", default=None, help="the key's own limit in US dollars")
     key.add_argument("--limit-reset", default=None, choices=LIMIT_RESETS)
@@ -792,6 +848,7 @@ async def _rotate_key(store: Store, args: argparse.Namespace) -> None:
 async def _delete_key(store: Store, args: argparse.Namespace) -> None:
     if not await store.delete_key(args.key_id):
         raise AdminError(f"no live key with id {args.key_id!r}")
+    print(f"deleted key {args.key_id}: it stops working at once", file=sys.stderr)
 
 
 async def _list_logs(store: Store, args: argparse.Namespace) -> None:
@@ -800,6 +857,8 @@ async def _list_logs(store: Store, args: argparse.Namespace) -> None:
     entries = await store.list_request_logs(
         account_id=account_id, key_id=args.key_id, before=args.before, limit=limit
     )
+    found = management.found_by(store.get_request_log)
+    await management.known_cursor(args.before, entries, "--before", "request log", found)
     print("id\tstarted_at\tstatus\terror_code\tmodel\tcost\tduration_ms\tmethod\tpath\tkey_id")
     for e in entries:
         row = (
@@ -836,7 +895,20 @@ async def _create_console_user(store: Store, args: argparse.Namespace) -> None:
         store, given, param=lambda name: "--" + name.replace("_id", "")
     )
     print(f"created console user {user.id} ({user.email}, {user.role})", file=sys.stderr)
-    print(console_users.invite_url(console_users.base_url(args.settings, None), token))
+    print(console_users.invite_url(_console_base(args.settings), token))
+
+
+def _console_base(settings: Settings) -> str:
+    """The base of a link a command prints. The command runs beside the gateway, not in it: without
+    `public_base_url`, the address a live gateway on the same data listens on (its --host and
+    --port), else the configured one."""
+    from .routes import console_users
+
+    if not settings.public_base_url:
+        serving = deployment.serving_address(deployment.identity(settings))
+        if serving is not None:
+            settings = dataclasses.replace(settings, host=serving[0], port=serving[1])
+    return console_users.base_url(settings, None)
 
 
 async def _list_console_users(store: Store, args: argparse.Namespace) -> None:
@@ -862,13 +934,14 @@ async def _invite_console_user(store: Store, args: argparse.Namespace) -> None:
 
     user, token = await console_users.invite_user(store, (await _console_user(store, args.user)).id)
     print(f"new invitation for {user.email}: their sessions have ended", file=sys.stderr)
-    print(console_users.invite_url(console_users.base_url(args.settings, None), token))
+    print(console_users.invite_url(_console_base(args.settings), token))
 
 
 async def _delete_console_user(store: Store, args: argparse.Namespace) -> None:
     from .routes import console_users
 
-    await console_users.delete_user(store, (await _console_user(store, args.user)).id)
+    user = await console_users.delete_user(store, (await _console_user(store, args.user)).id)
+    print(f"deleted console user {user.id} ({user.email}): their sessions have ended", file=sys.stderr)
 
 
 async def _account(store: Store, ref: str) -> Account:

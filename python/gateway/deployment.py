@@ -52,10 +52,10 @@ def identity(settings: Any) -> dict[str, str]:
     if settings.store_backend == "sqlite":
         store = f"sqlite:{Path(settings.store_path).resolve()}"
     else:
-        store = f"postgres:{_without_credentials(settings.store_url or '')}"
+        store = f"postgres:{shown_url(settings.store_url or '')}"
     data = {"store": store}
     if settings.redis_url:
-        data["redis"] = f"{_without_credentials(settings.redis_url)} prefix {settings.redis_prefix}"
+        data["redis"] = f"{shown_url(settings.redis_url)} prefix {settings.redis_prefix}"
     return data
 
 
@@ -66,7 +66,7 @@ def describe(data: dict[str, str]) -> str:
 
 def write_listening(run_dir: str, host: str, port: int, data: dict[str, str]) -> None:
     """Say, in this supervisor's run directory, where it listens and on what (replaced in one step)."""
-    record = {"pid": os.getpid(), "host": host, "port": port, "data": data}
+    record = {"pid": os.getpid(), "host": host, "port": port, "data": data}  # live_gateways reads it
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=run_dir, delete=False) as f:
         json.dump(record, f)
     os.replace(f.name, os.path.join(run_dir, LISTENING))
@@ -86,24 +86,46 @@ def shared_listener(host: str, port: int) -> bool:
     return False
 
 
-def listeners(host: str, port: int) -> list[Listener]:
-    """The live gateways of this user (same temporary directory) listening on `port` at an address
-    that overlaps `host`."""
+def live_gateways() -> list[Listener]:
+    """The live gateways of this user (run directories in the same temporary directory whose lock
+    is held), oldest run directory first."""
     base = tempfile.gettempdir()
     found = []
     with contextlib.suppress(OSError):
-        names = os.listdir(base)
-        for name in names:
-            if not name.startswith(RUN_DIR_PREFIX):
-                continue
-            path = os.path.join(base, name)
+        paths = sorted(
+            (os.path.join(base, name) for name in os.listdir(base) if name.startswith(RUN_DIR_PREFIX)),
+            key=_made_ns,
+        )
+        for path in paths:
             record = _read(os.path.join(path, LISTENING))
-            if record is None or record.get("port") != port or not _live(path):
-                continue
-            other = str(record.get("host", ""))
-            if other == host or other in _WILDCARD or host in _WILDCARD:
-                found.append(Listener(int(record.get("pid", 0)), other, port, dict(record.get("data", {}))))
+            if record is not None and _live(path):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    found.append(
+                        Listener(
+                            int(record["pid"]), str(record["host"]), int(record["port"]), dict(record["data"])
+                        )
+                    )
     return found
+
+
+def listeners(host: str, port: int) -> list[Listener]:
+    """The live gateways listening on `port` at an address that overlaps `host`."""
+    return [g for g in live_gateways() if g.port == port and (g.host == host or _WILDCARD & {g.host, host})]
+
+
+def serving_address(data: dict[str, str]) -> tuple[str, int] | None:
+    """Where a live gateway on this data listens (the oldest such), if one does."""
+    for gateway in live_gateways():
+        if gateway.data == data:
+            return gateway.host, gateway.port
+    return None
+
+
+def _made_ns(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _read(path: str) -> dict[str, Any] | None:
@@ -130,9 +152,10 @@ def _live(run_dir: str) -> bool:
     return False
 
 
-def _without_credentials(url: str) -> str:
-    """`url` without user, password (in its address or its query) or fragment, its default port
-    spelled out, so that two spellings of one server compare equal."""
+def shown_url(url: str) -> str:
+    """`url` as messages and run directories show it: without user, password (in its address or
+    its query) or fragment, its default port spelled out, so that two spellings of one server
+    compare equal."""
     parts = urlsplit(url)
     netloc = parts.hostname or ""
     if ":" in netloc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, cast
 
@@ -242,6 +242,29 @@ def top_up_json(t: TopUp) -> dict[str, Any]:
         "balance_after": field.money_text(t.balance_after),
         "created_at": rfc3339(t.created_at_ms),
     }
+
+
+async def known_cursor(
+    cursor: str | None, page: Sequence[Any], param: str, what: str, exists: Callable[[str], Awaitable[bool]]
+) -> None:
+    """A page cursor (`after`, `before`: an entry's id) that names no entry is a mistake, not the end
+    of the list: 400 naming it, rather than an empty page a client would take for the end. Only an
+    empty page pays for the lookup."""
+    if cursor is None or page or await exists(cursor):
+        return
+    shown = cursor if len(cursor) <= 100 else cursor[:100] + "..."
+    raise invalid_request(
+        f"`{param}` names no {what}: {shown!r}. Pass the id of an entry of the list.", param
+    )
+
+
+def found_by(get: Callable[[str], Awaitable[object | None]]) -> Callable[[str], Awaitable[bool]]:
+    """Whether a store's getter (get_account, get_key...) finds an entry with that id."""
+
+    async def found(entry_id: str) -> bool:
+        return await get(entry_id) is not None
+
+    return found
 
 
 def log_json(e: RequestLog) -> dict[str, Any]:

@@ -506,7 +506,8 @@ def test_cli_readme_commands(agw: Gateway, admin: httpx.Client) -> None:
     assert chat(agw, secret).status_code == 200
     (key,) = ok(admin.get(f"/accounts/{account_id}/keys"))["data"]
     assert (key["credit_limit"], key["limit_reset"]) == ("3", "daily")
-    cli(agw, "delete-key", "--key-id", key["id"])
+    deleted = run_cli(agw, "delete-key", "--key-id", key["id"])
+    assert deleted.stderr == f"deleted key {key['id']}: it stops working at once\n", deleted.stderr
     error(chat(agw, secret), 401, "invalid_api_key")
 
 
@@ -583,6 +584,18 @@ def test_lists_come_a_page_at_a_time(admin: httpx.Client) -> None:
         after = page["data"][-1]["id"]
     assert len(everyone) == len(set(everyone)) and account["id"] in everyone
     error(admin.get("/accounts", params={"limit": "1001"}), 400, "invalid_request")
+    # A cursor that names nothing is a mistake, not the end of the list (which would look the same).
+    for list_path, cursor, what in (
+        ("/accounts", "after", "account"),
+        (path, "after", "key"),
+        (f"/accounts/{account['id']}/top-ups", "after", "top-up of this account"),
+        ("/logs", "before", "request log"),
+    ):
+        refused = admin.get(list_path, params={cursor: "nope_" + "x" * 200})
+        body = error(refused, 400, "invalid_request")
+        assert (
+            body["param"] == cursor and f"`{cursor}` names no {what}: 'nope_{'x' * 95}...'" in body["message"]
+        )
 
 
 # ---------------------------------------------------------------- the CLI: every operation of the API
@@ -646,12 +659,21 @@ def test_cli_sets_what_the_api_sets_on_accounts(agw: Gateway, admin: httpx.Clien
         (("show-key", "--key-id", "key_nope"), "no key with id"),
         (("show-log", "--id", "req_nope"), "no request log"),
         (("list-logs", "--limit", "0"), "`--limit` must be a whole number"),
+        (("list-logs", "--before", "req_nope"), "`--before` names no request log: 'req_nope'"),
+        (("create-account", "--name", "x", "--rpm-limit", "-1"), 'a positive integer or "none"'),
         (("set-key-limit", "--key-id", "key_nope", "--name", ""), "`--name` must be a non-empty"),
     ],
 )
 def test_cli_refuses_what_the_api_refuses(agw: Gateway, args: tuple[str, ...], message: str) -> None:
     done = run_cli(agw, *args)
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("days", ["0", "-1", "inf", "nan", "ten"])
+def test_cli_refuses_a_key_expired_at_birth(agw: Gateway, days: str) -> None:
+    done = run_cli(agw, "create-key", "--account", "anyone", "--expires-in-days", days)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"argument --expires-in-days: '{days}' is not a number of days above 0" in done.stderr
 
 
 def test_cli_ledger_logs_and_key_names(agw: Gateway, admin: httpx.Client) -> None:

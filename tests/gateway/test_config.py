@@ -380,6 +380,29 @@ def test_serve_postgres_without_redis_exits(tmp_path: Path) -> None:
     assert "secret" not in done.stderr
 
 
+def test_serve_with_the_services_unreachable_exits_in_one_line(tmp_path: Path, postgres_url: str) -> None:
+    """PostgreSQL or Redis not answering at start: one line naming it (without its password) and
+    exit status 1, not each worker's tracebacks as it fails to start."""
+    gone_pg = "postgresql://gw:secret@127.0.0.1:1/test"
+    done = serve(
+        tmp_path, f'[store]\nbackend = "postgres"\nurl = "{gone_pg}"\n[redis]\nurl = "{REDIS}"\n{CHAT_MODEL}'
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(
+        "gateway: the store (PostgreSQL at postgresql://127.0.0.1:1/test) cannot be reached: "
+    ), done.stderr
+    assert done.stderr.count("\n") == 1 and "secret" not in done.stderr
+
+    gone_redis = "redis://:secret@127.0.0.1:1/0"
+    done = serve(
+        tmp_path,
+        f'[store]\nbackend = "postgres"\nurl = "{postgres_url}"\n[redis]\nurl = "{gone_redis}"\n{CHAT_MODEL}',
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("gateway: Redis at redis://127.0.0.1:1/0 cannot be reached: "), done.stderr
+    assert done.stderr.count("\n") == 1 and "secret" not in done.stderr
+
+
 def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`gateway serve --config X --port P` starts one instance on P (any number share a store)."""
     config = tmp_path / "gateway.toml"

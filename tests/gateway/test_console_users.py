@@ -198,6 +198,7 @@ def test_the_commands_create_list_invite_and_delete(ugw: Gateway, admin: httpx.C
 
     gone = cli(ugw, "delete-console-user", "--user", user_id)
     assert gone.returncode == 0, gone.stderr
+    assert gone.stderr == f"deleted console user {user_id} ({address}): their sessions have ended\n"
     assert admin.get(f"/console-users/{user_id}").status_code == 404
     missing = cli(ugw, "delete-console-user", "--user", user_id)
     assert missing.returncode == 1 and "no console user" in missing.stderr

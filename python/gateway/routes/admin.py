@@ -76,9 +76,11 @@ def routes(state: GatewayState) -> list[Route]:
 
     async def list_accounts(request: Request) -> tuple[int, Any]:
         after, limit = _paging(request)
-        return 200, _page(
-            [account_json(a) for a in await store.list_accounts(after=after, limit=limit + 1)], limit
+        accounts = await store.list_accounts(after=after, limit=limit + 1)
+        await management.known_cursor(
+            after, accounts, "after", "account", management.found_by(store.get_account)
         )
+        return 200, _page([account_json(a) for a in accounts], limit)
 
     async def get_account(request: Request) -> tuple[int, Any]:
         return 200, account_json(await account_of(request))
@@ -102,6 +104,11 @@ def routes(state: GatewayState) -> list[Route]:
         account = await account_of(request)
         after, limit = _paging(request)
         entries = await store.list_top_ups(account.id, after=after, limit=limit + 1)
+
+        async def top_up_exists(top_up_id: str) -> bool:
+            return any(t.id == top_up_id for t in await store.list_top_ups(account.id))
+
+        await management.known_cursor(after, entries, "after", "top-up of this account", top_up_exists)
         return 200, _page([top_up_json(t) for t in entries], limit)
 
     # ---------------------------------------------------------------- keys
@@ -116,6 +123,7 @@ def routes(state: GatewayState) -> list[Route]:
         account = await account_of(request)
         after, limit = _paging(request)
         keys = await store.list_keys(account.id, after=after, limit=limit + 1)
+        await management.known_cursor(after, keys, "after", "key", management.found_by(store.get_key))
         return 200, _page([key_json(k) for k in keys], limit)
 
     async def get_key(request: Request) -> tuple[int, Any]:
@@ -146,6 +154,10 @@ def routes(state: GatewayState) -> list[Route]:
             key_id=query.get("key_id"),
             before=query.get("before"),
             limit=limit + 1,  # one more tells whether another page follows
+        )
+        before = query.get("before")
+        await management.known_cursor(
+            before, entries, "before", "request log", management.found_by(store.get_request_log)
         )
         page = [log_json(e) for e in entries[:limit]]
         return 200, {**_list(page), "has_more": len(entries) > limit}

@@ -1,7 +1,9 @@
-"""A second `gateway serve` on a port a gateway already serves (gateway.deployment): the workers
-listen with SO_REUSEPORT, so the kernel would split the port's connections between the two. On the
-same store and Redis that is a handover and goes ahead; on other data, or beside a process the
-gateway cannot identify, the start is refused with one line."""
+"""Which gateway listens where (gateway.deployment).
+
+A second `gateway serve` on a port a gateway already serves: the workers listen with SO_REUSEPORT,
+so the kernel would split the port's connections between the two. On the same store and Redis that
+is a handover and goes ahead; on other data, or beside a process the gateway cannot identify, the
+start is refused with one line. A command run beside a gateway names where it listens."""
 
 from __future__ import annotations
 
@@ -92,3 +94,30 @@ def _serving(pid: int) -> bool:
     the supervisor's run directory, gateway.drain)."""
     base = Path(tempfile.gettempdir())
     return any(any(d.glob("serving.*")) for d in base.glob(f"{RUN_DIR_PREFIX}{pid}-*"))
+
+
+def test_a_commands_link_names_where_the_gateway_on_its_store_listens(tmp_path: Path, sim_url: str) -> None:
+    """`gateway admin create-console-user` runs beside the gateway: without public_base_url, its
+    link names the port a running gateway on the same store was given (--port), not the file's."""
+    configured, port = free_port(), free_port()
+    config = _config(tmp_path, "gateway", configured, "gateway", sim_url)
+    command = [sys.executable, "-m", "gateway", "admin", "create-console-user", "--config", str(config)]
+    with running(["serve", "--config", str(config), "--port", str(port)], port):
+        made = subprocess.run(
+            [*command, "--email", "ops@example.com", "--role", "operator"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith(f"http://127.0.0.1:{port}/console/invite/"), made.stdout
+    # No gateway running: the configured address.
+    alone = subprocess.run(
+        [*command, "--email", "ops2@example.com", "--role", "operator"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert alone.stdout.startswith(f"http://127.0.0.1:{configured}/console/invite/"), alone.stdout
