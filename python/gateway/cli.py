@@ -181,12 +181,13 @@ def _check_store_directory(settings: Settings) -> None:
 
 
 class ServiceUnreachable(Exception):
-    """PostgreSQL or Redis does not answer at start: one line and exit status 1, not every
+    """The PostgreSQL store does not answer at start: one line and exit status 1, not every
     worker's traceback as each fails to start (and is started again, and fails)."""
 
 
 async def _check_services(settings: Settings) -> None:
-    """The PostgreSQL store and Redis answer, once, before any worker starts."""
+    """The PostgreSQL store answers, once, before any worker starts. Not Redis: a gateway starts
+    without it and says why it is not ready (GET /ready, 503) until Redis answers."""
     if settings.store_backend == "postgres":
         import asyncpg
 
@@ -198,19 +199,6 @@ async def _check_services(settings: Settings) -> None:
             raise ServiceUnreachable(
                 f"the store (PostgreSQL at {where}) cannot be reached: {_reason(exc)}"
             ) from None
-    if settings.redis_url:
-        from .redis_client import RedisUnavailable, connect
-        from .redis_protocol import ReplyError
-
-        where = deployment.shown_url(settings.redis_url)
-        try:
-            client = connect(settings.redis_url, timeout=5)
-            try:
-                await client.ping()
-            finally:
-                await client.aclose()
-        except (OSError, RedisUnavailable, ReplyError) as exc:
-            raise ServiceUnreachable(f"Redis at {where} cannot be reached: {_reason(exc)}") from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -380,9 +380,10 @@ def test_serve_postgres_without_redis_exits(tmp_path: Path) -> None:
     assert "secret" not in done.stderr
 
 
-def test_serve_with_the_services_unreachable_exits_in_one_line(tmp_path: Path, postgres_url: str) -> None:
-    """PostgreSQL or Redis not answering at start: one line naming it (without its password) and
-    exit status 1, not each worker's tracebacks as it fails to start."""
+def test_serve_with_postgres_unreachable_exits_in_one_line(tmp_path: Path) -> None:
+    """PostgreSQL not answering at start: one line naming it (without its password) and exit
+    status 1, not each worker's tracebacks as it fails to start. (Redis out of reach is not a
+    reason to stop: the gateway starts and /ready says why it is not ready, test_operations.)"""
     gone_pg = "postgresql://gw:secret@127.0.0.1:1/test"
     done = serve(
         tmp_path, f'[store]\nbackend = "postgres"\nurl = "{gone_pg}"\n[redis]\nurl = "{REDIS}"\n{CHAT_MODEL}'
@@ -391,15 +392,6 @@ def test_serve_with_the_services_unreachable_exits_in_one_line(tmp_path: Path, p
     assert done.stderr.startswith(
         "gateway: the store (PostgreSQL at postgresql://127.0.0.1:1/test) cannot be reached: "
     ), done.stderr
-    assert done.stderr.count("\n") == 1 and "secret" not in done.stderr
-
-    gone_redis = "redis://:secret@127.0.0.1:1/0"
-    done = serve(
-        tmp_path,
-        f'[store]\nbackend = "postgres"\nurl = "{postgres_url}"\n[redis]\nurl = "{gone_redis}"\n{CHAT_MODEL}',
-    )
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("gateway: Redis at redis://127.0.0.1:1/0 cannot be reached: "), done.stderr
     assert done.stderr.count("\n") == 1 and "secret" not in done.stderr
 
 
