@@ -4,6 +4,7 @@ only when workers fail to start at all (exit status 1)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import load_settings
+from gateway.config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, load_settings
 from harness import (
     chat_model,
     eventually,
@@ -121,17 +122,21 @@ def test_a_single_worker_that_had_served_is_started_again_after_quick_deaths(
 
 
 def test_workers_that_cannot_start_end_the_gateway(tmp_path: Path, sim_url: str) -> None:
-    """The database out of reach from the start: each worker's start-up fails, twice, and `gateway
-    serve` ends with status 1, the reason in its log, rather than retrying for ever."""
+    """The database out of reach when the workers start: each worker's start-up fails, twice, and
+    the supervisor ends with status 1, the reason in its log, rather than retrying for ever.
+    (`gateway serve` checks the database once before it becomes the supervisor, so this starts the
+    supervisor as serve does, to reach the workers' own failure: a database gone between the two.)"""
     port = free_port()
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'[server]\nport = {port}\nworkers = 2\n[store]\nbackend = "postgres"\nurl_env = "T_PG"\n'
         '[redis]\nurl = "redis://127.0.0.1:6379/0"\n' + chat_model("test/a", "sim-chat", sim_url)
     )
+    env = {**os.environ, "T_PG": f"postgresql://postgres@127.0.0.1:{free_port()}/none"}
+    options = {"host": "127.0.0.1", "port": port, "workers": 2, "drain_seconds": 30.0}
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
-        env={**os.environ, "T_PG": f"postgresql://postgres@127.0.0.1:{free_port()}/none"},
+        [sys.executable, "-m", "gateway.supervisor", json.dumps(options)],
+        env={**env, CONFIG_ENV: str(config), WORKERS_ENV: "2", LISTEN_ENV: f"127.0.0.1:{port}"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -140,6 +145,17 @@ def test_workers_that_cannot_start_end_the_gateway(tmp_path: Path, sim_url: str)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "PostgreSQL is out of reach" in done.stdout + done.stderr
     assert "no worker serves: exiting" in done.stdout + done.stderr
+    # `gateway serve` itself says so in one line before any worker starts.
+    served = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert served.returncode == 1 and served.stderr.count("\n") == 1, served.stderr
+    assert served.stderr.startswith("gateway: the store (PostgreSQL at postgresql://127.0.0.1:")
 
 
 def test_a_stop_signalled_to_the_whole_group_is_a_clean_stop(tmp_path: Path, sim_url: str) -> None:
