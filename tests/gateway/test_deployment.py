@@ -101,23 +101,22 @@ def test_a_commands_link_names_where_the_gateway_on_its_store_listens(tmp_path: 
     link names the port a running gateway on the same store was given (--port), not the file's."""
     configured, port = free_port(), free_port()
     config = _config(tmp_path, "gateway", configured, "gateway", sim_url)
-    command = [sys.executable, "-m", "gateway", "admin", "create-console-user", "--config", str(config)]
-    with running(["serve", "--config", str(config), "--port", str(port)], port):
+
+    def invite(email: str) -> str:
+        command = ["admin", "create-console-user", "--config", str(config), "--email", email]
         made = subprocess.run(
-            [*command, "--email", "ops@example.com", "--role", "operator"],
+            [sys.executable, "-m", "gateway", *command, "--role", "operator"],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
-    assert made.returncode == 0, made.stderr
-    assert made.stdout.startswith(f"http://127.0.0.1:{port}/console/invite/"), made.stdout
+        assert made.returncode == 0, made.stderr
+        return made.stdout
+
+    with running(["serve", "--config", str(config), "--port", str(port)], port):
+        link = invite("ops@example.com")
+    assert link.startswith(f"http://127.0.0.1:{port}/console/invite/"), link
     # No gateway running: the configured address.
-    alone = subprocess.run(
-        [*command, "--email", "ops2@example.com", "--role", "operator"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert alone.stdout.startswith(f"http://127.0.0.1:{configured}/console/invite/"), alone.stdout
+    link = invite("ops2@example.com")
+    assert link.startswith(f"http://127.0.0.1:{configured}/console/invite/"), link
