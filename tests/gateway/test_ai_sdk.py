@@ -2,7 +2,8 @@
 `@ai-sdk/anthropic`; pinned in tests/js/package-lock.json, installed by `make test`) against the
 gateway and the simulator, on chat completions, responses and messages: plain and streamed text,
 structured output (both translation directions too), a mid-stream error and an error answer; and
-on a chat model through the responses API, a tool loop and later turns with the SDK's defaults.
+on a chat model through the responses API, a tool loop and later turns with the SDK's defaults;
+and generateImage.
 The SDK validates every answer and every streamed chunk against its own schemas."""
 
 from __future__ import annotations
@@ -43,3 +44,4 @@ def test_the_ai_sdk_on_every_text_shape(gw: Gateway, key: KeyHandle) -> None:
         assert f"{shape} mid-stream error" in names
     assert "messages error body" in names
     assert "responses->gpt tool loop and next turn" in names
+    assert {"images openai/dall-e-3 generateImage", "images openai/gpt-image-1 generateImage"} <= names

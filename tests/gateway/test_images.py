@@ -3,6 +3,7 @@ back as a URL the gateway serves itself, for a limited time, priced per image an
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import sqlite3
@@ -75,12 +76,14 @@ def test_generate_two_images_as_gateway_urls_priced_per_token_and_image(
     assert result.data is not None and len(result.data) == 2
     urls = [image.url for image in result.data]
     assert all(u is not None and u.startswith(gw.url + FILES) for u in urls)
-    assert len(set(urls)) == 2 and all(image.b64_json is None for image in result.data)
-    for url in urls:
-        assert url is not None
-        r = fetch(url)
+    assert len(set(urls)) == 2
+    for image in result.data:
+        assert image.url is not None
+        r = fetch(image.url)
         assert r.status_code == 200 and r.headers["content-type"] == "image/png"
         assert r.content.startswith(b"\x89PNG\r\n\x1a\n")
+        # A GPT image model answers in base64, and clients written for it read that: kept beside the URL.
+        assert image.b64_json is not None and base64.b64decode(image.b64_json) == r.content
     # The rest of the upstream's answer is kept.
     assert result.size == "1024x1024" and result.output_format == "png"
     assert result.usage is not None and result.usage.output_tokens == 2 * 1056
@@ -141,6 +144,20 @@ def test_url_requested_from_a_base64_model(oai: openai.OpenAI) -> None:
     result = oai.images.generate(model=GPT_IMAGE, prompt="a kite", response_format="url")
     assert result.data is not None and result.data[0].url is not None
     assert fetch(result.data[0].url).content.startswith(b"\x89PNG")
+    assert result.data[0].b64_json is None
+
+
+def test_base64_requested_from_a_model_that_links(oai: openai.OpenAI) -> None:
+    """`response_format: "b64_json"` (the AI SDK's generateImage asks so) gets the image's base64
+    beside the gateway's URL (spec 2.4: every image has its URL), even from an upstream that
+    answered with a link."""
+    result = oai.images.generate(model=DALL_E, prompt="a kite", response_format="b64_json")
+    assert result.data is not None
+    (image,) = result.data
+    assert image.url is not None and image.b64_json is not None
+    assert base64.b64decode(image.b64_json) == fetch(image.url).content
+    linked = oai.images.generate(model=DALL_E, prompt="a kite")
+    assert linked.data is not None and linked.data[0].b64_json is None
 
 
 def test_edit_with_image_and_mask(gw: Gateway, oai: openai.OpenAI, sim: httpx.Client) -> None:

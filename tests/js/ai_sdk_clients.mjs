@@ -4,7 +4,7 @@
 // Prints one JSON line per check ({name, ok, detail}) and exits 1 if any failed.
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
-import { generateObject, generateText, stepCountIs, streamObject, streamText, tool } from "ai";
+import { generateImage, generateObject, generateText, stepCountIs, streamObject, streamText, tool } from "ai";
 import { z } from "zod";
 
 const [base, key] = process.argv.slice(2);
@@ -213,6 +213,17 @@ await check("messages error body", async () => {
   }
   throw new Error("no error");
 });
+
+// generateImage reads each image's base64 (it asks DALL-E for b64_json, and GPT image models answer
+// so unasked): the gateway gives it beside the URL it serves.
+for (const model of ["openai/dall-e-3", "openai/gpt-image-1"]) {
+  await check(`images ${model} generateImage`, async () => {
+    const { image } = await generateImage({ model: openai.image(model), prompt: "a kite", maxRetries: 0 });
+    const png = [0x89, 0x50, 0x4e, 0x47];
+    expect(png.every((byte, i) => image.uint8Array[i] === byte), "not a PNG");
+    return { bytes: image.uint8Array.length };
+  });
+}
 
 for (const result of results) console.log(JSON.stringify(result));
 process.exit(results.every((r) => r.ok) ? 0 : 1);

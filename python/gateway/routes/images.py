@@ -67,7 +67,8 @@ def routes(state: GatewayState) -> list[Route]:
         await safety.check(state, request, call, model, payload)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
         upstream_body = state.registry.channel_body(model, payload, call)
-        return await _create(state, request, call, model, prompt, order, upstream_body)
+        asked = payload.get("response_format")
+        return await _create(state, request, call, model, prompt, order, upstream_body, asked)
 
     async def edits(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
@@ -86,8 +87,9 @@ def routes(state: GatewayState) -> list[Route]:
         await billing.hold(state, call, model, _estimate(model, prompt, order))
         kept = state.registry.form_parts(model, parts, EDIT_FIELDS, call)
         upstream_body, form_type = channel_form(_form_part(p) for p in kept)
+        asked = fields.get("response_format")
         return await _create(
-            state, request, call, model, prompt, order, upstream_body, form_type, "image_edit"
+            state, request, call, model, prompt, order, upstream_body, asked, form_type, "image_edit"
         )
 
     return [
@@ -129,10 +131,13 @@ async def _create(
     prompt: str,
     order: ImageOrder,
     upstream_body: ChannelBody,
+    asked: Any,
     content_type: str | None = None,
     operation: str | None = None,
 ) -> Response:
-    """The shared second half: call the model, fetch its images, keep them, answer with URLs."""
+    """The shared second half: call the model, fetch its images, keep them, answer with URLs (and
+    each image's base64 too where the client reads that: `_inline`). `asked` is the request's
+    `response_format`."""
     try:
         # Spec 8: start to last byte, downloads included.
         async with asyncio.timeout(state.settings.sync_timeout_seconds):
@@ -148,14 +153,31 @@ async def _create(
     urls = await image_files.keep(state, request, call.ctx.key.id, images)
     rid = response_id("img-")
     data = [
-        {"url": url, **{k: v for k, v in item.items() if k not in ("url", "b64_json")}}
-        for url, item in zip(urls, items, strict=True)
+        {
+            "url": url,
+            **({"b64_json": _base64(item, image)} if _inline(asked, item) else {}),
+            **{k: v for k, v in item.items() if k not in ("url", "b64_json")},
+        }
+        for url, item, (image, _) in zip(urls, items, images, strict=True)
     ]
     usage = _usage(answer, len(images), model, prompt, order)
     body = orjson.dumps({**answer, "id": rid, "data": data, "usage": _usage_object(answer, usage)})
     charged = billing.settle(state, call, model, rid, "completed", usage)
     headers = {REQUEST_ID_HEADER: call.request_id, "x-service-cost": format_cost(charged)}
     return Response(body, media_type="application/json", headers=headers)
+
+
+def _inline(asked: Any, item: dict[str, Any]) -> bool:
+    """Whether an entry carries its image's base64 (`b64_json`) beside the gateway's URL: when the
+    client asked for it, or asked for nothing and the upstream answered so (GPT image models
+    always do, and clients written for them read `b64_json`, as the AI SDK's generateImage does)."""
+    return asked == "b64_json" or (asked in (None, "") and isinstance(item.get("b64_json"), str))
+
+
+def _base64(item: dict[str, Any], data: bytes) -> str:
+    """The image's base64: the upstream's own text when it sent one (checked when decoded)."""
+    given = item.get("b64_json")
+    return given if isinstance(given, str) else base64.b64encode(data).decode()
 
 
 def _read_answer(content: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
