@@ -17,6 +17,7 @@ import openai
 import orjson
 import pytest
 from openai.types.chat import ChatCompletionToolParam
+from pydantic import BaseModel
 from test_responses_translation import check_responses_shape
 
 from gateway.config import Prices
@@ -409,3 +410,44 @@ def test_two_identical_calls_in_one_answer_get_ids_of_their_own() -> None:
     decoded = orjson.loads(gemini.decode(channel, "chat", orjson.dumps(answer), b"{}"))
     ids = [c["id"] for c in decoded["choices"][0]["message"]["tool_calls"]]
     assert len(set(ids)) == 2
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: int
+
+
+def test_structured_output_is_held_to_the_schema(ggw: Gateway, sim: httpx.Client) -> None:
+    """`response_format` becomes Gemini's JSON output held to the client's schema (responseJsonSchema
+    whole), so the openai client's parse (and the AI SDK's generateObject, the Agents SDK's
+    output_type) read an object; json_object asks for JSON without a schema."""
+    handle = ggw.new_key(balance="5")
+    marker = uuid.uuid4().hex
+    with client(ggw, handle.key) as oai:
+        parsed = oai.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": f"{marker} weather"}], response_format=Weather
+        )
+        assert isinstance(parsed.choices[0].message.parsed, Weather)
+        config = sent(sim, marker)["body"]["generationConfig"]
+        assert config["responseMimeType"] == "application/json"
+        assert config["responseJsonSchema"] == Weather.model_json_schema() | {"additionalProperties": False}
+        with oai.chat.completions.stream(
+            model=MODEL, messages=[{"role": "user", "content": "weather"}], response_format=Weather
+        ) as stream:
+            final = stream.get_final_completion()
+        assert isinstance(final.choices[0].message.parsed, Weather)
+        other = uuid.uuid4().hex
+        plain = oai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"{other} JSON please"}],
+            response_format={"type": "json_object"},
+        )
+        assert isinstance(orjson.loads(plain.choices[0].message.content or ""), dict)
+        assert sent(sim, other)["body"]["generationConfig"] == {"responseMimeType": "application/json"}
+        with pytest.raises(openai.BadRequestError) as refused:
+            oai.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                response_format={"type": "json_schema", "json_schema": {"name": "x"}},
+            )
+        assert refused.value.body["param"] == "response_format"  # type: ignore[index]

@@ -2,7 +2,8 @@
 
 A chat completions request is said as `generateContent` (the conversation through the messages
 translation, gateway.translate, then in Gemini's parts: user and model turns, `systemInstruction`,
-`generationConfig`, function declarations and `toolConfig`); the answer comes back as a chat
+`generationConfig`, with `response_format` as JSON output held to the client's schema, function
+declarations and `toolConfig`); the answer comes back as a chat
 completion and `streamGenerateContent?alt=sse` as chat completion chunks, so everything after the
 provider is the chat shape's own.
 
@@ -57,6 +58,7 @@ PARAMS: Final = {
             "seed",
             "presence_penalty",
             "frequency_penalty",
+            "response_format",
         }
     ),
     "embedding": frozenset({"dimensions", "encoding_format"}),
@@ -137,6 +139,7 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
             config[theirs] = payload[ours]
     if said.get("stop_sequences"):
         config["stopSequences"] = said["stop_sequences"]
+    config.update(_json_output(payload.get("response_format")))
     if config:
         request["generationConfig"] = config
     tools = said.get("tools")
@@ -166,6 +169,26 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
                 "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [choice["name"]]}
             }
     return orjson.dumps(request)
+
+
+def _json_output(response_format: Any) -> dict[str, Any]:
+    """`response_format` as Gemini's generationConfig says it: JSON output (`responseMimeType`),
+    held to the client's JSON Schema whole (`responseJsonSchema`; `responseSchema` takes only
+    Google's OpenAPI subset). `text`, or none, is Gemini's default."""
+    if not isinstance(response_format, dict):
+        return {}
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return {"responseMimeType": "application/json"}
+    if kind != "json_schema":
+        return {}
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise invalid_request(
+            "`response_format.json_schema.schema` must be a JSON Schema object.", "response_format"
+        )
+    return {"responseMimeType": "application/json", "responseJsonSchema": schema}
 
 
 def _given_signatures(messages: list[Any]) -> dict[str, str]:

@@ -29,7 +29,7 @@ import orjson
 from aiohttp import web
 
 from ..core import count_chat_tokens, count_tokens
-from . import directives, tools
+from . import directives, structured, tools
 from .directives import DirectiveError
 from .embeddings import vector
 from .wire import EventStream, reply
@@ -226,6 +226,9 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
     limit = config.get("maxOutputTokens")
     n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
     words = spaced(body, n)
+    schema = structured.requested_schema(req, "gemini")
+    if schema is not None:
+        words = structured.pieces(structured.answer_text(schema, words))
     thoughts = spaced(body, d.reasoning, offset=3)
     finish = "MAX_TOKENS" if n < d.tokens else "STOP"
     if d.filter_after is not None and d.filter_after < len(words):

@@ -5,6 +5,7 @@ Where each API takes it:
   chat completions  response_format: {type: json_schema, json_schema: {schema}} or {type: json_object}
   responses         text.format: {type: json_schema, schema} or {type: json_object}
   messages          output_config.format (or the beta's output_format): {type: json_schema, schema}
+  gemini            generationConfig: {responseMimeType: application/json, responseJsonSchema}
 
 The value is built from the schema deterministically (the same schema, the same answer): every
 property of an object (required ones and the rest), arrays with as many items as minItems asks (at
@@ -30,8 +31,14 @@ MAX_DEPTH = 12
 
 def requested_schema(req: dict[str, Any], api: str) -> dict[str, Any] | None:
     """The JSON schema the request asks its answer to follow ({} for JSON without a schema), or
-    None for free text. `api`: "chat", "responses" or "messages"."""
+    None for free text. `api`: "chat", "responses", "messages" or "gemini"."""
     fmt: Any
+    if api == "gemini":
+        config = req.get("generationConfig")
+        if not isinstance(config, dict) or config.get("responseMimeType") != "application/json":
+            return None
+        schema = config.get("responseJsonSchema")
+        return schema if isinstance(schema, dict) else {}
     if api == "chat":
         fmt = req.get("response_format")
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
