@@ -13,8 +13,10 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 from openai.types.chat import ChatCompletionToolParam
+from pydantic import BaseModel
 from test_responses_translation import check_responses_shape
 
 from gateway.config import ConfigError, Prices, parse_settings
@@ -291,3 +293,37 @@ def test_a_bedrock_channel_needs_its_region() -> None:
 
 def test_the_responses_shape_through_bedrock(bgw: Gateway) -> None:
     check_responses_shape(bgw, MODEL)
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: int
+
+
+def test_structured_output_is_converse_s_output_config(bgw: Gateway, sim: httpx.Client) -> None:
+    """`response_format` becomes Converse's structured output (`outputConfig.textFormat`, the schema
+    as a JSON string), so the openai client's parse (and generateObject, output_type) read an
+    object, plain and streamed; json_object asks for any object."""
+    handle = bgw.new_key(balance="5")
+    marker = uuid.uuid4().hex
+    with client(bgw, handle.key) as oai:
+        parsed = oai.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": f"{marker} weather"}], response_format=Weather
+        )
+        assert isinstance(parsed.choices[0].message.parsed, Weather)
+        (sent,) = converse_requests(sim, marker)
+        text_format = sent["body"]["outputConfig"]["textFormat"]
+        assert text_format["type"] == "json_schema"
+        definition = text_format["structure"]["jsonSchema"]
+        assert definition["name"] == "Weather"
+        assert orjson.loads(definition["schema"])["required"] == ["city", "celsius"]
+        with oai.chat.completions.stream(
+            model=MODEL, messages=[{"role": "user", "content": "weather"}], response_format=Weather
+        ) as stream:
+            assert isinstance(stream.get_final_completion().choices[0].message.parsed, Weather)
+        plain = oai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "JSON"}],
+            response_format={"type": "json_object"},
+        )
+        assert isinstance(orjson.loads(plain.choices[0].message.content or ""), dict)

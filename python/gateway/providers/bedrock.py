@@ -49,6 +49,7 @@ PARAMS: Final = {
             "parallel_tool_calls",
             "stream",
             "stream_options",
+            "response_format",
         }
     )
 }
@@ -92,6 +93,32 @@ async def headers(
 # ------------------------------------------------------------------ the request
 
 
+def _text_format(response_format: Any) -> dict[str, Any] | None:
+    """`response_format` as Converse's structured output (`outputConfig.textFormat`): the JSON
+    Schema travels as a string. Converse has no schema-less JSON mode: `json_object` asks for any
+    object. `text`, or none, is Converse's default."""
+    if not isinstance(response_format, dict):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        definition: dict[str, Any] = {"schema": '{"type":"object"}'}
+    elif kind == "json_schema":
+        given = response_format.get("json_schema")
+        spec: dict[str, Any] = given if isinstance(given, dict) else {}
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise invalid_request(
+                "`response_format.json_schema.schema` must be a JSON Schema object.", "response_format"
+            )
+        definition = {"schema": orjson.dumps(schema).decode()}
+        for field in ("name", "description"):
+            if isinstance(spec.get(field), str):
+                definition[field] = spec[field]
+    else:
+        return None
+    return {"type": "json_schema", "structure": {"jsonSchema": definition}}
+
+
 def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     """A chat completions body as a Converse request."""
     payload = orjson.loads(body)
@@ -112,6 +139,9 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
         inference["stopSequences"] = said["stop_sequences"]
     if inference:
         request["inferenceConfig"] = inference
+    text_format = _text_format(payload.get("response_format"))
+    if text_format is not None:
+        request["outputConfig"] = {"textFormat": text_format}
     choice = said.get("tool_choice", {})
     tools = [] if choice.get("type") == "none" else said.get("tools") or []
     used = _tools_used(said["messages"])

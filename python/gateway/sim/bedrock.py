@@ -29,7 +29,7 @@ from aiohttp import web
 
 from ..core import count_chat_tokens, count_tokens
 from ..providers.sigv4 import AwsCredentials, sign
-from . import directives, tools
+from . import directives, structured, tools
 from .directives import DirectiveError
 from .wire import EventStream, reply
 from .words import spaced
@@ -169,6 +169,9 @@ async def _converse(sim: Simulator, request: web.Request, *, stream: bool) -> we
     limit = (req.get("inferenceConfig") or {}).get("maxTokens")
     n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
     words = spaced(body, n)
+    schema = structured.requested_schema(req, "bedrock")
+    if schema is not None:
+        words = structured.pieces(structured.answer_text(schema, words))
     stop = "max_tokens" if n < d.tokens else "end_turn"
     if d.filter_after is not None and d.filter_after < len(words):
         words, stop = words[: d.filter_after], "content_filtered"

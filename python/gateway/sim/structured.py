@@ -6,6 +6,8 @@ Where each API takes it:
   responses         text.format: {type: json_schema, schema} or {type: json_object}
   messages          output_config.format (or the beta's output_format): {type: json_schema, schema}
   gemini            generationConfig: {responseMimeType: application/json, responseJsonSchema}
+  bedrock           outputConfig.textFormat: {type: json_schema, structure: {jsonSchema: {schema}}}
+                    (Converse: the schema is a JSON string)
 
 The value is built from the schema deterministically (the same schema, the same answer): every
 property of an object (required ones and the rest), arrays with as many items as minItems asks (at
@@ -31,8 +33,10 @@ MAX_DEPTH = 12
 
 def requested_schema(req: dict[str, Any], api: str) -> dict[str, Any] | None:
     """The JSON schema the request asks its answer to follow ({} for JSON without a schema), or
-    None for free text. `api`: "chat", "responses", "messages" or "gemini"."""
+    None for free text. `api`: "chat", "responses", "messages", "gemini" or "bedrock"."""
     fmt: Any
+    if api == "bedrock":
+        return _converse_schema(req)
     if api == "gemini":
         config = req.get("generationConfig")
         if not isinstance(config, dict) or config.get("responseMimeType") != "application/json":
@@ -60,6 +64,21 @@ def requested_schema(req: dict[str, Any], api: str) -> dict[str, Any] | None:
         schema = fmt.get("schema")
         return schema if isinstance(schema, dict) else {}
     return None
+
+
+def _converse_schema(req: dict[str, Any]) -> dict[str, Any] | None:
+    config = req.get("outputConfig")
+    text_format = config.get("textFormat") if isinstance(config, dict) else None
+    if not isinstance(text_format, dict) or text_format.get("type") != "json_schema":
+        return None
+    structure = text_format.get("structure")
+    definition = structure.get("jsonSchema") if isinstance(structure, dict) else None
+    text = definition.get("schema") if isinstance(definition, dict) else None
+    try:
+        schema = orjson.loads(text) if isinstance(text, str) else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return schema if isinstance(schema, dict) else {}
 
 
 def answer_text(schema: dict[str, Any], words: list[str]) -> str:
