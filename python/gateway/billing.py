@@ -35,10 +35,11 @@ def estimate_usage(
     (the first of the request's `limits` parameters it sets, never more than the model's
     max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearer
     of the output and reasoning prices, the prompt at the dearer of the input and cache-write ones.
-    It knows which of `limits` the request set, so that a refusal can name the largest value that
-    fits (gateway.estimates). A limit or `n` that is set (not null) but not a positive integer is
-    refused (400): the most the request may cost could not be known, and an upstream that took
-    `"n": "8"` would produce eight times what was held."""
+    A limit above max_output_tokens counts as max_output_tokens: the upstream is sent no more
+    (cap_output). It knows which of `limits` the request set, so that a refusal can name the
+    largest value that fits (gateway.estimates). A limit or `n` that is set (not null) but not a
+    positive integer is refused (400): the most the request may cost could not be known, and an
+    upstream that took `"n": "8"` would produce eight times what was held."""
     output, limit_set = model.max_output_tokens, None
     choices = 1
     if payload is not None:
@@ -61,6 +62,27 @@ def estimate_usage(
         limit_set=limit_set,
         choices=choices,
     )
+
+
+def cap_output(forwarded: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str) -> None:
+    """Make the upstream `body` ask for no more output than the hold covers (estimate_usage): an
+    output limit above the model's max_output_tokens is lowered to it, and a body that sets none
+    of its `limits` gets the first the model takes, set to it. Else the model's own most, or its
+    default, which may be larger, would decide how much it produces and is charged for."""
+    most = model.max_output_tokens
+    given = False
+    for name in limits:
+        value = body.get(name)
+        if value is None:
+            continue
+        given = True
+        if positive_int(value) is not None and value > most:
+            body[name] = most
+    if not given:
+        for name in limits:
+            if name in forwarded:
+                body[name] = most
+                return
 
 
 def _count_param(payload: dict[str, Any], name: str) -> int | None:

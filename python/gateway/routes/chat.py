@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import billing
 from ..config import ModelConfig
 from ..context import Call
 from ..core import (
@@ -43,6 +44,8 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(raw)
         model = resolve_model(state, call, payload.get("model"), "chat")
         _validate(payload)
+        forwarded = state.registry.forwarded_params(model)
+        billing.cap_output(forwarded, model, payload, "max_completion_tokens", "max_tokens")
         # A messages-family model gets the request as a message request, translated before the
         # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.
         translated = (
@@ -82,7 +85,7 @@ def routes(state: GatewayState) -> list[Route]:
 
         options = payload.get("stream_options")
         client_wants_usage = _wants_usage(payload)
-        if "stream_options" in state.registry.forwarded_params(model):
+        if "stream_options" in forwarded:
             # Ask for usage even when the client did not, to bill from the upstream's own count;
             # the rewriter then keeps that usage chunk from the client.
             upstream["stream_options"] = {

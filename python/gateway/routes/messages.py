@@ -42,6 +42,7 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
+        billing.cap_output(state.registry.forwarded_params(model), model, payload, "max_tokens")
         prompt = await _check_and_hold(state, request, call, model, payload)
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("msg_")

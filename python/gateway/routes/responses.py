@@ -66,6 +66,7 @@ def routes(state: GatewayState) -> list[Route]:
         await kept_responses.refuse_kept_items(state, call, model, payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
         prompt = await _check_and_hold(state, request, call, model, payload)
+        billing.cap_output(state.registry.forwarded_params(model), model, upstream, "max_output_tokens")
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         if previous is not None:

@@ -11,6 +11,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import billing
 from ..config import ModelConfig
 from ..context import Call
 from ..core import count_tokens
@@ -39,7 +40,9 @@ def chat_body(
     # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
     forwarded = state.registry.forwarded_params(model)
     limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
-    return state.registry.channel_body(model, to_chat(payload, limit), call)
+    chat = to_chat(payload, limit)
+    billing.cap_output(forwarded, model, chat, limit, "max_tokens")
+    return state.registry.channel_body(model, chat, call)
 
 
 async def forward_to_chat_model(

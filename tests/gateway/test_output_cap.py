@@ -1,0 +1,81 @@
+"""No request gets more output than its hold covers (gateway.billing.cap_output): an output limit
+above the model's max_output_tokens is lowered to it on the way upstream, and a request that sets
+none is sent the model's max_output_tokens; on every text shape, translated or not. Before, the
+hold stopped at max_output_tokens while the upstream was sent the client's limit (or none), and a
+small balance could be charged far below zero."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import httpx
+
+from harness import Gateway, KeyHandle
+
+CAP = 16384  # the default max_output_tokens of the session gateway's models
+CHAT, CLAUDE, RESPONSES = "openai/gpt-4o-mini", "anthropic/claude-sonnet-4-5", "openai/gpt-4.1-mini"
+
+
+def _received(sim: httpx.Client, marker: str) -> dict[str, Any]:
+    (body,) = [e["body"] for e in sim.get("/_sim/requests").json() if marker in str(e.get("body"))]
+    assert isinstance(body, dict)
+    return body
+
+
+def _post(gw: Gateway, key: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    with gw.client(key) as client:
+        return client.post(path, json=body)
+
+
+def test_a_limit_above_the_models_most_is_lowered_and_the_balance_holds(
+    gw: Gateway, sim: httpx.Client
+) -> None:
+    handle: KeyHandle = gw.new_key(balance="0.2")
+    marker = uuid.uuid4().hex
+    prompt = f"{marker} [sim tokens=40000]"
+    answer = _post(
+        gw,
+        handle.key,
+        "/v1/chat/completions",
+        {"model": CHAT, "max_tokens": 1_000_000, "messages": [{"role": "user", "content": prompt}]},
+    )
+    assert answer.status_code == 200, answer.text
+    assert _received(sim, marker)["max_tokens"] == CAP
+    body = answer.json()
+    assert body["usage"]["completion_tokens"] == CAP and body["choices"][0]["finish_reason"] == "length"
+    charged = Decimal(answer.headers["x-service-cost"])
+    assert gw.wait_balance(handle.account_id, Decimal("0.2") - charged) >= 0
+
+
+def test_a_request_without_a_limit_is_sent_the_models_most(
+    gw: Gateway, key: KeyHandle, sim: httpx.Client
+) -> None:
+    for path, model, sent in (
+        ("/v1/chat/completions", CHAT, "max_completion_tokens"),
+        ("/v1/responses", RESPONSES, "max_output_tokens"),
+        # A chat model on the responses shape: translated, then capped.
+        ("/v1/responses", CHAT, "max_completion_tokens"),
+    ):
+        marker = uuid.uuid4().hex
+        said = {"messages": [{"role": "user", "content": marker}]} if "chat" in path else {"input": marker}
+        answer = _post(gw, key.key, path, {"model": model, **said})
+        assert answer.status_code == 200, answer.text
+        assert _received(sim, marker)[sent] == CAP, (path, model)
+
+
+def test_the_messages_shape_is_capped_too(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    """The Anthropic clients send a model's documented most (64,000 for Claude Sonnet 4.5): served,
+    sent as this gateway's max_output_tokens for the model."""
+    for model in (CLAUDE, CHAT):
+        marker = uuid.uuid4().hex
+        answer = _post(
+            gw,
+            key.key,
+            "/v1/messages",
+            {"model": model, "max_tokens": 64000, "messages": [{"role": "user", "content": marker}]},
+        )
+        assert answer.status_code == 200, answer.text
+        received = _received(sim, marker)
+        assert received.get("max_tokens", received.get("max_completion_tokens")) == CAP, model
