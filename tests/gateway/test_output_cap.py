@@ -79,3 +79,57 @@ def test_the_messages_shape_is_capped_too(gw: Gateway, key: KeyHandle, sim: http
         assert answer.status_code == 200, answer.text
         received = _received(sim, marker)
         assert received.get("max_tokens", received.get("max_completion_tokens")) == CAP, model
+
+
+def test_tools_schemas_and_tool_results_count_as_prompt(gw: Gateway) -> None:
+    """What the provider bills as input beyond the messages' text (tool definitions, a structured
+    output's schema, a tool result's content) is in the hold: a large one on a small balance is
+    refused before it runs (hostile review: a 200,000-word tool description was held as nothing)."""
+    handle = gw.new_key(balance="0.01")
+    big = " ".join(f"word{i}" for i in range(100_000))
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "description": big, "parameters": {"type": "object"}},
+    }
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"description": big}}}
+    hi = [{"role": "user", "content": "hi"}]
+    for path, body in (
+        ("/v1/chat/completions", {"model": CHAT, "max_tokens": 1, "messages": hi, "tools": [tool]}),
+        ("/v1/chat/completions", {"model": CHAT, "max_tokens": 1, "messages": hi, "response_format": schema}),
+        (
+            "/v1/messages",
+            {
+                "model": CLAUDE,
+                "max_tokens": 1,
+                "messages": hi,
+                "tools": [{"name": "f", "description": big, "input_schema": {"type": "object"}}],
+            },
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": CLAUDE,
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": big}]}
+                ],
+            },
+        ),
+        (
+            "/v1/responses",
+            {"model": RESPONSES, "max_output_tokens": 16, "input": "hi", "tools": [tool["function"]]},
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": CHAT,
+                "max_output_tokens": 16,
+                "input": "hi",
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": {"description": big}}},
+            },
+        ),
+    ):
+        refused = _post(gw, handle.key, path, body)
+        assert refused.status_code == 400, (path, refused.text)
+        assert refused.json()["error"]["code"] == "insufficient_credits", (path, refused.text)
+    assert gw.balance(handle.account_id) == Decimal("0.01")

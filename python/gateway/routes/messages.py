@@ -140,10 +140,13 @@ def _validate_messages(payload: dict[str, Any]) -> None:
 
 
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
-    """The gateway's own count of a messages prompt: the system text plus the messages, counted as
-    chat messages are (for the hold, and the bill when the upstream reports no usage)."""
+    """The gateway's own count of a messages prompt: the system text plus the messages and the
+    tools, counted as chat messages are (for the hold, and the bill when the upstream reports no
+    usage)."""
     messages = list(payload.get("messages") or [])
     system = payload.get("system")
     if isinstance(system, (str, list)):  # a string, or text blocks
         messages.insert(0, {"role": "system", "content": system})
-    return count_chat_tokens(orjson.dumps({"messages": messages}), model.tokenizer)
+    return count_chat_tokens(
+        orjson.dumps({"messages": messages, "tools": payload.get("tools")}), model.tokenizer
+    )

@@ -303,5 +303,10 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
         messages.append({"role": "user", "content": value})
     for item in value if isinstance(value, list) else []:
         role = item.get("role") if isinstance(item.get("role"), str) else "user"
-        messages.append({"role": role, "content": response_item_text(item)})
-    return count_chat_tokens(orjson.dumps({"messages": messages}), model.tokenizer)
+        content = item.get("content")
+        # A message's parts as they are (its images count too), any other item as its text.
+        said = content if isinstance(content, list) else response_item_text(item)
+        messages.append({"role": role, "content": said})
+    # The tools and the output's format (`text`) are prompt too, as the provider bills them.
+    counted = {"messages": messages, "tools": payload.get("tools"), "response_format": payload.get("text")}
+    return count_chat_tokens(orjson.dumps(counted), model.tokenizer)

@@ -84,6 +84,8 @@ pub fn count_tokens(text: &str, encoding: Encoding) -> Result<usize> {
 
 /// OpenAI's accounting for chat prompts: per message 3 tokens plus every string field's tokens
 /// (+1 for a name), text parts of array contents, tool-call names and arguments; 3 to prime the reply.
+/// The gateway adds what else a provider bills as input: image parts (IMAGE_PART_TOKENS each), the
+/// message shape's tool blocks, and the request's tools, functions and response_format as JSON.
 pub const TOKENS_PER_MESSAGE: usize = 3;
 pub const TOKENS_PER_NAME: usize = 1;
 pub const REPLY_PRIMING: usize = 3;
@@ -91,7 +93,20 @@ pub const REPLY_PRIMING: usize = 3;
 #[derive(Deserialize)]
 struct ChatBody {
     messages: Vec<Value>,
+    // What else the model reads as prompt and the provider bills as input: tool definitions (and
+    // the legacy functions), and a structured output's schema. Counted as their JSON text.
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    functions: Option<Value>,
+    #[serde(default)]
+    response_format: Option<Value>,
 }
+
+/// An image part's tokens, whatever its size (the gateway does not decode images): about the most
+/// a provider bills for one image as it scales it (Anthropic's 1,600 at 1.15 megapixels; OpenAI's
+/// high detail at 2048 pixels, 1,105 for GPT-4o).
+pub const IMAGE_PART_TOKENS: usize = 1_600;
 
 pub fn count_chat_tokens(body: &[u8], encoding: Encoding) -> Result<usize> {
     // serde would also read the struct from an array; only an object is a request body.
@@ -116,9 +131,7 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding) -> Result<usize> {
                 }
                 Value::Array(parts) if key == "content" => {
                     for part in parts {
-                        if let Some(Value::String(text)) = part.get("text") {
-                            total += count_tokens(text, encoding)?;
-                        }
+                        total += count_part(part, encoding)?;
                     }
                 }
                 Value::Array(calls) if key == "tool_calls" => {
@@ -134,7 +147,42 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding) -> Result<usize> {
             }
         }
     }
+    for extra in [&parsed.tools, &parsed.functions, &parsed.response_format].into_iter().flatten() {
+        total += count_json(extra, encoding)?;
+    }
     Ok(total)
+}
+
+/// One part of an array content: its text; an image, IMAGE_PART_TOKENS; the message shape's tool
+/// blocks, what they carry (a call's input as JSON, a result's content, text or parts). Other
+/// parts (audio, files) are not counted.
+fn count_part(part: &Value, encoding: Encoding) -> Result<usize> {
+    if let Some(Value::String(text)) = part.get("text") {
+        return count_tokens(text, encoding);
+    }
+    match part.get("type").and_then(Value::as_str) {
+        Some("image_url" | "image" | "input_image") => Ok(IMAGE_PART_TOKENS),
+        Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding)),
+        Some("tool_result") => match part.get("content") {
+            Some(Value::String(text)) => count_tokens(text, encoding),
+            Some(Value::Array(inner)) => {
+                let mut total = 0;
+                for block in inner {
+                    total += count_part(block, encoding)?;
+                }
+                Ok(total)
+            }
+            _ => Ok(0),
+        },
+        _ => Ok(0),
+    }
+}
+
+fn count_json(value: &Value, encoding: Encoding) -> Result<usize> {
+    match value {
+        Value::Null => Ok(0),
+        other => count_tokens(&other.to_string(), encoding),
+    }
 }
 
 #[cfg(test)]
@@ -225,9 +273,36 @@ mod tests {
         let e = Encoding::O200kBase;
         let expected = 3
             + (3 + count("system", e) + count("You are helpful.", e))
-            + (3 + count("user", e) + count("bob", e) + 1 + count("Hi there", e))
+            + (3 + count("user", e) + count("bob", e) + 1 + count("Hi there", e) + IMAGE_PART_TOKENS)
             + (3 + count("assistant", e) + count("get", e) + count("{\"a\":1}", e));
         assert_eq!(count_chat_tokens(body, e).unwrap(), expected);
+    }
+
+    #[test]
+    fn tools_schemas_and_tool_blocks_are_prompt() {
+        let e = Encoding::O200kBase;
+        let tools = r#"[{"type":"function","function":{"name":"f","description":"many words here"}}]"#;
+        let schema = r#"{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}"#;
+        let bare = count_chat_tokens(br#"{"messages":[]}"#, e).unwrap();
+        let body = format!(r#"{{"messages":[],"tools":{tools},"response_format":{schema},"functions":null}}"#);
+        let compact = |text: &str| serde_json::from_str::<Value>(text).unwrap().to_string();
+        assert_eq!(
+            count_chat_tokens(body.as_bytes(), e).unwrap(),
+            bare + count(&compact(tools), e) + count(&compact(schema), e)
+        );
+        // The message shape's blocks: a call's input, a result's content (text or text parts).
+        let blocks = br#"{"messages":[{"role":"user","content":[
+            {"type":"tool_use","id":"t","name":"f","input":{"q":"weather in Paris"}},
+            {"type":"tool_result","tool_use_id":"t","content":"sunny, 21 degrees"},
+            {"type":"tool_result","tool_use_id":"u","content":[{"type":"text","text":"rain"}]},
+            {"type":"input_audio","input_audio":{"data":"AAAA"}}]}]}"#;
+        let expected = bare
+            + 3
+            + count("user", e)
+            + count(r#"{"q":"weather in Paris"}"#, e)
+            + count("sunny, 21 degrees", e)
+            + count("rain", e);
+        assert_eq!(count_chat_tokens(blocks, e).unwrap(), expected);
     }
 
     #[test]
