@@ -225,6 +225,7 @@ def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.
         ({"image": ("a.png", PNG, "image/png")}, {}, "prompt"),
         ({"mask": ("m.png", PNG, "image/png")}, {"prompt": "p"}, "image"),
         ({"image": ("a.png", PNG, "image/png")}, {"prompt": "p", "model": "openai/gpt-4o-mini"}, "model"),
+        *(({"image": ("a.png", PNG, "image/png")}, {"prompt": "p", "n": n}, "n") for n in ("ten", "٣", "0")),
     ],
 )
 def test_bad_edits_are_invalid_request(
@@ -293,6 +294,8 @@ def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:
         ({"model": GPT_IMAGE, "prompt": "  "}, "prompt"),
         ({"model": "openai/gpt-4o-mini", "prompt": "a cat"}, "model"),
         ({"prompt": "a cat"}, "model"),
+        # Held as one image, an `n` an upstream reads as ten would be charged as ten.
+        *(({"model": DALL_E, "prompt": "a cat", "n": n}, "n") for n in ("10", True, 0, -1, 1.5)),
     ],
 )
 def test_bad_generations_are_invalid_request(

@@ -245,8 +245,10 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
     def named(value: Any) -> str | None:
         return value if isinstance(value, str) and value and value != "auto" else None
 
-    count = billing.positive_int(n) or 1
-    return ImageOrder(count, named(size), named(quality))
+    if n is not None and billing.positive_int(n) is None:
+        # Held as one image, an `n` an upstream reads another way ("10") would be charged as ten.
+        raise invalid_request("`n` must be a positive integer: the number of images.", "n")
+    return ImageOrder(n or 1, named(size), named(quality))
 
 
 def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
@@ -301,8 +303,13 @@ _SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
 _BASE_AREA = 1024 * 1024
 
 
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.strip().isdigit() else None
+def _int(text: str | None) -> Any:
+    """A form field that holds a whole number, as one (ASCII digits only: int() would read "٣" as
+    3 where an upstream may not); anything else as it is, for the check that refuses it."""
+    if text is None:
+        return None
+    digits = text.strip()
+    return int(digits) if digits.isascii() and digits.isdigit() else text
 
 
 def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:

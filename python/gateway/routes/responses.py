@@ -295,7 +295,7 @@ def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
     """The gateway's own count of this turn's input, for the hold and for the bill when the upstream
     reports no usage (earlier turns held upstream cannot be counted here)."""
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     if isinstance(payload.get("instructions"), str):
         messages.append({"role": "system", "content": payload["instructions"]})
     value = payload.get("input")

@@ -163,7 +163,11 @@ def _seconds(value: Any) -> str:
     if value is None:
         return videos.DEFAULT_SECONDS
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not text.isdigit() or not 1 <= int(text) <= MAX_SECONDS:
+    if (
+        not isinstance(text, str)
+        or not (text.isascii() and text.isdigit())
+        or not 1 <= int(text) <= MAX_SECONDS
+    ):
         raise invalid_request(
             f"`seconds` must be a whole number of seconds from 1 to {MAX_SECONDS}.", "seconds"
         )
