@@ -25,7 +25,7 @@ from . import admin_fields as field
 from . import deployment, management
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
-from .config import CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
+from .config import CONFIG_ENV, FLAGS_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
 from .drain import KILL_GRACE_SECONDS
 from .errors import GatewayError
 from .store import (
@@ -285,6 +285,8 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
     os.environ[WORKERS_ENV] = str(options["workers"])
     # ... and builds the URLs it hands out from where it listens (routes/common.public_base).
     os.environ[LISTEN_ENV] = f"{options['host']}:{options['port']}"
+    # ... and a reload knows which of those the file does not decide (gateway.reload).
+    os.environ[FLAGS_ENV] = ",".join(name for name in ("host", "port", "workers") if getattr(args, name))
     return [sys.executable, "-m", "gateway.supervisor", json.dumps(options)]
 
 

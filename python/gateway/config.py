@@ -71,6 +71,9 @@ WORKERS_ENV: Final = "GATEWAY_WORKERS"
 # `gateway serve --host/--port` tell the workers where they listen ("host:port"), for the URLs they
 # hand out (routes/common.public_base).
 LISTEN_ENV: Final = "GATEWAY_LISTEN"
+# ... and which of host, port and workers the command line set (comma-separated): the file's own
+# value of those is not in use, so a reload may edit it (gateway.reload).
+FLAGS_ENV: Final = "GATEWAY_FLAGS"
 STORE_BACKENDS: Final = ("sqlite", "postgres")
 LOG_FORMATS: Final = frozenset({"auto", "json", "text"})
 LOG_LEVELS: Final = frozenset({"debug", "info", "warning", "error"})

@@ -6,12 +6,13 @@ listener are the supervisor's, fixed at its start."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Collection
+from typing import Final
 
 from .config import (
     ACCEPTED_CONFIG_ENV,
     CONFIG_ENV,
+    FLAGS_ENV,
     ConfigError,
     Settings,
     read_config_text,
@@ -31,11 +32,11 @@ _DATA: Final = {
 _LISTEN: Final = {"host": "server.host", "port": "server.port", "workers": "server.workers"}
 
 
-def fixed_changes(running: Settings, new: Settings, serving: Mapping[str, Any] | None = None) -> list[str]:
+def fixed_changes(running: Settings, new: Settings, flags: Collection[str] = ()) -> list[str]:
     """One sentence per setting the file `new` changes that a reload cannot (empty: it may go
-    ahead). `running` is the configuration last accepted, as its file says; `serving`, the host,
-    port and worker count the gateway runs with: a value a command-line flag overrides is not the
-    file's to change, so an edit of it is no reason to refuse."""
+    ahead). `running` is the configuration last accepted, as its file says; `flags`, which of host,
+    port and workers the command line set (FLAGS_ENV): the file's value of those is not in use, so
+    an edit of it is no reason to refuse."""
     problems = [
         f"{setting} differs from the running gateway's: a reload cannot change it, restart instead"
         for name, setting in _DATA.items()
@@ -43,8 +44,7 @@ def fixed_changes(running: Settings, new: Settings, serving: Mapping[str, Any] |
     ]
     for name, setting in _LISTEN.items():
         was, now = getattr(running, name), getattr(new, name)
-        overridden = serving is not None and serving.get(name, was) != was
-        if was != now and not overridden:
+        if was != now and name not in flags:
             problems.append(
                 f"{setting} changed from {was} to {now}: a reload cannot change where the gateway"
                 " listens or how many workers it runs, restart instead"
@@ -62,3 +62,8 @@ def accepted_settings(serving: Settings) -> Settings:
         return settings_from_text(read_config_text(accepted), path)
     except ConfigError:
         return serving
+
+
+def command_line_flags() -> frozenset[str]:
+    """Which of host, port and workers `gateway serve` was given on its command line."""
+    return frozenset(name for name in os.environ.get(FLAGS_ENV, "").split(",") if name)

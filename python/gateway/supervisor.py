@@ -282,7 +282,6 @@ def _kill_timeout(drain_seconds: float, kill_grace_seconds: float) -> int:
 
 
 _RUNNING: list[Any] = []  # the accepted configuration's settings (gateway.config.Settings)
-_SERVING: dict[str, Any] = {}  # the host, port and worker count it serves with (flags included)
 
 
 def _accept(path: str) -> list[str]:
@@ -290,13 +289,13 @@ def _accept(path: str) -> list[str]:
     reload cannot (at start, nothing is running yet), it becomes the accepted configuration (an
     empty list); else its problems."""
     from gateway.config import check_and_load
-    from gateway.reload import fixed_changes
+    from gateway.reload import command_line_flags, fixed_changes
 
     checked = check_and_load(path)
     if checked.settings is None:
         return list(checked.problems)
     new = checked.settings
-    problems = fixed_changes(_RUNNING[0], new, _SERVING) if _RUNNING else []
+    problems = fixed_changes(_RUNNING[0], new, command_line_flags()) if _RUNNING else []
     if not problems:
         _RUNNING[:] = [new]
         _publish(checked.text)
@@ -403,7 +402,6 @@ def main(argv: list[str]) -> None:
     if options.get("metrics_listen"):
         _serve_metrics(options["metrics_listen"])
     drain = float(options.get("drain_seconds", 30.0))
-    _SERVING.update({name: options[name] for name in ("host", "port", "workers")})
     config = os.environ.get(CONFIG_ENV)
     if config:
         # What the workers start with: the file as read now (`gateway serve` checked it just

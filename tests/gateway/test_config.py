@@ -17,6 +17,7 @@ from gateway.cli import SIM_PORT, _granian, _on_sim_port
 from gateway.config import (
     ACCEPTED_CONFIG_ENV,
     CONFIG_ENV,
+    FLAGS_ENV,
     KNOWN_SETTINGS,
     LISTEN_ENV,
     WORKERS_ENV,
@@ -323,7 +324,9 @@ def serve(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[
         capture_output=True,
         text=True,
         timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV)},
+        env={
+            k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, FLAGS_ENV)
+        },
     )
 
 
@@ -399,7 +402,7 @@ def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pyte
     """`gateway serve --config X --port P` starts one instance on P (any number share a store)."""
     config = tmp_path / "gateway.toml"
     config.write_text(f"[server]\nport = 8123\nworkers = 2\n{CHAT_MODEL}")
-    for name in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV):
+    for name in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, FLAGS_ENV):
         monkeypatch.delenv(name, raising=False)
     args = argparse.Namespace(host="0.0.0.0", port=8200, workers=None)
     command = _granian(str(config), load_settings(config), args)
@@ -411,6 +414,7 @@ def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pyte
     }
     assert options["drain_seconds"] == 30.0 and options["metrics_listen"] is None
     assert os.environ[LISTEN_ENV] == "0.0.0.0:8200"
+    assert os.environ[FLAGS_ENV] == "host,port"  # the file's own host and port are not in use
     s = settings_from_env()
     assert (s.host, s.port, s.workers) == ("0.0.0.0", 8200, 2)
 

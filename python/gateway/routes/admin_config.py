@@ -19,7 +19,7 @@ from starlette.routing import Route
 from ..auth import admin_token, authenticate_admin
 from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
-from ..reload import accepted_settings, fixed_changes
+from ..reload import accepted_settings, command_line_flags, fixed_changes
 from ..state import GatewayState
 from .common import json_response
 
@@ -36,8 +36,7 @@ def routes(state: GatewayState) -> list[Route]:
         problems = list(checked.problems)
         if checked.settings is not None:
             running = await asyncio.to_thread(accepted_settings, state.settings)
-            serving = {name: getattr(state.settings, name) for name in ("host", "port", "workers")}
-            problems = fixed_changes(running, checked.settings, serving)
+            problems = fixed_changes(running, checked.settings, command_line_flags())
         if problems:
             raise GatewayError(
                 "invalid_request",
