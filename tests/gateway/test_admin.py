@@ -596,6 +596,17 @@ def test_lists_come_a_page_at_a_time(admin: httpx.Client) -> None:
         assert (
             body["param"] == cursor and f"`{cursor}` names no {what}: 'nope_{'x' * 95}...'" in body["message"]
         )
+    # A misspelt filter would list every account's logs; a misspelt cursor page 1 for ever.
+    queries = [
+        ("/logs", f"account={account['id']}", "account"),
+        ("/logs", "after=req_x", "after"),
+        ("/accounts", f"before={account['id']}", "before"),
+        ("/accounts", "limit=1&limit=2", "limit"),
+    ]
+    for list_path, params, param in queries:
+        assert error(admin.get(list_path, params=params), 400, "invalid_request")["param"] == param
+    error(admin.get("/logs", params={"account_id": "acct_nope"}), 404, "not_found")
+    error(admin.get("/logs", params={"key_id": "key_nope"}), 404, "not_found")
 
 
 # ---------------------------------------------------------------- the CLI: every operation of the API

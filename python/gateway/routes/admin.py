@@ -8,7 +8,7 @@ decimal string in both directions; a JSON number is read from its digits, never 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -147,8 +147,13 @@ def routes(state: GatewayState) -> list[Route]:
     # ---------------------------------------------------------------- request logs
 
     async def list_logs(request: Request) -> tuple[int, Any]:
-        query = request.query_params
+        query = _query(request, ("account_id", "key_id", "before", "limit"))
         limit = field.page_size(query.get("limit"), "limit")
+        # A filter that names nothing is a mistake: an empty page would look like "no requests".
+        if query.get("account_id") is not None:
+            await management.account(store, query["account_id"])
+        if query.get("key_id") is not None and await store.get_key(query["key_id"]) is None:
+            raise GatewayError("not_found", f"No key {query['key_id']!r}.", param="key_id")
         entries = await store.list_request_logs(
             account_id=query.get("account_id"),
             key_id=query.get("key_id"),
@@ -237,7 +242,23 @@ def _no_constant(name: str) -> None:
 
 def _paging(request: Request) -> tuple[str | None, int]:
     """`after` (the id of the last entry of the previous page) and `limit` of a list request."""
-    return request.query_params.get("after"), field.page_size(request.query_params.get("limit"), "limit")
+    query = _query(request, ("after", "limit"))
+    return query.get("after"), field.page_size(query.get("limit"), "limit")
+
+
+def _query(request: Request, known: tuple[str, ...]) -> Mapping[str, str]:
+    """A list request's query, refused (400) if it has a parameter the list does not read: a
+    misspelt filter (`account=`) would otherwise list everyone's entries, a misspelt cursor page 1
+    again and again. Each parameter once."""
+    query = request.query_params
+    for name in query:
+        if name not in known:
+            raise invalid_request(
+                f"Unknown query parameter `{name}` (this list takes {', '.join(known)}).", name
+            )
+        if len(query.getlist(name)) > 1:
+            raise invalid_request(f"The query parameter `{name}` is given more than once.", name)
+    return query
 
 
 def _page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
