@@ -19,6 +19,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
+from gateway.routes import image_files
 from gateway.routes.images import _dearest_variant
 from gateway.sim.images import png
 from harness import Gateway, KeyHandle, chat_model, eventually, gateway
@@ -440,3 +441,53 @@ def test_an_image_left_to_the_model_is_held_at_the_dearest_variant_of_what_it_na
     assert _dearest_variant(prices, None, "standard") == ("1024x1792", "standard")
     assert _dearest_variant(prices, None, None) in {("1024x1792", "hd"), ("1792x1024", "hd")}
     assert _dearest_variant(Prices(image=Decimal("0.04")), "1024x1024", None) == ("1024x1024", None)
+
+
+def test_an_edit_without_a_size_is_held_at_its_source_images_size(gw: Gateway) -> None:
+    """Left to the model, an edit's output may follow its source image: one whose header says
+    20000x20000 holds 381 times a 1024x1024 image's output, and a small balance cannot pay it
+    (hostile review: it was held as 1024x1024 and charged $16 on a $1 balance)."""
+    handle = gw.new_key(balance="1")
+    huge = PNG[:16] + (20000).to_bytes(4, "big") + (20000).to_bytes(4, "big") + PNG[24:]
+    with gw.client(handle.key) as c:
+        refused = c.post(
+            "/v1/images/edits",
+            data={"model": GPT_IMAGE, "prompt": "a hat"},
+            files={"image": ("big.png", huge, "image/png")},
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "insufficient_credits", (
+            refused.text
+        )
+        # The same image with a size named is held at that size.
+        sized = c.post(
+            "/v1/images/edits",
+            data={"model": GPT_IMAGE, "prompt": "a hat", "size": "1024x1024"},
+            files={"image": ("big.png", huge, "image/png")},
+        )
+    assert sized.status_code == 200, sized.text
+
+
+def test_image_dimensions_come_from_the_headers() -> None:
+    jpeg = (
+        b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
+        + bytes(9)
+        + b"\xff\xc0\x00\x11\x08"
+        + (123).to_bytes(2, "big")
+        + (321).to_bytes(2, "big")
+        + bytes(10)
+    )
+    riff = b"RIFF" + bytes(4) + b"WEBP"
+    vp8x = riff + b"VP8X" + bytes(8) + (320).to_bytes(3, "little") + (122).to_bytes(3, "little")
+    vp8l = riff + b"VP8L" + bytes(4) + b"\x2f" + (320 | 122 << 14).to_bytes(4, "little") + bytes(5)
+    vp8 = (
+        riff
+        + b"VP8 "
+        + bytes(7)
+        + b"\x9d\x01\x2a"
+        + (321).to_bytes(2, "little")
+        + (123).to_bytes(2, "little")
+    )
+    for data in (png(321, 123, b"\x00\x00\x00"), jpeg, vp8x, vp8l, vp8):
+        assert image_files.dimensions(data) == (321, 123), data[:16]
+    assert image_files.dimensions(b"\x89PNG\r\n\x1a\n") is None
+    assert image_files.dimensions(b"GIF89a" + bytes(20)) is None

@@ -42,6 +42,47 @@ def media_type(data: bytes) -> str | None:
     return None
 
 
+def dimensions(data: bytes) -> tuple[int, int] | None:
+    """An image's width and height from its header (PNG, JPEG, WEBP), without decoding it; None
+    when the header does not say (or is not one of those)."""
+    kind = media_type(data)
+    if kind == "image/png" and len(data) >= 24 and data[12:16] == b"IHDR":
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if kind == "image/jpeg":
+        return _jpeg_dimensions(data)
+    if kind == "image/webp" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8X":
+            return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+        if chunk == b"VP8L" and data[20] == 0x2F:
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+        if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":
+            return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(
+                data[28:30], "little"
+            ) & 0x3FFF
+    return None
+
+
+# JPEG's start-of-frame markers (the frame header holds the size): C0-CF but DHT, JPG and DAC.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
+    at = 2
+    while at + 9 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in _SOF:
+            return int.from_bytes(data[at + 7 : at + 9], "big"), int.from_bytes(data[at + 5 : at + 7], "big")
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return None
+
+
 async def keep(
     state: GatewayState, request: Request, key_id: str, images: list[tuple[bytes, str]]
 ) -> list[str]:

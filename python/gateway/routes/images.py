@@ -11,7 +11,8 @@ import asyncio
 import base64
 import binascii
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -83,6 +84,9 @@ def routes(state: GatewayState) -> list[Route]:
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
+        if order.size is None:
+            # Left to the model, an edit's size may follow its source: held at the largest given.
+            order = replace(order, source_area=_largest_area(p.data for p in parts if p.name in UPLOADS))
         await safety.check(state, request, call, model, fields)
         await billing.hold(state, call, model, _estimate(model, prompt, order))
         kept = state.registry.form_parts(model, parts, EDIT_FIELDS, call)
@@ -239,6 +243,8 @@ class ImageOrder:
     n: int
     size: str | None
     quality: str | None
+    # An edit's largest source image's area in pixels, when no size is asked for (None: unknown).
+    source_area: int | None = None
 
 
 def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
@@ -287,16 +293,21 @@ def _dearest_variant(prices: Prices, size: str | None, quality: str | None) -> t
 
 def _output_bound(model: ModelConfig, order: ImageOrder) -> int:
     """Each image may take the model's max_output_tokens for a 1024x1024 one, times its area over
-    that when it is larger: an image's output tokens grow with its area (gpt-image-1: 1056 at
-    1024x1024 medium, 1584 at 1024x1536), and a size the upstream accepts however large must not
-    take the balance below zero."""
+    that when it is larger (an edit that names no size: its largest source image's): an image's
+    output tokens grow with its area (gpt-image-1: 1056 at 1024x1024 medium, 1584 at 1024x1536),
+    and a size the upstream accepts however large must not take the balance below zero."""
     per_image = model.max_output_tokens
     sides = _SIZE.match(order.size or "")
-    if sides is not None:
-        area = int(sides[1]) * int(sides[2])
-        if area > _BASE_AREA:
-            per_image = -(-per_image * area // _BASE_AREA)
+    area = int(sides[1]) * int(sides[2]) if sides is not None else order.source_area
+    if area is not None and area > _BASE_AREA:
+        per_image = -(-per_image * area // _BASE_AREA)
     return order.n * per_image
+
+
+def _largest_area(images: Iterable[bytes]) -> int | None:
+    """The largest area (width times height) the images' headers say, None when none says."""
+    areas = [w * h for w, h in filter(None, map(image_files.dimensions, images))]
+    return max(areas, default=None)
 
 
 _SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
