@@ -13,8 +13,13 @@ def wav_seconds(data: bytes) -> float | None:
     pos, byte_rate, size = 12, 0, None
     while pos + 8 <= len(data):
         chunk, length = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
-        if chunk == b"fmt " and length >= 16 and pos + 20 <= len(data):
-            byte_rate = struct.unpack("<I", data[pos + 16 : pos + 20])[0]
+        if chunk == b"fmt " and length >= 16 and pos + 24 <= len(data):
+            sample_rate, declared, block_align = struct.unpack("<IIH", data[pos + 12 : pos + 22])
+            # The header says the rate twice: its byte rate, and (for PCM) sample rate times frame
+            # size. A decoder goes by the frames, so a byte rate that lies would shorten the
+            # length held and billed: the slower of the two, where both are given.
+            rates = [rate for rate in (declared, sample_rate * block_align) if rate > 0]
+            byte_rate = min(rates, default=0)
         elif chunk == b"data":
             size = min(length, len(data) - pos - 8)
             break

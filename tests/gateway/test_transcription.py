@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.audio import wav_seconds
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
 from harness import Gateway, KeyHandle, eventually
@@ -192,3 +193,15 @@ def test_filename_with_semicolon_reaches_the_model(gw: Gateway, key: KeyHandle, 
     assert r.status_code == 200, r.text
     (received,) = [e for e in sim.get("/_sim/requests").json() if e["body"].get("prompt") == marker]
     assert received["file"]["filename"] == "take;2.wav"
+
+
+def test_a_wav_whose_byte_rate_lies_is_held_by_its_frames() -> None:
+    """A decoder measures a WAV by its frames (sample rate times frame size): a header whose
+    redundant byte rate says 0xFFFFFFFF would otherwise be held and billed as a blink (hostile
+    review: 600 s of audio held as one)."""
+    honest = wav(600)
+    lying = honest[:28] + struct.pack("<I", 0xFFFFFFFF) + honest[32:]
+    assert wav_seconds(honest) == wav_seconds(lying) == 600
+    # A byte rate below the frames' (a compressed format's) is the one believed: the longer length.
+    slow = honest[:28] + struct.pack("<I", 8000) + honest[32:]
+    assert wav_seconds(slow) == 1200
