@@ -179,3 +179,42 @@ def test_a_malformed_chunked_body_gets_the_spec_error(gw: Gateway) -> None:
     assert body["error"]["code"] == "invalid_request" and "chunked" in body["error"]["message"]
     (row,) = log_rows(gw, key.key_id, 1)
     assert row["status"] == 499 and row["cost"] is None
+
+
+def test_a_client_that_closes_right_after_the_last_event_got_a_whole_stream(gw: Gateway) -> None:
+    """A client that reads to `data: [DONE]` and closes at once (httpx breaking out of its loop
+    there) left nothing unread: logged 200 and billed as complete, not 499 `incomplete`, though
+    the gateway may still be reading the upstream's end (here the simulator waits 300 ms before
+    ending its body, as an upstream may; operator review: 20 of 60 were 499)."""
+    key = gw.new_key(balance="5")
+    url = urlsplit(gw.url)
+    payload = orjson.dumps(
+        {
+            "model": "openai/gpt-4o-mini",
+            "stream": True,
+            "messages": [{"role": "user", "content": "[sim tokens=10 linger=300ms]"}],
+        }
+    )
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key.key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    rounds = 5
+    for _ in range(rounds):
+        with socket.create_connection((url.hostname or "127.0.0.1", url.port or 80)) as s:
+            s.sendall(head + payload)
+            seen = b""
+            while b"data: [DONE]" not in seen:
+                got = s.recv(65536)
+                assert got, seen
+                seen += got
+    rows = log_rows(gw, key.key_id, rounds)
+    assert [r["status"] for r in rows] == [200] * rounds
+    with sqlite3.connect(gw.db_path) as conn:
+        statuses = [
+            r
+            for (r,) in conn.execute(
+                "SELECT status FROM usage_records WHERE account_id = ?", (key.account_id,)
+            )
+        ]
+    assert statuses == ["completed"] * rounds

@@ -198,6 +198,10 @@ async def forward_stream(
                     if out:
                         yield out
                         delivered = rewriter.output_len
+                        if rewriter.done:
+                            # The client has the whole answer: what remains is the upstream's
+                            # end, and a client that closes now has left nothing unread.
+                            sent_all = held.finished = True
                         if progress.sent(len(out)):
                             billing.note_progress(
                                 state,
@@ -227,7 +231,9 @@ async def forward_stream(
             failure = failed.failure
         except UPSTREAM_FAILURES as exc:
             sent_all = True  # everything the model sent was passed on
-            if state.drain.cut:
+            if rewriter.done:
+                pass  # broken after its last event: the answer was whole
+            elif state.drain.cut:
                 failure = ("service_unavailable", CUT_MESSAGE)
             elif is_timeout(exc):
                 failure = ("timeout", "The model sent nothing within the stream idle window.")
@@ -264,13 +270,14 @@ async def forward_stream(
         response.release()
         slot.release()
 
-    return HeldStream(
+    held = HeldStream(
         body(),
         ended,
         summary,
         media_type="text/event-stream",
         headers=headers,
     )
+    return held
 
 
 def _in_shape(response: UpstreamResponse, translator: StreamTranslator | None) -> AsyncIterator[bytes]:

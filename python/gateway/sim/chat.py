@@ -207,6 +207,8 @@ async def _stream(
     if with_usage:
         await stream.data({**base, "choices": [], "usage": turn.usage()})
     await stream.send(b"data: [DONE]\n\n")
+    if d.linger:
+        await asyncio.sleep(d.linger)
     return await stream.end()
 
 

@@ -18,6 +18,7 @@ configured model through the gateway, which forwards neither headers nor anythin
   flag[=CATS]     the moderation model (/v1/moderations, sim/moderation.py) flags the input, for the
                   categories named (comma-separated, e.g. flag=hate,violence; default violence)
   stall_after=N   after N content chunks, send nothing more and keep the connection open
+  linger=D        (chat) after the stream's last event (`data: [DONE]`), wait D before ending the body
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
   overloaded      (with error_after) the error is the provider's "at capacity" one: Anthropic's
@@ -52,6 +53,7 @@ class Directives:
     pace: float = 0.0
     fail: int | None = None
     stall_after: int | None = None
+    linger: float = 0.0
     drop_after: int | None = None
     error_after: int | None = None
     overloaded: bool = False  # the error_after error says the provider is at capacity
@@ -93,7 +95,7 @@ def _apply(d: Directives, pairs: list[str]) -> None:
         if not sep:
             raise DirectiveError(f"directive {pair!r} has no value")
         try:
-            if name in ("ttft", "pace", "render"):
+            if name in ("ttft", "pace", "render", "linger"):
                 setattr(d, name, _duration(value))
             elif name in (
                 "tokens",
