@@ -32,6 +32,9 @@ RUN_LOCK: Final = "lock"
 # ... and the one that says where it listens and on what data.
 LISTENING: Final = "listening.json"
 _WILDCARD: Final = frozenset({"0.0.0.0", "::", ""})
+# The query parameters of a URL that say which server and database it is (libpq's and Redis's);
+# the rest (sslmode, application_name, timeouts) say how to connect, not to what.
+_WHERE: Final = frozenset({"host", "hostaddr", "port", "dbname", "db"})
 _DEFAULT_PORTS: Final = {"postgres": 5432, "postgresql": 5432, "redis": 6379, "rediss": 6379}
 
 
@@ -52,10 +55,10 @@ def identity(settings: Any) -> dict[str, str]:
     if settings.store_backend == "sqlite":
         store = f"sqlite:{Path(settings.store_path).resolve()}"
     else:
-        store = f"postgres:{shown_url(settings.store_url or '')}"
+        store = f"postgres:{shown_url(settings.store_url or '', _WHERE)}"
     data = {"store": store}
     if settings.redis_url:
-        data["redis"] = f"{shown_url(settings.redis_url)} prefix {settings.redis_prefix}"
+        data["redis"] = f"{shown_url(settings.redis_url, _WHERE)} prefix {settings.redis_prefix}"
     return data
 
 
@@ -152,10 +155,10 @@ def _live(run_dir: str) -> bool:
     return False
 
 
-def shown_url(url: str) -> str:
+def shown_url(url: str, only: frozenset[str] | None = None) -> str:
     """`url` as messages and run directories show it: without user, password (in its address or
     its query) or fragment, its default port spelled out, so that two spellings of one server
-    compare equal."""
+    compare equal. `only`: the query parameters kept (None: all but a password)."""
     parts = urlsplit(url)
     netloc = parts.hostname or ""
     if ":" in netloc:
@@ -166,5 +169,11 @@ def shown_url(url: str) -> str:
     port = port or _DEFAULT_PORTS.get(parts.scheme)
     if port is not None and parts.hostname:
         netloc += f":{port}"
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "password"])
+    query = urlencode(
+        [
+            (k, v)
+            for k, v in parse_qsl(parts.query)
+            if k.lower() != "password" and (only is None or k.lower() in only)
+        ]
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))

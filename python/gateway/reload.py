@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
+from pathlib import Path
 from typing import Final
 
 from .config import (
@@ -40,7 +41,7 @@ def fixed_changes(running: Settings, new: Settings, flags: Collection[str] = ())
     problems = [
         f"{setting} differs from the running gateway's: a reload cannot change it, restart instead"
         for name, setting in _DATA.items()
-        if getattr(running, name) != getattr(new, name)
+        if _same(name, getattr(running, name)) != _same(name, getattr(new, name))
     ]
     for name, setting in _LISTEN.items():
         was, now = getattr(running, name), getattr(new, name)
@@ -50,6 +51,12 @@ def fixed_changes(running: Settings, new: Settings, flags: Collection[str] = ())
                 " listens or how many workers it runs, restart instead"
             )
     return problems
+
+
+def _same(name: str, value: object) -> object:
+    """A setting's value as compared: the store's path resolved (`./data/../data/a.db`, a link to
+    the same file), as `gateway serve` compares stores (gateway.deployment)."""
+    return Path(value).resolve() if name == "store_path" and isinstance(value, (str, Path)) else value
 
 
 def accepted_settings(serving: Settings) -> Settings:

@@ -11,12 +11,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.deployment import RUN_DIR_PREFIX
+from gateway.config import Settings
+from gateway.deployment import RUN_DIR_PREFIX, identity
+from gateway.reload import fixed_changes
 from harness import chat_model, eventually, free_port, running
 
 pytestmark = pytest.mark.slow
@@ -120,3 +123,28 @@ def test_a_commands_link_names_where_the_gateway_on_its_store_listens(tmp_path: 
     # No gateway running: the configured address.
     link = invite("ops2@example.com")
     assert link.startswith(f"http://127.0.0.1:{configured}/console/invite/"), link
+
+
+def test_one_store_spelt_two_ways_is_one_deployment(tmp_path: Path) -> None:
+    """How a URL connects (sslmode, application_name, credentials, the default port) and how a
+    path is spelt (.., a link) do not make another deployment, for a handover or a reload."""
+    pg = Settings(models=(), store_backend="postgres", redis_url="redis://127.0.0.1/0")
+    one = replace(pg, store_url="postgresql://gw:secret@db.internal/gateway")
+    other = replace(
+        pg, store_url="postgresql://gw:other@db.internal:5432/gateway?sslmode=verify-full&application_name=b"
+    )
+    assert (
+        identity(one)
+        == identity(other)
+        == {
+            "store": "postgres:postgresql://db.internal:5432/gateway",
+            "redis": "redis://127.0.0.1:6379/0 prefix gateway",
+        }
+    )
+    assert identity(replace(one, store_url="postgresql://db.internal/another")) != identity(one)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    sqlite = Settings(models=(), store_path=tmp_path / "data" / "a.db")
+    for spelt in (tmp_path / "data" / ".." / "data" / "a.db", tmp_path / "link" / "a.db"):
+        assert identity(replace(sqlite, store_path=spelt)) == identity(sqlite)
+        assert fixed_changes(sqlite, replace(sqlite, store_path=spelt)) == []
