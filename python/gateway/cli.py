@@ -650,6 +650,7 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
     }
     args.settings = settings
     args.configured = frozenset(m.name for m in settings.models)
+    asyncio.run(_check_services(settings))  # a database out of reach: where, and why, in one line
     _run(lambda store: actions[args.action](store, args), settings)
     return 0
 

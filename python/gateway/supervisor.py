@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging.config
 import multiprocessing.connection
 import os
 import shutil
@@ -397,10 +398,6 @@ def _log_config(log_format: str) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     options = json.loads(argv[1])
     swept = _sweep_run_dirs()
-    if swept:
-        logger.info("removed %d run directories of gateways that were killed", swept)
-    if options.get("metrics_listen"):
-        _serve_metrics(options["metrics_listen"])
     drain = float(options.get("drain_seconds", 30.0))
     config = os.environ.get(CONFIG_ENV)
     if config:
@@ -416,6 +413,12 @@ def main(argv: list[str]) -> None:
     signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
     kill_grace = float(options.get("kill_grace_seconds", 10.0))
     log_format = _RUNNING[0].log_format if _RUNNING else "auto"
+    # Granian sets its logging up only when it serves: said before, these lines would go nowhere.
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False, **_log_config(log_format)})
+    if swept:
+        logger.info("removed %d run directories of gateways that were killed", swept)
+    if options.get("metrics_listen"):
+        _serve_metrics(options["metrics_listen"])
     server = GatewayGranian(
         APP,
         factory=True,

@@ -396,6 +396,23 @@ def test_serve_with_postgres_unreachable_exits_in_one_line(tmp_path: Path) -> No
         "gateway: the store (PostgreSQL at postgresql://127.0.0.1:1/test) cannot be reached: "
     ), done.stderr
     assert done.stderr.count("\n") == 1 and "secret" not in done.stderr
+    # `gateway admin` too, rather than the API's "cannot reach its database" with no address.
+    admin = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "admin",
+            "list-accounts",
+            "--config",
+            str(tmp_path / "gateway.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert admin.returncode == 1 and admin.stderr == done.stderr, admin.stderr
 
 
 def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,9 +64,11 @@ def test_a_killed_gateways_run_directory_goes_at_the_next_start(tmp_path: Path, 
     assert left in _run_dirs(temp)
 
     config, port = _config(tmp_path, "next", sim_url)
-    with running(["serve", "--config", str(config)], port, env={"TMPDIR": str(temp)}) as proc:
+    output = tmp_path / "next.log"
+    with running(["serve", "--config", str(config)], port, env={"TMPDIR": str(temp)}, output=output) as proc:
         [own] = [name for name in _run_dirs(temp) if name.startswith(f"gateway-run-{proc.pid}-")]
         assert _run_dirs(temp) == {own, *kept}  # the killed one's is gone
+        assert "removed 1 run directories of gateways that were killed" in output.read_text()
 
         # A second gateway starting meanwhile leaves the running one's alone.
         other_config, other_port = _config(tmp_path, "other", sim_url)

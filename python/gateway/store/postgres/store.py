@@ -437,7 +437,11 @@ class PostgresStore(PostgresConsole):
         )
         await conn.execute("DELETE FROM owners WHERE id = ANY($1::text[])", owners)
         others = [owner for owner in owners if owner != self._owner]
-        if others or applied or leases:
+        if not others and not applied:
+            # This process's own stop giving its leases back: routine, not an incident.
+            if leases:
+                log.info("returned this process's %d leases", leases)
+        else:
             log.warning(
                 "reclaimed %d stopped processes: %d stream settlements applied (%d new), %d leases returned",
                 len(others),
