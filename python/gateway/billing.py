@@ -66,9 +66,11 @@ def estimate_usage(
 
 def cap_output(forwarded: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str) -> None:
     """Make the upstream `body` ask for no more output than the hold covers (estimate_usage): an
-    output limit above the model's max_output_tokens is lowered to it, and a body that sets none
-    of its `limits` gets the first the model takes, set to it. Else the model's own most, or its
-    default, which may be larger, would decide how much it produces and is charged for."""
+    output limit above the model's max_output_tokens is lowered to it, and, when the configuration
+    names max_output_tokens, a body that sets none of its `limits` gets the first the model takes,
+    set to it. Else the model's own most, or its default, which may be larger, would decide how
+    much it produces and is charged for. (The default max_output_tokens is not sent unasked: it
+    may be more than the model takes, and its upstream would refuse every such request.)"""
     most = model.max_output_tokens
     given = False
     for name in limits:
@@ -78,7 +80,7 @@ def cap_output(forwarded: frozenset[str], model: ModelConfig, body: dict[str, An
         given = True
         if positive_int(value) is not None and value > most:
             body[name] = most
-    if not given:
+    if not given and model.max_output_tokens_set:
         for name in limits:
             if name in forwarded:
                 body[name] = most

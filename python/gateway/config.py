@@ -233,6 +233,10 @@ class ModelConfig:
     prices: Prices = field(default_factory=Prices)
     tokenizer: Tokenizer = "o200k_base"
     max_output_tokens: int = 16384
+    # Whether the file names max_output_tokens (the model's real most, then): only then is a request
+    # that sets no output limit sent it (gateway.billing.cap_output). The default could be more than
+    # a model takes, which its upstream would refuse.
+    max_output_tokens_set: bool = False
     # None: the provider kind's default list decides what is forwarded (spec 1.3).
     supported_params: frozenset[str] | None = None
     # The moderation model that checks this model's requests before it runs (gateway.safety), from
@@ -831,6 +835,7 @@ def _model(raw: Any, where: str, check: _Check = _STRICT, base_dir: Path = Path(
         prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices"), Prices()),
         tokenizer=cast(Tokenizer, tokenizer),
         max_output_tokens=part(lambda: _count(raw, f"{where}.max_output_tokens", 16384)),
+        max_output_tokens_set=raw.get("max_output_tokens") is not None,
         supported_params=part(lambda: _supported_params(raw, f"{where}.supported_params")),
     )
 

@@ -1,20 +1,24 @@
 """No request gets more output than its hold covers (gateway.billing.cap_output): an output limit
 above the model's max_output_tokens is lowered to it on the way upstream, and a request that sets
-none is sent the model's max_output_tokens; on every text shape, translated or not. Before, the
+none is sent the model's max_output_tokens when the configuration names it; on every text shape,
+translated or not. Before, the
 hold stopped at max_output_tokens while the upstream was sent the client's limit (or none), and a
 small balance could be charged far below zero."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import httpx
+import pytest
 
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, chat_model, gateway
 
 CAP = 16384  # the default max_output_tokens of the session gateway's models
+CONFIGURED = 2000  # the `capped` gateway's
 CHAT, CLAUDE, RESPONSES = "openai/gpt-4o-mini", "anthropic/claude-sonnet-4-5", "openai/gpt-4.1-mini"
 
 
@@ -49,9 +53,18 @@ def test_a_limit_above_the_models_most_is_lowered_and_the_balance_holds(
     assert gw.wait_balance(handle.account_id, Decimal("0.2") - charged) >= 0
 
 
-def test_a_request_without_a_limit_is_sent_the_models_most(
-    gw: Gateway, key: KeyHandle, sim: httpx.Client
-) -> None:
+@pytest.fixture(scope="module")
+def capped(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """Models whose configuration names their max_output_tokens."""
+    limit = f"max_output_tokens = {CONFIGURED}"
+    models = chat_model(CHAT, "gpt-4o-mini", sim_url, extra=limit)
+    models += chat_model(RESPONSES, "gpt-4.1-mini", sim_url, type_="responses", extra=limit)
+    with gateway(tmp_path_factory.mktemp("capped"), models) as g:
+        yield g
+
+
+def test_a_request_without_a_limit_is_sent_the_configured_most(capped: Gateway, sim: httpx.Client) -> None:
+    key = capped.new_key()
     for path, model, sent in (
         ("/v1/chat/completions", CHAT, "max_completion_tokens"),
         ("/v1/responses", RESPONSES, "max_output_tokens"),
@@ -60,9 +73,24 @@ def test_a_request_without_a_limit_is_sent_the_models_most(
     ):
         marker = uuid.uuid4().hex
         said = {"messages": [{"role": "user", "content": marker}]} if "chat" in path else {"input": marker}
-        answer = _post(gw, key.key, path, {"model": model, **said})
+        answer = _post(capped, key.key, path, {"model": model, **said})
         assert answer.status_code == 200, answer.text
-        assert _received(sim, marker)[sent] == CAP, (path, model)
+        assert _received(sim, marker)[sent] == CONFIGURED, (path, model)
+
+
+def test_the_default_most_is_not_sent_unasked(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    """A model whose configuration names no max_output_tokens is held at the default (16384) but
+    not sent it: more than some models take (4096 for GPT-3.5), their upstream would refuse it."""
+    marker = uuid.uuid4().hex
+    answer = _post(
+        gw,
+        key.key,
+        "/v1/chat/completions",
+        {"model": CHAT, "messages": [{"role": "user", "content": marker}]},
+    )
+    assert answer.status_code == 200, answer.text
+    received = _received(sim, marker)
+    assert "max_tokens" not in received and "max_completion_tokens" not in received
 
 
 def test_the_messages_shape_is_capped_too(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
