@@ -94,6 +94,7 @@ def test_chat_accounting_follows_openai(reference: Callable[[str], tiktoken.Enco
         for m in messages
     )
     expected += len(enc.encode_ordinary("Hi"))
+    expected += 1_600  # the image part, whatever its size (rust/core/src/tokens.rs: IMAGE_PART_TOKENS)
     body = json.dumps({"model": "x", "messages": messages}).encode()
     assert count_chat_tokens(body) == expected
 
