@@ -37,7 +37,11 @@ ENDPOINT_FOR_TYPE: Final[Mapping[str, str]] = {
 }
 # The text shapes the gateway translates (gateway.translate): the endpoint of the key's type also
 # serves models of the value's type (chat and messages both ways; responses to chat one way).
-TRANSLATED_TYPE: Final[Mapping[str, str]] = {"chat": "messages", "messages": "chat", "responses": "chat"}
+TRANSLATED_TYPE: Final[Mapping[str, frozenset[str]]] = {
+    "chat": frozenset({"messages"}),
+    "messages": frozenset({"chat"}),
+    "responses": frozenset({"chat", "messages"}),
+}
 # Whose model a name without a vendor prefix is, by the endpoint's model type (ModelRegistry.resolve):
 # the vendor whose API the endpoint speaks; every other endpoint speaks OpenAI's.
 BARE_NAME_VENDOR: Final[Mapping[str, str]] = {"messages": "anthropic", "rerank": "cohere"}
@@ -103,7 +107,8 @@ class ModelRegistry:
 
     def resolve(self, name: Any, ctx: KeyContext, model_type: str) -> ModelConfig:
         """Like lookup, and the model's type must be one this endpoint serves: its own type, or for
-        the two text endpoints also the other text shape's (translated).
+        the text endpoints also another text shape's (translated: chat and messages models on
+        /v1/responses too).
 
         A name without a vendor prefix that is no model's own name is the endpoint's vendor's model
         of that name, when there is one: `gpt-4o-mini` is `openai/gpt-4o-mini` on the OpenAI-shaped
@@ -111,7 +116,7 @@ class ModelRegistry:
         that take `vendor/model` names strip their own vendor's prefix before they send a request
         (the openai Agents SDK's `openai/...`, LiteLLM's `openai/...` and `anthropic/...`)."""
         model = self.lookup(name, ctx, "model", BARE_NAME_VENDOR.get(model_type, "openai"))
-        if model.type != model_type and model.type != TRANSLATED_TYPE.get(model_type):
+        if model.type != model_type and model.type not in TRANSLATED_TYPE.get(model_type, ()):
             raise invalid_request(
                 f"The model {name!r} is a {model.type} model: call {ENDPOINT_FOR_TYPE[model.type]}.",
                 "model",

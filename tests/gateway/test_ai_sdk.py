@@ -44,4 +44,13 @@ def test_the_ai_sdk_on_every_text_shape(gw: Gateway, key: KeyHandle) -> None:
         assert f"{shape} mid-stream error" in names
     assert "messages error body" in names
     assert "responses->gpt tool loop and next turn" in names
+    for kind in (
+        "generateText",
+        "streamText",
+        "generateObject",
+        "streamObject",
+        "mid-stream error",
+        "tool loop and next turn",
+    ):
+        assert f"responses->claude {kind}" in names
     assert {"images openai/dall-e-3 generateImage", "images openai/gpt-image-1 generateImage"} <= names

@@ -128,9 +128,21 @@ MESSAGES_TO_CHAT = Shape(
     _messages_output,
     "input_tokens",
 )
+# The responses shape on a messages model: translated twice (message events, chat, responses).
+RESPONSES_TO_MESSAGES = Shape(
+    "responses-on-claude",
+    RESPONSES.path,
+    MESSAGES.model,
+    lambda content, stream: {**RESPONSES.body(content, stream), "model": MESSAGES.model},
+    _responses_output,
+    "input_tokens",
+)
 SHAPES = [pytest.param(s, id=s.name) for s in (CHAT, MESSAGES, RESPONSES)]
 # The billed cases run on the translated streams too; the slower unbilled and stall cases do not.
-ALL_SHAPES = [*SHAPES, *(pytest.param(s, id=s.name) for s in (CHAT_TO_MESSAGES, MESSAGES_TO_CHAT))]
+ALL_SHAPES = [
+    *SHAPES,
+    *(pytest.param(s, id=s.name) for s in (CHAT_TO_MESSAGES, MESSAGES_TO_CHAT, RESPONSES_TO_MESSAGES)),
+]
 
 
 # ---------------------------------------------------------------- streaming and looking up

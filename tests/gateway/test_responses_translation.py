@@ -347,3 +347,40 @@ def check_responses_shape(gw: Gateway, model: str) -> None:
     record = usage_record(gw, handle, response.id)
     assert record["model"] == model and Decimal(str(record["cost"])) == charged
     assert gw.balance(handle.account_id) < before - charged
+
+
+CLAUDE = "anthropic/claude-sonnet-4-5"
+
+
+def test_a_messages_model_on_the_responses_api(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    """A messages model (Claude through Anthropic) on /v1/responses, as the Agents SDK's and the
+    AI SDK's default models call it: the request said as a message request, the answer and the
+    stream as Responses, billed from Anthropic's usage; kept like a chat model's, so the next turn
+    continues it with previous_response_id."""
+    handle = gw.new_key()
+    with openai.OpenAI(api_key=handle.key, base_url=gw.url + "/v1", max_retries=0) as oai:
+        tag = marker()
+        raw = oai.responses.with_raw_response.create(
+            model=CLAUDE, instructions="Be brief.", input=f"{tag} hi [sim tokens=5]", max_output_tokens=50
+        )
+        first = raw.parse()
+        assert first.status == "completed" and len(first.output_text.split()) == 5
+        assert first.usage is not None and first.usage.output_tokens == 5
+        (sent,) = [r for r in sim_requests(sim, tag)]
+        assert sent["max_tokens"] == 50 and sent["system"] and sent["messages"][0]["role"] == "user"
+        assert Decimal(raw.headers["x-service-cost"]) > 0
+        with oai.responses.stream(
+            model=CLAUDE, input="and then? [sim tokens=4]", previous_response_id=first.id
+        ) as stream:
+            second = stream.get_final_response()
+        assert second.status == "completed" and len(second.output_text.split()) == 4
+        assert second.previous_response_id == first.id
+        assert oai.responses.retrieve(second.id).output_text == second.output_text
+        with oai.responses.stream(model=CLAUDE, input="weather in Paris? [sim tool]", tools=TOOLS) as calls:
+            done = calls.get_final_response()
+        (call,) = done.output
+        assert call.type == "function_call" and call.name == "get_weather"
+    record = usage_record(gw, handle, first.id)
+    assert record["model"] == CLAUDE and Decimal(str(record["cost"])) == Decimal(
+        raw.headers["x-service-cost"]
+    )

@@ -186,6 +186,13 @@ await check("responses->gpt generateObject", () => plainObject(openai.responses(
 await check("responses->gpt streamObject", () => streamedObject(openai.responses(GPT)));
 await check("responses->gpt mid-stream error", () => midStreamError(openai.responses(GPT)));
 await check("responses->gpt tool loop and next turn", () => toolLoopAndNextTurn(openai.responses(GPT)));
+// ... serving a messages model (Claude): the default `openai(model)` of the SDK is the responses one.
+await check("responses->claude generateText", () => plainText(openai(CLAUDE)));
+await check("responses->claude streamText", () => streamedText(openai.responses(CLAUDE)));
+await check("responses->claude generateObject", () => plainObject(openai.responses(CLAUDE)));
+await check("responses->claude streamObject", () => streamedObject(openai.responses(CLAUDE)));
+await check("responses->claude mid-stream error", () => midStreamError(openai.responses(CLAUDE)));
+await check("responses->claude tool loop and next turn", () => toolLoopAndNextTurn(openai.responses(CLAUDE)));
 
 // Messages: the anthropic provider (output_config.format for structured output).
 await check("messages generateText", () => plainText(anthropic(CLAUDE)));

@@ -56,7 +56,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = resolve_model(state, call, payload.get("model"), "responses")
         _validate(payload)
-        if model.type == "chat":
+        if model.type in ("chat", "messages"):
             return await _from_chat_model(state, request, call, model, payload)
         upstream = state.registry.upstream_body(model, payload, call)
         # Run upstream in the background only by a model that takes the parameter (spec 1.3).
@@ -207,13 +207,15 @@ async def _from_chat_model(
 ) -> Response:
     """A chat model in the responses shape: the request goes out as a chat completions request, the
     answer or stream comes back as a Response (gateway.translate), billed from the upstream's own
-    usage. A chat upstream holds no conversation, so the gateway keeps it (routes/kept_responses.py):
-    the earlier turns a request names go upstream with it, and its answer is kept for the next. It
-    runs nothing in the background, so `background` is refused rather than answered at once."""
+    usage. A messages model the same way, its request and answer translated once more, between
+    the chat shape and its own (routes/translated.py). Neither upstream holds a conversation, so
+    the gateway keeps it (routes/kept_responses.py): the earlier turns a request names go upstream
+    with it, and its answer is kept for the next. It runs nothing in the background, so
+    `background` is refused rather than answered at once."""
     if payload.get("background") is True:
         raise invalid_request(
-            f"{model.name!r} is a chat model, served here through translation: it cannot run in the "
-            "background. Leave out `background`.",
+            f"{model.name!r} is a {model.type} model, served here through translation: it cannot run"
+            " in the background. Leave out `background`.",
             "background",
         )
     turn = await kept_responses.resolve(state, call, payload)
