@@ -122,6 +122,9 @@ def test_a_job_through_every_state_with_the_official_client(vgw: Gateway) -> Non
     assert vgw.wait_balance(handle.account_id, Decimal("9.6")) == Decimal("9.6")
     assert job_leases(vgw) == [] or all(owner != f"job:{created.id}" for owner, _ in job_leases(vgw))
     assert [v.id for v in oai.videos.list()] == [created.id]
+    assert [v.id for v in oai.videos.list(after=created.id)] == []  # the list's end
+    with pytest.raises(openai.BadRequestError):  # a cursor that names nothing is no end
+        oai.videos.list(after="video_nope")
     assert oai.videos.poll(created.id).status == "completed"
 
 
