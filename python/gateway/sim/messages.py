@@ -39,6 +39,8 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
     max_tokens = req.get("max_tokens")
     if not isinstance(messages, list) or not messages or not isinstance(max_tokens, int):
         return anthropic_error(400, "messages and max_tokens are required")
+    if req.get("tools") is not None and not isinstance(req["tools"], list):
+        return anthropic_error(400, "tools: Input should be a valid list")
     headers = request.headers
     sim.record(
         {

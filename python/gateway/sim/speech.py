@@ -41,8 +41,10 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     if d.fail is not None:
         return openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error")
     fmt = req.get("response_format", "mp3")
-    if req.get("stream_format") == "sse" or fmt not in CONTENT_TYPES:
-        return openai_error(400, "The simulator renders mp3, wav and pcm audio, not SSE.")
+    if req.get("stream_format") == "sse":
+        return openai_error(400, "The simulator renders audio files, not SSE.", param="stream_format")
+    if not isinstance(fmt, str) or fmt not in CONTENT_TYPES:
+        return openai_error(400, "The simulator renders mp3, wav and pcm audio.", param="response_format")
     audio = render(fmt, seconds=min(len(text) * 0.02, MAX_SECONDS))
     stream = EventStream(request, CONTENT_TYPES[fmt])
     await stream.open()
