@@ -134,6 +134,10 @@ def test_stream_left_mid_way_is_logged_499_and_billed_what_it_received(gw: Gatew
     received = count_tokens(got.text, "o200k_base")
     assert received <= record["usage"]["completion_tokens"] <= received + 1
     assert row["cost"] is not None and gw_decimal(row["cost"]) == gw_decimal(record["cost"])
+    # The log's summary says the usage billed, not the upstream's count as of the stream's start.
+    ((body,),) = gw.query("SELECT response_body FROM request_logs WHERE id = ?", row["id"])
+    summary = orjson.loads(body)
+    assert summary["usage"]["completion_tokens"] == record["usage"]["completion_tokens"]
 
 
 def gw_decimal(value: Any) -> Decimal:

@@ -25,7 +25,7 @@ from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse, is_timeout
 from ..request_log import STREAM_SUMMARY
 from ..routing import ChannelBody
 from ..state import GatewayState
-from ..store import RequestLog
+from ..store import RequestLog, UsageRecord
 from ..stream_errors import StreamErrorRenderer, chat_error_event
 from .common import REQUEST_ID_HEADER, HeldStream
 from .upstream import open_stream
@@ -251,8 +251,10 @@ async def forward_stream(
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
 
     def summary() -> bytes:
-        """What the request log keeps of the stream: what the model said and what it used."""
-        usage = rewriter.usage
+        """What the request log keeps of the stream: what the model said and what it used (as
+        billed, once settled: a stream cut early is billed for what it delivered, which its
+        upstream's last count, as of the stream's start, may not say)."""
+        usage: ReportedUsage | UsageRecord | None = call.settlement or rewriter.usage
         return orjson.dumps(
             {
                 "object": STREAM_SUMMARY,
