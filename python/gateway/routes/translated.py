@@ -81,76 +81,21 @@ async def forward_to_chat_model(
     def counted_usage(output_text: str) -> Usage:
         return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
 
-    if model.type == "messages":
-        return await _from_messages_model(
-            state,
-            request,
-            call,
-            model,
-            payload,
-            upstream,
-            rid,
-            counted_prompt,
-            counted_usage,
-            new_stream=new_stream,
-            from_chat=from_chat,
-            error_event=error_event,
-            on_end=on_end,
-            on_answer=on_answer,
-        )
-    if payload.get("stream") is True:
-        return await forward_stream(
-            state,
-            request,
-            call,
-            model,
-            upstream,
-            rid,
-            lambda: new_stream(counted_usage),
-            counted_prompt,
-            error_event=error_event,
-            on_end=on_end,
-        )
-    return await forward_plain(
-        state,
-        request,
-        call,
-        model,
-        upstream,
-        rid,
-        CHAT_ANSWER,
-        lambda body: counted_usage(chat_output_text(body)),
-        to_client=lambda body, usage: orjson.dumps(from_chat(orjson.loads(body), usage)),
-        on_answer=on_answer,
-    )
-
-
-async def _from_messages_model(
-    state: GatewayState,
-    request: Request,
-    call: Call,
-    model: ModelConfig,
-    payload: dict[str, Any],
-    upstream: ChannelBody,
-    rid: str,
-    counted_prompt: int,
-    counted_usage: Callable[[str], Usage],
-    *,
-    new_stream: NewStream,
-    from_chat: FromChat,
-    error_event: StreamErrorRenderer,
-    on_end: Callable[[FromChatStream], Awaitable[bytes]] | None,
-    on_answer: Callable[[bytes], Awaitable[bytes]] | None,
-) -> Response:
-    """A messages model on another shape's endpoint: its answer (or its stream's events) through
-    the chat shape into the endpoint's, billed from the upstream's own usage (cache writes too)."""
+    # A messages model answers in its own shape: through the chat shape into the endpoint's
+    # (its stream by a second translator; billed from its own usage, cache writes too).
+    messages = model.type == "messages"
     created = int(time.time())
     if payload.get("stream") is True:
 
-        def chained() -> MessagesThroughChat:
-            return MessagesThroughChat(
-                ChatStreamFromMessages(rid, True, created, counted_usage), new_stream(counted_usage)
-            )
+        def translator() -> FromChatStream | MessagesThroughChat:
+            shape = new_stream(counted_usage)
+            if not messages:
+                return shape
+            return MessagesThroughChat(ChatStreamFromMessages(rid, True, created, counted_usage), shape)
+
+        async def end(rewriter: FromChatStream | MessagesThroughChat) -> bytes:
+            assert on_end is not None
+            return await on_end(rewriter.shape if isinstance(rewriter, MessagesThroughChat) else rewriter)
 
         return await forward_stream(
             state,
@@ -159,14 +104,15 @@ async def _from_messages_model(
             model,
             upstream,
             rid,
-            chained,
+            translator,
             counted_prompt,
             error_event=error_event,
-            on_end=None if on_end is None else lambda stream: on_end(stream.shape),
+            on_end=None if on_end is None else end,
         )
 
     def to_client(body: bytes, usage: Usage) -> bytes:
-        completion = chat_completion_from_message(orjson.loads(body), usage, created)
+        answer = orjson.loads(body)
+        completion = chat_completion_from_message(answer, usage, created) if messages else answer
         return orjson.dumps(from_chat(completion, usage))
 
     return await forward_plain(
@@ -176,8 +122,8 @@ async def _from_messages_model(
         model,
         upstream,
         rid,
-        MESSAGES_ANSWER,
-        lambda body: counted_usage(message_output_text(body)),
+        MESSAGES_ANSWER if messages else CHAT_ANSWER,
+        lambda body: counted_usage(message_output_text(body) if messages else chat_output_text(body)),
         to_client=to_client,
         on_answer=on_answer,
     )
