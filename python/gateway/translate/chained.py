@@ -1,12 +1,11 @@
 """A messages model's stream in a third shape: the upstream's message events become chat chunks
 (ChatStreamFromMessages), which the shape's own translator reads (a FromChatStream: to responses).
-The two are one StreamRewriter for routes/streaming.py: the client's events, and what was said and
-used, from the translator that reads the upstream (its usage is the upstream's own, cache writes
-included); whether the stream is done, and the events held for its end, from the shape's."""
+The two are one StreamRewriter for routes/streaming.py: what was said and used from the translator
+that reads the upstream (its usage is the upstream's own, cache writes included); the client's
+events, whether the stream is done and how many events went out, from the shape's (the route's
+`on_end` is handed `shape`: routes/translated.py)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from ..pricing import Usage
 from .chat_stream import ChatStreamFromMessages
@@ -57,10 +56,3 @@ class MessagesThroughChat:
     @property
     def chunks(self) -> int:
         return self.shape.chunks
-
-    @property
-    def answer(self) -> dict[str, Any] | None:
-        return self.shape.answer
-
-    def last_events(self, kept: bool) -> bytes:
-        return self.shape.last_events(kept)  # type: ignore[attr-defined, no-any-return]
