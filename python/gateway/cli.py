@@ -224,14 +224,9 @@ def _days(text: str) -> float:
 def _check_port(host: str, port: int, what: str = "server") -> None:
     """The address is free to listen on, as Granian's workers will: else a plain message, not
     Granian's traceback and Rust backtrace."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    refused = deployment.bind_error(host, port, share=True)
+    if refused is not None:
+        raise ConfigError(f"{what}: cannot listen on {host}:{port}: {refused.strerror or refused}")
 
 
 def _check_joining(settings: Settings, host: str, port: int) -> None:

@@ -75,18 +75,27 @@ def write_listening(run_dir: str, host: str, port: int, data: dict[str, str]) ->
     os.replace(f.name, os.path.join(run_dir, LISTENING))
 
 
-def shared_listener(host: str, port: int) -> bool:
-    """Whether something listens on host:port that lets others bind beside it (SO_REUSEPORT, as
-    Granian's workers do): a bind that does not share the port fails where one that does succeeds.
-    False when the address is free (or taken outright: the caller's own bind then says why)."""
+def bind_error(host: str, port: int, *, share: bool) -> OSError | None:
+    """Why a socket cannot bind host:port (None: it can), as a listener would (SO_REUSEADDR) and,
+    with `share`, beside others that share the port (SO_REUSEPORT, as Granian's workers do)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if share:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False
+            return exc
+    return None
+
+
+def shared_listener(host: str, port: int) -> bool:
+    """Whether something listens on host:port that lets others bind beside it: a bind that does
+    not share the port fails where one that does succeeds. False when the address is free (or
+    taken outright: the caller's own bind then says why)."""
+    refused = bind_error(host, port, share=False)
+    return refused is not None and refused.errno == errno.EADDRINUSE
 
 
 def live_gateways() -> list[Listener]:

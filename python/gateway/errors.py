@@ -185,6 +185,11 @@ def unexpected_failure() -> GatewayError:
     return GatewayError("api_error", "The gateway failed unexpectedly. Retry later.")
 
 
+def quoted_id(given: str) -> str:
+    """A client's id as an error message quotes it: cut short when it is longer than any id."""
+    return repr(given if len(given) <= 100 else given[:100] + "...")
+
+
 def invalid_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError("invalid_request", message, param=param)
 

@@ -19,7 +19,7 @@ from . import admin_fields as field
 from . import budget
 from .auth import display_prefix, generate_key, hash_key
 from .clock import now_ms, rfc3339
-from .errors import GatewayError, invalid_request
+from .errors import GatewayError, invalid_request, quoted_id
 from .request_log import STREAM_SUMMARY
 from .store import (
     Account,
@@ -252,9 +252,8 @@ async def known_cursor(
     empty page pays for the lookup."""
     if cursor is None or page or await exists(cursor):
         return
-    shown = cursor if len(cursor) <= 100 else cursor[:100] + "..."
     raise invalid_request(
-        f"`{param}` names no {what}: {shown!r}. Pass the id of an entry of the list.", param
+        f"`{param}` names no {what}: {quoted_id(cursor)}. Pass the id of an entry of the list.", param
     )
 
 

@@ -25,6 +25,7 @@ from ..errors import (
     ServiceUnavailable,
     error_response,
     invalid_request,
+    quoted_id,
     request_too_large,
     unexpected_failure,
 )
@@ -500,8 +501,7 @@ async def owned_job(state: GatewayState, request: Request, kind: str, param: str
     job_id = request.path_params[param]
     job = await state.store.get_job(job_id, ctx.key.id, kind)
     if job is None:
-        shown = job_id if len(job_id) <= 100 else job_id[:100] + "..."
-        raise GatewayError("not_found", f"No {what} {shown!r}.")
+        raise GatewayError("not_found", f"No {what} {quoted_id(job_id)}.")
     return job
 
 

@@ -24,7 +24,7 @@ import orjson
 from ..clock import now_ms
 from ..config import ModelConfig
 from ..context import Call
-from ..errors import GatewayError, invalid_request
+from ..errors import GatewayError, invalid_request, quoted_id
 from ..state import GatewayState
 from ..store import KeptResponse
 
@@ -148,7 +148,9 @@ def _out_of_reach(model: ModelConfig, param: str, made: KeptResponse | None) -> 
 
 
 def previous_not_found(previous: str) -> GatewayError:
-    return invalid_request(f"Previous response with id {_shown(previous)} not found.", "previous_response_id")
+    return invalid_request(
+        f"Previous response with id {quoted_id(previous)} not found.", "previous_response_id"
+    )
 
 
 def _unrepeated_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,14 +180,14 @@ async def _conversation(
         held = await state.store.find_response(previous, account, now_ms())
         if held is not None:
             raise invalid_request(
-                f"Response {_shown(previous)} was made by {held.model!r}, whose upstream holds its state: "
+                f"Response {quoted_id(previous)} was made by {held.model!r}, whose upstream holds its state: "
                 f"a chat model cannot continue it. Continue the conversation with {held.model!r}.",
                 "previous_response_id",
             )
         raise previous_not_found(previous)
     size = sum(len(items) for items in turns)
     if size > budget:
-        raise _too_large(state, f"The conversation that {_shown(previous)} ends", "previous_response_id")
+        raise _too_large(state, f"The conversation that {quoted_id(previous)} ends", "previous_response_id")
     return [item for items in turns for item in orjson.loads(items)], size
 
 
@@ -223,9 +225,9 @@ async def _resolve(
     resolved, brought = list(items), 0
     for i, item_id in named.items():
         if item_id not in found:
-            raise invalid_request(f"Item with id {_shown(item_id)} not found.", f"input[{i}]")
+            raise invalid_request(f"Item with id {quoted_id(item_id)} not found.", f"input[{i}]")
         if item_id in said:
-            raise invalid_request(f"Duplicate item found with id {_shown(item_id)}.", f"input[{i}]")
+            raise invalid_request(f"Duplicate item found with id {quoted_id(item_id)}.", f"input[{i}]")
         said.add(item_id)
         resolved[i], size = found[item_id]
         brought += size
@@ -243,11 +245,6 @@ def _too_large(state: GatewayState, what: str, param: str) -> GatewayError:
         " of it that matters as `input`.",
         param=param,
     )
-
-
-def _shown(given: str) -> str:
-    """A client's id as an error message quotes it: cut short when it is longer than any id."""
-    return repr(given if len(given) <= 100 else given[:100] + "...")
 
 
 def _owner(item_id: str) -> str | None:

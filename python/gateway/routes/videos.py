@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
-from .. import billing, jobs, safety, videos
+from .. import billing, jobs, management, safety, videos
 from ..auth import authenticate
 from ..clock import now_ms
 from ..context import Call
@@ -114,11 +114,11 @@ def routes(state: GatewayState) -> list[Route]:
         found = await state.store.list_jobs(
             ctx.key.id, "video", after=query.get("after"), limit=limit + 1, newest_first=order == "desc"
         )
-        after = query.get("after")
-        if after is not None and not found and await state.store.get_job(after, ctx.key.id, "video") is None:
-            # A cursor that names no video of this key: an empty page would read as the list's end.
-            shown = after if len(after) <= 100 else after[:100] + "..."
-            raise invalid_request(f"`after` names no video of this key: {shown!r}.", "after")
+
+        async def video_exists(job_id: str) -> bool:
+            return await state.store.get_job(job_id, ctx.key.id, "video") is not None
+
+        await management.known_cursor(query.get("after"), found, "after", "video of this key", video_exists)
         page = [videos.job_object(job, _content_url(state, request, job)) for job in found[:limit]]
         return json_response(
             {
