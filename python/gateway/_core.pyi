@@ -15,7 +15,10 @@ MAX_EVENT_BYTES: Final[int]
 """The largest SSE event or line a parser holds (16 MiB); past it the stream is treated as broken."""
 OVERSIZED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
+IMAGE_PART_TOKENS: Final[int]
+"""The prompt tokens count_chat_tokens holds an image part at unless told otherwise (1,600)."""
 __all__ = [
+    "IMAGE_PART_TOKENS",
     "MAX_EVENT_BYTES",
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",
@@ -325,13 +328,16 @@ def stamp_answer(
 def count_tokens(text: str, encoding: _Encoding = "o200k_base") -> int:
     """Exact BPE token count (same as OpenAI's tiktoken). Releases the GIL for long texts."""
 
-def count_chat_tokens(body: bytes, encoding: _Encoding = "o200k_base") -> int:
+def count_chat_tokens(body: bytes, encoding: _Encoding = "o200k_base", image_tokens: int = 1600) -> int:
     """Prompt tokens of a chat-completions request body (the JSON object with "messages").
 
     OpenAI's accounting: 3 per message, +1 when it has a name, the tokens of every string field of the
     message (role, content text or text parts, name, tool-call names and arguments), +3 priming the reply.
-    Non-text parts (images, audio) are not counted. Raises InvalidJsonError on a body that is not a JSON
-    object with a "messages" array.
+    Then what else a provider bills as input: `tools`, `functions` and `response_format` as JSON; the
+    message shape's tool_use input and tool_result content; `image_tokens` per image part; audio parts
+    by their length (10 a second); file parts (chat `file`, responses `input_file`, messages
+    `document`) by their pages if PDF (3,000 + `image_tokens` a page; 100 pages when unseen), else
+    their text. Raises InvalidJsonError on a body that is not a JSON object with a "messages" array.
     """
 
 # ---------------------------------------------------------------- rate limiting

@@ -15,6 +15,8 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
+from .core import IMAGE_PART_TOKENS
+
 T = TypeVar("T")
 
 MODEL_TYPES: Final = frozenset(
@@ -106,7 +108,8 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "safety": "model on_error",
         "videos": "poll_seconds max_job_seconds file_ttl_seconds",
         "background": "poll_seconds max_job_seconds file_ttl_seconds",
-        "models": "name type tokenizer max_output_tokens supported_params safety prices channels",
+        "models": "name type tokenizer max_output_tokens image_tokens supported_params safety prices "
+        "channels",
         "models.prices": "input cached_input cache_write output reasoning search character second minute "
         "image images",
         "models.channels": "provider base_url model api_key_env name weight priority max_concurrency "
@@ -225,6 +228,10 @@ class ChannelConfig:
         return " ".join(part or "-" for part in parts)
 
 
+# A model's most output when its configuration names none.
+DEFAULT_MAX_OUTPUT_TOKENS: Final = 16384
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
@@ -232,11 +239,14 @@ class ModelConfig:
     channels: tuple[ChannelConfig, ...]
     prices: Prices = field(default_factory=Prices)
     tokenizer: Tokenizer = "o200k_base"
-    max_output_tokens: int = 16384
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
     # Whether the file names max_output_tokens (the model's real most, then): only then is a request
     # that sets no output limit sent it (gateway.billing.cap_output). The default could be more than
     # a model takes, which its upstream would refuse.
     max_output_tokens_set: bool = False
+    # The prompt tokens held for each image part (gateway._core.count_chat_tokens): the most the
+    # provider bills for one image (GPT-4o mini bills about 33 times GPT-4o's tokens per image).
+    image_tokens: int = IMAGE_PART_TOKENS
     # None: the provider kind's default list decides what is forwarded (spec 1.3).
     supported_params: frozenset[str] | None = None
     # The moderation model that checks this model's requests before it runs (gateway.safety), from
@@ -408,8 +418,29 @@ def check_config(raw: Mapping[str, Any], base_dir: Path = Path(".")) -> ConfigRe
     numbered = sorted(enumerate(dict.fromkeys(check.problems)), key=lambda p: (_place(p[1], order), p[0]))
     return ConfigReport(
         problems=tuple(message for _, message in numbered),
-        warnings=check.warnings(),
+        # Advice about a file the gateway would refuse anyway is noise beside its problems.
+        warnings=check.warnings() + (() if numbered else advisories(settings)),
         models=len(settings.models),
+    )
+
+
+# The model types whose requests are held for their output (gateway.billing.cap_output).
+TEXT_MODEL_TYPES: Final = frozenset({"chat", "messages", "responses"})
+
+
+def advisories(settings: Settings) -> tuple[str, ...]:
+    """What a valid file leaves to chance, one line each (check-config's warnings; `gateway serve`
+    logs them): a text model without max_output_tokens is held at 16384 output tokens but sent no
+    limit when a request sets none, so an upstream whose own default is larger can answer past the
+    hold (docs/behaviour.md)."""
+    unset = [m.name for m in settings.models if m.type in TEXT_MODEL_TYPES and not m.max_output_tokens_set]
+    if not unset:
+        return ()
+    named = ", ".join(unset[:3]) + (f" and {len(unset) - 3} more" if len(unset) > 3 else "")
+    return (
+        f"max_output_tokens is not set for {named}: a request without an output limit is held at "
+        f"{DEFAULT_MAX_OUTPUT_TOKENS} tokens but sent no limit, and a model whose own longest "
+        "answer is longer can be charged past its hold. Set it to each model's real most.",
     )
 
 
@@ -834,8 +865,9 @@ def _model(raw: Any, where: str, check: _Check = _STRICT, base_dir: Path = Path(
         channels=channels,
         prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices"), Prices()),
         tokenizer=cast(Tokenizer, tokenizer),
-        max_output_tokens=part(lambda: _count(raw, f"{where}.max_output_tokens", 16384)),
+        max_output_tokens=part(lambda: _count(raw, f"{where}.max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)),
         max_output_tokens_set=raw.get("max_output_tokens") is not None,
+        image_tokens=part(lambda: _count(raw, f"{where}.image_tokens", IMAGE_PART_TOKENS)),
         supported_params=part(lambda: _supported_params(raw, f"{where}.supported_params")),
     )
 

@@ -9,6 +9,7 @@ classes.
 from __future__ import annotations
 
 from ._core import (
+    IMAGE_PART_TOKENS,
     MAX_EVENT_BYTES,
     OVERSIZED_EVENT_ERROR,
     AppendFile,
@@ -78,6 +79,7 @@ class InvalidHttpError(CoreError):
 
 
 __all__ = [
+    "IMAGE_PART_TOKENS",
     "MAX_EVENT_BYTES",
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",

@@ -417,6 +417,11 @@ def main(argv: list[str]) -> None:
     logging.config.dictConfig({"version": 1, "disable_existing_loggers": False, **_log_config(log_format)})
     if swept:
         logger.info("removed %d run directories of gateways that were killed", swept)
+    if _RUNNING:
+        from gateway.config import advisories
+
+        for advice in advisories(_RUNNING[0]):
+            logger.warning("configuration: %s", advice)
     if options.get("metrics_listen"):
         _serve_metrics(options["metrics_listen"])
     server = GatewayGranian(

@@ -301,3 +301,23 @@ def test_each_problem_of_a_model_and_of_each_channel_is_named() -> None:
         "logs.level",
         "unknown setting logs.retention",
     ]
+
+
+def test_a_text_model_without_max_output_tokens_is_a_warning(tmp_path: Path) -> None:
+    """Its requests without an output limit are held at 16384 tokens but sent none: an upstream
+    whose own default is longer could answer past the hold (docs/behaviour.md)."""
+    config = tmp_path / "models.toml"
+    channel = '[[models.channels]]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+    config.write_text(
+        '[[models]]\nname = "a/unset"\ntype = "chat"\n'
+        + channel
+        + '[[models]]\nname = "a/set"\ntype = "chat"\nmax_output_tokens = 4096\n'
+        + channel
+        + '[[models]]\nname = "a/embed"\ntype = "embedding"\n'
+        + channel
+    )
+    done = check(config, {"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "max_output_tokens" in line]
+    assert warning.startswith(f"{config}: warning: max_output_tokens is not set for a/unset: ")
+    assert "a/set" not in warning and "a/embed" not in warning

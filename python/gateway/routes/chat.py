@@ -62,7 +62,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             payload,
             "chat",
-            lambda: count_chat_tokens(raw, model.tokenizer),
+            lambda: count_chat_tokens(raw, model.tokenizer, model.image_tokens),
             "max_completion_tokens",
             "max_tokens",
         )

@@ -147,6 +147,5 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
     system = payload.get("system")
     if isinstance(system, (str, list)):  # a string, or text blocks
         messages.insert(0, {"role": "system", "content": system})
-    return count_chat_tokens(
-        orjson.dumps({"messages": messages, "tools": payload.get("tools")}), model.tokenizer
-    )
+    counted = {"messages": messages, "tools": payload.get("tools")}
+    return count_chat_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)

@@ -311,4 +311,4 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
         messages.append({"role": role, "content": said})
     # The tools and the output's format (`text`) are prompt too, as the provider bills them.
     counted = {"messages": messages, "tools": payload.get("tools"), "response_format": payload.get("text")}
-    return count_chat_tokens(orjson.dumps(counted), model.tokenizer)
+    return count_chat_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)

@@ -9,6 +9,7 @@ pub mod idempotency;
 pub mod ids;
 pub mod json;
 pub mod key_digest;
+pub mod media;
 pub mod multipart;
 pub mod pretokenize;
 pub mod ratelimit;

@@ -9,6 +9,7 @@
 
 use crate::bpe::Vocab;
 use crate::error::{CoreError, Result};
+use crate::media;
 use crate::pretokenize::{Pattern, Splitter};
 use serde::Deserialize;
 use serde_json::Value;
@@ -84,8 +85,8 @@ pub fn count_tokens(text: &str, encoding: Encoding) -> Result<usize> {
 
 /// OpenAI's accounting for chat prompts: per message 3 tokens plus every string field's tokens
 /// (+1 for a name), text parts of array contents, tool-call names and arguments; 3 to prime the reply.
-/// The gateway adds what else a provider bills as input: image parts (IMAGE_PART_TOKENS each), the
-/// message shape's tool blocks, and the request's tools, functions and response_format as JSON.
+/// The gateway adds what else a provider bills as input: image, audio and file parts (crate::media),
+/// the message shape's tool blocks, and the request's tools, functions and response_format as JSON.
 pub const TOKENS_PER_MESSAGE: usize = 3;
 pub const TOKENS_PER_NAME: usize = 1;
 pub const REPLY_PRIMING: usize = 3;
@@ -103,12 +104,10 @@ struct ChatBody {
     response_format: Option<Value>,
 }
 
-/// An image part's tokens, whatever its size (the gateway does not decode images): about the most
-/// a provider bills for one image as it scales it (Anthropic's 1,600 at 1.15 megapixels; OpenAI's
-/// high detail at 2048 pixels, 1,105 for GPT-4o).
-pub const IMAGE_PART_TOKENS: usize = 1_600;
+pub use crate::media::IMAGE_PART_TOKENS;
 
-pub fn count_chat_tokens(body: &[u8], encoding: Encoding) -> Result<usize> {
+/// `image_tokens`: what the model is held at for each image part (crate::media).
+pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -> Result<usize> {
     // serde would also read the struct from an array; only an object is a request body.
     if !crate::json::starts_object(body) {
         return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
@@ -131,7 +130,7 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding) -> Result<usize> {
                 }
                 Value::Array(parts) if key == "content" => {
                     for part in parts {
-                        total += count_part(part, encoding)?;
+                        total += count_part(part, encoding, image_tokens)?;
                     }
                 }
                 Value::Array(calls) if key == "tool_calls" => {
@@ -153,25 +152,30 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding) -> Result<usize> {
     Ok(total)
 }
 
-/// One part of an array content: its text; an image, IMAGE_PART_TOKENS; the message shape's tool
-/// blocks, what they carry (a call's input as JSON, a result's content, text or parts). Other
-/// parts (audio, files) are not counted.
-fn count_part(part: &Value, encoding: Encoding) -> Result<usize> {
+/// One part of an array content: its text; an image, audio or a file, as crate::media holds them;
+/// the message shape's tool blocks, what they carry (a call's input as JSON, a result's content,
+/// text or parts).
+fn count_part(part: &Value, encoding: Encoding, image_tokens: usize) -> Result<usize> {
     if let Some(Value::String(text)) = part.get("text") {
         return count_tokens(text, encoding);
     }
+    let count_blocks = |blocks: &[Value]| -> Result<usize> {
+        let mut total = 0;
+        for block in blocks {
+            total += count_part(block, encoding, image_tokens)?;
+        }
+        Ok(total)
+    };
     match part.get("type").and_then(Value::as_str) {
-        Some("image_url" | "image" | "input_image") => Ok(IMAGE_PART_TOKENS),
+        Some("image_url" | "image" | "input_image") => Ok(image_tokens),
+        Some("input_audio") => Ok(media::audio_tokens(part)),
+        Some("file" | "input_file" | "document") => {
+            media::file_tokens(part, image_tokens, |text| count_tokens(text, encoding), count_blocks)
+        }
         Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding)),
         Some("tool_result") => match part.get("content") {
             Some(Value::String(text)) => count_tokens(text, encoding),
-            Some(Value::Array(inner)) => {
-                let mut total = 0;
-                for block in inner {
-                    total += count_part(block, encoding)?;
-                }
-                Ok(total)
-            }
+            Some(Value::Array(inner)) => count_blocks(inner),
             _ => Ok(0),
         },
         _ => Ok(0),
@@ -275,7 +279,7 @@ mod tests {
             + (3 + count("system", e) + count("You are helpful.", e))
             + (3 + count("user", e) + count("bob", e) + 1 + count("Hi there", e) + IMAGE_PART_TOKENS)
             + (3 + count("assistant", e) + count("get", e) + count("{\"a\":1}", e));
-        assert_eq!(count_chat_tokens(body, e).unwrap(), expected);
+        assert_eq!(count_chat_tokens(body, e, IMAGE_PART_TOKENS).unwrap(), expected);
     }
 
     #[test]
@@ -283,11 +287,11 @@ mod tests {
         let e = Encoding::O200kBase;
         let tools = r#"[{"type":"function","function":{"name":"f","description":"many words here"}}]"#;
         let schema = r#"{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}"#;
-        let bare = count_chat_tokens(br#"{"messages":[]}"#, e).unwrap();
+        let bare = count_chat_tokens(br#"{"messages":[]}"#, e, IMAGE_PART_TOKENS).unwrap();
         let body = format!(r#"{{"messages":[],"tools":{tools},"response_format":{schema},"functions":null}}"#);
         let compact = |text: &str| serde_json::from_str::<Value>(text).unwrap().to_string();
         assert_eq!(
-            count_chat_tokens(body.as_bytes(), e).unwrap(),
+            count_chat_tokens(body.as_bytes(), e, IMAGE_PART_TOKENS).unwrap(),
             bare + count(&compact(tools), e) + count(&compact(schema), e)
         );
         // The message shape's blocks: a call's input, a result's content (text or text parts).
@@ -301,18 +305,22 @@ mod tests {
             + count("user", e)
             + count(r#"{"q":"weather in Paris"}"#, e)
             + count("sunny, 21 degrees", e)
-            + count("rain", e);
-        assert_eq!(count_chat_tokens(blocks, e).unwrap(), expected);
+            + count("rain", e)
+            + 1; // three bytes of audio: at most 3 ms at 8 kbit/s, one token
+        assert_eq!(count_chat_tokens(blocks, e, IMAGE_PART_TOKENS).unwrap(), expected);
     }
 
     #[test]
     fn chat_errors() {
-        assert!(count_chat_tokens(b"{}", Encoding::O200kBase).is_err());
-        assert!(count_chat_tokens(br#"{"messages":["x"]}"#, Encoding::O200kBase).is_err());
-        assert!(count_chat_tokens(b"not json", Encoding::O200kBase).is_err());
-        assert!(count_chat_tokens(b"[[]]", Encoding::O200kBase).is_err());
-        assert!(count_chat_tokens(br#"{"messages":{}}"#, Encoding::O200kBase).is_err());
-        assert_eq!(count_chat_tokens(br#" {"messages":[]} "#, Encoding::O200kBase), Ok(REPLY_PRIMING));
+        assert!(count_chat_tokens(b"{}", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
+        assert!(count_chat_tokens(br#"{"messages":["x"]}"#, Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
+        assert!(count_chat_tokens(b"not json", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
+        assert!(count_chat_tokens(b"[[]]", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
+        assert!(count_chat_tokens(br#"{"messages":{}}"#, Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
+        assert_eq!(
+            count_chat_tokens(br#" {"messages":[]} "#, Encoding::O200kBase, IMAGE_PART_TOKENS),
+            Ok(REPLY_PRIMING)
+        );
     }
 
     proptest! {

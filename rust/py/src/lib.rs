@@ -386,14 +386,20 @@ fn count_tokens(py: Python<'_>, text: &str, encoding: &str) -> PyResult<usize> {
     result.map_err(to_py)
 }
 
+// The text signature spells the default out (pyo3 shows a constant's as `...`); the assertion keeps
+// the two the same.
+const _: () = assert!(tokens::IMAGE_PART_TOKENS == 1600);
 #[pyfunction]
-#[pyo3(signature = (body, encoding = "o200k_base"))]
-fn count_chat_tokens(py: Python<'_>, body: &[u8], encoding: &str) -> PyResult<usize> {
+#[pyo3(
+    signature = (body, encoding = "o200k_base", image_tokens = tokens::IMAGE_PART_TOKENS),
+    text_signature = "(body, encoding='o200k_base', image_tokens=1600)"
+)]
+fn count_chat_tokens(py: Python<'_>, body: &[u8], encoding: &str, image_tokens: usize) -> PyResult<usize> {
     let enc = self::encoding(encoding)?;
     let result = if body.len() > DETACH_TEXT_BYTES {
-        py.detach(|| tokens::count_chat_tokens(body, enc))
+        py.detach(|| tokens::count_chat_tokens(body, enc, image_tokens))
     } else {
-        tokens::count_chat_tokens(body, enc)
+        tokens::count_chat_tokens(body, enc, image_tokens)
     };
     result.map_err(to_py)
 }
@@ -824,6 +830,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_EVENT_BYTES", sse::MAX_EVENT_BYTES)?;
+    m.add("IMAGE_PART_TOKENS", tokens::IMAGE_PART_TOKENS)?;
     m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
     m.add_class::<SseEvent>()?;
     m.add_class::<SseParser>()?;
