@@ -6,10 +6,12 @@ checked against the hashes tiktoken pins (see tests/tiktoken_reference.py).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 import tiktoken
 from hypothesis import given, settings
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 import tiktoken_reference
 from gateway.core import (
+    IMAGE_PART_TOKENS,
     CoreError,
     InvalidJsonError,
     UnknownEncodingError,
@@ -137,3 +140,35 @@ def test_errors() -> None:
             count_chat_tokens(bad)
     assert issubclass(UnknownEncodingError, CoreError) and issubclass(InvalidJsonError, CoreError)
     assert count_tokens("") == 0
+
+
+_PDF_PIECES = st.sampled_from(
+    [b"%PDF-1.7\n", b"/Type /Page ", b"/Type/Pages ", b"/ObjStm ", b"stream\r\n", b"endstream", b"/Type"]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.binary(max_size=2_000)
+    | st.lists(_PDF_PIECES | st.binary(max_size=40), max_size=20).map(b"".join),
+    kind=st.sampled_from(["file", "input_file", "document", "input_audio"]),
+    wrapped=st.booleans(),
+)
+def test_media_parts_of_any_bytes_are_counted_not_raised(data: bytes, kind: str, wrapped: bool) -> None:
+    """A media part's bytes are the client's (rust/core/src/media.rs reads base64, WAV headers and
+    PDFs): whatever they are, counting never raises nor counts less than without the part, and a
+    file that is a PDF is held at a page at least."""
+    encoded = base64.b64encode(data).decode()
+    url = f"data:application/pdf;base64,{encoded}" if wrapped else encoded
+    parts: dict[str, dict[str, Any]] = {
+        "file": {"type": "file", "file": {"file_data": url}},
+        "input_file": {"type": "input_file", "file_data": url},
+        "document": {"type": "document", "source": {"type": "base64", "data": encoded}},
+        "input_audio": {"type": "input_audio", "input_audio": {"data": encoded}},
+    }
+    part = parts[kind]
+    bare = count_chat_tokens(orjson.dumps({"messages": [{"role": "user", "content": []}]}))
+    counted = count_chat_tokens(orjson.dumps({"messages": [{"role": "user", "content": [part]}]}))
+    assert counted >= bare
+    if kind != "input_audio" and data.startswith(b"%PDF"):
+        assert counted - bare >= 3_000 + IMAGE_PART_TOKENS

@@ -27,8 +27,14 @@ pub const MIN_AUDIO_BYTES_PER_SECOND: usize = 1_000;
 pub const PAGE_TEXT_TOKENS: usize = 3_000;
 /// The most pages a provider reads of one PDF (Anthropic and OpenAI: 100).
 pub const MAX_FILE_PAGES: usize = 100;
-/// The most a PDF's object streams are inflated to, together, to count its pages.
-const MAX_INFLATED_BYTES: usize = 64 << 20;
+/// The most one prompt's PDFs have their object streams inflated to, together, to count their
+/// pages (an `Inflation` budget): a few ms of work (a prompt under 256 KB is counted on the event
+/// loop), far more than the page objects of the 100 pages a provider reads take. A PDF past it is
+/// held at MAX_FILE_PAGES.
+pub const MAX_INFLATED_BYTES: usize = 4 << 20;
+
+/// What is left of a prompt's MAX_INFLATED_BYTES.
+pub type Inflation = std::cell::Cell<usize>;
 
 /// Base64 as clients send it: padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -55,6 +61,7 @@ pub fn audio_tokens(part: &Value) -> usize {
 pub fn file_tokens(
     part: &Value,
     image_tokens: usize,
+    inflation: &Inflation,
     count_text: impl Fn(&str) -> crate::error::Result<usize>,
     count_blocks: impl Fn(&[Value]) -> crate::error::Result<usize>,
 ) -> crate::error::Result<usize> {
@@ -86,7 +93,7 @@ pub fn file_tokens(
         return Ok(MAX_FILE_PAGES * per_page); // named by id or URL, or not base64: unseen
     };
     if bytes.starts_with(b"%PDF") {
-        return Ok(pdf_pages(&bytes).unwrap_or(MAX_FILE_PAGES) * per_page);
+        return Ok(pdf_pages(&bytes, inflation).unwrap_or(MAX_FILE_PAGES) * per_page);
     }
     match std::str::from_utf8(&bytes) {
         Ok(text) => count_text(text),
@@ -147,17 +154,20 @@ fn wav_data(data: &[u8]) -> Option<(usize, usize)> {
 /// A PDF's pages: its page objects (`/Type /Page`), those compressed in object streams (PDF 1.5)
 /// included. None when it has none that can be read (the caller holds it at MAX_FILE_PAGES); at
 /// least MAX_FILE_PAGES when an object stream cannot be inflated (pages may hide there).
-pub fn pdf_pages(pdf: &[u8]) -> Option<usize> {
+pub fn pdf_pages(pdf: &[u8], inflation: &Inflation) -> Option<usize> {
     let mut pages = page_objects(pdf);
     let mut unread = false;
-    let mut budget = MAX_INFLATED_BYTES;
     for stream in object_streams(pdf) {
-        match miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(stream, budget) {
+        match miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(stream, inflation.get()) {
             Ok(inflated) => {
-                budget -= inflated.len();
+                inflation.set(inflation.get() - inflated.len());
                 pages += page_objects(&inflated);
             }
-            Err(_) => unread = true,
+            Err(_) => {
+                // Past the budget (or not zlib): the rest of the prompt inflates nothing more.
+                inflation.set(0);
+                unread = true;
+            }
         }
     }
     match (pages, unread) {
@@ -230,7 +240,11 @@ mod tests {
     }
 
     fn file(part: Value) -> usize {
-        file_tokens(&part, IMAGE_PART_TOKENS, counted, blocks).unwrap()
+        file_tokens(&part, IMAGE_PART_TOKENS, &Inflation::new(MAX_INFLATED_BYTES), counted, blocks).unwrap()
+    }
+
+    fn pages(pdf: &[u8]) -> Option<usize> {
+        pdf_pages(pdf, &Inflation::new(MAX_INFLATED_BYTES))
     }
 
     #[test]
@@ -266,11 +280,19 @@ mod tests {
         let mut packed = b"%PDF-1.7\n5 0 obj << /Type /ObjStm /N 4 /Filter /FlateDecode >>\nstream\r\n".to_vec();
         packed.extend(miniz_oxide::deflate::compress_to_vec_zlib(&pdf(4), 6));
         packed.extend_from_slice(b"\r\nendstream\nendobj\n");
-        assert_eq!(pdf_pages(&packed), Some(4));
+        assert_eq!(pages(&packed), Some(4));
         // A stream that cannot be inflated may hide pages: the most a provider reads.
         let broken = b"%PDF-1.7\n/Type /Page\n/ObjStm stream\nnot zlib\nendstream".to_vec();
-        assert_eq!(pdf_pages(&broken), Some(MAX_FILE_PAGES));
-        assert_eq!(pdf_pages(b"%PDF-1.4\n<< /Type /Pages >>"), None);
+        assert_eq!(pages(&broken), Some(MAX_FILE_PAGES));
+        assert_eq!(pages(b"%PDF-1.4\n<< /Type /Pages >>"), None);
+        // A prompt's PDFs share one budget: once a stream passes it, the next are not inflated.
+        let budget = Inflation::new(MAX_INFLATED_BYTES);
+        let mut bomb = b"%PDF-1.7\n/ObjStm stream\n".to_vec();
+        bomb.extend(miniz_oxide::deflate::compress_to_vec_zlib(&vec![0; MAX_INFLATED_BYTES + 1], 6));
+        bomb.extend_from_slice(b"\nendstream\n/Type /Page\n");
+        assert_eq!(pdf_pages(&bomb, &budget), Some(MAX_FILE_PAGES));
+        assert_eq!(budget.get(), 0);
+        assert_eq!(pdf_pages(&packed, &budget), None);
     }
 
     #[test]

@@ -115,6 +115,7 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
     let parsed: ChatBody = serde_json::from_slice(body)
         .map_err(|e| CoreError::InvalidJson(format!("expected an object with a \"messages\" array: {e}")))?;
     let mut total = REPLY_PRIMING;
+    let inflation = media::Inflation::new(media::MAX_INFLATED_BYTES);
     for (i, message) in parsed.messages.iter().enumerate() {
         let Value::Object(fields) = message else {
             return Err(CoreError::InvalidJson(format!("messages[{i}] is not an object")));
@@ -130,7 +131,7 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
                 }
                 Value::Array(parts) if key == "content" => {
                     for part in parts {
-                        total += count_part(part, encoding, image_tokens)?;
+                        total += count_part(part, encoding, image_tokens, &inflation)?;
                     }
                 }
                 Value::Array(calls) if key == "tool_calls" => {
@@ -155,14 +156,14 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
 /// One part of an array content: its text; an image, audio or a file, as crate::media holds them;
 /// the message shape's tool blocks, what they carry (a call's input as JSON, a result's content,
 /// text or parts).
-fn count_part(part: &Value, encoding: Encoding, image_tokens: usize) -> Result<usize> {
+fn count_part(part: &Value, encoding: Encoding, image_tokens: usize, inflation: &media::Inflation) -> Result<usize> {
     if let Some(Value::String(text)) = part.get("text") {
         return count_tokens(text, encoding);
     }
     let count_blocks = |blocks: &[Value]| -> Result<usize> {
         let mut total = 0;
         for block in blocks {
-            total += count_part(block, encoding, image_tokens)?;
+            total += count_part(block, encoding, image_tokens, inflation)?;
         }
         Ok(total)
     };
@@ -170,7 +171,7 @@ fn count_part(part: &Value, encoding: Encoding, image_tokens: usize) -> Result<u
         Some("image_url" | "image" | "input_image") => Ok(image_tokens),
         Some("input_audio") => Ok(media::audio_tokens(part)),
         Some("file" | "input_file" | "document") => {
-            media::file_tokens(part, image_tokens, |text| count_tokens(text, encoding), count_blocks)
+            media::file_tokens(part, image_tokens, inflation, |text| count_tokens(text, encoding), count_blocks)
         }
         Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding)),
         Some("tool_result") => match part.get("content") {
