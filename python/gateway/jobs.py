@@ -219,6 +219,27 @@ async def get(
         raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
 
 
+async def delete(state: GatewayState, channel: ChannelConfig, path: str) -> None:
+    """DELETE on the channel's upstream with its credentials (a stored response): done when it
+    answers 2xx, or 404 (it holds nothing by that id now); the spec's error for its failure."""
+    provider = PROVIDERS[channel.provider]
+    url = channel.base_url + path
+    headers = await provider.headers(channel, {}, state.upstream, url=url)
+    headers.pop("content-type", None)
+    timeout = state.settings.sync_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            response = await state.upstream.delete(url, timeout, headers)
+            try:
+                answer = await read_capped(response, MAX_STATE_BYTES, "answer")
+            finally:
+                response.release()
+    except (TimeoutError, *UPSTREAM_FAILURES) as exc:
+        raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
+    if response.status >= 400 and response.status != 404:
+        raise upstream_error(response.status, answer, response.headers.get("retry-after"))
+
+
 async def post(state: GatewayState, channel: ChannelConfig, path: str) -> bytes:
     """POST an empty request to the channel's upstream (an action on a job, as cancel): its answer."""
     provider = PROVIDERS[channel.provider]

@@ -164,6 +164,10 @@ def test_cancel_while_queued_charges_nothing(bgw: Gateway) -> None:
     assert oai.responses.cancel(created.id).status == "cancelled"
     assert held_by(bgw, created.id) == []
     assert bgw.balance(handle.account_id) == Decimal(10)
+    # Its record is its charge's: not deleted (400), and still there.
+    with pytest.raises(openai.BadRequestError, match="background"):
+        oai.responses.delete(created.id)
+    assert oai.responses.retrieve(created.id).status == "cancelled"
 
 
 def test_k_background_responses_accepted_when_the_balance_allows_k_holds(bgw: Gateway) -> None:

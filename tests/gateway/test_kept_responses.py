@@ -1,9 +1,10 @@
 """A chat model on the Responses API keeps its conversation in the gateway (routes/kept_responses.py),
 on both store backends, through the official openai client: a later turn continues it by
 previous_response_id (plain, streamed, a tool loop) or names its output by item_reference; the kept
-response comes back from GET /v1/responses/{id}; what was not kept, or is another account's, is 400
-or 404, and so is an item said twice; a conversation past the request size limit is 413; an answer
-the store fails to keep still comes (charged once), said not to be kept."""
+response comes back from GET /v1/responses/{id} and goes with DELETE; what was not kept, or is
+another account's, is 400 or 404, and so is an item said twice; a conversation past the request
+size limit is 413; an answer the store fails to keep still comes (charged once), said not to be
+kept."""
 
 from __future__ import annotations
 
@@ -239,3 +240,55 @@ def test_an_answer_the_store_fails_to_keep_still_comes_unkept(tmp_path: Path, si
                 streamed = stream.get_final_response()
             assert stored(streamed) is False and streamed.status == "completed"
             assert usage_record(lone, handle, streamed.id)["usage"]["completion_tokens"] == 4
+
+
+def test_a_response_is_deleted_where_it_is_kept(gw: Gateway, oai: openai.OpenAI, sim: httpx.Client) -> None:
+    """The openai client's responses.delete: a kept response is gone (not fetched, not continued,
+    its items not named), a later turn that continued it can no longer be continued, and the turn
+    before it still can; a response its upstream keeps is deleted there too, then forgotten."""
+    tag = marker()
+    first = oai.responses.create(model=GPT, input=f"one {tag}")
+    second = oai.responses.create(model=GPT, input=f"two {tag}", previous_response_id=first.id)
+    third = oai.responses.create(model=GPT, input=f"three {tag}", previous_response_id=second.id)
+    stranger = gw.new_key()
+    with (
+        openai.OpenAI(base_url=gw.openai_base, api_key=stranger.key, max_retries=0) as theirs,
+        pytest.raises(openai.NotFoundError),
+    ):
+        theirs.responses.delete(second.id)
+    deleted = httpx.delete(f"{gw.openai_base}/responses/{second.id}", headers=oai.auth_headers)
+    assert deleted.status_code == 200 and deleted.json() == {
+        "id": second.id,
+        "object": "response",
+        "deleted": True,
+    }
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError) as gone:
+        oai.responses.delete(second.id)
+    assert gone.value.body == {
+        "message": f"Response with id '{second.id}' not found.",
+        "type": "not_found_error",
+        "param": None,
+        "code": "not_found",
+    }
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"previous_response_id": second.id}, "previous_response_id"),
+        ({"previous_response_id": third.id}, "previous_response_id"),
+        ({"input": [{"type": "item_reference", "id": second.output[0].id}]}, "input[0]"),
+    ]
+    for body, param in refused:
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.responses.create(model=GPT, **cast(Any, {"input": "next", **body}))
+        assert isinstance(err.value.body, dict) and err.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model=GPT, input="next", previous_response_id=third.id)
+    assert f"'{second.id}', which was deleted" in err.value.message
+    assert oai.responses.create(model=GPT, input="next", previous_response_id=first.id).status == "completed"
+    # Held upstream: deleted there (the simulator refuses a continuation of it from then on).
+    native = oai.responses.create(model=NATIVE, input=f"native {tag}")
+    oai.responses.delete(native.id)
+    deletes = [e for e in sim.get("/_sim/requests").json() if e.get("method") == "DELETE"]
+    assert deletes and deletes[-1]["path"].startswith("/v1/responses/resp_")
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.create(model=NATIVE, input="next", previous_response_id=native.id)

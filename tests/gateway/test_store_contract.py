@@ -624,6 +624,44 @@ def test_kept_responses_form_conversations_of_their_account(new_store: StoreFact
     asyncio.run(main())
 
 
+def test_a_deleted_kept_response_leaves_a_gap_and_a_forgotten_state_is_gone(new_store: StoreFactory) -> None:
+    from gateway.store import ConversationGap, KeptResponse, ResponseState
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            mine, _ = await account_and_key(store, "1")
+            other, _ = await account_and_key(store, "1")
+            now = now_ms()
+            tag = os.urandom(6).hex()
+            ids = [f"resp_{tag}{n}" for n in range(3)]
+            for n, rid in enumerate(ids):
+                previous = ids[n - 1] if n else None
+                kept = KeptResponse(rid, mine, "openai/gpt-4o-mini", previous, b"[]", b"{}")
+                await store.keep_response(kept, now + 1_000)
+            # Only its own account deletes it, once.
+            assert not await store.delete_kept_response(ids[1], other)
+            assert await store.delete_kept_response(ids[1], mine)
+            assert not await store.delete_kept_response(ids[1], mine)
+            assert await store.find_kept_response(ids[1], mine, now) is None
+            # The turn after it reaches the gap; the turn before it is whole.
+            with pytest.raises(ConversationGap) as gap:
+                await store.kept_conversation(ids[2], mine, now, 10_000)
+            assert gap.value.missing == ids[1]
+            assert await store.kept_conversation(ids[0], mine, now, 10_000) == [b"[]"]
+            # A walk stopped by its byte limit before the gap is not a gap.
+            assert await store.kept_conversation(ids[2], mine, now, 1) == [b"[]"]
+            state = ResponseState(
+                f"resp_{tag}up", mine, "openai/gpt-4.1-mini", "http://u/v1", "up_1", now + 1_000
+            )
+            await store.remember_response(state)
+            assert not await store.forget_response(state.id, other)
+            assert await store.forget_response(state.id, mine)
+            assert await store.find_response(state.id, mine, now) is None
+            assert not await store.forget_response(state.id, mine)
+
+    asyncio.run(main())
+
+
 def test_request_log_filters_and_paging(new_store: StoreFactory) -> None:
     from gateway.store import LogQuery
 

@@ -98,6 +98,11 @@ class UpstreamClient:
         wanted = {**(headers or {}), "accept-encoding": "identity"}
         return await self._started().request("GET", url, b"", wanted, read_timeout)
 
+    async def delete(self, url: str, read_timeout: float, headers: Mapping[str, str]) -> UpstreamResponse:
+        """DELETE what an upstream keeps (a stored response), with the credentials in `headers`;
+        otherwise as post."""
+        return await self._started().request("DELETE", url, b"", headers, read_timeout)
+
     def _started(self) -> _Pool:
         if self._pool is None:
             raise RuntimeError("the upstream client is started in the app's lifespan")

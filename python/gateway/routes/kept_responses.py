@@ -26,7 +26,7 @@ from ..config import ModelConfig
 from ..context import Call
 from ..errors import GatewayError, invalid_request, quoted_id
 from ..state import GatewayState
-from ..store import KeptResponse
+from ..store import ConversationGap, KeptResponse
 
 log = logging.getLogger("gateway.requests")
 
@@ -175,7 +175,15 @@ async def _conversation(
     """Every item of the kept conversation that `previous` ends, oldest first, and their bytes (at
     most `budget`)."""
     account = call.ctx.account.id
-    turns = await state.store.kept_conversation(previous, account, now_ms(), budget)
+    try:
+        turns = await state.store.kept_conversation(previous, account, now_ms(), budget)
+    except ConversationGap as gap:
+        raise invalid_request(
+            f"Response {quoted_id(previous)} continues response {quoted_id(gap.missing)}, which was"
+            " deleted: this conversation can no longer be continued. Start a new one, or send the"
+            " items that matter as `input`.",
+            "previous_response_id",
+        ) from None
     if turns is None:
         held = await state.store.find_response(previous, account, now_ms())
         if held is not None:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import background, billing
+from .. import background, billing, jobs
 from ..auth import authenticate
 from ..clock import now_ms
 from ..config import ChannelConfig, ModelConfig
@@ -28,7 +28,7 @@ from ..core import (
     count_tokens,
     rewrite_response,
 )
-from ..errors import GatewayError, invalid_request
+from ..errors import GatewayError, invalid_request, quoted_id
 from ..ids import response_id
 from ..pricing import Usage, format_cost, reported_usage
 from ..routing import json_body
@@ -165,6 +165,28 @@ def routes(state: GatewayState) -> list[Route]:
             return Response(kept.body, media_type="application/json")
         return _job_response(await owned_job(state, request, "response", "response_id", "stored response"))
 
+    async def delete(request: Request) -> Response:
+        """DELETE /v1/responses/{id} (the openai client's responses.delete), as OpenAI answers it. A
+        response the gateway keeps is deleted here (a later turn that continued it can no longer
+        be continued: kept_responses); one an upstream keeps is deleted there, then forgotten. A
+        background response's record is its charge's, and stays (docs/behaviour.md)."""
+        ctx = await authenticate(request, state.store)
+        response_id = request.path_params["response_id"]
+        account = ctx.account.id
+        if not await state.store.delete_kept_response(response_id, account):
+            if await state.store.get_job(response_id, ctx.key.id, "response") is not None:
+                raise invalid_request(
+                    f"Response {quoted_id(response_id)} ran in the background: its record is kept with"
+                    " its charge, and this gateway does not delete it.",
+                )
+            held = await state.store.find_response(response_id, account, now_ms())
+            if held is None:
+                raise GatewayError("not_found", f"Response with id {quoted_id(response_id)} not found.")
+            await jobs.delete(state, _holder(state, held), f"/responses/{held.upstream_id}")
+            await state.store.forget_response(response_id, account)
+        body = {"id": response_id, "object": "response", "deleted": True}
+        return Response(orjson.dumps(body), media_type="application/json")
+
     async def cancel(request: Request) -> Response:
         job = await owned_job(state, request, "response", "response_id", "background response")
         if job.status in JOB_RUNNING:
@@ -177,6 +199,7 @@ def routes(state: GatewayState) -> list[Route]:
     return [
         Route("/v1/responses", model_endpoint(state, responses), methods=["POST"]),
         Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
     ]
 
@@ -280,6 +303,18 @@ def _validate(payload: dict[str, Any]) -> None:
     for flag in ("stream", "background", "store"):
         if flag in payload and not isinstance(payload[flag], bool | None):
             raise invalid_request(f"`{flag}` must be a boolean.", flag)
+
+
+def _holder(state: GatewayState, held: ResponseState) -> ChannelConfig:
+    """The channel whose upstream holds a response's state, of the model that made it."""
+    model = state.registry.get(held.model)
+    for channel in model.channels if model is not None else ():
+        if channel.base_url == held.channel_url:
+            return channel
+    raise invalid_request(
+        f"Response {quoted_id(held.id)} is kept by an upstream of {held.model!r} that the configuration"
+        " no longer names: the gateway cannot reach it."
+    )
 
 
 def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:

@@ -46,6 +46,7 @@ API: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "responses", responses.create),
     ("GET", "responses/{id}", responses.retrieve),
     ("POST", "responses/{id}/cancel", responses.cancel),
+    ("DELETE", "responses/{id}", responses.delete),
     ("POST", "embeddings", embeddings.create),
     ("POST", "rerank", rerank.create),
     ("POST", "moderations", moderation.create),

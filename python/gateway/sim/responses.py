@@ -12,7 +12,8 @@ state is then a function of the time since creation, like a video job's (sim/vid
 the first fifth of `render=D` (default 2s), then in_progress, then the finished response with its
 output and usage, or failed under `render_fail`. GET /responses/{id} reads it; POST
 /responses/{id}/cancel stops it (cancelled, with the usage of the output produced so far; one
-already ended is answered as it is).
+already ended is answered as it is). DELETE /responses/{id} forgets a stored or background response,
+as OpenAI's deletes one (404 for an id it does not hold).
 """
 
 from __future__ import annotations
@@ -189,6 +190,16 @@ async def retrieve(sim: Simulator, request: web.Request) -> web.StreamResponse:
 async def cancel(sim: Simulator, request: web.Request) -> web.StreamResponse:
     """POST .../responses/{id}/cancel."""
     return _job(sim, request, cancel=True)
+
+
+async def delete(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    """DELETE .../responses/{id}: a continuation naming it is refused from then on."""
+    rid = request.match_info["id"]
+    sim.record({"path": f"/v1/responses/{rid}", "method": "DELETE", "body": {}})
+    held = sim.responses.stored.pop(rid, None), sim.responses.background.pop(rid, None)
+    if held == (None, None):
+        return openai_error(404, f"Response with id '{rid}' not found.", code="not_found")
+    return reply(200, orjson.dumps({"id": rid, "object": "response", "deleted": True}))
 
 
 def _job(sim: Simulator, request: web.Request, *, cancel: bool) -> web.StreamResponse:

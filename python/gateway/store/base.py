@@ -252,6 +252,9 @@ class ResponseStates(Protocol):
     async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
         """The unexpired state of this account's response."""
 
+    async def forget_response(self, response_id: str, account_id: str) -> bool:
+        """Delete this account's response state; whether there was one."""
+
     async def keep_response(
         self, kept: KeptResponse, expires_at_ms: int, touches: Sequence[str] = ()
     ) -> None:
@@ -268,7 +271,12 @@ class ResponseStates(Protocol):
     ) -> list[bytes] | None:
         """The `items` of this account's kept response and of every turn before it, oldest first;
         None when the response is not kept (unknown, expired, another account's). The walk stops
-        once the items add up to more than `max_bytes`: the caller sees the sum is over."""
+        once the items add up to more than `max_bytes`: the caller sees the sum is over. Raises
+        ConversationGap when, within `max_bytes`, it reaches a turn that was deleted."""
+
+    async def delete_kept_response(self, response_id: str, account_id: str) -> bool:
+        """Delete this account's kept response (its items and body); whether there was one. The
+        turns that continued it stay, and their conversation has a gap (kept_conversation)."""
 
     async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         """The `items` of those of these kept responses that are this account's and unexpired."""

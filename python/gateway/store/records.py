@@ -6,6 +6,7 @@ as plain dataclasses."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, TypedDict
@@ -88,6 +89,27 @@ class NameTaken(Exception):
 
 class IdempotencyKeyReused(Exception):
     """A top-up with this idempotency key exists already, with another amount or note."""
+
+
+class ConversationGap(LookupError):
+    """A kept conversation misses a turn: the kept response `missing`, which a later turn
+    continued, was deleted."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+
+def conversation_turns(rows: Sequence[tuple[bytes, str | None, int]], max_bytes: int) -> list[bytes] | None:
+    """kept_conversation's answer from its walk: each turn's (items, previous_id, items' running
+    total), oldest first. A walk that ended within `max_bytes` on a turn that continued another
+    reached a deleted turn (ConversationGap); past `max_bytes` it stopped on purpose."""
+    if not rows:
+        return None
+    _, previous, total = rows[0]
+    if previous is not None and total <= max_bytes:
+        raise ConversationGap(previous)
+    return [items for items, _, _ in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,14 @@ from .. import (
     UsageRecord,
     leasing,
 )
-from ..records import JOB_LEASE_PREFIX, new_account, new_id, new_key, opening_top_up
+from ..records import (
+    JOB_LEASE_PREFIX,
+    conversation_turns,
+    new_account,
+    new_id,
+    new_key,
+    opening_top_up,
+)
 from . import rows
 from .console import PostgresConsole
 from .errors import StoreUnavailable, unavailable
@@ -661,6 +668,12 @@ class PostgresStore(PostgresConsole):
             state.expires_at_ms,
         )
 
+    async def forget_response(self, response_id: str, account_id: str) -> bool:
+        forgotten = await self._execute(
+            "DELETE FROM response_states WHERE id = $1 AND account_id = $2", response_id, account_id
+        )
+        return rows.count(forgotten) > 0
+
     async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
         row = await self._fetchrow(
             "SELECT id, account_id, model, channel_url, upstream_id, expires_at_ms FROM response_states"
@@ -726,13 +739,19 @@ class PostgresStore(PostgresConsole):
             " UNION ALL SELECT k.id, k.previous_id, k.items, turn.total + octet_length(k.items),"
             " turn.depth + 1 FROM kept_responses k JOIN turn ON k.id = turn.previous_id"
             " WHERE k.account_id = $2 AND turn.total <= $4)"
-            " SELECT items FROM turn ORDER BY depth DESC",
+            " SELECT items, previous_id, total FROM turn ORDER BY depth DESC",
             response_id,
             account_id,
             now_ms,
             max_bytes,
         )
-        return [row[0] for row in found] or None
+        return conversation_turns([tuple(row) for row in found], max_bytes)
+
+    async def delete_kept_response(self, response_id: str, account_id: str) -> bool:
+        deleted = await self._execute(
+            "DELETE FROM kept_responses WHERE id = $1 AND account_id = $2", response_id, account_id
+        )
+        return rows.count(deleted) > 0
 
     async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         if not response_ids:

@@ -49,6 +49,7 @@ from ..records import (
     StoredImage,
     TopUp,
     UsageRecord,
+    conversation_turns,
     new_account,
     new_id,
     new_key,
@@ -417,6 +418,17 @@ class SqliteStore(SqliteConsole):
         deleted: int = await self._write(op)
         return deleted
 
+    async def forget_response(self, response_id: str, account_id: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(
+                conn.execute(
+                    "DELETE FROM response_states WHERE id = ? AND account_id = ?", (response_id, account_id)
+                ).rowcount
+            )
+
+        forgotten: bool = await self._write(op)
+        return forgotten
+
     async def remember_response(self, state: ResponseState) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -498,10 +510,21 @@ class SqliteStore(SqliteConsole):
                 " UNION ALL SELECT k.id, k.previous_id, k.items, turn.total + length(k.items), turn.depth + 1"
                 " FROM kept_responses k JOIN turn ON k.id = turn.previous_id"
                 " WHERE k.account_id = ? AND turn.total <= ?)"
-                " SELECT items FROM turn ORDER BY depth DESC",
+                " SELECT items, previous_id, total FROM turn ORDER BY depth DESC",
                 (response_id, account_id, now_ms, account_id, max_bytes),
             ).fetchall()
-        return [items for (items,) in rows] or None
+        return conversation_turns(rows, max_bytes)
+
+    async def delete_kept_response(self, response_id: str, account_id: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(
+                conn.execute(
+                    "DELETE FROM kept_responses WHERE id = ? AND account_id = ?", (response_id, account_id)
+                ).rowcount
+            )
+
+        deleted: bool = await self._write(op)
+        return deleted
 
     async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
