@@ -23,6 +23,9 @@ from .store import RequestLog
 
 # Where read_body leaves the request's bytes for the log entry.
 BODY_SCOPE_KEY = "gateway.request_body"
+# The bytes of a body that was not read whole (the client left, stopped, or sent past the limit):
+# what its log entry's request_bytes says, its body kept by nobody.
+RECEIVED_SCOPE_KEY = "gateway.request_received"
 # Set once a request has its log entry, so that the error handlers do not log it again (gateway.app).
 LOGGED = "gateway.logged"
 # What a streamed text answer is kept as: {"object": STREAM_SUMMARY, "id", "output_text", "usage",
@@ -34,6 +37,11 @@ CLIENT_CLOSED = 499
 
 def keep_request_body(request: Request, body: bytes) -> None:
     request.scope[BODY_SCOPE_KEY] = body
+
+
+def note_received(request: Request, size: int) -> None:
+    """A body abandoned after `size` bytes (read_body's refusals): its log entry says so."""
+    request.scope[RECEIVED_SCOPE_KEY] = size
 
 
 class BodyCapture:
@@ -81,7 +89,7 @@ def entry(
     has no request id (spec 7.3.1): its entry gets an id of its own and keeps no bodies, since
     nobody it could belong to may read them."""
     raw: bytes | None = request.scope.get(BODY_SCOPE_KEY)
-    request_bytes = len(raw) if raw is not None else 0
+    request_bytes = len(raw) if raw is not None else request.scope.get(RECEIVED_SCOPE_KEY, 0)
     # Positional, in field order (LOG_COLUMNS, on which the rows and the journal rely too): with
     # keywords, making a record of 17 fields takes 0.5 us more, on every request.
     return RequestLog(

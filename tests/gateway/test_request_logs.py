@@ -5,6 +5,7 @@ retention period while the rest stays."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -191,3 +192,22 @@ def test_bodies_are_purged_after_retention_the_rest_stays(tmp_path: Path) -> Non
     assert old is not None and old.request_body is None and old.response_body is None
     assert old.cost == Decimal("0.001") and old.usage_id == "chatcmpl-0"  # usage and cost are kept
     assert recent is not None and recent.request_body == b"{}"
+
+
+def test_a_body_abandoned_midway_logs_the_bytes_that_came(
+    lgw: Gateway, admin: httpx.Client, handle: KeyHandle
+) -> None:
+    """A client that leaves after 300 bytes of a 1,000-byte body: its entry says 300 came (not
+    0), and keeps no body (nobody read it whole)."""
+    host, port = lgw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {handle.key}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b"{"
+            + b" " * 299
+        )
+        time.sleep(0.3)  # the gateway reads what came before the client goes
+    [entry] = request_logs(admin, handle.key_id, 1)
+    assert (entry["status"], entry["request_bytes"]) == (499, 300), entry
+    assert admin.get(f"/logs/{entry['id']}").json()["request_body"] is None

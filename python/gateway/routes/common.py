@@ -448,15 +448,18 @@ async def read_body(request: Request, limit: int, idle_seconds: float = BODY_IDL
             with within(idle_seconds):
                 message = await receive()
         except TimeoutError:
+            request_log.note_received(request, size)
             raise GatewayError(
                 "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408
             ) from None
         if message["type"] != "http.request":  # the client left before its body was whole
+            request_log.note_received(request, size)
             raise ClientGone
         chunk: bytes = message.get("body", b"")
         if chunk:
             size += len(chunk)
             if size > limit:
+                request_log.note_received(request, size)
                 raise request_too_large(limit)
             parts.append(chunk)
         # A body as long as its content-length is whole (the server frames requests by it):
