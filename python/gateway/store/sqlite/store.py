@@ -419,15 +419,17 @@ class SqliteStore(SqliteConsole):
         return deleted
 
     async def forget_response(self, response_id: str, account_id: str) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            return bool(
-                conn.execute(
-                    "DELETE FROM response_states WHERE id = ? AND account_id = ?", (response_id, account_id)
-                ).rowcount
-            )
+        return await self._delete_owned("response_states", response_id, account_id)
 
-        forgotten: bool = await self._write(op)
-        return forgotten
+    async def _delete_owned(self, table: str, row_id: str, account_id: str) -> bool:
+        """Delete the row `row_id` of `table` if it is this account's; whether there was one."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            sql = f"DELETE FROM {table} WHERE id = ? AND account_id = ?"
+            return bool(conn.execute(sql, (row_id, account_id)).rowcount)
+
+        deleted: bool = await self._write(op)
+        return deleted
 
     async def remember_response(self, state: ResponseState) -> None:
         def op(conn: sqlite3.Connection) -> None:
@@ -516,15 +518,7 @@ class SqliteStore(SqliteConsole):
         return conversation_turns(rows, max_bytes)
 
     async def delete_kept_response(self, response_id: str, account_id: str) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            return bool(
-                conn.execute(
-                    "DELETE FROM kept_responses WHERE id = ? AND account_id = ?", (response_id, account_id)
-                ).rowcount
-            )
-
-        deleted: bool = await self._write(op)
-        return deleted
+        return await self._delete_owned("kept_responses", response_id, account_id)
 
     async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
