@@ -64,27 +64,38 @@ def estimate_usage(
     )
 
 
-def cap_output(forwarded: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str) -> None:
-    """Make the upstream `body` ask for no more output than the hold covers (estimate_usage): an
-    output limit above the model's max_output_tokens is lowered to it, and, when the configuration
-    names max_output_tokens, a body that sets none of its `limits` gets the first the model takes,
-    set to it. Else the model's own most, or its default, which may be larger, would decide how
-    much it produces and is charged for. (The default max_output_tokens is not sent unasked: it
-    may be more than the model takes, and its upstream would refuse every such request.)"""
-    most = model.max_output_tokens
-    given = False
+def cap_output(received: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str) -> None:
+    """Make the request `body` ask for no more output than its hold will cover, before the hold is
+    estimated from it (estimate_usage reads the first of `limits` that is set), in fields the
+    model receives (`received`), since the others are dropped on the way to it:
+    - a limit above the model's max_output_tokens is lowered to it;
+    - a limit set under a name the model does not take moves to the first one it takes (a client's
+      max_completion_tokens goes as max_tokens to a model that takes only that), and every limit
+      the request set says the same, the one the hold is estimated with;
+    - a model that takes none of `limits` cannot be limited: the request's limits go, and the hold
+      is its max_output_tokens;
+    - when the configuration names max_output_tokens, a request that sets no limit is sent it in
+      the first limit the model takes. Else the model's own most, or its default, which may be
+      larger, would decide how much it produces and is charged for. (The default max_output_tokens
+      is not sent unasked: it may be more than the model takes, and its upstream would refuse
+      every such request.)"""
+    taken = next((name for name in limits if name in received), None)
+    given = next((body[name] for name in limits if body.get(name) is not None), None)
+    if given is None:
+        if taken is not None and model.max_output_tokens_set:
+            body[taken] = model.max_output_tokens
+        return
+    if positive_int(given) is None:
+        return  # refused by estimate_usage (400)
+    value = given if given < model.max_output_tokens else model.max_output_tokens
     for name in limits:
-        value = body.get(name)
-        if value is None:
-            continue
-        given = True
-        if positive_int(value) is not None and value > most:
-            body[name] = most
-    if not given and model.max_output_tokens_set:
-        for name in limits:
-            if name in forwarded:
-                body[name] = most
-                return
+        if body.get(name) is not None:
+            if name in received:
+                body[name] = value
+            else:
+                del body[name]
+    if taken is not None and not any(body.get(name) is not None for name in limits):
+        body[taken] = value
 
 
 def _count_param(payload: dict[str, Any], name: str) -> int | None:

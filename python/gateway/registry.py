@@ -127,6 +127,11 @@ class ModelRegistry:
         """Exactly the parameters this model receives; the rest are dropped (spec 1.3)."""
         return self._params[model.name]
 
+    def received_fields(self, model: ModelConfig) -> frozenset[str]:
+        """Every field of a request this model receives: its parameters and the request itself
+        (`max_tokens` of a message request, which the shape requires, among them)."""
+        return self._upstream_fields[model.name]
+
     def upstream_body(
         self, model: ModelConfig, payload: dict[str, Any], call: Call | None = None
     ) -> dict[str, Any]:

@@ -78,6 +78,63 @@ def test_a_request_without_a_limit_is_sent_the_configured_most(capped: Gateway, 
         assert _received(sim, marker)[sent] == CONFIGURED, (path, model)
 
 
+@pytest.fixture(scope="module")
+def narrow(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """Models whose supported_params leave out output limits: `one` takes max_tokens only (as many
+    OpenAI-compatible servers), `none` takes no output limit at all, nor `unlimited` (responses)."""
+    one = 'supported_params = ["max_tokens", "stream", "stream_options"]\nmax_output_tokens = 8192'
+    models = chat_model("openai/one", "gpt-4o-mini", sim_url, extra=one)
+    models += chat_model("openai/none", "gpt-4o-mini", sim_url, extra='supported_params = ["stream"]')
+    unlimited = 'supported_params = ["stream"]'
+    models += chat_model("openai/unlimited", "gpt-4.1-mini", sim_url, type_="responses", extra=unlimited)
+    with gateway(tmp_path_factory.mktemp("narrow"), models) as g:
+        yield g
+
+
+def test_a_limit_the_model_does_not_take_goes_under_one_it_does(narrow: Gateway, sim: httpx.Client) -> None:
+    """Review: max_completion_tokens to a model that takes only max_tokens was dropped, the hold
+    made for it, and the upstream sent no limit: 2,000 tokens ($0.02) on a hold of 5 took a balance below
+    zero. It goes as max_tokens now, the hold's limit, whichever shape asked."""
+    handle = narrow.new_key(balance="0.002")
+    for path, body in (
+        ("/v1/chat/completions", {"max_completion_tokens": 5}),
+        ("/v1/chat/completions", {"max_completion_tokens": 5, "max_tokens": 900}),
+        ("/v1/responses", {"max_output_tokens": 16}),  # translated to chat, for a chat model
+        ("/v1/messages", {"max_tokens": 5}),
+    ):
+        marker = uuid.uuid4().hex
+        prompt = f"{marker} [sim tokens=2000]"
+        said: dict[str, Any] = {"input": prompt}
+        if path != "/v1/responses":
+            said = {"messages": [{"role": "user", "content": prompt}]}
+        answer = _post(narrow, handle.key, path, {"model": "openai/one", **said, **body})
+        assert answer.status_code == 200, (path, answer.text)
+        received = _received(sim, marker)
+        assert "max_completion_tokens" not in received, path
+        assert received["max_tokens"] == next(iter(body.values())), path
+    assert narrow.balance(handle.account_id) >= 0
+
+
+def test_a_model_that_takes_no_limit_is_held_at_its_most(narrow: Gateway, sim: httpx.Client) -> None:
+    """Its output cannot be limited: a request's small limit does not shrink the hold (16,384
+    tokens at $10 a million, $0.16), so a balance of $0.10 is refused before the model runs."""
+    handle = narrow.new_key(balance="0.10")
+    for path, model, body in (
+        (
+            "/v1/chat/completions",
+            "openai/none",
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        ),
+        ("/v1/messages", "openai/none", {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+        ("/v1/responses", "openai/none", {"max_output_tokens": 16, "input": "x"}),
+        ("/v1/responses", "openai/unlimited", {"max_output_tokens": 16, "input": "x"}),
+    ):
+        refused = _post(narrow, handle.key, path, {"model": model, **body})
+        assert refused.status_code == 400, (path, model, refused.text)
+        assert refused.json()["error"]["code"] == "insufficient_credits", (path, model, refused.text)
+    assert narrow.balance(handle.account_id) == Decimal("0.10")
+
+
 def test_the_default_most_is_not_sent_unasked(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
     """A model whose configuration names no max_output_tokens is held at the default (16384) but
     not sent it: more than some models take (4096 for GPT-3.5), their upstream would refuse it."""

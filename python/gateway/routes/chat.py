@@ -45,7 +45,9 @@ def routes(state: GatewayState) -> list[Route]:
         model = resolve_model(state, call, payload.get("model"), "chat")
         _validate(payload)
         forwarded = state.registry.forwarded_params(model)
-        billing.cap_output(forwarded, model, payload, "max_completion_tokens", "max_tokens")
+        billing.cap_output(
+            state.registry.received_fields(model), model, payload, "max_completion_tokens", "max_tokens"
+        )
         # A messages-family model gets the request as a message request, translated before the
         # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.
         translated = (

@@ -42,7 +42,7 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
-        billing.cap_output(state.registry.forwarded_params(model), model, payload, "max_tokens")
+        billing.cap_output(state.registry.received_fields(model), model, payload, "max_tokens")
         prompt = await _check_and_hold(state, request, call, model, payload)
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("msg_")
@@ -106,7 +106,7 @@ async def _from_chat_model(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> Response:
     """A chat model in the message shape (routes/translated.py)."""
-    upstream = chat_body(state, model, payload, call, chat_request_from_messages)
+    upstream = chat_body(state, model, payload, call, chat_request_from_messages, "max_tokens")
     prompt = await _check_and_hold(state, request, call, model, payload)
     rid = response_id("msg_")
     return await forward_to_chat_model(

@@ -58,6 +58,7 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         if model.type in ("chat", "messages"):
             return await _from_chat_model(state, request, call, model, payload)
+        billing.cap_output(state.registry.received_fields(model), model, payload, "max_output_tokens")
         upstream = state.registry.upstream_body(model, payload, call)
         # Run upstream in the background only by a model that takes the parameter (spec 1.3).
         in_background = upstream.get("background") is True
@@ -66,7 +67,6 @@ def routes(state: GatewayState) -> list[Route]:
         await kept_responses.refuse_kept_items(state, call, model, payload)
         # Earlier turns held upstream (previous_response_id) cannot be counted here.
         prompt = await _check_and_hold(state, request, call, model, payload)
-        billing.cap_output(state.registry.forwarded_params(model), model, upstream, "max_output_tokens")
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         if previous is not None:
@@ -242,7 +242,7 @@ async def _from_chat_model(
             "background",
         )
     turn = await kept_responses.resolve(state, call, payload)
-    upstream = chat_body(state, model, turn.payload, call, chat_request_from_responses)
+    upstream = chat_body(state, model, turn.payload, call, chat_request_from_responses, "max_output_tokens")
     prompt = await _check_and_hold(state, request, call, model, turn.payload, turn.brought)
     rid = response_id("resp_")
     keeps = payload.get("store") is not False

@@ -41,15 +41,23 @@ FromChat = Callable[[dict[str, Any], Usage], dict[str, Any]]
 
 
 def chat_body(
-    state: GatewayState, model: ModelConfig, payload: dict[str, Any], call: Call, to_chat: ToChat
+    state: GatewayState,
+    model: ModelConfig,
+    payload: dict[str, Any],
+    call: Call,
+    to_chat: ToChat,
+    source_limit: str,
 ) -> ChannelBody:
     """The request as a chat completions request for `model`. Made before the safety check and the
-    hold: a request that cannot be translated is a 400 that has cost nothing."""
+    hold: a request that cannot be translated is a 400 that has cost nothing. `source_limit` is
+    the request shape's output limit, which the hold reads from `payload`."""
     # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
-    forwarded = state.registry.forwarded_params(model)
-    limit = "max_completion_tokens" if "max_completion_tokens" in forwarded else "max_tokens"
+    received = state.registry.received_fields(model)
+    limit = "max_completion_tokens" if "max_completion_tokens" in received else "max_tokens"
     chat = to_chat(payload, limit)
-    billing.cap_output(forwarded, model, chat, limit, "max_tokens")
+    billing.cap_output(received, model, chat, limit, "max_tokens")
+    if limit not in received:  # the model takes no output limit: it is held at its most
+        payload.pop(source_limit, None)
     if model.type == "messages":  # once more, into the model's own shape
         return state.registry.channel_body(
             model, messages_request_from_chat(chat, model.max_output_tokens), call
