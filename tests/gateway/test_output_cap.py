@@ -213,6 +213,61 @@ def test_tools_schemas_and_tool_results_count_as_prompt(gw: Gateway) -> None:
                 "text": {"format": {"type": "json_schema", "name": "x", "schema": {"description": big}}},
             },
         ),
+        # Review: parts and blocks the count did not know were held as nothing, and billed in full.
+        *(
+            (
+                "/v1/responses",
+                {
+                    "model": model,
+                    "max_output_tokens": 16,
+                    "input": [
+                        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                        {
+                            "type": "function_call_output",
+                            "call_id": "c1",
+                            "output": [{"type": "input_text", "text": big}],
+                        },
+                    ],
+                },
+            )
+            for model in (CHAT, RESPONSES)
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": CHAT,
+                "max_output_tokens": 16,
+                "input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": big}]}],
+            },
+        ),
+        *(
+            ("/v1/messages", {"model": model, "max_tokens": 1, "messages": hi, key: value})
+            for model in (CLAUDE, CHAT)
+            for key, value in (
+                ("output_format", {"type": "json_schema", "schema": {"description": big}}),
+                ("output_config", {"format": {"type": "json_schema", "schema": {"description": big}}}),
+            )
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": CLAUDE,
+                "max_tokens": 1,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "search_result",
+                                "source": "s",
+                                "title": "t",
+                                "content": [{"type": "text", "text": big}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        ),
     ):
         refused = _post(gw, handle.key, path, body)
         assert refused.status_code == 400, (path, refused.text)

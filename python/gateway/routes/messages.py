@@ -140,12 +140,15 @@ def _validate_messages(payload: dict[str, Any]) -> None:
 
 
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
-    """The gateway's own count of a messages prompt: the system text plus the messages and the
-    tools, counted as chat messages are (for the hold, and the bill when the upstream reports no
-    usage)."""
+    """The gateway's own count of a messages prompt: the system text plus the messages, the tools
+    and a structured output's schema, counted as chat messages are (for the hold, and the bill
+    when the upstream reports no usage)."""
     messages = list(payload.get("messages") or [])
     system = payload.get("system")
     if isinstance(system, (str, list)):  # a string, or text blocks
         messages.insert(0, {"role": "system", "content": system})
-    counted = {"messages": messages, "tools": payload.get("tools")}
+    # A structured output's schema is prompt too (`output_format`, or `output_config` now), as the
+    # chat shape's response_format is.
+    schema = [payload.get(k) for k in ("output_format", "output_config") if payload.get(k) is not None]
+    counted = {"messages": messages, "tools": payload.get("tools"), "response_format": schema or None}
     return count_chat_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)

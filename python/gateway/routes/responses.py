@@ -39,7 +39,6 @@ from ..translate import (
     ResponsesStreamFromChat,
     chat_request_from_responses,
     response_from_chat_completion,
-    response_item_text,
     response_output_text,
 )
 from ..translate.stream_base import FromChatStream
@@ -341,8 +340,9 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
     for item in value if isinstance(value, list) else []:
         role = item.get("role") if isinstance(item.get("role"), str) else "user"
         content = item.get("content")
-        # A message's parts as they are (its images count too), any other item as its text.
-        said = content if isinstance(content, list) else response_item_text(item)
+        # A message's content as it is (its images count too); any other item (a tool call, its
+        # output, a reasoning item) as a part of its own, counted whole: nothing it carries is free.
+        said = content if isinstance(content, str | list) and "role" in item else [item]
         messages.append({"role": role, "content": said})
     # The tools and the output's format (`text`) are prompt too, as the provider bills them.
     counted = {"messages": messages, "tools": payload.get("tools"), "response_format": payload.get("text")}

@@ -40,14 +40,14 @@ def response_item_text(item: dict[str, Any]) -> str:
     """The text of one Responses API item, input or output: message content, reasoning summary,
     tool call or tool output."""
     parts: list[str] = []
-    for key in ("content", "summary"):
+    for key in ("content", "summary", "output"):  # a function_call_output's output may be parts
         value = item.get(key)
         if isinstance(value, str):
             parts.append(value)
         for part in value if isinstance(value, list) else []:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
-    parts.extend(item[k] for k in ("name", "arguments", "output") if isinstance(item.get(k), str))
+    parts.extend(item[k] for k in ("name", "arguments") if isinstance(item.get(k), str))
     return "".join(parts)
 
 

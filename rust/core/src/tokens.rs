@@ -155,7 +155,9 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
 
 /// One part of an array content: its text; an image, audio or a file, as crate::media holds them;
 /// the message shape's tool blocks, what they carry (a call's input as JSON, a result's content,
-/// text or parts).
+/// text or parts); a refusal, its text. Any other part (a search result, a tool call or its
+/// output given as a Responses item, a block this count does not know) is counted whole, as its
+/// JSON text: what it carries reaches the model, and the provider bills it.
 fn count_part(part: &Value, encoding: Encoding, image_tokens: usize, inflation: &media::Inflation) -> Result<usize> {
     if let Some(Value::String(text)) = part.get("text") {
         return count_tokens(text, encoding);
@@ -179,7 +181,11 @@ fn count_part(part: &Value, encoding: Encoding, image_tokens: usize, inflation: 
             Some(Value::Array(inner)) => count_blocks(inner),
             _ => Ok(0),
         },
-        _ => Ok(0),
+        Some("refusal") => match part.get("refusal") {
+            Some(Value::String(text)) => count_tokens(text, encoding),
+            _ => count_json(part, encoding),
+        },
+        _ => count_json(part, encoding),
     }
 }
 
@@ -309,6 +315,23 @@ mod tests {
             + count("rain", e)
             + 1; // three bytes of audio: at most 3 ms at 8 kbit/s, one token
         assert_eq!(count_chat_tokens(blocks, e, IMAGE_PART_TOKENS).unwrap(), expected);
+    }
+
+    #[test]
+    fn unknown_parts_count_whole_and_refusals_count() {
+        let e = Encoding::O200kBase;
+        let bare = count_chat_tokens(br#"{"messages":[{"role":"user","content":[]}]}"#, e, IMAGE_PART_TOKENS).unwrap();
+        let with = |part: &str| {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":[{part}]}}]}}"#);
+            count_chat_tokens(body.as_bytes(), e, IMAGE_PART_TOKENS).unwrap() - bare
+        };
+        let found = r#"{"type":"search_result","source":"s","title":"t","content":[{"type":"text","text":"many words of it"}]}"#;
+        let compact = |text: &str| serde_json::from_str::<Value>(text).unwrap().to_string();
+        assert_eq!(with(found), count(&compact(found), e));
+        let output = r#"{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"big"}]}"#;
+        assert_eq!(with(output), count(&compact(output), e));
+        assert_eq!(with(r#"{"type":"refusal","refusal":"I will not"}"#), count("I will not", e));
+        assert_eq!(with(r#""a bare string""#), count(r#""a bare string""#, e));
     }
 
     #[test]
