@@ -273,6 +273,31 @@ def test_a_large_prompt_is_counted_while_the_worker_serves_others(gw: Gateway) -
     assert len(during) >= 5, (len(during), ended - started)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"model": "openai/text-embedding-3-small", "input": LONG_RUN}),
+        ("/v1/rerank", {"model": "cohere/rerank-v3.5", "query": "q", "documents": [LONG_RUN]}),
+        ("/v1/images/generations", {"model": "openai/gpt-image-1", "prompt": "a" * 3_000_000}),
+    ],
+)
+def test_other_endpoints_count_a_large_input_while_the_worker_serves_others(
+    gw: Gateway, path: str, body: dict[str, object]
+) -> None:
+    """Review: a 9 MB embeddings, rerank or image input was counted on the event loop, and every
+    request of the worker waited seconds for it. Counted in a thread now: a key with nothing left
+    has its refusal after the count, and meanwhile the worker answers others."""
+    broke, paying = gw.new_key(balance="0"), gw.new_key()
+    with gw.client(broke.key) as c, small_requests(gw, paying.key) as small:
+        time.sleep(0.3)  # the small requests under way
+        started = time.monotonic()
+        r = c.post(path, json=body, timeout=120)
+        ended = time.monotonic()
+    assert r.status_code == 400 and r.json()["error"]["code"] == "insufficient_credits", r.text
+    during = [t for t in small if started < t < ended]
+    assert len(during) >= 5, (len(during), ended - started)
+
+
 def test_a_large_prompt_cut_short_is_billed_from_its_first_count(gw: Gateway) -> None:
     """A large prompt's stream that the upstream cuts short is billed from the gateway's own prompt
     count (the upstream sent no usage): the count made for the hold, in a thread, not a second one

@@ -18,6 +18,7 @@ from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body, resolve_model
+from .text import count_prompt
 from .upstream import CHAT_ANSWER, forward_plain
 
 
@@ -26,7 +27,8 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = resolve_model(state, call, payload.get("model"), "embedding")
         inputs = _inputs(payload.get("input"))
-        await billing.hold(state, call, model, _counted_usage(model, inputs))
+        counted = await count_prompt(request, lambda: _counted_usage(model, inputs))
+        await billing.hold(state, call, model, counted)
         upstream = state.registry.channel_body(model, payload, call)
         # OpenAI's embeddings answer has no id; the gateway adds one (spec 2.4), for the usage lookup.
         rid = response_id("embd-")
@@ -38,7 +40,7 @@ def routes(state: GatewayState) -> list[Route]:
             upstream,
             rid,
             CHAT_ANSWER,
-            lambda _: _counted_usage(model, inputs),
+            lambda _: counted,
             _with_usage,
         )
 

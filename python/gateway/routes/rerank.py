@@ -23,6 +23,7 @@ from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body, resolve_model
+from .text import count_prompt
 from .upstream import forward_plain, stamped_answer
 
 
@@ -31,7 +32,8 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = resolve_model(state, call, payload.get("model"), "rerank")
         texts = _validate(payload)
-        await billing.hold(state, call, model, _counted(model, payload, texts))
+        counted = await count_prompt(request, lambda: _counted(model, payload, texts))
+        await billing.hold(state, call, model, counted)
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("rerank-")
         return await forward_plain(
@@ -42,7 +44,7 @@ def routes(state: GatewayState) -> list[Route]:
             upstream,
             rid,
             stamped_answer(_reported_usage),
-            lambda _: _counted(model, payload, texts),
+            lambda _: counted,
             _with_usage,
         )
 

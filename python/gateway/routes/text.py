@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from starlette.requests import Request
 
@@ -14,6 +14,8 @@ from .. import billing, request_log, safety
 from ..config import ModelConfig
 from ..context import Call
 from ..state import GatewayState
+
+T = TypeVar("T")
 
 # A prompt in a body larger than this is counted in a thread, after the output alone was found
 # covered. Counting is ~5 ms a MB of text, but up to a second a MB of one long run of a character
@@ -64,14 +66,16 @@ async def check_and_hold(
     return prompt
 
 
-async def count_prompt(request: Request, prompt_tokens: Callable[[], int]) -> int:
-    """`prompt_tokens()`, in the counting threads when the request's body is large."""
-    return await _count_in_thread(prompt_tokens) if _is_large(request) else prompt_tokens()
+async def count_prompt(request: Request, counted: Callable[[], T]) -> T:
+    """`counted()` (a prompt's tokens, or a request's whole usage), in the counting threads when
+    the request's body is large: a 10 MB input counts for seconds, which the event loop, and every
+    other request of the worker, would wait out."""
+    return await _count_in_thread(counted) if _is_large(request) else counted()
 
 
 def _is_large(request: Request, brought: int = 0) -> bool:
     return len(request.scope.get(request_log.BODY_SCOPE_KEY, b"")) + brought > LARGE_PROMPT_BYTES
 
 
-async def _count_in_thread(prompt_tokens: Callable[[], int]) -> int:
-    return await asyncio.get_running_loop().run_in_executor(_counting_threads(), prompt_tokens)
+async def _count_in_thread(counted: Callable[[], T]) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_counting_threads(), counted)
