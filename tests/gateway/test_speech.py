@@ -100,3 +100,19 @@ def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: Ke
     assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error"
     time.sleep(0.2)  # a charge, if there were one, would have landed by now
     assert gw.balance(key.account_id) == before
+
+
+def test_an_upstream_that_breaks_off_an_idempotent_answer_is_provider_error(gw: Gateway) -> None:
+    """Review: with an Idempotency-Key the audio is kept whole before it is answered, and an
+    upstream that broke off meanwhile was a 500. It is the model's failure: 502 provider_error,
+    nothing charged, nothing kept (the key may be retried); without the key, the audio is sent as
+    it comes and ends cut short (docs/behaviour.md)."""
+    handle = gw.new_key(balance="1")
+    body = {"model": MODEL, "voice": "alloy", "input": "a long speech " * 40 + "[sim drop_after=2]"}
+    with gw.client(handle.key) as c:
+        r = c.post("/v1/audio/speech", json=body, headers={"Idempotency-Key": "speech-broken"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "provider_error", r.text
+        again = c.post("/v1/audio/speech", json=body, headers={"Idempotency-Key": "speech-broken"})
+        assert again.status_code == 502 and "idempotency-replayed" not in again.headers
+    time.sleep(0.2)  # a charge, if there were one, would have landed by now
+    assert gw.balance(handle.account_id) == Decimal("1")

@@ -30,6 +30,7 @@ from ..errors import (
     unexpected_failure,
 )
 from ..ids import request_id
+from ..providers.http import UPSTREAM_FAILURES
 from ..ratelimits import note_rate
 from ..request_log import BodyCapture
 from ..runtime_threads import hand_over_now
@@ -278,9 +279,16 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             else:
                 response = await _watched(request, call, handler)
                 if call.idempotency is not None and isinstance(response, HeldStream):
-                    # Kept whole before it is answered.
+                    # Kept whole before it is answered. An upstream that breaks off meanwhile is
+                    # the model's failure (502), before anything reached the client.
                     headers = dict(response.headers)
-                    response = Response(await response.collect(), response.status_code, headers)
+                    try:
+                        whole = await response.collect()
+                    except UPSTREAM_FAILURES:
+                        raise GatewayError(
+                            "provider_error", "The model's provider broke off its answer before it was whole."
+                        ) from None
+                    response = Response(whole, response.status_code, headers)
         except GatewayError as err:
             err.headers[REQUEST_ID_HEADER] = call.request_id
             await _close(state, request, call, err.status, err.body(request.url.path), error_code=err.code)

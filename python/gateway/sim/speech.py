@@ -4,7 +4,6 @@ sound per character."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import struct
 from typing import TYPE_CHECKING
@@ -48,9 +47,14 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     audio = render(fmt, seconds=min(len(text) * 0.02, MAX_SECONDS))
     stream = EventStream(request, CONTENT_TYPES[fmt])
     await stream.open()
-    for start in range(0, len(audio), PIECE):
-        if d.pace:
-            await asyncio.sleep(d.pace)
+
+    async def fail() -> None:  # no event format to carry an error in: the audio stops short
+        stream.drop()
+
+    for i, start in enumerate(range(0, len(audio), PIECE)):
+        # pace, stall_after, drop_after and error_after count the audio's pieces.
+        if not await directives.before_piece(d, i, stream.drop, fail):
+            return stream.response
         await stream.send(audio[start : start + PIECE])
     return await stream.end()
 
