@@ -36,15 +36,16 @@ from .store import (
 STREAM_SUMMARY_PREFIX = b'{"object":"' + STREAM_SUMMARY.encode() + b'"'
 
 
-def no_account(account_id: str) -> GatewayError:
-    return GatewayError("not_found", f"No account {account_id!r}.")
+def no_account(account_id: str, param: str | None = None) -> GatewayError:
+    return GatewayError("not_found", f"No account {account_id!r}.", param=param)
 
 
-async def account(store: Accounts, account_id: str) -> Account:
-    """The account with this id; 404 `not_found` when there is none."""
+async def account(store: Accounts, account_id: str, param: str | None = None) -> Account:
+    """The account with this id; 404 `not_found` when there is none (naming `param`, a filter's
+    query parameter, when it came from one)."""
     found = await store.get_account(account_id)
     if found is None:
-        raise no_account(account_id)
+        raise no_account(account_id, param)
     return found
 
 

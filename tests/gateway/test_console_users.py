@@ -126,6 +126,15 @@ def test_list_by_account_reinvite_and_delete(ugw: Gateway, admin: httpx.Client) 
     listed = admin.get("/console-users", params={"account_id": account_id}).json()
     assert listed["object"] == "list" and [u["email"] for u in listed["data"]] == [address]
     assert address in [u["email"] for u in admin.get("/console-users").json()["data"]]
+    # As on every list (review): a misspelt filter is 400, not everyone's users; one twice is 400;
+    # a filter naming no account is 404, not an empty list.
+    for params, status, param in (
+        ((("account", account_id),), 400, "account"),
+        ((("account_id", account_id), ("account_id", account_id)), 400, "account_id"),
+        ((("account_id", "acct_nope"),), 404, "account_id"),
+    ):
+        refused = admin.get("/console-users", params=params)
+        assert refused.status_code == status and refused.json()["error"]["param"] == param, refused.text
     browser = accept(ugw, created["invite_url"])
     assert browser.get("/console/").status_code == 303
     assert browser.get("/console/").headers["location"] == f"/console/a/{account_id}/"

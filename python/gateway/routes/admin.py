@@ -8,7 +8,7 @@ decimal string in both directions; a JSON number is read from its digits, never 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -31,7 +31,7 @@ from ..management import (  # the renderers live with the operations; imported f
 from ..state import GatewayState
 from ..store import Account
 from .admin_openapi import document_json
-from .common import json_response, read_body
+from .common import json_response, list_query, read_body
 
 __all__ = [
     "PREFIX",
@@ -147,11 +147,11 @@ def routes(state: GatewayState) -> list[Route]:
     # ---------------------------------------------------------------- request logs
 
     async def list_logs(request: Request) -> tuple[int, Any]:
-        query = _query(request, ("account_id", "key_id", "before", "limit"))
+        query = list_query(request, ("account_id", "key_id", "before", "limit"))
         limit = field.page_size(query.get("limit"), "limit")
         # A filter that names nothing is a mistake: an empty page would look like "no requests".
         if query.get("account_id") is not None:
-            await management.account(store, query["account_id"])
+            await management.account(store, query["account_id"], param="account_id")
         if query.get("key_id") is not None and await store.get_key(query["key_id"]) is None:
             raise GatewayError("not_found", f"No key {query['key_id']!r}.", param="key_id")
         entries = await store.list_request_logs(
@@ -242,23 +242,8 @@ def _no_constant(name: str) -> None:
 
 def _paging(request: Request) -> tuple[str | None, int]:
     """`after` (the id of the last entry of the previous page) and `limit` of a list request."""
-    query = _query(request, ("after", "limit"))
+    query = list_query(request, ("after", "limit"))
     return query.get("after"), field.page_size(query.get("limit"), "limit")
-
-
-def _query(request: Request, known: tuple[str, ...]) -> Mapping[str, str]:
-    """A list request's query, refused (400) if it has a parameter the list does not read: a
-    misspelt filter (`account=`) would otherwise list everyone's entries, a misspelt cursor page 1
-    again and again. Each parameter once."""
-    query = request.query_params
-    for name in query:
-        if name not in known:
-            raise invalid_request(
-                f"Unknown query parameter `{name}` (this list takes {', '.join(known)}).", name
-            )
-        if len(query.getlist(name)) > 1:
-            raise invalid_request(f"The query parameter `{name}` is given more than once.", name)
-    return query
 
 
 def _page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:

@@ -713,6 +713,7 @@ def _paths() -> dict[str, dict[str, Schema]]:
                 "Request logs",
                 (200, "RequestLogList"),
                 parameters=("LogAccountId", "LogKeyId", "Limit", "Before"),
+                errors=("NotFound",),  # a filter naming no account or key
             )
         },
         f"{PREFIX}/logs/{{log_id}}": {
@@ -757,6 +758,7 @@ def _paths() -> dict[str, dict[str, Schema]]:
                 users,
                 (200, "ConsoleUserList"),
                 parameters=("UserAccountId",),
+                errors=("NotFound",),  # a filter naming no account
             ),
         },
         f"{console_users.PREFIX}/{{user_id}}": {

@@ -557,3 +557,18 @@ class JsonAnswer(Response):
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status_code=status, headers=headers, media_type="application/json")
+
+
+def list_query(request: Request, known: tuple[str, ...]) -> Mapping[str, str]:
+    """A list request's query, refused (400) if it has a parameter the list does not read: a
+    misspelt filter (`account=`) would otherwise list everyone's entries, a misspelt cursor page 1
+    again and again. Each parameter once."""
+    query = request.query_params
+    for name in query:
+        if name not in known:
+            raise invalid_request(
+                f"Unknown query parameter `{name}` (this list takes {', '.join(known)}).", name
+            )
+        if len(query.getlist(name)) > 1:
+            raise invalid_request(f"The query parameter `{name}` is given more than once.", name)
+    return query

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import admin_fields as field
+from .. import management
 from ..auth import admin_token, authenticate_admin
 from ..clock import now_ms, rfc3339
 from ..config import Settings
@@ -28,7 +29,7 @@ from ..errors import GatewayError, invalid_request
 from ..state import GatewayState
 from ..store import ConsoleUser, NameTaken, Store
 from ..store.records import CONSOLE_ROLES
-from .common import json_response, public_base, read_body
+from .common import json_response, list_query, public_base, read_body
 
 PREFIX: Final = "/admin/v1/console-users"
 MAX_EMAIL_CHARS: Final = 254
@@ -197,7 +198,10 @@ def routes(state: GatewayState) -> list[Route]:
         return 201, invited_json(user, link(request, secret))
 
     async def list_users(request: Request) -> tuple[int, Any]:
-        users = await store.list_console_users(request.query_params.get("account_id"))
+        account_id = list_query(request, ("account_id",)).get("account_id")
+        if account_id is not None:  # a filter that names nothing is a mistake, not "no users"
+            await management.account(store, account_id, param="account_id")
+        users = await store.list_console_users(account_id)
         return 200, {"object": "list", "data": [user_json(u) for u in users], "has_more": False}
 
     async def get(request: Request) -> tuple[int, Any]:
