@@ -60,6 +60,14 @@ REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
 }
 
 
+class ModelNotAllowed(GatewayError):
+    """403 model_not_allowed, knowing the model refused (its request's log entry names it)."""
+
+    def __init__(self, model: str, message: str, param: str) -> None:
+        super().__init__("model_not_allowed", message, param=param)
+        self.model = model
+
+
 class ModelRegistry:
     def __init__(self, models: Iterable[ModelConfig]) -> None:
         self._by_name = {m.name: m for m in models}
@@ -102,7 +110,7 @@ class ModelRegistry:
             )
         allowed = ctx.account.allowed_models
         if allowed is not None and model.name not in allowed:
-            raise GatewayError("model_not_allowed", f"This key may not use the model {name!r}.", param=param)
+            raise ModelNotAllowed(model.name, f"This key may not use the model {name!r}.", param)
         return model
 
     def resolve(self, name: Any, ctx: KeyContext, model_type: str) -> ModelConfig:

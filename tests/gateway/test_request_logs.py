@@ -211,3 +211,17 @@ def test_a_body_abandoned_midway_logs_the_bytes_that_came(
     [entry] = request_logs(admin, handle.key_id, 1)
     assert (entry["status"], entry["request_bytes"]) == (499, 300), entry
     assert admin.get(f"/logs/{entry['id']}").json()["request_body"] is None
+
+
+def test_a_model_refused_to_the_account_is_logged_under_its_name(
+    lgw: Gateway, admin: httpx.Client, handle: KeyHandle
+) -> None:
+    """Review: a 403 model_not_allowed was logged with no model, so a filter by model (the
+    console's Logs) missed exactly the refusals an operator looks for."""
+    changed = admin.patch(f"/accounts/{handle.account_id}", json={"allowed_models": []})
+    assert changed.status_code == 200, changed.text
+    with lgw.client(handle.key) as c:
+        r = c.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+    [entry] = request_logs(admin, handle.key_id, 1)
+    assert (entry["status"], entry["error_code"], entry["model"]) == (403, "model_not_allowed", MODEL)
