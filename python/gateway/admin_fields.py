@@ -33,7 +33,9 @@ def money(value: object, param: str, *, positive: bool = False) -> Decimal:
     """US dollars: a decimal string such as "12.50" (or an exact JSON number); never negative."""
     amount = _exact_decimal(value)
     if amount is None:
-        raise invalid_request(f'`{param}` must be an amount of US dollars as a string, e.g. "12.50".', param)
+        raise invalid_request(
+            f'`{param}` must be an amount of US dollars in plain decimal digits, e.g. "12.50".', param
+        )
     if amount < 0 or (positive and amount == 0):
         raise invalid_request(f"`{param}` must be {'positive' if positive else 'zero or more'}.", param)
     if amount >= MAX_MONEY:

@@ -727,7 +727,14 @@ async def _top_up(store: Store, args: argparse.Namespace) -> None:
         raise AdminError("this --idempotency-key was used for a top-up with another amount or note") from None
     if done is None:
         raise AdminError(f"no account {args.account!r}")
-    print(field.money_text(done[0].balance_after))
+    made, replayed = done
+    if replayed:  # nothing added: the balance after that earlier top-up, said to be that
+        print(
+            f"already done with this --idempotency-key ({made.id}, {rfc3339(made.created_at_ms)}):"
+            f" nothing added; the balance was {field.money_text(made.balance_after)} after it",
+            file=sys.stderr,
+        )
+    print(field.money_text(made.balance_after))
 
 
 async def _list_top_ups(store: Store, args: argparse.Namespace) -> None:

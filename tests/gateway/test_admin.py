@@ -562,6 +562,12 @@ def test_cli_top_up_list_limit_and_rotate(agw: Gateway, admin: httpx.Client) -> 
     assert chat(agw, new_secret).status_code == 200
     ledger = ok(admin.get(f"/accounts/{account['id']}/top-ups"))["data"]
     assert [(t["amount"], t["note"]) for t in ledger] == [("1.00", "opening balance"), ("0.01", "cli")]
+    # Sent again with its idempotency key: nothing added, and said so (review).
+    again = ("top-up", "--account", account["name"], "--amount", "0.5", "--idempotency-key", "inv-1")
+    after = cli(agw, *again).strip()
+    replayed = run_cli(agw, *again)
+    assert replayed.stdout.strip() == after and "nothing added" in replayed.stderr
+    assert ok(admin.get(f"/accounts/{account['id']}"))["balance"] == after
 
 
 def test_lists_come_a_page_at_a_time(admin: httpx.Client) -> None:
