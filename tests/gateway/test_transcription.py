@@ -10,6 +10,7 @@ import struct
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any, cast
 
 import httpx
 import openai
@@ -205,3 +206,26 @@ def test_a_wav_whose_byte_rate_lies_is_held_by_its_frames() -> None:
     # A byte rate below the frames' (a compressed format's) is the one believed: the longer length.
     slow = honest[:28] + struct.pack("<I", 8000) + honest[32:]
     assert wav_seconds(slow) == 1200
+
+
+@pytest.mark.parametrize("model", [WHISPER, "openai/gpt-4o-transcribe"])
+def test_compressed_audio_in_text_or_subtitles_is_billed_as_in_json(oai: openai.OpenAI, model: str) -> None:
+    """Review: text, srt and vtt answers carry no usage, and a non-WAV upload's length is not read
+    here, so an MP3 transcribed as text or subtitles was free. A text answer is asked of the
+    upstream as JSON (billed by its usage), subtitles are billed where their last cue ends."""
+    mp3 = bytes([0xFF, 0xFB, 0x90, 0xC0]) * 40_000  # 160 KB: 10 s at the simulator's 128 kbit/s
+    costs: dict[str, Decimal] = {}
+    formats = ("json", "text") + (("srt", "vtt") if model == WHISPER else ())
+    for fmt in formats:
+        raw = oai.audio.transcriptions.with_raw_response.create(
+            model=model, file=("a.mp3", mp3, "audio/mpeg"), response_format=cast(Any, fmt)
+        )
+        costs[fmt] = Decimal(raw.headers["x-service-cost"])
+        if fmt == "text":
+            said = raw.parse()
+            assert isinstance(said, str) and said.endswith("\n") and not said.startswith("{"), said
+            assert raw.headers["content-type"].startswith("text/plain")
+    # Subtitles are billed their length too (and, counted here, their text's tokens at the output
+    # price, which this test gateway's whisper has).
+    assert costs["json"] > 0 and costs["text"] == costs["json"], costs
+    assert all(costs[fmt] >= costs["json"] for fmt in formats), costs

@@ -1,12 +1,16 @@
 """POST /v1/audio/transcriptions (Shape A): an uploaded audio file in, its text out.
 
 The multipart body is parsed by the Rust core so that unsupported fields can be dropped (spec 1.3)
-and the model's name replaced; the rest is sent on as it came.
+and the model's name replaced; the rest is sent on as it came, but for `response_format: text`:
+a plain-text answer carries no usage, so the upstream is asked for JSON (which does) and its text
+is sent as the client asked. Subtitles (srt, vtt) carry none either: they are billed the length
+their last cue ends at.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import orjson
 from starlette.requests import Request
@@ -44,7 +48,16 @@ def routes(state: GatewayState) -> list[Route]:
         await billing.hold(state, call, model, _estimate(model, upload.data))
 
         kept = state.registry.form_parts(model, parts, REQUIRED_FIELDS["transcription"], call)
-        form, form_type = channel_form(FormPart(p.name, p.data, p.filename, p.content_type) for p in kept)
+        as_text = any(p.name == "response_format" and p.data.strip() == b"text" for p in kept)
+        form, form_type = channel_form(
+            FormPart(
+                p.name,
+                b"json" if as_text and p.name == "response_format" else p.data,
+                p.filename,
+                p.content_type,
+            )
+            for p in kept
+        )
         content, answer_type, _ = await call_upstream(state, request, call, model, form, form_type)
         rid = response_id("transcr-")
         is_json = answer_type.startswith("application/json")
@@ -53,6 +66,8 @@ def routes(state: GatewayState) -> list[Route]:
             text, reported = _read_answer(body) if is_json else (content.decode(errors="replace"), None)
         except (InvalidJsonError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
+        if as_text and is_json:  # as OpenAI writes a text answer: the transcript and a newline
+            body, answer_type, is_json = text.encode() + b"\n", "text/plain; charset=utf-8", False
         usage = reported or _counted(model, upload.data, text)
         if is_json:
             body = _with_usage(body, usage)
@@ -123,9 +138,22 @@ def _estimate(model: ModelConfig, audio: bytes) -> Usage:
     return Usage(seconds=math.ceil(seconds), completion_tokens=model.max_output_tokens)
 
 
+# A subtitle cue's end (srt: 00:01:02,500; vtt: 00:01:02.500 or 01:02.500).
+_CUE_END = re.compile(rb"-->\s*(?:(\d+):)?(\d{1,2}):(\d{2})[,.](\d{3})")
+
+
 def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:
-    """The gateway's own measure when the upstream reports none: the duration of a WAV upload (other
-    formats would need decoding), and the tokens of the text."""
-    return Usage(
-        seconds=math.ceil(wav_seconds(audio) or 0), completion_tokens=count_tokens(text, model.tokenizer)
-    )
+    """The gateway's own measure when the upstream reports none: the duration of a WAV upload, else
+    where the answer's last subtitle cue ends (other formats would need decoding), and the tokens
+    of the text."""
+    seconds = wav_seconds(audio) or _last_cue_end(text.encode())
+    return Usage(seconds=math.ceil(seconds), completion_tokens=count_tokens(text, model.tokenizer))
+
+
+def _last_cue_end(subtitles: bytes) -> float:
+    """Where the last cue of an srt or vtt answer ends, in seconds (0 without one)."""
+    ends = [
+        int(h or 0) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
+        for h, m, s, ms in _CUE_END.findall(subtitles)
+    ]
+    return max(ends, default=0.0)
