@@ -222,6 +222,9 @@ def test_model_group_info_lists_the_structured_output_parameters(gw: Gateway, ke
             )
             for model in (CLAUDE, GPT, RESPONSES)
         }
-    assert {"output_config", "output_format", "cache_control", "inference_geo"} <= params[CLAUDE]
+    assert {"output_config", "output_format", "cache_control"} <= params[CLAUDE]
     assert {"response_format", "prompt_cache_retention", "moderation"} <= params[GPT]
     assert {"text", "context_management", "prompt_cache_retention"} <= params[RESPONSES]
+    # What changes the provider's price per token is not forwarded by default (review: a client
+    # picked the priority tier or fast mode and paid the standard price).
+    assert not {"service_tier", "speed", "inference_geo"} & (params[CLAUDE] | params[GPT] | params[RESPONSES])

@@ -14,18 +14,18 @@ from .http import UpstreamClient
 # twin). "model", "messages" and "max_tokens" are the request itself: they always go.
 # `output_config` carries structured output (`format`) and `effort`; `output_format` is the beta's
 # older name for the same format, still sent by some clients (with an `anthropic-beta` header).
+# Left out: what changes the price the provider bills (`service_tier`, `speed`'s fast mode at six
+# times, `inference_geo` at 1.1 times), which the gateway's one price per model would not follow; an
+# operator who wants them lists them in a model's supported_params and prices that model for them.
 MESSAGES_PARAMS: Final = frozenset(
     {
         "cache_control",
         "container",
         "context_management",
-        "inference_geo",
         "mcp_servers",
         "metadata",
         "output_config",
         "output_format",
-        "service_tier",
-        "speed",
         "stop_sequences",
         "stream",
         "system",

@@ -8,7 +8,9 @@ from ..config import ChannelConfig
 from .base import bearer_headers, no_stream_translation, unchanged, unchanged_answer
 
 # Chat-completions parameters an OpenAI-compatible upstream accepts (spec 1.3 default list): every
-# body field of openai-python's request type (types/chat/completion_create_params.py).
+# body field of openai-python's request type (types/chat/completion_create_params.py), but
+# `service_tier`: its priority tier is billed more, which the gateway's one price per model would
+# not follow (an operator lists it in a model's supported_params and prices that model for it).
 # "model" and "messages" are not parameters: they always go.
 CHAT_PARAMS: Final = frozenset(
     {
@@ -34,7 +36,6 @@ CHAT_PARAMS: Final = frozenset(
         "response_format",
         "safety_identifier",
         "seed",
-        "service_tier",
         "stop",
         "store",
         "stream",
@@ -108,7 +109,6 @@ RESPONSES_PARAMS: Final = frozenset(
         "prompt_cache_retention",
         "reasoning",
         "safety_identifier",
-        "service_tier",
         "store",
         "stream",
         "stream_options",
