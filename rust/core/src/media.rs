@@ -93,7 +93,7 @@ pub fn file_tokens(
         return Ok(MAX_FILE_PAGES * per_page); // named by id or URL, or not base64: unseen
     };
     if bytes.starts_with(b"%PDF") {
-        return Ok(pdf_pages(&bytes, inflation).unwrap_or(MAX_FILE_PAGES) * per_page);
+        return Ok(pdf_pages(&bytes, inflation).unwrap_or(MAX_FILE_PAGES).saturating_mul(per_page));
     }
     match std::str::from_utf8(&bytes) {
         Ok(text) => count_text(text),
@@ -151,36 +151,149 @@ fn wav_data(data: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
-/// A PDF's pages: its page objects (`/Type /Page`), those compressed in object streams (PDF 1.5)
-/// included. None when it has none that can be read (the caller holds it at MAX_FILE_PAGES); at
-/// least MAX_FILE_PAGES when an object stream cannot be inflated (pages may hide there).
+/// A PDF's pages, read as a renderer finds them: its page objects (`/Type /Page`) and the entries
+/// of its page tree's `/Kids` arrays (a page need not say its type), in the object text outside
+/// its streams and in its object streams (PDF 1.5), inflated; names with `#` escapes decoded first
+/// (`/P#61ge` is `/Page`). The larger of the two counts (the tree's inner nodes are kids too: a few
+/// pages more, never fewer). None when it shows no page (the caller holds it at MAX_FILE_PAGES); at
+/// least MAX_FILE_PAGES when part of it cannot be read: an object stream that cannot be inflated
+/// (not Flate, encrypted, or past the prompt's budget) or a `/Kids` array held elsewhere.
 pub fn pdf_pages(pdf: &[u8], inflation: &Inflation) -> Option<usize> {
-    let mut pages = page_objects(pdf);
-    let mut unread = false;
-    for stream in object_streams(pdf) {
-        match miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(stream, inflation.get()) {
-            Ok(inflated) => {
-                inflation.set(inflation.get() - inflated.len());
-                pages += page_objects(&inflated);
+    let mut tree = PageTree::default();
+    let mut at = 0;
+    while let Some(stream) = next_stream(pdf, at) {
+        tree.read(&pdf[at..stream.keyword]);
+        // The stream's dictionary: the object text since its `obj`.
+        let opened = memmem::rfind(&pdf[at..stream.keyword], b"obj").map_or(at, |i| at + i);
+        if memmem::find(&decode_names(&pdf[opened..stream.keyword]), b"/ObjStm").is_some() {
+            match miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(stream.body(pdf), inflation.get()) {
+                Ok(inflated) => {
+                    inflation.set(inflation.get() - inflated.len());
+                    tree.read(&inflated);
+                }
+                Err(_) => {
+                    // Past the budget (or not zlib): the rest of the prompt inflates nothing more.
+                    inflation.set(0);
+                    tree.unread = true;
+                }
             }
-            Err(_) => {
-                // Past the budget (or not zlib): the rest of the prompt inflates nothing more.
-                inflation.set(0);
-                unread = true;
+        }
+        at = stream.end;
+    }
+    tree.read(&pdf[at..]);
+    tree.pages()
+}
+
+/// What a PDF's object text says of its page tree.
+#[derive(Default)]
+struct PageTree {
+    page_objects: usize,
+    kids: usize,
+    unread: bool,
+}
+
+impl PageTree {
+    fn read(&mut self, text: &[u8]) {
+        let text = decode_names(text);
+        self.page_objects += page_objects(&text);
+        for at in names(&text, b"/Kids") {
+            let rest = text[at..].trim_ascii_start();
+            match rest.strip_prefix(b"[") {
+                // An array of indirect references (`5 0 R`): its entries are its R keywords.
+                Some(array) => {
+                    let array = &array[..memchr::memchr(b']', array).unwrap_or(array.len())];
+                    self.kids += array.split(|b| b.is_ascii_whitespace()).filter(|token| *token == b"R").count();
+                }
+                None => self.unread = true, // an indirect array: held in another object
             }
         }
     }
-    match (pages, unread) {
-        (0, _) => None,
-        (n, true) => Some(n.max(MAX_FILE_PAGES)),
-        (n, false) => Some(n),
+
+    fn pages(&self) -> Option<usize> {
+        match (self.page_objects.max(self.kids), self.unread) {
+            (0, false) => None,
+            (n, true) => Some(n.max(MAX_FILE_PAGES)),
+            (n, false) => Some(n),
+        }
     }
+}
+
+/// A stream: where its `stream` keyword starts, its body (after the keyword's end of line, up to
+/// `endstream`) and where the `endstream` keyword ends.
+struct Stream {
+    keyword: usize,
+    start: usize,
+    stop: usize,
+    end: usize,
+}
+
+impl Stream {
+    fn body<'a>(&self, pdf: &'a [u8]) -> &'a [u8] {
+        &pdf[self.start..self.stop]
+    }
+}
+
+/// The first stream at or after `from` (a `stream` keyword that is not `endstream`'s end and is
+/// followed by its end of line). A stream without `endstream` runs to the end.
+fn next_stream(pdf: &[u8], from: usize) -> Option<Stream> {
+    let mut search = from;
+    loop {
+        let keyword = search + memmem::find(&pdf[search..], b"stream")?;
+        let after = keyword + b"stream".len();
+        let ends_another = pdf[..keyword].ends_with(b"end");
+        if ends_another || !matches!(pdf.get(after), Some(b'\r' | b'\n')) {
+            search = after;
+            continue;
+        }
+        let start = after + pdf[after..].iter().take(2).take_while(|&&b| b == b'\r' || b == b'\n').count();
+        let stop = memmem::find(&pdf[start..], b"endstream").map_or(pdf.len(), |i| start + i);
+        let end = (stop + b"endstream".len()).min(pdf.len());
+        return Some(Stream { keyword, start, stop, end });
+    }
+}
+
+/// `text` with the `#xx` escapes in its names decoded (`/P#61ge` is `/Page`); unchanged (and not
+/// copied) when it has none.
+fn decode_names(text: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if memchr::memchr(b'#', text).is_none() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(text.len());
+    let mut in_name = false;
+    let mut i = 0;
+    while i < text.len() {
+        let b = text[i];
+        if b == b'/' {
+            in_name = true;
+        } else if !is_regular(b) {
+            in_name = false;
+        } else if in_name && b == b'#' {
+            if let (Some(high), Some(low)) =
+                (text.get(i + 1).and_then(|&c| hex(c)), text.get(i + 2).and_then(|&c| hex(c)))
+            {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b);
+        i += 1;
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Where each whole name `name` in `text` ends (`/Kids`, not `/KidsX`).
+fn names<'a>(text: &'a [u8], name: &'a [u8]) -> impl Iterator<Item = usize> + 'a {
+    memmem::find_iter(text, name)
+        .map(move |at| at + name.len())
+        .filter(|&end| text.get(end).is_none_or(|&b| !is_regular(b)))
 }
 
 /// The `/Type /Page` entries in `bytes` (not `/Pages`: a name ends at whitespace or a delimiter).
 fn page_objects(bytes: &[u8]) -> usize {
-    memmem::find_iter(bytes, b"/Type")
-        .filter(|&at| match bytes[at + 5..].trim_ascii_start().strip_prefix(b"/Page") {
+    names(bytes, b"/Type")
+        .filter(|&end| match bytes[end..].trim_ascii_start().strip_prefix(b"/Page") {
             Some(after) => after.first().is_none_or(|&b| !is_regular(b)),
             None => false,
         })
@@ -190,17 +303,6 @@ fn page_objects(bytes: &[u8]) -> usize {
 /// PDF's regular characters: neither whitespace nor a delimiter.
 fn is_regular(b: u8) -> bool {
     !(b.is_ascii_whitespace() || b == 0 || b"()<>[]{}/%".contains(&b))
-}
-
-/// The data of each object stream (`/Type /ObjStm`): from after its `stream` keyword's end of line
-/// to its `endstream`.
-fn object_streams(pdf: &[u8]) -> impl Iterator<Item = &[u8]> {
-    memmem::find_iter(pdf, b"/ObjStm").filter_map(move |at| {
-        let start = at + memmem::find(&pdf[at..], b"stream")? + b"stream".len();
-        let start = start + pdf[start..].iter().take(2).take_while(|&&b| b == b'\r' || b == b'\n').count();
-        let end = start + memmem::find(&pdf[start..], b"endstream")?;
-        Some(&pdf[start..end])
-    })
 }
 
 #[cfg(test)]
@@ -292,7 +394,36 @@ mod tests {
         bomb.extend_from_slice(b"\nendstream\n/Type /Page\n");
         assert_eq!(pdf_pages(&bomb, &budget), Some(MAX_FILE_PAGES));
         assert_eq!(budget.get(), 0);
-        assert_eq!(pdf_pages(&packed, &budget), None);
+        assert_eq!(pdf_pages(&packed, &budget), Some(MAX_FILE_PAGES));
+    }
+
+    #[test]
+    fn a_pdf_cannot_hide_its_pages() {
+        // Review: a name escape, or pages that do not say their type, read as one page or none.
+        let escaped = b"%PDF-1.4\n2 0 obj << /Type /P#61ge >> endobj\n3 0 obj << /Ty#70e /Page >> endobj\n";
+        assert_eq!(pages(escaped), Some(2));
+        let untyped = b"%PDF-1.4\n1 0 obj << /Type /Pages /Kids [2 0 R 3 0 R\n4 0 R] /Count 1 >> endobj\n\
+            2 0 obj << /Parent 1 0 R >> endobj 3 0 obj << >> endobj 4 0 obj << >> endobj";
+        assert_eq!(pages(untyped), Some(3));
+        // A tree of two levels: its inner node counts too, never fewer than the pages.
+        let nested = b"1 0 obj << /Type /Pages /Kids [2 0 R] >> 2 0 obj << /Type /Pages /Kids [3 0 R 4 0 R] >>\
+            3 0 obj << /Type /Page >> 4 0 obj << /Type /Page >>";
+        assert_eq!(pages(nested), Some(3));
+        // Kids held in another object cannot be read here.
+        assert_eq!(
+            pages(b"1 0 obj << /Type /Pages /Kids 5 0 R >> endobj 2 0 obj << /Type /Page >>"),
+            Some(MAX_FILE_PAGES)
+        );
+        // An object stream whose type is escaped is still one.
+        let mut packed = b"%PDF-1.7\n5 0 obj << /Type /Obj#53tm /Filter /FlateDecode >>\nstream\n".to_vec();
+        packed.extend(miniz_oxide::deflate::compress_to_vec_zlib(&pdf(7), 6));
+        packed.extend_from_slice(b"\nendstream\nendobj\n");
+        assert_eq!(pages(&packed), Some(7));
+        // What a content stream or an image happens to hold is not a page.
+        let drawn = b"%PDF-1.4\n1 0 obj << /Type /Page >> endobj\n2 0 obj << /Length 40 >>\nstream\n/Type /Page /Type /Page /Kids [1 0 R]\nendstream\nendobj";
+        assert_eq!(pages(drawn), Some(1));
+        // A literal `#` outside a name (a title) is left as it is.
+        assert_eq!(decode_names(b"(C#12) /A#42"), std::borrow::Cow::<[u8]>::Owned(b"(C#12) /AB".to_vec()));
     }
 
     #[test]
