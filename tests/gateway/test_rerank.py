@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gateway.config import Prices
+from gateway.core import count_tokens
 from gateway.pricing import Usage, cost
 from harness import Gateway, KeyHandle, eventually
 
@@ -130,3 +131,21 @@ def test_model_group_info_for_rerank(gw: Gateway, key: KeyHandle) -> None:
         info = c.get("/model_group/info", params={"model_group": MODEL}).json()["data"][0]
     assert info["mode"] == "rerank"
     assert "top_n" in info["supported_openai_params"]
+
+
+def test_long_documents_are_held_a_search_per_100_chunks(gw: Gateway) -> None:
+    """Review: Cohere bills a document longer than 500 tokens (with the query) as one document per
+    500-token chunk; the hold counted one search per 100 documents whatever their length. 100
+    documents of ~600 tokens are 200 chunks, two searches: refused on what one search and the
+    tokens cost, where the hold of one search would have let the upstream bill two."""
+    long_docs = ["word " * 600] * 100
+    tokens = sum(count_tokens(QUERY) + count_tokens(d) for d in long_docs)
+    one_search = cost(PRICES, Usage(prompt_tokens=tokens, searches=1))
+    assert cost(PRICES, Usage(prompt_tokens=tokens, searches=2)) > one_search + Decimal("0.001")
+    handle = gw.new_key(balance=str(one_search + Decimal("0.001")))
+    with gw.client(handle.key) as c:
+        r = c.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": long_docs})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "insufficient_credits", r.text
+    with gw.client(gw.new_key().key) as c:
+        served = c.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": long_docs})
+    assert served.status_code == 200 and served.json()["meta"]["billed_units"]["search_units"] == 2

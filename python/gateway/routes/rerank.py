@@ -108,8 +108,18 @@ def _with_usage(body: bytes, usage: Usage) -> bytes:
     return orjson.dumps(data)
 
 
+# Cohere splits a document longer than this with the query into chunks of it, each billed as a
+# document of its own (review: a hold of one search for 100 long documents was many searches).
+CHUNK_TOKENS = 500
+
+
 def _counted(model: ModelConfig, payload: dict[str, Any], texts: list[str]) -> Usage:
-    """One search per 100 documents, as Cohere bills; tokens of the query with every document."""
+    """One search per 100 documents, as Cohere bills, a document longer than CHUNK_TOKENS with the
+    query counting as one per chunk; tokens of the query with every document."""
     query_tokens = count_tokens(payload["query"], model.tokenizer)
-    tokens = sum(query_tokens + count_tokens(t, model.tokenizer) for t in texts)
-    return Usage(prompt_tokens=tokens, searches=-(-len(texts) // 100))
+    tokens = chunks = 0
+    for text in texts:
+        each = query_tokens + count_tokens(text, model.tokenizer)
+        tokens += each
+        chunks += max(1, -(-each // CHUNK_TOKENS))
+    return Usage(prompt_tokens=tokens, searches=-(-chunks // 100))

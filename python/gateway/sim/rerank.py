@@ -47,11 +47,14 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
         if req.get("return_documents"):
             result["document"] = {"text": texts[index]}
         results.append(result)
-    tokens = sum(count_tokens(query) + count_tokens(t) for t in texts)
+    each = [count_tokens(query) + count_tokens(t) for t in texts]
+    # As Cohere bills: a search per 100 documents, a document longer than 500 tokens with the query
+    # counting once per 500-token chunk.
+    chunks = sum(max(1, -(-n // 500)) for n in each)
     meta = {
         "api_version": {"version": "1"},
-        "billed_units": {"search_units": -(-len(texts) // 100)},
-        "tokens": {"input_tokens": tokens},
+        "billed_units": {"search_units": -(-chunks // 100)},
+        "tokens": {"input_tokens": sum(each)},
     }
     rid = "rerank-sim" + hashlib.blake2b(body, digest_size=8).hexdigest()
     return reply(200, orjson.dumps({"id": rid, "results": results, "meta": meta}))
