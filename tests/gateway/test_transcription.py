@@ -229,3 +229,13 @@ def test_compressed_audio_in_text_or_subtitles_is_billed_as_in_json(oai: openai.
     # price, which this test gateway's whisper has).
     assert costs["json"] > 0 and costs["text"] == costs["json"], costs
     assert all(costs[fmt] >= costs["json"] for fmt in formats), costs
+
+
+def test_a_streamed_transcription_is_refused_not_answered_as_json(oai: openai.OpenAI) -> None:
+    """Review: `stream` was dropped and a JSON answer sent to a client reading events (the openai
+    client yielded none, and the request was charged). Refused before anything runs."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.audio.transcriptions.create(
+            model="openai/gpt-4o-transcribe", file=("a.wav", wav(1.0)), stream=True
+        )
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "stream"

@@ -45,6 +45,12 @@ def routes(state: GatewayState) -> list[Route]:
         upload = next((p for p in parts if p.name == "file"), None)
         if upload is None or not upload.data or not upload.filename:
             raise invalid_request("`file` is required: the audio file to transcribe.", "file")
+        if any(p.name == "stream" and p.data.strip().lower() in (b"true", b"1") for p in parts):
+            # A client told it streams reads events; a JSON answer would read as none (and be paid).
+            raise invalid_request(
+                "This gateway does not stream transcriptions: leave out `stream` and read the whole answer.",
+                "stream",
+            )
         await billing.hold(state, call, model, _estimate(model, upload.data))
 
         kept = state.registry.form_parts(model, parts, REQUIRED_FIELDS["transcription"], call)
