@@ -495,6 +495,16 @@ class Gateway:
 
         assert self.with_store(go) is not None
 
+    def another_key(self, account_id: str) -> KeyHandle:
+        """A second key of an existing account."""
+
+        async def go(store: Store) -> KeyHandle:
+            key = generate_key()
+            record = await store.create_key(account_id, "another", hash_key(key), display_prefix(key), None)
+            return KeyHandle(key=key, key_id=record.id, account_id=account_id)
+
+        return self.with_store(go)
+
     def delete_key(self, key_id: str) -> None:
         async def go(store: Store) -> bool:
             return await store.delete_key(key_id)

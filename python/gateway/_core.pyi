@@ -326,7 +326,9 @@ def stamp_answer(
 # ---------------------------------------------------------------- tokens
 
 def count_tokens(text: str, encoding: _Encoding = "o200k_base") -> int:
-    """Exact BPE token count (same as OpenAI's tiktoken). Releases the GIL for long texts."""
+    """Exact BPE token count (same as OpenAI's tiktoken), but for a piece the pre-tokenizer leaves
+    whole that is longer than 1 MiB (a run of one character), counted a token a byte, its most, at
+    once rather than merged for seconds. Releases the GIL for long texts."""
 
 def count_chat_tokens(body: bytes, encoding: _Encoding = "o200k_base", image_tokens: int = 1600) -> int:
     """Prompt tokens of a chat-completions request body (the JSON object with "messages").

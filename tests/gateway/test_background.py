@@ -168,6 +168,11 @@ def test_cancel_while_queued_charges_nothing(bgw: Gateway) -> None:
     with pytest.raises(openai.BadRequestError, match="background"):
         oai.responses.delete(created.id)
     assert oai.responses.retrieve(created.id).status == "cancelled"
+    # Nor by another key of the account, which may continue its state (review: it deleted a
+    # running one upstream, and the job was lost, never charged).
+    other = client(bgw, bgw.another_key(handle.account_id).key)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        other.responses.delete(created.id)
 
 
 def test_k_background_responses_accepted_when_the_balance_allows_k_holds(bgw: Gateway) -> None:

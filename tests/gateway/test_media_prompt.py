@@ -24,14 +24,27 @@ PAGE = 3_000 + 1_600  # a PDF page's text and its image
 
 
 def _pdf(pages: int, packed: bool = False) -> bytes:
-    """A PDF with `pages` page objects, written out or compressed in an object stream (PDF 1.5)."""
-    objects = b"".join(b"%d 0 obj << /Type /Page /Parent 1 0 R >> endobj\n" % (i + 2) for i in range(pages))
+    """A PDF of `pages` pages (catalog, page tree, pages, trailer), its objects written out or
+    compressed in an object stream (PDF 1.5)."""
+    kids = " ".join(f"{i + 3} 0 R" for i in range(pages))
+    objects = [
+        (1, b"<< /Type /Catalog /Pages 2 0 R >>"),
+        (2, f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode()),
+        *((i + 3, b"<< /Type /Page /Parent 2 0 R >>") for i in range(pages)),
+    ]
+    trailer = b"trailer\n<< /Root 1 0 R >>\n%%EOF\n"
     if not packed:
-        return b"%PDF-1.4\n1 0 obj << /Type /Pages >> endobj\n" + objects
+        return b"%PDF-1.4\n" + b"".join(b"%d 0 obj\n%s\nendobj\n" % o for o in objects) + trailer
+    header, data = b"", b""
+    for number, body in objects:
+        header += b"%d %d " % (number, len(data))
+        data += body + b"\n"
     return (
-        b"%PDF-1.7\n9 0 obj << /Type /ObjStm /Filter /FlateDecode >>\nstream\n"
-        + zlib.compress(objects)
+        b"%%PDF-1.7\n9 0 obj << /Type /ObjStm /N %d /First %d /Filter /FlateDecode >>\nstream\n"
+        % (len(objects), len(header))
+        + zlib.compress(header + data)
         + b"\nendstream\nendobj\n"
+        + trailer
     )
 
 

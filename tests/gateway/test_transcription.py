@@ -206,6 +206,14 @@ def test_a_wav_whose_byte_rate_lies_is_held_by_its_frames() -> None:
     # A byte rate below the frames' (a compressed format's) is the one believed: the longer length.
     slow = honest[:28] + struct.pack("<I", 8000) + honest[32:]
     assert wav_seconds(slow) == 1200
+    # Review: a `data` size of 0 (a decoder reads to the end of the file), and a coding whose
+    # frames are not samples (ADPCM, tag 0x11) with a byte rate that lies.
+    sizeless = honest[:40] + struct.pack("<I", 0) + honest[44:]
+    assert wav_seconds(sizeless) == 600
+    adpcm = (
+        honest[:20] + struct.pack("<H", 0x11) + honest[22:28] + struct.pack("<I", 0xFFFFFFFF) + honest[32:]
+    )
+    assert wav_seconds(adpcm) == (len(honest) - 44) / 1000  # its size at 8 kbit/s
 
 
 @pytest.mark.parametrize("model", [WHISPER, "openai/gpt-4o-transcribe"])

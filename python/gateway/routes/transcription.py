@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from ..audio import wav_seconds
+from ..audio import MIN_BYTES_PER_SECOND, wav_seconds
 from ..config import ModelConfig
 from ..context import Call
 from ..core import InvalidJsonError, count_tokens, set_json_id
@@ -131,16 +131,12 @@ def _with_usage(body: bytes, usage: Usage) -> bytes:
     return orjson.dumps(data)
 
 
-# The lowest bitrate a compressed upload plausibly has (8 kbit/s): its size then bounds its length.
-MIN_AUDIO_BYTES_PER_SECOND = 1000
-
-
 def _estimate(model: ModelConfig, audio: bytes) -> Usage:
     """The most a transcription may cost: the WAV's duration (other formats: as long as their size
     allows at the lowest plausible bitrate) and the model's longest output."""
     seconds = wav_seconds(audio)
     if seconds is None:
-        seconds = len(audio) / MIN_AUDIO_BYTES_PER_SECOND
+        seconds = len(audio) / MIN_BYTES_PER_SECOND
     return Usage(seconds=math.ceil(seconds), completion_tokens=model.max_output_tokens)
 
 
@@ -152,7 +148,8 @@ def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:
     """The gateway's own measure when the upstream reports none: the duration of a WAV upload, else
     where the answer's last subtitle cue ends (other formats would need decoding), and the tokens
     of the text."""
-    seconds = wav_seconds(audio) or _last_cue_end(text.encode())
+    # The longer of the two: a WAV header cannot shorten what the subtitles show was heard.
+    seconds = max(wav_seconds(audio) or 0.0, _last_cue_end(text.encode()))
     return Usage(seconds=math.ceil(seconds), completion_tokens=count_tokens(text, model.tokenizer))
 
 

@@ -75,12 +75,26 @@ impl Encoding {
     }
 }
 
+/// The longest piece (a run the pre-tokenizer does not split: one character repeated, a blob with
+/// no space) merged exactly. Merging takes about a second a megabyte of such a run, which a hostile
+/// body of a few megabytes would make seconds of a worker's time (review: a 9 MB run held a worker
+/// 5 s); a longer one is counted a token a byte, the most it can be (every token is a byte or more).
+pub const MAX_EXACT_PIECE_BYTES: usize = 1 << 20;
+
+/// The text's tokens, as tiktoken counts them (but for pieces over MAX_EXACT_PIECE_BYTES).
 pub fn count_tokens(text: &str, encoding: Encoding) -> Result<usize> {
     if text.is_empty() {
         return Ok(0);
     }
     let tokenizer = encoding.tokenizer()?;
-    Ok(tokenizer.splitter.pieces(text).map(|piece| tokenizer.vocab.count_piece(piece.as_bytes())).sum())
+    Ok(tokenizer
+        .splitter
+        .pieces(text)
+        .map(|piece| match piece.len() {
+            n if n > MAX_EXACT_PIECE_BYTES => n,
+            _ => tokenizer.vocab.count_piece(piece.as_bytes()),
+        })
+        .sum())
 }
 
 /// OpenAI's accounting for chat prompts: per message 3 tokens plus every string field's tokens
@@ -153,15 +167,14 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
     Ok(total)
 }
 
-/// One part of an array content: its text; an image, audio or a file, as crate::media holds them;
-/// the message shape's tool blocks, what they carry (a call's input as JSON, a result's content,
-/// text or parts); a refusal, its text. Any other part (a search result, a tool call or its
-/// output given as a Responses item, a block this count does not know) is counted whole, as its
-/// JSON text: what it carries reaches the model, and the provider bills it.
+/// One part of an array content, by its type first: a text part, its text; an image, audio or a
+/// file, as crate::media holds them; the message shape's tool blocks, what they carry (a call's
+/// input as JSON, a result's content, text or parts); a Responses tool output, its output (text or
+/// parts, its images and files held as such); a refusal, its text. Any other part (a search
+/// result, a tool call, a block this count does not know) is counted whole, as its JSON text: what
+/// it carries reaches the model, and the provider bills it. A `text` beside a part of another type
+/// counts too (a translation may drop the key, never the image).
 fn count_part(part: &Value, encoding: Encoding, image_tokens: usize, inflation: &media::Inflation) -> Result<usize> {
-    if let Some(Value::String(text)) = part.get("text") {
-        return count_tokens(text, encoding);
-    }
     let count_blocks = |blocks: &[Value]| -> Result<usize> {
         let mut total = 0;
         for block in blocks {
@@ -169,24 +182,34 @@ fn count_part(part: &Value, encoding: Encoding, image_tokens: usize, inflation: 
         }
         Ok(total)
     };
-    match part.get("type").and_then(Value::as_str) {
-        Some("image_url" | "image" | "input_image") => Ok(image_tokens),
-        Some("input_audio") => Ok(media::audio_tokens(part)),
+    let said = part.get("text").and_then(Value::as_str);
+    let text = said.map_or(Ok(0), |text| count_tokens(text, encoding))?;
+    let rest = match part.get("type").and_then(Value::as_str) {
+        Some("text" | "input_text" | "output_text") => 0,
+        None if said.is_some() => 0,
+        Some("image_url" | "image" | "input_image") => image_tokens,
+        Some("input_audio") => media::audio_tokens(part),
         Some("file" | "input_file" | "document") => {
-            media::file_tokens(part, image_tokens, inflation, |text| count_tokens(text, encoding), count_blocks)
+            media::file_tokens(part, image_tokens, inflation, |text| count_tokens(text, encoding), count_blocks)?
         }
-        Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding)),
+        Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding))?,
         Some("tool_result") => match part.get("content") {
-            Some(Value::String(text)) => count_tokens(text, encoding),
-            Some(Value::Array(inner)) => count_blocks(inner),
-            _ => Ok(0),
+            Some(Value::String(text)) => count_tokens(text, encoding)?,
+            Some(Value::Array(inner)) => count_blocks(inner)?,
+            _ => 0,
+        },
+        Some("function_call_output") => match part.get("output") {
+            Some(Value::String(text)) => count_tokens(text, encoding)?,
+            Some(Value::Array(inner)) => count_blocks(inner)?,
+            _ => count_json(part, encoding)?,
         },
         Some("refusal") => match part.get("refusal") {
-            Some(Value::String(text)) => count_tokens(text, encoding),
-            _ => count_json(part, encoding),
+            Some(Value::String(text)) => count_tokens(text, encoding)?,
+            _ => count_json(part, encoding)?,
         },
-        _ => count_json(part, encoding),
-    }
+        _ => count_json(part, encoding)?,
+    };
+    Ok(text + rest)
 }
 
 fn count_json(value: &Value, encoding: Encoding) -> Result<usize> {
@@ -274,6 +297,16 @@ mod tests {
     }
 
     #[test]
+    fn a_run_past_the_exact_limit_counts_a_token_a_byte() {
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            let run = "a".repeat(MAX_EXACT_PIECE_BYTES + 1);
+            assert_eq!(count(&run, encoding), run.len());
+            let exact = "a".repeat(MAX_EXACT_PIECE_BYTES);
+            assert!(count(&exact, encoding) < exact.len() / 2);
+        }
+    }
+
+    #[test]
     fn unknown_encoding() {
         assert_eq!("gpt2".parse::<Encoding>(), Err(CoreError::UnknownEncoding("gpt2".into())));
     }
@@ -328,8 +361,10 @@ mod tests {
         let found = r#"{"type":"search_result","source":"s","title":"t","content":[{"type":"text","text":"many words of it"}]}"#;
         let compact = |text: &str| serde_json::from_str::<Value>(text).unwrap().to_string();
         assert_eq!(with(found), count(&compact(found), e));
-        let output = r#"{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"big"}]}"#;
-        assert_eq!(with(output), count(&compact(output), e));
+        let output = r#"{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"big"},{"type":"input_image","image_url":"x"}]}"#;
+        assert_eq!(with(output), count("big", e) + IMAGE_PART_TOKENS);
+        // An image with a `text` beside it is an image still (review: it was held as its text).
+        assert_eq!(with(r#"{"type":"image_url","image_url":{"url":"x"},"text":""}"#), IMAGE_PART_TOKENS);
         assert_eq!(with(r#"{"type":"refusal","refusal":"I will not"}"#), count("I will not", e));
         assert_eq!(with(r#""a bare string""#), count(r#""a bare string""#, e));
     }
