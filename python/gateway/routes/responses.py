@@ -162,7 +162,10 @@ def routes(state: GatewayState) -> list[Route]:
         )
         if kept is not None:
             return Response(kept.body, media_type="application/json")
-        return _job_response(await owned_job(state, request, "response", "response_id", "stored response"))
+        job = await state.store.get_job(request.path_params["response_id"], ctx.key.id, "response")
+        if job is None:  # in OpenAI's words, as DELETE says it
+            raise not_found_response(request.path_params["response_id"])
+        return _job_response(job)
 
     async def delete(request: Request) -> Response:
         """DELETE /v1/responses/{id} (the openai client's responses.delete), as OpenAI answers it. A
@@ -180,7 +183,7 @@ def routes(state: GatewayState) -> list[Route]:
                 )
             held = await state.store.find_response(response_id, account, now_ms())
             if held is None:
-                raise GatewayError("not_found", f"Response with id {quoted_id(response_id)} not found.")
+                raise not_found_response(response_id)
             await jobs.delete(state, _holder(state, held), f"/responses/{held.upstream_id}")
             await state.store.forget_response(response_id, account)
         body = {"id": response_id, "object": "response", "deleted": True}
@@ -302,6 +305,10 @@ def _validate(payload: dict[str, Any]) -> None:
     for flag in ("stream", "background", "store"):
         if flag in payload and not isinstance(payload[flag], bool | None):
             raise invalid_request(f"`{flag}` must be a boolean.", flag)
+
+
+def not_found_response(response_id: str) -> GatewayError:
+    return GatewayError("not_found", f"Response with id {quoted_id(response_id)} not found.")
 
 
 async def _a_background_response(state: GatewayState, account_id: str, response_id: str) -> bool:
