@@ -79,10 +79,16 @@ def cap_output(received: frozenset[str], model: ModelConfig, body: dict[str, Any
       larger, would decide how much it produces and is charged for. (The default max_output_tokens
       is not sent unasked: it may be more than the model takes, and its upstream would refuse
       every such request.)"""
-    taken = next((name for name in limits if name in received), None)
-    given = next((body[name] for name in limits if body.get(name) is not None), None)
+    given = None
+    for name in limits:  # a loop, not next(generator): this runs on every text request
+        given = body.get(name)
+        if given is not None:
+            break
+    taken = None
+    if given is not None or model.max_output_tokens_set:
+        taken = next((name for name in limits if name in received), None)
     if given is None:
-        if taken is not None and model.max_output_tokens_set:
+        if taken is not None:
             body[taken] = model.max_output_tokens
         return
     if positive_int(given) is None:
