@@ -6,9 +6,9 @@
 //! - audio: its length (a WAV's header, else its size at 8 kbit/s, the lowest plausible bitrate) at
 //!   AUDIO_TOKENS_PER_SECOND;
 //! - a file: a PDF at PAGE_TEXT_TOKENS plus one image per page (Anthropic and OpenAI bill a page as
-//!   its text and its picture), its pages counted from its page objects, object streams included;
-//!   other data as its text (or a token a byte, if it is not text); a file named by id or URL, whose
-//!   bytes the gateway does not see, or a PDF whose pages cannot be read, at MAX_FILE_PAGES pages.
+//!   its text and its picture), its pages the leaves of its page tree (pdf_pages); other data as
+//!   its text (or a token a byte, if it is not text); a file named by id or URL, whose bytes the
+//!   gateway does not see, or a PDF whose tree cannot be walked, at MAX_FILE_PAGES pages at least.
 
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
