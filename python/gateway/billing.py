@@ -135,6 +135,17 @@ async def hold(
         raise refused.explained(model.prices, estimate, state.registry.forwarded_params(model)) from None
 
 
+async def check_input_covered(state: GatewayState, call: Call, model: ModelConfig) -> None:
+    """Before a large input is counted (routes/text.count_input): refuse at once a key whose money
+    cannot cover even its first token; nothing stays held. Counting takes a thread up to seconds,
+    which a key with nothing left would otherwise have for free, again and again (review)."""
+    try:
+        held = await state.funds.hold(call.ctx, cost(model.prices, Usage(prompt_tokens=1)))
+    except NotCovered as refused:
+        raise refused.before_input() from None
+    state.funds.release(held, ZERO)
+
+
 async def check_output_covered(
     state: GatewayState, call: Call, model: ModelConfig, output_only: Usage, now_ms: int | None = None
 ) -> None:

@@ -100,6 +100,14 @@ class NotCovered(GatewayError):
         left = f"${format_cost(self.available)}" if self.available > 0 else "nothing"
         return f"{where} {left} available"
 
+    def before_input(self) -> GatewayError:
+        """The refusal of a large input's count (routes/text.count_input): the money left would not
+        cover even its first token, so it is not counted at all."""
+        code, remedy = _REMEDY[self.kind]
+        return GatewayError(
+            code, f"This request's input costs more than is left: {self._what_is_available()}. {remedy}"
+        )
+
     def before_prompt(self) -> GatewayError:
         """The same refusal of a hold made before the request's prompt was counted (its output
         alone, `amount`): the prompt would only add to it."""

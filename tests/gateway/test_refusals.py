@@ -286,10 +286,16 @@ def test_other_endpoints_count_a_large_input_while_the_worker_serves_others(
     gw: Gateway, path: str, body: dict[str, object]
 ) -> None:
     """Review: a 9 MB embeddings, rerank or image input was counted on the event loop, and every
-    request of the worker waited seconds for it. Counted in a thread now: a key with nothing left
-    has its refusal after the count, and meanwhile the worker answers others."""
-    broke, paying = gw.new_key(balance="0"), gw.new_key()
-    with gw.client(broke.key) as c, small_requests(gw, paying.key) as small:
+    request of the worker waited seconds for it. Counted in a thread now: a key with too little
+    has its refusal after the count, and meanwhile the worker answers others; a key with nothing
+    left at all is refused before anything is counted."""
+    broke = gw.new_key(balance="0")
+    with gw.client(broke.key) as c:
+        r = c.post(path, json=body, timeout=120)
+    assert r.status_code == 400 and "input costs more than is left" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["code"] == "insufficient_credits"
+    short, paying = gw.new_key(balance="0.00001"), gw.new_key()  # a few tokens' worth
+    with gw.client(short.key) as c, small_requests(gw, paying.key) as small:
         time.sleep(0.3)  # the small requests under way
         started = time.monotonic()
         r = c.post(path, json=body, timeout=120)

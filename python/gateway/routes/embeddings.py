@@ -18,7 +18,7 @@ from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body, resolve_model
-from .text import count_prompt
+from .text import count_input
 from .upstream import CHAT_ANSWER, forward_plain
 
 
@@ -27,7 +27,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = resolve_model(state, call, payload.get("model"), "embedding")
         inputs = _inputs(payload.get("input"))
-        counted = await count_prompt(request, lambda: _counted_usage(model, inputs))
+        counted = await count_input(state, request, call, model, lambda: _counted_usage(model, inputs))
         await billing.hold(state, call, model, counted)
         upstream = state.registry.channel_body(model, payload, call)
         # OpenAI's embeddings answer has no id; the gateway adds one (spec 2.4), for the usage lookup.

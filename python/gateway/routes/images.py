@@ -36,7 +36,7 @@ from ..state import GatewayState
 from . import image_files
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
-from .text import count_prompt
+from .text import count_input
 from .upstream import call_upstream
 
 IMAGE_FIELDS = ("image", "image[]")  # one image, or several as the openai client sends a list
@@ -68,7 +68,10 @@ def routes(state: GatewayState) -> list[Route]:
         order = _order(payload.get("n"), payload.get("size"), payload.get("quality"))
         await safety.check(state, request, call, model, payload)
         await billing.hold(
-            state, call, model, await count_prompt(request, lambda: _estimate(model, prompt, order))
+            state,
+            call,
+            model,
+            await count_input(state, request, call, model, lambda: _estimate(model, prompt, order)),
         )
         upstream_body = state.registry.channel_body(model, payload, call)
         asked = payload.get("response_format")
@@ -92,7 +95,10 @@ def routes(state: GatewayState) -> list[Route]:
             order = replace(order, source_area=_largest_area(p.data for p in parts if p.name in UPLOADS))
         await safety.check(state, request, call, model, fields)
         await billing.hold(
-            state, call, model, await count_prompt(request, lambda: _estimate(model, prompt, order))
+            state,
+            call,
+            model,
+            await count_input(state, request, call, model, lambda: _estimate(model, prompt, order)),
         )
         kept = state.registry.form_parts(model, parts, EDIT_FIELDS, call)
         upstream_body, form_type = channel_form(_form_part(p) for p in kept)

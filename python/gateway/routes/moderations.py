@@ -18,7 +18,7 @@ from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body, resolve_model
-from .text import count_prompt
+from .text import count_input
 from .upstream import CHAT_ANSWER, forward_plain
 
 # The model of a request that names none: OpenAI's default, `openai/omni-moderation-latest` here
@@ -34,8 +34,8 @@ def routes(state: GatewayState) -> list[Route]:
         model = resolve_model(state, call, named, "moderation")
         texts = input_texts(payload.get("input"))
         counted = Usage(
-            prompt_tokens=await count_prompt(
-                request, lambda: sum(count_tokens(t, model.tokenizer) for t in texts)
+            prompt_tokens=await count_input(
+                state, request, call, model, lambda: sum(count_tokens(t, model.tokenizer) for t in texts)
             )
         )
         await billing.hold(state, call, model, counted)

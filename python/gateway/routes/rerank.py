@@ -23,7 +23,7 @@ from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body, resolve_model
-from .text import count_prompt
+from .text import count_input
 from .upstream import forward_plain, stamped_answer
 
 
@@ -32,7 +32,7 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = resolve_model(state, call, payload.get("model"), "rerank")
         texts = _validate(payload)
-        counted = await count_prompt(request, lambda: _counted(model, payload, texts))
+        counted = await count_input(state, request, call, model, lambda: _counted(model, payload, texts))
         await billing.hold(state, call, model, counted)
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("rerank-")

@@ -20,7 +20,7 @@ from ..pricing import Usage, cost, format_cost
 from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body, resolve_model
-from .text import count_prompt
+from .text import count_input
 from .upstream import open_stream
 
 MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
@@ -36,7 +36,9 @@ def routes(state: GatewayState) -> list[Route]:
         await safety.check(state, request, call, model, payload)
         # The cost depends on the input alone: known before the model runs.
         usage = Usage(
-            prompt_tokens=await count_prompt(request, lambda: count_tokens(text, model.tokenizer)),
+            prompt_tokens=await count_input(
+                state, request, call, model, lambda: count_tokens(text, model.tokenizer)
+            ),
             characters=len(text),
         )
         await billing.hold(state, call, model, usage)

@@ -66,6 +66,17 @@ async def check_and_hold(
     return prompt
 
 
+async def count_input(
+    state: GatewayState, request: Request, call: Call, model: ModelConfig, counted: Callable[[], T]
+) -> T:
+    """count_prompt for the endpoints whose cost is their input (embeddings, rerank, images,
+    moderations, speech): a large body is counted only once the money covers its first token."""
+    if _is_large(request):
+        await billing.check_input_covered(state, call, model)
+        return await _count_in_thread(counted)
+    return counted()
+
+
 async def count_prompt(request: Request, counted: Callable[[], T]) -> T:
     """`counted()` (a prompt's tokens, or a request's whole usage), in the counting threads when
     the request's body is large: a 10 MB input counts for seconds, which the event loop, and every
