@@ -128,7 +128,10 @@ class NotCovered(GatewayError):
         remedy = remedy[0].lower() + remedy[1:]
         largest = largest_output(prices, estimate, self.usable)
         if largest < 1:
-            prompt = cost(prices, Usage(prompt_tokens=estimate.prompt_tokens))
+            prompt = cost(
+                prices,
+                Usage(prompt_tokens=estimate.prompt_tokens, cache_write_tokens=estimate.cache_write_tokens),
+            )
             message = (
                 f"{self._situation()} That does not cover its prompt (${format_cost(prompt)}) with"
                 f" any output: shorten it, or {remedy}"
@@ -154,6 +157,8 @@ def largest_output(prices: Prices, estimate: TextEstimate, available: Decimal) -
                 prompt_tokens=estimate.prompt_tokens,
                 completion_tokens=output,
                 reasoning_tokens=output if estimate.reasoning_tokens else 0,
+                # As the hold prices the prompt: at the cache-write price where that is dearer.
+                cache_write_tokens=estimate.cache_write_tokens,
             ),
         )
         return amount <= available and (amount > 0 or available > 0)
