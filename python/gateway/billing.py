@@ -12,6 +12,7 @@ handler left open is released then, so no hold leaks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from .config import ModelConfig
 from .context import Call
 from .core import count_tokens
-from .errors import invalid_request
+from .errors import GatewayError, invalid_request
 from .estimates import TextEstimate
 from .frozen import frozen
 from .funds import ZERO, NotCovered
@@ -139,11 +140,7 @@ async def check_input_covered(state: GatewayState, call: Call, model: ModelConfi
     """Before a large input is counted (routes/text.count_input): refuse at once a key whose money
     cannot cover even its first token; nothing stays held. Counting takes a thread up to seconds,
     which a key with nothing left would otherwise have for free, again and again (review)."""
-    try:
-        held = await state.funds.hold(call.ctx, cost(model.prices, Usage(prompt_tokens=1)))
-    except NotCovered as refused:
-        raise refused.before_input() from None
-    state.funds.release(held, ZERO)
+    await _check_covered(state, call, cost(model.prices, Usage(prompt_tokens=1)), NotCovered.before_input)
 
 
 async def check_output_covered(
@@ -151,10 +148,21 @@ async def check_output_covered(
 ) -> None:
     """Before a large prompt is counted (routes/text.py): refuse at once, as `hold` would after the
     count, when the money cannot cover even the output the request allows; nothing stays held."""
+    await _check_covered(state, call, cost(model.prices, output_only), NotCovered.before_prompt, now_ms)
+
+
+async def _check_covered(
+    state: GatewayState,
+    call: Call,
+    amount: Decimal,
+    refusal: Callable[[NotCovered], GatewayError],
+    now_ms: int | None = None,
+) -> None:
+    """Whether the money covers `amount` now, held and released at once; `refusal` says why not."""
     try:
-        held = await state.funds.hold(call.ctx, cost(model.prices, output_only), now_ms)
+        held = await state.funds.hold(call.ctx, amount, now_ms)
     except NotCovered as refused:
-        raise refused.before_prompt() from None
+        raise refusal(refused) from None
     state.funds.release(held, ZERO)
 
 

@@ -321,12 +321,17 @@ async def _a_background_response(state: GatewayState, account_id: str, response_
     return False
 
 
+def _channel_at(model: ModelConfig, held: ResponseState) -> ChannelConfig | None:
+    """The model's channel at the upstream that holds a response's state, if it still has one."""
+    return next((c for c in model.channels if c.base_url == held.channel_url), None)
+
+
 def _holder(state: GatewayState, held: ResponseState) -> ChannelConfig:
     """The channel whose upstream holds a response's state, of the model that made it."""
     model = state.registry.get(held.model)
-    for channel in model.channels if model is not None else ():
-        if channel.base_url == held.channel_url:
-            return channel
+    channel = _channel_at(model, held) if model is not None else None
+    if channel is not None:
+        return channel
     raise invalid_request(
         f"Response {quoted_id(held.id)} is kept by an upstream of {held.model!r} that the configuration"
         " no longer names: the gateway cannot reach it."
@@ -335,9 +340,9 @@ def _holder(state: GatewayState, held: ResponseState) -> ChannelConfig:
 
 def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
     """The model's channel on the upstream that holds the previous response's state."""
-    for channel in model.channels:
-        if channel.base_url == held.channel_url:
-            return channel
+    channel = _channel_at(model, held)
+    if channel is not None:
+        return channel
     raise invalid_request(
         f"Response {held.id!r} was made by {held.model!r}, whose upstream holds its state; "
         f"{model.name!r} cannot reach it. Continue the conversation with {held.model!r}.",
