@@ -291,6 +291,17 @@ class StreamUsage:
     @property
     def reasoning_tokens(self) -> int:
         """usage.completion_tokens_details.reasoning_tokens, 0 when absent."""
+    @property
+    def audio_prompt_tokens(self) -> int:
+        """Of prompt_tokens, the audio's: usage.prompt_tokens_details.audio_tokens, 0 when absent."""
+    @property
+    def audio_completion_tokens(self) -> int:
+        """Of completion_tokens, the audio's: usage.completion_tokens_details.audio_tokens, 0 when
+        absent."""
+    @property
+    def cache_write_1h_tokens(self) -> int:
+        """Of cache_write_tokens, those kept an hour: a message's
+        usage.cache_creation.ephemeral_1h_input_tokens (never more than the writes), 0 when absent."""
 
 def parse_chat_usage(body: bytes) -> StreamUsage | None:
     """`usage` of a whole (non-streamed) chat completion body; None when absent or null.
@@ -341,6 +352,11 @@ def count_chat_tokens(body: bytes, encoding: _Encoding = "o200k_base", image_tok
     `document`) by their pages if PDF (3,000 + `image_tokens` a page; 100 pages when unseen), else
     their text. Raises InvalidJsonError on a body that is not a JSON object with a "messages" array.
     """
+
+def count_prompt_tokens(
+    body: bytes, encoding: _Encoding = "o200k_base", image_tokens: int = 1600
+) -> tuple[int, int]:
+    """count_chat_tokens's count and, of it, the audio parts' tokens: (tokens, audio_tokens)."""
 
 # ---------------------------------------------------------------- rate limiting
 

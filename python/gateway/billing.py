@@ -30,12 +30,18 @@ from .store import Job, RequestLog, UsageRecord
 
 
 def estimate_usage(
-    model: ModelConfig, prompt_tokens: int, payload: dict[str, Any] | None = None, *limits: str
+    model: ModelConfig,
+    prompt_tokens: int,
+    payload: dict[str, Any] | None = None,
+    *limits: str,
+    audio_tokens: int = 0,
 ) -> Usage:
     """The most a text request may consume: its whole prompt and as much output as it may produce
     (the first of the request's `limits` parameters it sets, never more than the model's
-    max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearer
-    of the output and reasoning prices, the prompt at the dearer of the input and cache-write ones.
+    max_output_tokens, for each of the `n` choices it asks for), all of that output at the dearest
+    price it may be billed at (output, reasoning, or audio output when the request asks for audio),
+    the prompt at the dearest of the input and cache-write prices (the hour's too), and the
+    prompt's `audio_tokens` at the audio input price where that is dearer still.
     A limit above max_output_tokens counts as max_output_tokens: the upstream is sent no more
     (cap_output). It knows which of `limits` the request set, so that a refusal can name the
     largest value that fits (gateway.estimates). A limit or `n` that is set (not null) but not a
@@ -43,6 +49,7 @@ def estimate_usage(
     upstream that took `"n": "8"` would produce eight times what was held."""
     output, limit_set = model.max_output_tokens, None
     choices = 1
+    speaks = False
     if payload is not None:
         for name in limits:
             value = _count_param(payload, name)
@@ -50,15 +57,33 @@ def estimate_usage(
                 output = value if value < output else output  # not min(): 10x the instructions
                 limit_set = name
         choices = _count_param(payload, "n") or 1
+        modalities = payload.get("modalities")
+        speaks = isinstance(modalities, list) and "audio" in modalities
     output *= choices
     prices = model.prices
-    reasoning = output if prices.reasoning > prices.output else 0
+    # Of the output, held at the dearest price it may be billed at (cost() takes reasoning first,
+    # then audio, then text: one of them is the whole output).
+    reasoning = audio_output = 0
+    if speaks and prices.audio_output > prices.output and prices.audio_output > prices.reasoning:
+        audio_output = output
+    elif prices.reasoning > prices.output:
+        reasoning = output
+    # Of the prompt: its audio at the audio price where that is dearest; the rest (or all of it) at
+    # the dearest write price where that is dearer than input: the whole prompt may be written to
+    # the provider's cache, for an hour where the request asks for that.
+    write = prices.cache_write_1h if prices.cache_write_1h > prices.cache_write else prices.cache_write
+    audio = 0
+    if audio_tokens and prices.audio_input > prices.input and prices.audio_input > write:
+        audio = audio_tokens if audio_tokens < prompt_tokens else prompt_tokens
+    written = prompt_tokens - audio if write > prices.input else 0
     return TextEstimate(
         prompt_tokens=prompt_tokens,
         completion_tokens=output,
         reasoning_tokens=reasoning,
-        # The whole prompt may be written to the provider's cache, where that costs more.
-        cache_write_tokens=prompt_tokens if prices.cache_write > prices.input else 0,
+        cache_write_tokens=written,
+        audio_prompt_tokens=audio,
+        cache_write_1h_tokens=written if prices.cache_write_1h > prices.cache_write else 0,
+        audio_completion_tokens=audio_output,
         limits=limits,
         limit_set=limit_set,
         choices=choices,

@@ -110,8 +110,8 @@ KNOWN_SETTINGS: Final[Mapping[str, frozenset[str]]] = {
         "background": "poll_seconds max_job_seconds file_ttl_seconds",
         "models": "name type tokenizer max_output_tokens image_tokens supported_params safety prices "
         "channels",
-        "models.prices": "input cached_input cache_write output reasoning search character second minute "
-        "image images",
+        "models.prices": "input cached_input cache_write cache_write_1h audio_input image_input output "
+        "reasoning audio_output search character second minute image images",
         "models.channels": "provider base_url model api_key_env name weight priority max_concurrency "
         "api_version tenant_id client_id client_secret_env token_url entra_auth federated_token_file region "
         "aws_profile project location credentials_file",
@@ -128,13 +128,19 @@ class Prices:
     """Exact US dollars: per one million tokens of each kind, per search unit (rerank), per one
     million characters of input (speech), per second and per minute of audio (transcription; both
     may be set, billed on the seconds), and per image: by size and quality where `images` names
-    them ("1024x1024/hd", or a size alone), else `image`."""
+    them ("1024x1024/hd", or a size alone), else `image`. The kinds of token some models price
+    apart (audio, an edit's input images, hour-long cache writes) default, when parsed, to the
+    price of the kind they are part of."""
 
     input: Decimal = Decimal(0)
     cached_input: Decimal = Decimal(0)
     cache_write: Decimal = Decimal(0)  # prompt tokens written to the provider's cache
+    cache_write_1h: Decimal = Decimal(0)  # of those, kept an hour (Anthropic's ttl "1h")
+    audio_input: Decimal = Decimal(0)  # prompt tokens of audio (prompt_tokens_details.audio_tokens)
+    image_input: Decimal = Decimal(0)  # an image edit's input image tokens (GPT image models)
     output: Decimal = Decimal(0)
     reasoning: Decimal = Decimal(0)
+    audio_output: Decimal = Decimal(0)  # output tokens of audio (completion_tokens_details.audio_tokens)
     search: Decimal = Decimal(0)
     character: Decimal = Decimal(0)
     second: Decimal = Decimal(0)
@@ -1089,12 +1095,17 @@ def _channel_url(raw: Mapping[str, Any], where: str) -> str:
 def _prices(raw: Mapping[str, Any], where: str) -> Prices:
     input_ = _money(raw.get("input", 0), f"{where}.input")
     output = _money(raw.get("output", 0), f"{where}.output")
+    cache_write = _money(raw.get("cache_write", input_), f"{where}.cache_write")
     return Prices(
         input=input_,
         cached_input=_money(raw.get("cached_input", input_), f"{where}.cached_input"),
-        cache_write=_money(raw.get("cache_write", input_), f"{where}.cache_write"),
+        cache_write=cache_write,
+        cache_write_1h=_money(raw.get("cache_write_1h", cache_write), f"{where}.cache_write_1h"),
+        audio_input=_money(raw.get("audio_input", input_), f"{where}.audio_input"),
+        image_input=_money(raw.get("image_input", input_), f"{where}.image_input"),
         output=output,
         reasoning=_money(raw.get("reasoning", output), f"{where}.reasoning"),
+        audio_output=_money(raw.get("audio_output", output), f"{where}.audio_output"),
         search=_money(raw.get("search", 0), f"{where}.search"),
         character=_money(raw.get("character", 0), f"{where}.character"),
         second=_money(raw.get("second", 0), f"{where}.second"),

@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Final
 
@@ -129,8 +129,7 @@ class NotCovered(GatewayError):
         largest = largest_output(prices, estimate, self.usable)
         if largest < 1:
             prompt = cost(
-                prices,
-                Usage(prompt_tokens=estimate.prompt_tokens, cache_write_tokens=estimate.cache_write_tokens),
+                prices, replace(estimate, completion_tokens=0, reasoning_tokens=0, audio_completion_tokens=0)
             )
             message = (
                 f"{self._situation()} That does not cover its prompt (${format_cost(prompt)}) with"
@@ -151,14 +150,14 @@ def largest_output(prices: Prices, estimate: TextEstimate, available: Decimal) -
 
     def covered(per_choice: int) -> bool:
         output = per_choice * estimate.choices
+        # As the hold prices it (the prompt's kinds as they are; the output at its dearest kind).
         amount = cost(
             prices,
-            Usage(
-                prompt_tokens=estimate.prompt_tokens,
+            replace(
+                estimate,
                 completion_tokens=output,
                 reasoning_tokens=output if estimate.reasoning_tokens else 0,
-                # As the hold prices the prompt: at the cache-write price where that is dearer.
-                cache_write_tokens=estimate.cache_write_tokens,
+                audio_completion_tokens=output if estimate.audio_completion_tokens else 0,
             ),
         )
         return amount <= available and (amount > 0 or available > 0)

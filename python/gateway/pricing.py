@@ -27,7 +27,10 @@ _FOUR_FIGURES = Context(prec=4, rounding=ROUND_HALF_UP)
 class Usage:
     """What a request consumed. completion_tokens includes reasoning_tokens, prompt_tokens includes
     cached_tokens (read from the provider's cache), as in the OpenAI usage object, and
-    cache_write_tokens (written to it: Anthropic's and Bedrock's cache writes)."""
+    cache_write_tokens (written to it: Anthropic's and Bedrock's cache writes). The kinds some
+    models price apart are parts too: of the prompt, its audio (audio_prompt_tokens) and an image
+    edit's input images (image_prompt_tokens); of the cache writes, those kept an hour
+    (cache_write_1h_tokens); of the output, its audio (audio_completion_tokens)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -40,6 +43,10 @@ class Usage:
     images: int = 0  # images generated or edited
     image_size: str | None = None  # as the request asked (prices may differ by size and quality)
     image_quality: str | None = None
+    audio_prompt_tokens: int = 0
+    image_prompt_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    audio_completion_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -60,16 +67,32 @@ class ReportedUsage(Protocol):
     def reasoning_tokens(self) -> int: ...
     @property
     def cache_write_tokens(self) -> int: ...
+    @property
+    def audio_prompt_tokens(self) -> int: ...
+    @property
+    def audio_completion_tokens(self) -> int: ...
+    @property
+    def cache_write_1h_tokens(self) -> int: ...
 
 
 def reported_usage(reported: ReportedUsage) -> Usage:
-    # Positional (Usage's first five fields): a dataclass made with keywords costs ~0.13 us more.
+    # Positional (Usage's fields in order): a dataclass made with keywords costs ~0.13 us more.
     return Usage(
         reported.prompt_tokens,
         reported.completion_tokens,
         reported.cached_tokens,
         reported.reasoning_tokens,
         reported.cache_write_tokens,
+        0,  # searches
+        0,  # characters
+        0,  # seconds
+        0,  # images
+        None,  # image_size
+        None,  # image_quality
+        reported.audio_prompt_tokens,
+        0,  # image_prompt_tokens
+        reported.cache_write_1h_tokens,
+        reported.audio_completion_tokens,
     )
 
 
@@ -77,7 +100,11 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
     """What `usage` costs at `prices`, exact, rounded to 4 significant figures. Only the kinds the
     request consumed are computed (a chat request: two products), which is the same sum: this runs
     twice a request (the hold's estimate and the charge). Conditional expressions, not min(): the
-    builtin costs ~1,100 instructions a call, ten times as much (benches/instructions.py)."""
+    builtin costs ~1,100 instructions a call, ten times as much (benches/instructions.py).
+
+    A part an upstream reports larger than what it is part of is taken as all of it: cached, then
+    written, of the prompt; audio, then images, of the rest (fresh input); the hour's of the
+    writes; reasoning, then audio, of the output."""
     prompt, completion = usage.prompt_tokens, usage.completion_tokens
     cached = usage.cached_tokens if usage.cached_tokens < prompt else prompt
     unread = prompt - cached
@@ -85,13 +112,28 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
     reasoning = usage.reasoning_tokens if usage.reasoning_tokens < completion else completion
     per_million = ZERO
     if prompt:
-        per_million += (prompt - cached - written) * prices.input
+        fresh = prompt - cached - written
+        if usage.audio_prompt_tokens or usage.image_prompt_tokens:
+            audio = usage.audio_prompt_tokens if usage.audio_prompt_tokens < fresh else fresh
+            fresh -= audio
+            images = usage.image_prompt_tokens if usage.image_prompt_tokens < fresh else fresh
+            fresh -= images
+            per_million += audio * prices.audio_input + images * prices.image_input
+        per_million += fresh * prices.input
     if cached:
         per_million += cached * prices.cached_input
     if written:
-        per_million += written * prices.cache_write
+        hour = usage.cache_write_1h_tokens if usage.cache_write_1h_tokens < written else written
+        per_million += (written - hour) * prices.cache_write
+        if hour:
+            per_million += hour * prices.cache_write_1h
     if completion:
-        per_million += (completion - reasoning) * prices.output
+        spoken = 0
+        if usage.audio_completion_tokens:
+            rest = completion - reasoning
+            spoken = usage.audio_completion_tokens if usage.audio_completion_tokens < rest else rest
+            per_million += spoken * prices.audio_output
+        per_million += (completion - reasoning - spoken) * prices.output
     if reasoning:
         per_million += reasoning * prices.reasoning
     if usage.characters:

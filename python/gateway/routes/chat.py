@@ -15,7 +15,7 @@ from ..config import ModelConfig
 from ..context import Call
 from ..core import (
     ChatStreamRewriter,
-    count_chat_tokens,
+    count_prompt_tokens,
     count_tokens,
 )
 from ..errors import invalid_request
@@ -64,7 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             payload,
             "chat",
-            lambda: count_chat_tokens(raw, model.tokenizer, model.image_tokens),
+            lambda: count_prompt_tokens(raw, model.tokenizer, model.image_tokens),
             "max_completion_tokens",
             "max_tokens",
         )

@@ -90,6 +90,8 @@ def routes(state: GatewayState) -> list[Route]:
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
+        # Its source images are input too (GPT image models bill them as image tokens).
+        order = replace(order, sources=sum(p.name in IMAGE_FIELDS for p in parts))
         if order.size is None:
             # Left to the model, an edit's size may follow its source: held at the largest given.
             order = replace(order, source_area=_largest_area(p.data for p in parts if p.name in UPLOADS))
@@ -256,6 +258,7 @@ class ImageOrder:
     quality: str | None
     # An edit's largest source image's area in pixels, when no size is asked for (None: unknown).
     source_area: int | None = None
+    sources: int = 0  # an edit's source images
 
 
 def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
@@ -270,13 +273,17 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
 
 def _estimate(model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
     """The most an image request may cost: its images at their price (at the dearest variant the
-    model has when size or quality is left to the model), the prompt's tokens and the most output
-    its images may take in tokens (GPT image models bill their output as tokens): _output_bound."""
+    model has when size or quality is left to the model), the prompt's tokens, an edit's source
+    images at the model's `image_tokens` each (at the image input price where that is dearer than
+    input), and the most output its images may take in tokens (GPT image models bill their output
+    as tokens): _output_bound."""
     size, quality = order.size, order.quality
     if size is None or quality is None:
         size, quality = _dearest_variant(model.prices, size, quality)
+    sources = order.sources * model.image_tokens
     return Usage(
-        prompt_tokens=count_tokens(prompt, model.tokenizer),
+        prompt_tokens=count_tokens(prompt, model.tokenizer) + sources,
+        image_prompt_tokens=sources if model.prices.image_input > model.prices.input else 0,
         completion_tokens=_output_bound(model, order),
         images=order.n,
         image_size=size,
@@ -335,19 +342,21 @@ def _int(text: str | None) -> Any:
 
 
 def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str, order: ImageOrder) -> Usage:
-    """The upstream's token usage when it reports one (GPT image models: input_tokens and
-    output_tokens), else the prompt's tokens as the gateway counts them; plus the images, at the
-    size and quality the answer says they have (GPT image models name them), else as ordered."""
+    """The upstream's token usage when it reports one (GPT image models: input_tokens, of them
+    an edit's source images' image_tokens, and output_tokens), else the prompt's tokens as the
+    gateway counts them; plus the images, at the size and quality the answer says they have (GPT
+    image models name them), else as ordered."""
     size = answer.get("size") if isinstance(answer.get("size"), str) else order.size
     quality = answer.get("quality") if isinstance(answer.get("quality"), str) else order.quality
     reported = answer.get("usage")
     if isinstance(reported, dict) and _count(reported.get("input_tokens")) is not None:
         details = reported.get("input_tokens_details")
-        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        details = details if isinstance(details, dict) else {}
         return Usage(
             prompt_tokens=_count(reported.get("input_tokens")) or 0,
             completion_tokens=_count(reported.get("output_tokens")) or 0,
-            cached_tokens=cached or 0,
+            cached_tokens=_count(details.get("cached_tokens")) or 0,
+            image_prompt_tokens=_count(details.get("image_tokens")) or 0,
             images=images,
             image_size=size,
             image_quality=quality,

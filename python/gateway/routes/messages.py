@@ -14,7 +14,7 @@ from ..config import ModelConfig
 from ..context import Call
 from ..core import (
     MessagesStreamRewriter,
-    count_chat_tokens,
+    count_prompt_tokens,
     count_tokens,
 )
 from ..errors import invalid_request
@@ -78,7 +78,7 @@ def routes(state: GatewayState) -> list[Route]:
         model = resolve_model(state, call, payload.get("model"), "messages")
         _validate_messages(payload)
         await billing.hold(state, call, model, Usage())  # nothing set aside; names the model too
-        tokens = await count_prompt(request, lambda: _prompt_tokens(model, payload))
+        tokens, _ = await count_prompt(request, lambda: _prompt_tokens(model, payload))
         return json_response({"input_tokens": tokens}, headers={REQUEST_ID_HEADER: call.request_id})
 
     served = model_endpoint(state, messages)
@@ -139,7 +139,7 @@ def _validate_messages(payload: dict[str, Any]) -> None:
         raise invalid_request("`messages` must be a non-empty array of objects.", "messages")
 
 
-def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
+def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> tuple[int, int]:
     """The gateway's own count of a messages prompt: the system text plus the messages, the tools
     and a structured output's schema, counted as chat messages are (for the hold, and the bill
     when the upstream reports no usage)."""
@@ -151,4 +151,4 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
     # chat shape's response_format is.
     schema = [payload.get(k) for k in ("output_format", "output_config") if payload.get(k) is not None]
     counted = {"messages": messages, "tools": payload.get("tools"), "response_format": schema or None}
-    return count_chat_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)
+    return count_prompt_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)

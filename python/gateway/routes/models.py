@@ -62,7 +62,11 @@ def _group_info(state: GatewayState, model: ModelConfig) -> dict[str, Any]:
         "input_cost_per_million_tokens": money_text(prices.input),
         "cached_input_cost_per_million_tokens": money_text(prices.cached_input),
         "cache_write_cost_per_million_tokens": money_text(prices.cache_write),
+        "cache_write_1h_cost_per_million_tokens": money_text(prices.cache_write_1h),
+        "audio_input_cost_per_million_tokens": money_text(prices.audio_input),
+        "image_input_cost_per_million_tokens": money_text(prices.image_input),
         "output_cost_per_million_tokens": money_text(prices.output),
         "reasoning_cost_per_million_tokens": money_text(prices.reasoning),
+        "audio_output_cost_per_million_tokens": money_text(prices.audio_output),
         "supported_openai_params": sorted(state.registry.forwarded_params(model)),
     }

@@ -24,7 +24,7 @@ from ..context import Call
 from ..core import (
     InvalidJsonError,
     ResponsesStreamRewriter,
-    count_chat_tokens,
+    count_prompt_tokens,
     count_tokens,
     rewrite_response,
 )
@@ -350,7 +350,7 @@ def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
     )
 
 
-def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
+def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> tuple[int, int]:
     """The gateway's own count of this turn's input, for the hold and for the bill when the upstream
     reports no usage (earlier turns held upstream cannot be counted here)."""
     messages: list[dict[str, Any]] = []
@@ -368,4 +368,4 @@ def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> int:
         messages.append({"role": role, "content": said})
     # The tools and the output's format (`text`) are prompt too, as the provider bills them.
     counted = {"messages": messages, "tools": payload.get("tools"), "response_format": payload.get("text")}
-    return count_chat_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)
+    return count_prompt_tokens(orjson.dumps(counted), model.tokenizer, model.image_tokens)

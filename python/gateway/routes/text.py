@@ -43,14 +43,15 @@ async def check_and_hold(
     model: ModelConfig,
     payload: dict[str, Any],
     endpoint_type: str,
-    prompt_tokens: Callable[[], int],
+    prompt_tokens: Callable[[], tuple[int, int]],
     *limits: str,
     brought: int = 0,
 ) -> int:
     """A text request's way in: the safety check of `payload` (in the `endpoint_type` shape), then
     the hold of the most it may cost, its whole prompt and as much output as the first of its
     `limits` parameters allows (billing.estimate_usage). The prompt is counted only once the check
-    has passed (a large one in a thread, once the money covers the output: LARGE_PROMPT_BYTES).
+    has passed (a large one in a thread, once the money covers the output: LARGE_PROMPT_BYTES):
+    `prompt_tokens()` gives its tokens and, of them, its audio's (count_prompt_tokens).
     Returns that count: an upstream that reports no usage is billed from it, not from a second
     count (which would be made on the event loop). `brought` is the bytes of prompt the request
     names rather than sends (a kept conversation: routes/kept_responses.py), large like a body."""
@@ -59,10 +60,11 @@ async def check_and_hold(
         await billing.check_output_covered(
             state, call, model, billing.estimate_usage(model, 0, payload, *limits)
         )
-        prompt = await _count_in_thread(prompt_tokens)
+        prompt, audio = await _count_in_thread(prompt_tokens)
     else:  # no coroutine on the common path
-        prompt = prompt_tokens()
-    await billing.hold(state, call, model, billing.estimate_usage(model, prompt, payload, *limits))
+        prompt, audio = prompt_tokens()
+    estimate = billing.estimate_usage(model, prompt, payload, *limits, audio_tokens=audio)
+    await billing.hold(state, call, model, estimate)
     return prompt
 
 

@@ -1,9 +1,12 @@
 """OpenAI's Chat Completions API (POST .../chat/completions): whole answers and streams, with
-reasoning, tool calls, structured output and the directives that slow or break a stream."""
+reasoning, tool calls, structured output, spoken output (`modalities: ["audio"]`: the answer as
+`message.audio`, its transcript and a short WAV, billed as audio tokens) and the directives
+that slow or break a stream. A prompt's audio parts are reported as its audio tokens."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import time
 from dataclasses import dataclass
@@ -12,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from ..core import count_chat_tokens, count_tokens
-from . import directives, structured, tools
+from ..core import count_prompt_tokens, count_tokens
+from . import directives, speech, structured, tools
 from .directives import DirectiveError, Directives
 from .tools import ToolCall
 from .wire import EventStream, bad_json, json_object, openai_error, reply
@@ -59,7 +62,12 @@ async def create(sim: Simulator, request: web.Request, *, azure: bool = False) -
             code="content_policy_violation",
         )
     cap = req.get("max_completion_tokens") or req.get("max_tokens")
+    modalities = req.get("modalities")
+    speaks = isinstance(modalities, list) and "audio" in modalities
+    if speaks and isinstance(cap, int):  # the limit counts the audio tokens too
+        cap //= 1 + AUDIO_TOKENS_PER_TOKEN
     n = min(d.tokens, cap) if isinstance(cap, int) and cap > 0 else d.tokens
+    prompt_tokens, audio_tokens = count_prompt_tokens(body)
     turn = Turn(
         id="chatcmpl-sim" + hashlib.blake2b(body, digest_size=10).hexdigest(),
         created=int(time.time()),
@@ -68,7 +76,9 @@ async def create(sim: Simulator, request: web.Request, *, azure: bool = False) -
         reasoning=spaced(body, d.reasoning, offset=3),
         call=tools.openai_tool_call(req, d.tool, body),
         finish="length" if n < d.tokens else "stop",
-        prompt_tokens=count_chat_tokens(body),
+        prompt_tokens=prompt_tokens,
+        audio_prompt_tokens=audio_tokens,
+        speaks=speaks and not tools.openai_tool_call(req, d.tool, body),
     )
     schema = structured.requested_schema(req, "chat")
     if schema is not None:  # JSON for the schema, whole whatever the length
@@ -101,6 +111,8 @@ class Turn:
     call: ToolCall | None
     finish: str
     prompt_tokens: int
+    audio_prompt_tokens: int = 0
+    speaks: bool = False  # the answer is spoken: message.audio, its words the transcript
 
     @property
     def text(self) -> str:
@@ -109,29 +121,44 @@ class Turn:
 
     def usage(self) -> dict[str, Any]:
         reasoning = count_tokens("".join(self.reasoning)) if self.reasoning else 0
-        completion = count_tokens(self.text) + reasoning
+        text = count_tokens(self.text)
+        spoken = text * AUDIO_TOKENS_PER_TOKEN if self.speaks else 0
+        completion = text + spoken + reasoning
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": self.audio_prompt_tokens},
             "completion_tokens_details": {
                 "reasoning_tokens": reasoning,
-                "audio_tokens": 0,
+                "audio_tokens": spoken,
                 "accepted_prediction_tokens": 0,
                 "rejected_prediction_tokens": 0,
             },
         }
 
 
+# Spoken output: audio tokens per token of its transcript (about what GPT-4o's speech takes), and
+# the audio itself, a short WAV of the speech simulator's tone.
+AUDIO_TOKENS_PER_TOKEN = 4
+SPOKEN = base64.b64encode(speech.render("wav", 0.05)).decode()
+
+
 def _completion(turn: Turn) -> dict[str, Any]:
     call = turn.call
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": turn.text if call is None else None,
+        "content": turn.text if call is None and not turn.speaks else None,
         "refusal": None,
         "annotations": [],
     }
+    if turn.speaks:
+        message["audio"] = {
+            "id": "audio_" + turn.id.removeprefix("chatcmpl-"),
+            "data": SPOKEN,
+            "expires_at": turn.created + 3600,
+            "transcript": turn.text,
+        }
     if call is not None:
         message["tool_calls"] = [call.chat_tool_call()]
     if turn.reasoning:
@@ -192,8 +219,14 @@ async def _stream(
 
     call = turn.call
     await chunk({"role": "assistant", "content": "" if call is None else None, "refusal": None})
-    content = [{"content": w} for w in turn.words] if call is None else call.chat_deltas()
-    deltas = [{"reasoning_content": w} for w in turn.reasoning] + content
+    content: list[dict[str, Any]]
+    if turn.speaks:  # the transcript as it is said, then the audio, as OpenAI streams them
+        audio_id = "audio_" + turn.id.removeprefix("chatcmpl-")
+        content = [{"audio": {"id": audio_id, "transcript": w}} for w in turn.words]
+        content.append({"audio": {"id": audio_id, "data": SPOKEN, "expires_at": turn.created + 3600}})
+    else:
+        content = [{"content": w} for w in turn.words] if call is None else call.chat_deltas()
+    deltas: list[dict[str, Any]] = [{"reasoning_content": w} for w in turn.reasoning] + content
     for i, delta in enumerate(deltas):
         if not await directives.before_piece(d, i, stream.drop, fail):
             return await stream.end()

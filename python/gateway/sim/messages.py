@@ -73,7 +73,7 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         stop = "tool_use"
     prompt = [{"role": "system", "content": req["system"]}] if isinstance(req.get("system"), str) else []
     input_tokens = count_chat_tokens(orjson.dumps({"messages": prompt + messages}))
-    fresh, read, written = sim.prompt_cache.split(model, req, input_tokens)
+    fresh, read, written, hour = sim.prompt_cache.split(model, req, input_tokens)
     output_tokens = count_tokens("".join(words) if call is None else call.arguments_json) + (
         count_tokens("".join(thinking)) if thinking else 0
     )
@@ -89,6 +89,10 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
             "input_tokens": fresh,
             "cache_creation_input_tokens": written,
             "cache_read_input_tokens": read,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": 0 if hour else written,
+                "ephemeral_1h_input_tokens": written if hour else 0,
+            },
             "output_tokens": output_tokens,
         },
     }

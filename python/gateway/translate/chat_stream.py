@@ -83,7 +83,11 @@ class ChatStreamFromMessages(TranslatedStream):
     def _read_usage(self, usage: Any) -> None:
         """Usage counts are cumulative: each one seen replaces the last."""
         if isinstance(usage, dict):
-            self._usage_fields.update((k, v) for k, v in usage.items() if isinstance(v, int))
+            self._usage_fields.update(
+                (k, v)
+                for k, v in usage.items()
+                if isinstance(v, int) or (k == "cache_creation" and isinstance(v, dict))
+            )
 
     def _block_start(self, data: dict[str, Any], out: list[bytes]) -> None:
         block, index = data.get("content_block"), data.get("index")

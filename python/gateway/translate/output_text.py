@@ -9,7 +9,8 @@ import orjson
 
 
 def chat_output_text(body: bytes) -> str:
-    """Every choice's content, reasoning content and tool-call names and arguments."""
+    """Every choice's content, reasoning content, spoken output's transcript and tool-call names
+    and arguments."""
     data = orjson.loads(body)
     parts: list[str] = []
     for choice in data.get("choices") or []:
@@ -17,6 +18,9 @@ def chat_output_text(body: bytes) -> str:
         for key in ("content", "reasoning_content"):
             if isinstance(message.get(key), str):
                 parts.append(message[key])
+        audio = message.get("audio")
+        if isinstance(audio, dict) and isinstance(audio.get("transcript"), str):
+            parts.append(audio["transcript"])
         for tool_call in message.get("tool_calls") or []:
             fn = tool_call.get("function") or {}
             parts.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))

@@ -22,32 +22,32 @@ def usage_from_chat(usage: Mapping[str, Any]) -> Usage:
     """A chat completion's `usage` object."""
     prompt_details = usage.get("prompt_tokens_details")
     completion_details = usage.get("completion_tokens_details")
+    prompt = prompt_details if isinstance(prompt_details, dict) else {}
+    completion = completion_details if isinstance(completion_details, dict) else {}
     return Usage(
         prompt_tokens=token_count(usage.get("prompt_tokens")),
         completion_tokens=token_count(usage.get("completion_tokens")),
-        cached_tokens=token_count(prompt_details.get("cached_tokens"))
-        if isinstance(prompt_details, dict)
-        else 0,
-        cache_write_tokens=token_count(prompt_details.get("cache_write_tokens"))
-        if isinstance(prompt_details, dict)
-        else 0,
-        reasoning_tokens=(
-            token_count(completion_details.get("reasoning_tokens"))
-            if isinstance(completion_details, dict)
-            else 0
-        ),
+        cached_tokens=token_count(prompt.get("cached_tokens")),
+        cache_write_tokens=token_count(prompt.get("cache_write_tokens")),
+        reasoning_tokens=token_count(completion.get("reasoning_tokens")),
+        audio_prompt_tokens=token_count(prompt.get("audio_tokens")),
+        audio_completion_tokens=token_count(completion.get("audio_tokens")),
     )
 
 
 def usage_from_messages(usage: Mapping[str, Any]) -> Usage:
-    """A message's `usage` object: the prompt is fresh input plus cache reads and cache writes."""
+    """A message's `usage` object: the prompt is fresh input plus cache reads and cache writes, of
+    which those kept an hour (`cache_creation.ephemeral_1h_input_tokens`) are priced apart."""
     cache_read = token_count(usage.get("cache_read_input_tokens"))
     cache_write = token_count(usage.get("cache_creation_input_tokens"))
+    by_ttl = usage.get("cache_creation")
+    hour = token_count(by_ttl.get("ephemeral_1h_input_tokens")) if isinstance(by_ttl, dict) else 0
     return Usage(
         prompt_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
         completion_tokens=token_count(usage.get("output_tokens")),
         cached_tokens=cache_read,
         cache_write_tokens=cache_write,
+        cache_write_1h_tokens=min(hour, cache_write),
     )
 
 
@@ -70,12 +70,19 @@ def messages_usage(usage: Usage) -> dict[str, Any]:
     """`usage` of a message (and of message_delta in its stream)."""
     cached = min(usage.cached_tokens, usage.prompt_tokens)
     written = min(usage.cache_write_tokens, usage.prompt_tokens - cached)
-    return {
+    answer: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens - cached - written,
         "output_tokens": usage.completion_tokens,
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
     }
+    hour = min(usage.cache_write_1h_tokens, written)
+    if hour:  # the writes by how long they are kept, as Anthropic reports them
+        answer["cache_creation"] = {
+            "ephemeral_5m_input_tokens": written - hour,
+            "ephemeral_1h_input_tokens": hour,
+        }
+    return answer
 
 
 def responses_usage(usage: Usage) -> dict[str, Any]:

@@ -122,6 +122,13 @@ fn decoded(data: &str) -> Option<Vec<u8>> {
     })
 }
 
+/// A RIFF/WAVE file's length in seconds, from its header ([`wav_data`]); None for anything else
+/// (other formats would need decoding). Transcription holds and bills an upload by it.
+pub fn wav_seconds(data: &[u8]) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)] // sizes and rates far below 2^52
+    wav_data(data).map(|(size, byte_rate)| size as f64 / byte_rate as f64)
+}
+
 /// A RIFF/WAVE file's audio bytes and bytes per second, from its header; None for anything else.
 /// The audio runs to the end of the file, whatever its `data` chunk says (a decoder reads a size of
 /// 0 so). A PCM header gives the rate twice (its byte rate, and the sample rate times the frame
@@ -496,6 +503,15 @@ mod tests {
 
     fn pages(pdf: &[u8]) -> Option<usize> {
         pdf_pages(pdf, &Inflation::new(MAX_INFLATED_BYTES))
+    }
+
+    #[test]
+    fn a_wavs_seconds_are_its_audio_over_its_slower_rate() {
+        assert_eq!(wav_seconds(&wav(3, 32_000)), Some(3.0));
+        assert_eq!(wav_seconds(&wav(3, 320_000)), Some(3.0));
+        assert_eq!(wav_seconds(&wav(3, 16_000)), Some(6.0));
+        assert_eq!(wav_seconds(b"RIFF\0\0\0\0WAVE"), None);
+        assert_eq!(wav_seconds(&[0xFF; 64]), None);
     }
 
     #[test]

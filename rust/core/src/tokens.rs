@@ -13,6 +13,7 @@ use crate::media;
 use crate::pretokenize::{Pattern, Splitter};
 use serde::Deserialize;
 use serde_json::Value;
+use std::cell::Cell;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
@@ -120,8 +121,21 @@ struct ChatBody {
 
 pub use crate::media::IMAGE_PART_TOKENS;
 
+/// A prompt's tokens as the hold counts them, and of them its audio's (`input_audio` parts), which
+/// some models price apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptCount {
+    pub tokens: usize,
+    pub audio_tokens: usize,
+}
+
 /// `image_tokens`: what the model is held at for each image part (crate::media).
 pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -> Result<usize> {
+    count_prompt(body, encoding, image_tokens).map(|count| count.tokens)
+}
+
+/// count_chat_tokens, with the audio's share.
+pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize) -> Result<PromptCount> {
     // serde would also read the struct from an array; only an object is a request body.
     if !crate::json::starts_object(body) {
         return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
@@ -129,7 +143,12 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
     let parsed: ChatBody = serde_json::from_slice(body)
         .map_err(|e| CoreError::InvalidJson(format!("expected an object with a \"messages\" array: {e}")))?;
     let mut total = REPLY_PRIMING;
-    let inflation = media::Inflation::new(media::MAX_INFLATED_BYTES);
+    let parts = PartCounter {
+        encoding,
+        image_tokens,
+        inflation: media::Inflation::new(media::MAX_INFLATED_BYTES),
+        audio_tokens: Cell::new(0),
+    };
     for (i, message) in parsed.messages.iter().enumerate() {
         let Value::Object(fields) = message else {
             return Err(CoreError::InvalidJson(format!("messages[{i}] is not an object")));
@@ -143,9 +162,9 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
                         total += TOKENS_PER_NAME;
                     }
                 }
-                Value::Array(parts) if key == "content" => {
-                    for part in parts {
-                        total += count_part(part, encoding, image_tokens, &inflation)?;
+                Value::Array(content) if key == "content" => {
+                    for part in content {
+                        total += parts.count(part)?;
                     }
                 }
                 Value::Array(calls) if key == "tool_calls" => {
@@ -164,52 +183,72 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
     for extra in [&parsed.tools, &parsed.functions, &parsed.response_format].into_iter().flatten() {
         total += count_json(extra, encoding)?;
     }
-    Ok(total)
+    Ok(PromptCount { tokens: total, audio_tokens: parts.audio_tokens.get() })
 }
 
-/// One part of an array content, by its type first: a text part, its text; an image, audio or a
-/// file, as crate::media holds them; the message shape's tool blocks, what they carry (a call's
-/// input as JSON, a result's content, text or parts); a Responses tool output, its output (text or
-/// parts, its images and files held as such); a refusal, its text. Any other part (a search
-/// result, a tool call, a block this count does not know) is counted whole, as its JSON text: what
-/// it carries reaches the model, and the provider bills it. A `text` beside a part of another type
-/// counts too (a translation may drop the key, never the image).
-fn count_part(part: &Value, encoding: Encoding, image_tokens: usize, inflation: &media::Inflation) -> Result<usize> {
-    let count_blocks = |blocks: &[Value]| -> Result<usize> {
-        let mut total = 0;
-        for block in blocks {
-            total += count_part(block, encoding, image_tokens, inflation)?;
-        }
-        Ok(total)
-    };
-    let said = part.get("text").and_then(Value::as_str);
-    let text = said.map_or(Ok(0), |text| count_tokens(text, encoding))?;
-    let rest = match part.get("type").and_then(Value::as_str) {
-        Some("text" | "input_text" | "output_text") => 0,
-        None if said.is_some() => 0,
-        Some("image_url" | "image" | "input_image") => image_tokens,
-        Some("input_audio") => media::audio_tokens(part),
-        Some("file" | "input_file" | "document") => {
-            media::file_tokens(part, image_tokens, inflation, |text| count_tokens(text, encoding), count_blocks)?
-        }
-        Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding))?,
-        Some("tool_result") => match part.get("content") {
-            Some(Value::String(text)) => count_tokens(text, encoding)?,
-            Some(Value::Array(inner)) => count_blocks(inner)?,
-            _ => 0,
-        },
-        Some("function_call_output") => match part.get("output") {
-            Some(Value::String(text)) => count_tokens(text, encoding)?,
-            Some(Value::Array(inner)) => count_blocks(inner)?,
+/// What counting one prompt's content parts needs: the encoding, what an image is held at, the
+/// prompt's one inflation budget (crate::media), and the audio counted so far.
+struct PartCounter {
+    encoding: Encoding,
+    image_tokens: usize,
+    inflation: media::Inflation,
+    audio_tokens: Cell<usize>,
+}
+
+impl PartCounter {
+    /// One part of an array content, by its type first: a text part, its text; an image, audio or
+    /// a file, as crate::media holds them; the message shape's tool blocks, what they carry (a
+    /// call's input as JSON, a result's content, text or parts); a Responses tool output, its
+    /// output (text or parts, its images and files held as such); a refusal, its text. Any other
+    /// part (a search result, a tool call, a block this count does not know) is counted whole, as
+    /// its JSON text: what it carries reaches the model, and the provider bills it. A `text`
+    /// beside a part of another type counts too (a translation may drop the key, never the image).
+    fn count(&self, part: &Value) -> Result<usize> {
+        let encoding = self.encoding;
+        let count_blocks = |blocks: &[Value]| -> Result<usize> {
+            let mut total = 0;
+            for block in blocks {
+                total += self.count(block)?;
+            }
+            Ok(total)
+        };
+        let said = part.get("text").and_then(Value::as_str);
+        let text = said.map_or(Ok(0), |text| count_tokens(text, encoding))?;
+        let rest = match part.get("type").and_then(Value::as_str) {
+            Some("text" | "input_text" | "output_text") => 0,
+            None if said.is_some() => 0,
+            Some("image_url" | "image" | "input_image") => self.image_tokens,
+            Some("input_audio") => {
+                let audio = media::audio_tokens(part);
+                self.audio_tokens.set(self.audio_tokens.get().saturating_add(audio));
+                audio
+            }
+            Some("file" | "input_file" | "document") => media::file_tokens(
+                part,
+                self.image_tokens,
+                &self.inflation,
+                |text| count_tokens(text, encoding),
+                count_blocks,
+            )?,
+            Some("tool_use") => part.get("input").map_or(Ok(0), |input| count_json(input, encoding))?,
+            Some("tool_result") => match part.get("content") {
+                Some(Value::String(text)) => count_tokens(text, encoding)?,
+                Some(Value::Array(inner)) => count_blocks(inner)?,
+                _ => 0,
+            },
+            Some("function_call_output") => match part.get("output") {
+                Some(Value::String(text)) => count_tokens(text, encoding)?,
+                Some(Value::Array(inner)) => count_blocks(inner)?,
+                _ => count_json(part, encoding)?,
+            },
+            Some("refusal") => match part.get("refusal") {
+                Some(Value::String(text)) => count_tokens(text, encoding)?,
+                _ => count_json(part, encoding)?,
+            },
             _ => count_json(part, encoding)?,
-        },
-        Some("refusal") => match part.get("refusal") {
-            Some(Value::String(text)) => count_tokens(text, encoding)?,
-            _ => count_json(part, encoding)?,
-        },
-        _ => count_json(part, encoding)?,
-    };
-    Ok(text + rest)
+        };
+        Ok(text + rest)
+    }
 }
 
 fn count_json(value: &Value, encoding: Encoding) -> Result<usize> {
@@ -372,6 +411,20 @@ mod tests {
     #[test]
     fn chat_errors() {
         assert!(count_chat_tokens(b"{}", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
+        // The audio's share of a prompt, wherever its parts are (a tool result's too).
+        let clip =
+            serde_json::json!({"type": "input_audio", "input_audio": {"data": "A".repeat(40_000), "format": "mp3"}});
+        let one = media::audio_tokens(&clip);
+        assert!(one > 0);
+        let body = serde_json::json!({"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, clip.clone()]},
+            {"role": "user", "content": [{"type": "tool_result", "content": [clip]}]},
+        ]});
+        let count = count_prompt(body.to_string().as_bytes(), Encoding::O200kBase, IMAGE_PART_TOKENS).unwrap();
+        assert_eq!(count.audio_tokens, 2 * one);
+        assert!(count.tokens > count.audio_tokens);
+        let plain = count_prompt(br#"{"messages":[{"role":"user","content":"hi"}]}"#, Encoding::O200kBase, 1).unwrap();
+        assert_eq!(plain.audio_tokens, 0);
         assert!(count_chat_tokens(br#"{"messages":["x"]}"#, Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
         assert!(count_chat_tokens(b"not json", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
         assert!(count_chat_tokens(b"[[]]", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());

@@ -3,6 +3,7 @@
 
 use gateway_core::append_file;
 use gateway_core::http_head;
+use gateway_core::media;
 use gateway_core::multipart;
 use gateway_core::ratelimit;
 use gateway_core::shared_buckets::{self, Limit};
@@ -192,6 +193,18 @@ impl StreamUsage {
     #[getter]
     fn reasoning_tokens(&self) -> u64 {
         self.0.reasoning_tokens
+    }
+    #[getter]
+    fn audio_prompt_tokens(&self) -> u64 {
+        self.0.audio_prompt_tokens
+    }
+    #[getter]
+    fn audio_completion_tokens(&self) -> u64 {
+        self.0.audio_completion_tokens
+    }
+    #[getter]
+    fn cache_write_1h_tokens(&self) -> u64 {
+        self.0.cache_write_1h_tokens
     }
     fn __repr__(&self) -> String {
         format!("StreamUsage({:?})", self.0)
@@ -395,13 +408,29 @@ const _: () = assert!(tokens::IMAGE_PART_TOKENS == 1600);
     text_signature = "(body, encoding='o200k_base', image_tokens=1600)"
 )]
 fn count_chat_tokens(py: Python<'_>, body: &[u8], encoding: &str, image_tokens: usize) -> PyResult<usize> {
+    count_prompt_tokens(py, body, encoding, image_tokens).map(|(tokens, _)| tokens)
+}
+
+/// count_chat_tokens and, of those tokens, the audio's.
+#[pyfunction]
+#[pyo3(
+    signature = (body, encoding = "o200k_base", image_tokens = tokens::IMAGE_PART_TOKENS),
+    text_signature = "(body, encoding='o200k_base', image_tokens=1600)"
+)]
+fn count_prompt_tokens(py: Python<'_>, body: &[u8], encoding: &str, image_tokens: usize) -> PyResult<(usize, usize)> {
     let enc = self::encoding(encoding)?;
     let result = if body.len() > DETACH_TEXT_BYTES {
-        py.detach(|| tokens::count_chat_tokens(body, enc, image_tokens))
+        py.detach(|| tokens::count_prompt(body, enc, image_tokens))
     } else {
-        tokens::count_chat_tokens(body, enc, image_tokens)
+        tokens::count_prompt(body, enc, image_tokens)
     };
-    result.map_err(to_py)
+    result.map(|count| (count.tokens, count.audio_tokens)).map_err(to_py)
+}
+
+/// A RIFF/WAVE file's length in seconds from its header; None for anything else.
+#[pyfunction]
+fn wav_seconds(data: &[u8]) -> Option<f64> {
+    media::wav_seconds(data)
 }
 
 // ------------------------------------------------------------------ rate limiting
@@ -831,6 +860,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_EVENT_BYTES", sse::MAX_EVENT_BYTES)?;
     m.add("IMAGE_PART_TOKENS", tokens::IMAGE_PART_TOKENS)?;
+    m.add("MIN_AUDIO_BYTES_PER_SECOND", media::MIN_AUDIO_BYTES_PER_SECOND)?;
     m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
     m.add_class::<SseEvent>()?;
     m.add_class::<SseParser>()?;
@@ -852,6 +882,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stamp_answer, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(count_chat_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(count_prompt_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(wav_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(key_digest, m)?)?;
     m.add_function(wrap_pyfunction!(new_id, m)?)?;

@@ -35,12 +35,16 @@ struct PromptDetails {
     /// Not OpenAI's (it reports none): the gateway's Bedrock translation writes it, as OpenRouter does.
     #[serde(default)]
     cache_write_tokens: Count,
+    #[serde(default)]
+    audio_tokens: Count,
 }
 
 #[derive(Deserialize)]
 struct CompletionDetails {
     #[serde(default)]
     reasoning_tokens: Count,
+    #[serde(default)]
+    audio_tokens: Count,
 }
 
 impl From<UsageView> for TokenUsage {
@@ -48,13 +52,17 @@ impl From<UsageView> for TokenUsage {
         let prompt = u.prompt_tokens.0.unwrap_or(0);
         let completion = u.completion_tokens.0.unwrap_or(0);
         let details = u.prompt_tokens_details.as_ref();
+        let output = u.completion_tokens_details.as_ref();
         TokenUsage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: u.total_tokens.0.unwrap_or(prompt.saturating_add(completion)),
             cached_tokens: details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
             cache_write_tokens: details.and_then(|d| d.cache_write_tokens.0).unwrap_or(0),
-            reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
+            reasoning_tokens: output.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
+            audio_prompt_tokens: details.and_then(|d| d.audio_tokens.0).unwrap_or(0),
+            audio_completion_tokens: output.and_then(|d| d.audio_tokens.0).unwrap_or(0),
+            cache_write_1h_tokens: 0,
         }
     }
 }
@@ -94,6 +102,15 @@ struct DeltaView<'a> {
     /// The deprecated single function call of the functions API.
     #[serde(default, borrow)]
     function_call: Option<FunctionView<'a>>,
+    /// Spoken output (`modalities: ["audio"]`): its transcript is what was said.
+    #[serde(default, borrow)]
+    audio: Option<AudioView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct AudioView<'a> {
+    #[serde(default, borrow)]
+    transcript: Text<'a>,
 }
 
 #[derive(Deserialize)]
@@ -191,6 +208,9 @@ impl ChatStreamRewriter {
                 self.state.take_reasoning(&delta.reasoning);
                 self.state.take_text(&delta.content);
                 self.state.take_text(&delta.refusal);
+                if let Some(audio) = &delta.audio {
+                    self.state.take_text(&audio.transcript);
+                }
                 let calls = delta.tool_calls.iter().flatten().filter_map(|c| c.function.as_ref());
                 for f in calls.chain(delta.function_call.as_ref()) {
                     self.state.take_text(&f.name);
@@ -334,6 +354,16 @@ mod tests {
     }
 
     #[test]
+    fn spoken_output_counts_its_transcript() {
+        let mut rw = ChatStreamRewriter::new("x", true);
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"audio\":{\"id\":\"audio_1\",\"transcript\":\"Hel\"}}}]}\n\n");
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"audio\":{\"data\":\"UklGRg==\"}}}]}\n\n");
+        rw.feed(b"data: {\"choices\":[{\"delta\":{\"audio\":{\"transcript\":\"lo\"}}}]}\n\n");
+        assert_eq!(rw.state().output_text, "Hello");
+        assert!(rw.state().saw_output);
+    }
+
+    #[test]
     fn non_json_data_passes_through() {
         let mut rw = ChatStreamRewriter::new("x", true);
         assert_eq!(rw.feed(b"data: hello\n\n"), b"data: hello\n\n");
@@ -351,13 +381,20 @@ mod tests {
                 total_tokens: 7,
                 cached_tokens: 2,
                 cache_write_tokens: 0,
-                reasoning_tokens: 1
+                reasoning_tokens: 1,
+                ..TokenUsage::default()
             }
         );
         let written = parse_chat_usage(
             br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":2,"cache_write_tokens":5}}}"#,
         );
         assert_eq!(written.unwrap().unwrap().cache_write_tokens, 5);
+        let audio = parse_chat_usage(
+            br#"{"usage":{"prompt_tokens":90,"completion_tokens":40,"prompt_tokens_details":{"audio_tokens":60},"completion_tokens_details":{"audio_tokens":30,"reasoning_tokens":"x"}}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((audio.audio_prompt_tokens, audio.audio_completion_tokens, audio.reasoning_tokens), (60, 30, 0));
         assert_eq!(parse_chat_usage(br#"{"usage":null}"#).unwrap(), None);
         assert!(parse_chat_usage(b"[]").is_err());
     }

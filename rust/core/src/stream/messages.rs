@@ -27,6 +27,15 @@ struct UsageView {
     cache_read_input_tokens: Count,
     #[serde(default)]
     cache_creation_input_tokens: Count,
+    /// The cache writes by how long they are kept; only the hour's are priced apart.
+    #[serde(default)]
+    cache_creation: Option<CacheCreationView>,
+}
+
+#[derive(Deserialize, Default)]
+struct CacheCreationView {
+    #[serde(default)]
+    ephemeral_1h_input_tokens: Count,
 }
 
 #[derive(Deserialize)]
@@ -83,18 +92,22 @@ struct InputParts {
     fresh: u64,
     cache_read: u64,
     cache_write: u64,
+    cache_write_1h: u64,
 }
 
 /// Input as the spec's prompt_tokens: fresh input plus cache reads and writes (cache reads as cached).
 fn apply_usage(total: &mut TokenUsage, parts: &mut InputParts, u: &UsageView) {
     let (input, read, write) = (u.input_tokens.0, u.cache_read_input_tokens.0, u.cache_creation_input_tokens.0);
-    if input.is_some() || read.is_some() || write.is_some() {
+    let write_1h = u.cache_creation.as_ref().and_then(|c| c.ephemeral_1h_input_tokens.0);
+    if input.is_some() || read.is_some() || write.is_some() || write_1h.is_some() {
         parts.fresh = input.unwrap_or(parts.fresh);
         parts.cache_read = read.unwrap_or(parts.cache_read);
         parts.cache_write = write.unwrap_or(parts.cache_write);
+        parts.cache_write_1h = write_1h.unwrap_or(parts.cache_write_1h);
         total.prompt_tokens = parts.fresh.saturating_add(parts.cache_read).saturating_add(parts.cache_write);
         total.cached_tokens = parts.cache_read;
         total.cache_write_tokens = parts.cache_write;
+        total.cache_write_1h_tokens = parts.cache_write_1h.min(parts.cache_write);
     }
     if let Some(out) = u.output_tokens.0 {
         total.completion_tokens = out;
@@ -291,6 +304,15 @@ mod tests {
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.total_tokens), (15, 10, 4, 19));
         assert_eq!(u.cache_write_tokens, 2);
         assert!(parse_messages_usage(b"[]").is_err());
+        // Of the writes, those kept an hour; never more than the writes.
+        let hour = parse_messages_usage(br#"{"usage":{"input_tokens":3,"cache_creation_input_tokens":20,"cache_creation":{"ephemeral_5m_input_tokens":5,"ephemeral_1h_input_tokens":15},"output_tokens":4}}"#).unwrap().unwrap();
+        assert_eq!((hour.prompt_tokens, hour.cache_write_tokens, hour.cache_write_1h_tokens), (23, 20, 15));
+        let over = parse_messages_usage(
+            br#"{"usage":{"cache_creation_input_tokens":2,"cache_creation":{"ephemeral_1h_input_tokens":9}}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(over.cache_write_1h_tokens, 2);
     }
 
     fn run(rw: &mut MessagesStreamRewriter, input: &[u8]) -> Vec<u8> {

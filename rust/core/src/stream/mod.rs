@@ -29,6 +29,13 @@ pub struct TokenUsage {
     pub cached_tokens: u64,
     pub cache_write_tokens: u64,
     pub reasoning_tokens: u64,
+    /// Kinds some models price apart, each a part of the count above it: the prompt's and the
+    /// output's audio (`prompt_tokens_details.audio_tokens`, `completion_tokens_details.audio_tokens`),
+    /// and of the cache writes those kept for an hour (Anthropic's
+    /// `cache_creation.ephemeral_1h_input_tokens`).
+    pub audio_prompt_tokens: u64,
+    pub audio_completion_tokens: u64,
+    pub cache_write_1h_tokens: u64,
 }
 
 /// What a rewriter knows of its stream, the same for every shape.

@@ -52,6 +52,7 @@ impl From<UsageView> for TokenUsage {
             cached_tokens: u.input_tokens_details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
             cache_write_tokens: 0, // OpenAI reports none
             reasoning_tokens: u.output_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
+            ..TokenUsage::default()
         }
     }
 }
