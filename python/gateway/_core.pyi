@@ -17,9 +17,13 @@ OVERSIZED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
 IMAGE_PART_TOKENS: Final[int]
 """The prompt tokens count_chat_tokens holds an image part at unless told otherwise (1,600)."""
+MIN_AUDIO_BYTES_PER_SECOND: Final[int]
+"""The lowest bitrate compressed audio plausibly has (8 kbit/s, 1,000 bytes a second): its size
+then bounds its length."""
 __all__ = [
     "IMAGE_PART_TOKENS",
     "MAX_EVENT_BYTES",
+    "MIN_AUDIO_BYTES_PER_SECOND",
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",
     "ChatStreamRewriter",
@@ -39,6 +43,7 @@ __all__ = [
     "__version__",
     "answer_line",
     "count_chat_tokens",
+    "count_prompt_tokens",
     "count_tokens",
     "file_len",
     "fingerprint",
@@ -55,6 +60,7 @@ __all__ = [
     "rewrite_response",
     "set_json_id",
     "stamp_answer",
+    "wav_seconds",
 ]
 
 _Encoding: TypeAlias = Literal["o200k_base", "cl100k_base"]
@@ -352,6 +358,13 @@ def count_chat_tokens(body: bytes, encoding: _Encoding = "o200k_base", image_tok
     `document`) by their pages if PDF (3,000 + `image_tokens` a page; 100 pages when unseen), else
     their text. Raises InvalidJsonError on a body that is not a JSON object with a "messages" array.
     """
+
+def wav_seconds(data: bytes) -> float | None:
+    """The length of a RIFF/WAVE file from its header; None for anything else (other formats would
+    need decoding). The audio runs to the end of the file, whatever its `data` chunk says (a
+    decoder reads a size of 0 so); a PCM header's rate is the slower of the two it gives (its byte
+    rate, and sample rate times frame size), any other coding's MIN_AUDIO_BYTES_PER_SECOND. The
+    prompt count holds an `input_audio` part by the same reading."""
 
 def count_prompt_tokens(
     body: bytes, encoding: _Encoding = "o200k_base", image_tokens: int = 1600

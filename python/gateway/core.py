@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._core import (
     IMAGE_PART_TOKENS,
     MAX_EVENT_BYTES,
+    MIN_AUDIO_BYTES_PER_SECOND,
     OVERSIZED_EVENT_ERROR,
     AppendFile,
     ChatStreamRewriter,
@@ -47,6 +48,7 @@ from ._core import (
     rewrite_response,
     set_json_id,
     stamp_answer,
+    wav_seconds,
 )
 from .errors import GatewayError
 
@@ -82,6 +84,7 @@ class InvalidHttpError(CoreError):
 __all__ = [
     "IMAGE_PART_TOKENS",
     "MAX_EVENT_BYTES",
+    "MIN_AUDIO_BYTES_PER_SECOND",
     "OVERSIZED_EVENT_ERROR",
     "AppendFile",
     "ChatStreamRewriter",
@@ -123,4 +126,5 @@ __all__ = [
     "rewrite_response",
     "set_json_id",
     "stamp_answer",
+    "wav_seconds",
 ]

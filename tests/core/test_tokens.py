@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,9 @@ from gateway.core import (
     InvalidJsonError,
     UnknownEncodingError,
     count_chat_tokens,
+    count_prompt_tokens,
     count_tokens,
+    wav_seconds,
 )
 
 CORPUS = [
@@ -172,3 +175,31 @@ def test_media_parts_of_any_bytes_are_counted_not_raised(data: bytes, kind: str,
     assert counted >= bare
     if kind != "input_audio" and data.startswith(b"%PDF"):
         assert counted - bare >= 3_000 + IMAGE_PART_TOKENS
+
+
+_WAV_PIECES = st.sampled_from(
+    [
+        b"RIFF\x24\x00\x00\x00WAVE",
+        b"fmt \x10\x00\x00\x00",
+        b"\x01\x00\x01\x00\x80\x3e\x00\x00",
+        b"data",
+        b"\x00" * 8,
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(max_size=200) | st.lists(_WAV_PIECES | st.binary(max_size=12), max_size=12).map(b"".join)
+)
+def test_a_wavs_length_is_read_from_any_bytes_and_bounds_its_audio_part(data: bytes) -> None:
+    """wav_seconds reads a client's upload header (transcription's hold and bill); whatever the
+    bytes, it never raises, is None or a length >= 0, and an `input_audio` part of those bytes is
+    held at that length's 10 tokens a second (the same reading: rust/core/src/media.rs)."""
+    seconds = wav_seconds(data)
+    if seconds is None:
+        return
+    assert seconds >= 0
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode()}}
+    tokens, audio = count_prompt_tokens(orjson.dumps({"messages": [{"role": "user", "content": [part]}]}))
+    assert audio == math.ceil(round(seconds * 10, 6)) and tokens >= audio

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.audio import wav_seconds
 from gateway.config import Prices
+from gateway.core import wav_seconds
 from gateway.pricing import Usage, cost
 from harness import Gateway, KeyHandle, eventually
 

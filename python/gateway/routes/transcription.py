@@ -18,10 +18,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing
-from ..audio import MIN_BYTES_PER_SECOND, wav_seconds
 from ..config import ModelConfig
 from ..context import Call
-from ..core import InvalidJsonError, count_tokens, set_json_id
+from ..core import MIN_AUDIO_BYTES_PER_SECOND, InvalidJsonError, count_tokens, set_json_id, wav_seconds
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
@@ -136,7 +135,7 @@ def _estimate(model: ModelConfig, audio: bytes) -> Usage:
     allows at the lowest plausible bitrate) and the model's longest output."""
     seconds = wav_seconds(audio)
     if seconds is None:
-        seconds = len(audio) / MIN_BYTES_PER_SECOND
+        seconds = len(audio) / MIN_AUDIO_BYTES_PER_SECOND
     return Usage(seconds=math.ceil(seconds), completion_tokens=model.max_output_tokens)
 
 

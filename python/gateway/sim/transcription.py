@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from ..audio import wav_seconds
-from ..core import count_tokens, parse_multipart
+from ..core import count_tokens, parse_multipart, wav_seconds
 from . import directives
 from .directives import DirectiveError
 from .wire import Answer, error_answer, openai_error, respond
