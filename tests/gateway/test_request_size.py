@@ -95,3 +95,20 @@ def test_a_body_that_stops_arriving_is_answered_408_timeout(tmp_path: Path, sim_
         with g.client(key.key) as c:
             r = c.post(CHAT, content=trickle(), headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
+
+
+def test_a_body_framed_two_ways_is_read_one_way_and_ends_its_connection(gw: Gateway, key: KeyHandle) -> None:
+    """Content-Length beside Transfer-Encoding: the server (Granian's hyper) drops the length, reads
+    the chunked body and closes the connection after its answer, as RFC 9112 (6.3) asks, so that a
+    proxy in front that went by the length cannot slip a second request into the connection. Two
+    Content-Lengths that differ are refused before the gateway (400)."""
+    body = orjson.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    # A length of 5 would cut the JSON: the answer is the whole body's.
+    answer = raw_post(gw, key.key, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", chunked)
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 200") and b"connection: close" in head, answer
+    answer = raw_post(
+        gw, key.key, f"Content-Length: {len(body)}\r\nContent-Length: {len(body) + 1}\r\n", body
+    )
+    assert answer.startswith(b"HTTP/1.1 400"), answer
