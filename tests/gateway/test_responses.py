@@ -299,3 +299,38 @@ def test_function_call_plain_and_streamed(oai: openai.OpenAI) -> None:
         input=[{"type": "function_call_output", "call_id": streamed.call_id, "output": '{"temp": 21}'}],
     )
     assert answer.output_text and answer.previous_response_id == final.id
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_response_its_upstream_keeps_is_fetched_under_the_gateways_id(
+    gw: Gateway, oai: openai.OpenAI, sim: httpx.Client, stream: bool
+) -> None:
+    """The openai client's responses.retrieve of a response an OpenAI upstream keeps: fetched from
+    the channel that holds it, the same response under the gateway's id; another account's, one
+    made with store false and one deleted are 404 in OpenAI's words."""
+    marker = "fetch " + os.urandom(4).hex()
+    made: openai.types.responses.Response
+    if stream:
+        with oai.responses.stream(model=MODEL, input=marker) as s:
+            made = s.get_final_response()
+    else:
+        made = oai.responses.create(model=MODEL, input=marker)
+    fetched = oai.responses.retrieve(made.id)
+    assert fetched.id == made.id and fetched.output_text == made.output_text
+    assert fetched.usage == made.usage and fetched.status == "completed"
+    gets = [e for e in sim.get("/_sim/requests").json() if e.get("method") == "GET"]
+    assert (
+        gets
+        and gets[-1]["path"].startswith("/v1/responses/resp_")
+        and gets[-1]["path"] != f"/v1/responses/{made.id}"
+    )
+    unstored = oai.responses.create(model=MODEL, input=marker, store=False)
+    with openai.OpenAI(base_url=gw.openai_base, api_key=gw.new_key().key, max_retries=0) as stranger:
+        for client, rid in ((stranger, made.id), (oai, unstored.id)):
+            with pytest.raises(openai.NotFoundError) as gone:
+                client.responses.retrieve(rid)
+            assert isinstance(gone.value.body, dict)
+            assert gone.value.body["message"] == f"Response with id '{rid}' not found."
+    oai.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(made.id)

@@ -27,6 +27,7 @@ from ..core import (
     count_prompt_tokens,
     count_tokens,
     rewrite_response,
+    set_json_id,
 )
 from ..errors import GatewayError, invalid_request, quoted_id
 from ..ids import response_id
@@ -150,22 +151,24 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
     async def retrieve(request: Request) -> Response:
-        """A response the gateway keeps (a chat model's, routes/kept_responses.py) or a background
-        one; a response an upstream keeps is not fetched from it (docs/behaviour.md)."""
+        """A response the gateway keeps (a chat model's, routes/kept_responses.py), a background
+        one, or one an upstream keeps, fetched from it under the gateway's id."""
         ctx = await authenticate(request, state.store)
         if request.query_params.get("stream") in ("true", "1"):
             raise invalid_request(
                 "A stored response is not streamed again by this gateway: poll it.", "stream"
             )
-        kept = await state.store.find_kept_response(
-            request.path_params["response_id"], ctx.account.id, now_ms()
-        )
+        rid = request.path_params["response_id"]
+        kept = await state.store.find_kept_response(rid, ctx.account.id, now_ms())
         if kept is not None:
             return Response(kept.body, media_type="application/json")
-        job = await state.store.get_job(request.path_params["response_id"], ctx.key.id, "response")
-        if job is None:  # in OpenAI's words, as DELETE says it
-            raise not_found_response(request.path_params["response_id"])
-        return _job_response(job)
+        job = await state.store.get_job(rid, ctx.key.id, "response")
+        if job is not None:
+            return _job_response(job)
+        held = await state.store.find_response(rid, ctx.account.id, now_ms())
+        if held is None:  # in OpenAI's words, as DELETE says it
+            raise not_found_response(rid)
+        return await _kept_upstream(state, held, request.url.query)
 
     async def delete(request: Request) -> Response:
         """DELETE /v1/responses/{id} (the openai client's responses.delete), as OpenAI answers it. A
@@ -319,6 +322,23 @@ async def _a_background_response(state: GatewayState, account_id: str, response_
         if await state.store.get_job(response_id, key.id, "response") is not None:
             return True
     return False
+
+
+async def _kept_upstream(state: GatewayState, held: ResponseState, query: str) -> Response:
+    """A response an upstream keeps, as it answers GET for it (the request's query, `include`,
+    passed on), under the gateway's id; its 404 (deleted or expired there) in OpenAI's words."""
+    path = f"/responses/{held.upstream_id}" + (f"?{query}" if query else "")
+    try:
+        content, _ = await jobs.get(state, _holder(state, held), path, jobs.MAX_STATE_BYTES)
+    except GatewayError as failure:
+        if failure.code == "not_found":
+            raise not_found_response(held.id) from None
+        raise
+    try:
+        body = set_json_id(content, held.id)
+    except InvalidJsonError:
+        raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from None
+    return Response(body, media_type="application/json")
 
 
 def _channel_at(model: ModelConfig, held: ResponseState) -> ChannelConfig | None:

@@ -10,7 +10,8 @@ reasoning item with a summary.
 `background: true` (not streamed) answers at once with the response `queued`, as OpenAI does; its
 state is then a function of the time since creation, like a video job's (sim/videos.py): queued for
 the first fifth of `render=D` (default 2s), then in_progress, then the finished response with its
-output and usage, or failed under `render_fail`. GET /responses/{id} reads it; POST
+output and usage, or failed under `render_fail`. GET /responses/{id} reads it, or a stored
+response as it finished; POST
 /responses/{id}/cancel stops it (cancelled, with the usage of the output produced so far; one
 already ended is answered as it is). DELETE /responses/{id} forgets a stored or background response,
 as OpenAI's deletes one (404 for an id it does not hold).
@@ -93,8 +94,16 @@ class ResponseStore:
     def __init__(self, history: int = 10_000) -> None:
         # upstream response id -> the conversation up to and including that response, as messages
         self.stored: dict[str, list[dict[str, Any]]] = {}
+        # upstream response id -> the stored response as GET /responses/{id} shows it
+        self.answers: dict[str, dict[str, Any]] = {}
         self.background: dict[str, Background] = {}
         self.history = history
+
+    def keep(self, response: dict[str, Any]) -> None:
+        """A stored response, finished, for GET /responses/{id}."""
+        if len(self.answers) >= self.history:
+            self.answers.pop(next(iter(self.answers)))
+        self.answers[response["id"]] = response
 
 
 async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
@@ -178,12 +187,19 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
                 store.background.pop(next(iter(store.background)))
             store.background[rid] = job
             response = job.now()
+        elif req.get("store") is not False:
+            store.keep(response)
         return reply(200, orjson.dumps(response))
-    return await _stream(request, response, usage, search, call, words, reasoning, d)
+    kept = store if req.get("store") is not False else None
+    return await _stream(request, response, usage, search, call, words, reasoning, d, kept)
 
 
 async def retrieve(sim: Simulator, request: web.Request) -> web.StreamResponse:
-    """GET .../responses/{id}: a background response as it is now."""
+    """GET .../responses/{id}: a stored response, or a background one as it is now."""
+    kept = sim.responses.answers.get(request.match_info["id"])
+    if kept is not None:
+        sim.record({"path": f"/v1/responses/{kept['id']}", "method": "GET", "body": {}})
+        return reply(200, orjson.dumps(kept))
     return _job(sim, request, cancel=False)
 
 
@@ -196,6 +212,7 @@ async def delete(sim: Simulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../responses/{id}: a continuation naming it is refused from then on."""
     rid = request.match_info["id"]
     sim.record({"path": f"/v1/responses/{rid}", "method": "DELETE", "body": {}})
+    sim.responses.answers.pop(rid, None)
     held = sim.responses.stored.pop(rid, None), sim.responses.background.pop(rid, None)
     if held == (None, None):
         return openai_error(404, f"Response with id '{rid}' not found.", code="not_found")
@@ -221,6 +238,7 @@ async def _stream(
     words: list[str],
     reasoning: list[str],
     d: Directives,
+    kept: ResponseStore | None,
 ) -> web.StreamResponse:
     stream = EventStream(request)
     await stream.open()
@@ -327,7 +345,10 @@ async def _stream(
         )
         await event("response.output_item.done", output_index=index, item=item)
         output.append(item)
-        await event("response.completed", response={**response, "output": output, "usage": usage})
+        finished = {**response, "output": output, "usage": usage}
+        if kept is not None:
+            kept.keep(finished)
+        await event("response.completed", response=finished)
         return await stream.end()
 
     message = _message_item(response["id"], "", "in_progress")
@@ -350,6 +371,8 @@ async def _stream(
     await event("response.output_item.done", output_index=index, item=message)
     output.append(message)
     finished = {**response, "output": output, "usage": usage}
+    if kept is not None:
+        kept.keep(finished)
     await event("response.completed" if final == "completed" else "response.incomplete", response=finished)
     return await stream.end()
 
