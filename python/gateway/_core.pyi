@@ -298,6 +298,11 @@ class StreamUsage:
     def reasoning_tokens(self) -> int:
         """usage.completion_tokens_details.reasoning_tokens, 0 when absent."""
     @property
+    def counts(self) -> tuple[int, int, int, int, int, int, int, int, int]:
+        """Every count at once, in the order of gateway.pricing.Usage's first nine fields: prompt,
+        completion, cached, reasoning, cache-write, audio prompt, image prompt (0), the hour's
+        cache-write and audio completion tokens."""
+    @property
     def audio_prompt_tokens(self) -> int:
         """Of prompt_tokens, the audio's: usage.prompt_tokens_details.audio_tokens, 0 when absent."""
     @property

@@ -7,11 +7,12 @@ balance loses (spec 1.4, 4 note 3).
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Context, Decimal
-from typing import Protocol
+from typing import TypeAlias
 
 import orjson
 
 from .config import Prices
+from .core import StreamUsage
 from .frozen import frozen
 
 # Prices are per million: a product by 10**-6 (exact, an exponent's shift) rather than a division, a
@@ -37,63 +38,33 @@ class Usage:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     cache_write_tokens: int = 0
+    audio_prompt_tokens: int = 0
+    image_prompt_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    audio_completion_tokens: int = 0
     searches: int = 0  # rerank search units
     characters: int = 0  # speech input
     seconds: int = 0  # audio transcribed, whole seconds rounded up
     images: int = 0  # images generated or edited
     image_size: str | None = None  # as the request asked (prices may differ by size and quality)
     image_quality: str | None = None
-    audio_prompt_tokens: int = 0
-    image_prompt_tokens: int = 0
-    cache_write_1h_tokens: int = 0
-    audio_completion_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-class ReportedUsage(Protocol):
-    """An upstream's token counts: the Rust core's StreamUsage, or a pricing.Usage read by a shape
-    translator (gateway.translate)."""
-
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
-    @property
-    def cached_tokens(self) -> int: ...
-    @property
-    def reasoning_tokens(self) -> int: ...
-    @property
-    def cache_write_tokens(self) -> int: ...
-    @property
-    def audio_prompt_tokens(self) -> int: ...
-    @property
-    def audio_completion_tokens(self) -> int: ...
-    @property
-    def cache_write_1h_tokens(self) -> int: ...
+# An upstream's token counts: the Rust core's, or a pricing.Usage read by a shape translator
+# (gateway.translate).
+ReportedUsage: TypeAlias = "StreamUsage | Usage"
 
 
 def reported_usage(reported: ReportedUsage) -> Usage:
-    # Positional (Usage's fields in order): a dataclass made with keywords costs ~0.13 us more.
-    return Usage(
-        reported.prompt_tokens,
-        reported.completion_tokens,
-        reported.cached_tokens,
-        reported.reasoning_tokens,
-        reported.cache_write_tokens,
-        0,  # searches
-        0,  # characters
-        0,  # seconds
-        0,  # images
-        None,  # image_size
-        None,  # image_quality
-        reported.audio_prompt_tokens,
-        0,  # image_prompt_tokens
-        reported.cache_write_1h_tokens,
-        reported.audio_completion_tokens,
-    )
+    """The gateway's Usage of what an upstream reported. The core's counts come in one call, in
+    Usage's order (StreamUsage.counts): nine getters and keywords cost ~0.5 us more."""
+    if isinstance(reported, Usage):
+        return reported
+    return Usage(*reported.counts)
 
 
 def cost(prices: Prices, usage: Usage) -> Decimal:

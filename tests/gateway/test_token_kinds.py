@@ -364,3 +364,37 @@ def test_model_group_info_shows_the_kinds_prices(kgw: Gateway) -> None:
     assert info["audio_input_cost_per_million_tokens"] == "40"
     assert info["audio_output_cost_per_million_tokens"] == "80"
     assert info["cache_write_1h_cost_per_million_tokens"] == "2.50"
+
+
+def test_the_cores_counts_come_in_usages_order() -> None:
+    """reported_usage takes the core's counts positionally (StreamUsage.counts): each lands in the
+    field of its name."""
+    from gateway.core import parse_chat_usage, parse_messages_usage
+    from gateway.pricing import reported_usage
+
+    chat = parse_chat_usage(
+        b'{"usage":{"prompt_tokens":90,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":7,'
+        b'"cache_write_tokens":5,"audio_tokens":60},"completion_tokens_details":{"reasoning_tokens":3,'
+        b'"audio_tokens":30}}}'
+    )
+    message = parse_messages_usage(
+        b'{"usage":{"input_tokens":1,"cache_creation_input_tokens":20,'
+        b'"cache_creation":{"ephemeral_1h_input_tokens":15},"output_tokens":4}}'
+    )
+    assert chat is not None and message is not None
+    for reported in (chat, message):
+        usage = reported_usage(reported)
+        for name in (
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "reasoning_tokens",
+            "cache_write_tokens",
+            "audio_prompt_tokens",
+            "cache_write_1h_tokens",
+            "audio_completion_tokens",
+        ):
+            assert getattr(usage, name) == getattr(reported, name), name
+        assert usage.image_prompt_tokens == 0 and usage.searches == 0 and usage.image_size is None
+    translated = Usage(5, 6, audio_prompt_tokens=2)
+    assert reported_usage(translated) is translated

@@ -194,6 +194,25 @@ impl StreamUsage {
     fn reasoning_tokens(&self) -> u64 {
         self.0.reasoning_tokens
     }
+    /// Every count in pricing.Usage's order of its first nine fields (prompt, completion, cached,
+    /// reasoning, cache writes, audio prompt, image prompt (none here), the hour's cache writes,
+    /// audio output): one call where nine getters cost ~0.5 us a request.
+    #[getter]
+    #[allow(clippy::type_complexity)]
+    fn counts(&self) -> (u64, u64, u64, u64, u64, u64, u64, u64, u64) {
+        let u = &self.0;
+        (
+            u.prompt_tokens,
+            u.completion_tokens,
+            u.cached_tokens,
+            u.reasoning_tokens,
+            u.cache_write_tokens,
+            u.audio_prompt_tokens,
+            0,
+            u.cache_write_1h_tokens,
+            u.audio_completion_tokens,
+        )
+    }
     #[getter]
     fn audio_prompt_tokens(&self) -> u64 {
         self.0.audio_prompt_tokens
