@@ -17,10 +17,13 @@ OVERSIZED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
 IMAGE_PART_TOKENS: Final[int]
 """The prompt tokens count_chat_tokens holds an image part at unless told otherwise (1,600)."""
+AUDIO_TOKENS_PER_SECOND: Final[int]
+"""Input audio's tokens a second as OpenAI bills them (10: a token per 100 ms)."""
 MIN_AUDIO_BYTES_PER_SECOND: Final[int]
 """The lowest bitrate compressed audio plausibly has (8 kbit/s, 1,000 bytes a second): its size
 then bounds its length."""
 __all__ = [
+    "AUDIO_TOKENS_PER_SECOND",
     "IMAGE_PART_TOKENS",
     "MAX_EVENT_BYTES",
     "MIN_AUDIO_BYTES_PER_SECOND",
@@ -372,9 +375,11 @@ def wav_seconds(data: bytes) -> float | None:
     prompt count holds an `input_audio` part by the same reading."""
 
 def count_prompt_tokens(
-    body: bytes, encoding: _Encoding = "o200k_base", image_tokens: int = 1600
+    body: bytes, encoding: _Encoding = "o200k_base", image_tokens: int = 1600, spoken_tokens: int = 0
 ) -> tuple[int, int]:
-    """count_chat_tokens's count and, of it, the audio parts' tokens: (tokens, audio_tokens)."""
+    """count_chat_tokens's count and, of it, the audio's tokens: (tokens, audio_tokens). An earlier
+    spoken answer named by id (an assistant message's `"audio": {"id": ...}`, billed again as audio
+    input) counts `spoken_tokens`, as audio."""
 
 # ---------------------------------------------------------------- rate limiting
 

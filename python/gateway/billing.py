@@ -248,26 +248,35 @@ class StreamOutcome:
     delivered_text: str  # the output the client was sent
     counted_prompt: int  # the gateway's own count of the prompt (the one its hold was made from)
     delivered_reasoning: str  # the reasoning among delivered_text (billed at its own price)
+    counted_audio: int = 0  # of counted_prompt, its audio's tokens
 
 
 def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
     """Spec 6.1.9: a stream is billed its full prompt plus the output the client was sent (the
     reasoning in it, which counts as output, at the model's reasoning price as a whole stream's
     is); output generated after the stop is not billed, and a stream that sent no output is not
-    billed. A complete stream is billed the upstream's own usage when it sent one."""
+    billed. A complete stream is billed the upstream's own usage when it sent one; so is a spoken
+    one whose usage came (its audio is counted only at its end, after the whole answer). A stream
+    cut short is billed its prompt as the upstream counted it when it said (each kind at its
+    price: cache reads and writes, audio), else as the gateway counted it (its audio too)."""
     reported = outcome.reported
-    if outcome.complete and reported is not None:
+    if reported is not None and (outcome.complete or reported.audio_completion_tokens):
         return reported_usage(reported)
     if not outcome.delivered_text:
         return Usage()
-    prompt = (
-        reported.prompt_tokens if reported is not None and reported.prompt_tokens else outcome.counted_prompt
-    )
     reasoning = outcome.delivered_reasoning
+    completion = count_tokens(outcome.delivered_text, model.tokenizer)
+    reasoning_tokens = count_tokens(reasoning, model.tokenizer) if reasoning else 0
+    if reported is not None and reported.prompt_tokens:
+        said = reported_usage(reported)
+        return replace(
+            said, completion_tokens=completion, reasoning_tokens=reasoning_tokens, audio_completion_tokens=0
+        )
     return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=count_tokens(outcome.delivered_text, model.tokenizer),
-        reasoning_tokens=count_tokens(reasoning, model.tokenizer) if reasoning else 0,
+        prompt_tokens=outcome.counted_prompt,
+        completion_tokens=completion,
+        reasoning_tokens=reasoning_tokens,
+        audio_prompt_tokens=outcome.counted_audio,
     )
 
 

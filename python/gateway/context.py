@@ -23,6 +23,9 @@ class Call:
     request_id: str
     started_ns: int
     hold: Hold | None = None
+    # Of the prompt as the gateway counted it, its audio's tokens (routes/text.check_and_hold):
+    # billed at their price when the upstream reports no usage.
+    prompt_audio: int = 0
     rate: RateState | None = None  # what it took from its key's rate limits
     # Filled in as the request goes, for its request log entry.
     model: str | None = None

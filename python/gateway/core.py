@@ -9,6 +9,7 @@ classes.
 from __future__ import annotations
 
 from ._core import (
+    AUDIO_TOKENS_PER_SECOND,
     IMAGE_PART_TOKENS,
     MAX_EVENT_BYTES,
     MIN_AUDIO_BYTES_PER_SECOND,
@@ -82,6 +83,7 @@ class InvalidHttpError(CoreError):
 
 
 __all__ = [
+    "AUDIO_TOKENS_PER_SECOND",
     "IMAGE_PART_TOKENS",
     "MAX_EVENT_BYTES",
     "MIN_AUDIO_BYTES_PER_SECOND",

@@ -16,6 +16,7 @@ from typing import Any
 
 import anthropic
 import openai
+import orjson
 import pytest
 
 from gateway import billing
@@ -31,6 +32,7 @@ AUDIO, PLAIN, CLAUDE, IMAGE = (
     "anthropic/claude-hour",
     "openai/image-kinds",
 )
+TRANSCRIBE = "openai/gpt-4o-transcribe"
 AUDIO_PRICES = Prices(
     input=Decimal("2.50"),
     cached_input=Decimal("1.25"),
@@ -108,6 +110,19 @@ output = "15"
 provider = "anthropic"
 base_url = "{sim_url}"
 model = "claude-sonnet-4-5"
+
+[[models]]
+name = "{TRANSCRIBE}"
+type = "transcription"
+max_output_tokens = 2000
+[models.prices]
+input = "2.50"
+audio_input = "6"
+output = "10"
+[[models.channels]]
+provider = "openai"
+base_url = "{sim_url}/v1"
+model = "gpt-4o-transcribe"
 
 [[models]]
 name = "{IMAGE}"
@@ -212,8 +227,6 @@ def test_the_hold_prices_each_kind_at_its_dearest() -> None:
 
 def test_the_prompt_count_says_its_audio() -> None:
     body = {"messages": _spoken_prompt(3)}
-    import orjson
-
     tokens, audio = count_prompt_tokens(orjson.dumps(body))
     assert audio == 30 and tokens > audio  # 10 a second
 
@@ -398,3 +411,104 @@ def test_the_cores_counts_come_in_usages_order() -> None:
         assert usage.image_prompt_tokens == 0 and usage.searches == 0 and usage.image_size is None
     translated = Usage(5, 6, audio_prompt_tokens=2)
     assert reported_usage(translated) is translated
+
+
+# ------------------------------------------------------------------ streams cut short, audio named by id
+
+
+def _usage_record(gw: Gateway, key: str, usage_id: str) -> dict[str, Any]:
+    return gw.usage_record(key, usage_id)
+
+
+def test_a_stream_cut_short_bills_its_prompts_audio_at_the_audio_price(kgw: Gateway) -> None:
+    """The upstream's usage comes only at a chat stream's end: a stream the client leaves bills the
+    gateway's count of its prompt, its audio at the audio price (before, all at the input price)."""
+    handle = kgw.new_key(balance="5")
+    messages = _spoken_prompt(40)
+    messages[0]["content"][0]["text"] = "Say it back [sim tokens=50 pace=0.05]"
+    body = {"model": AUDIO, "messages": messages, "max_tokens": 100, "stream": True}
+    with kgw.client(handle.key) as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: {"))
+        for _ in zip(range(6), lines, strict=False):  # a few chunks, then away
+            pass
+    rid = orjson.loads(first.removeprefix("data: "))["id"]
+    record = _usage_record(kgw, handle.key, rid)
+    assert record["status"] == "incomplete"
+    audio = 400  # 40 s at 10 tokens a second
+    prompt, completion = record["usage"]["prompt_tokens"], record["usage"]["completion_tokens"]
+    expected = cost(AUDIO_PRICES, Usage(prompt, completion, audio_prompt_tokens=audio))
+    assert Decimal(str(record["cost"])) == expected
+    assert expected > cost(AUDIO_PRICES, Usage(prompt, completion)) * 10
+
+
+def test_a_messages_stream_cut_short_bills_its_hour_long_writes_at_their_price(kgw: Gateway) -> None:
+    """message_start says the prompt's split (cache reads, writes kept an hour): a stream the client
+    leaves is billed that split, not the whole prompt at the input price."""
+    handle = kgw.new_key(balance="5")
+    rules = f"{uuid.uuid4().hex} " + "Answer as a patient librarian would, citing shelves. " * 40
+    body = {
+        "model": CLAUDE,
+        "max_tokens": 60,
+        "stream": True,
+        "system": [{"type": "text", "text": rules, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": "hello [sim tokens=50 pace=0.05]"}],
+    }
+    started: dict[str, Any] = {}
+    with kgw.client(handle.key) as http, http.stream("POST", "/v1/messages", json=body) as r:
+        assert r.status_code == 200
+        deltas = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"message_start"' in line:
+                started = orjson.loads(line.removeprefix("data: "))["message"]
+            elif line.startswith("data: {") and '"content_block_delta"' in line:
+                deltas += 1
+                if deltas == 3:
+                    break
+    written = started["usage"]["cache_creation_input_tokens"]
+    assert written and started["usage"]["cache_creation"]["ephemeral_1h_input_tokens"] == written
+    record = _usage_record(kgw, handle.key, started["id"])
+    assert record["status"] == "incomplete"
+    prompt, completion = record["usage"]["prompt_tokens"], record["usage"]["completion_tokens"]
+    expected = cost(
+        CLAUDE_PRICES, Usage(prompt, completion, cache_write_tokens=written, cache_write_1h_tokens=written)
+    )
+    assert Decimal(str(record["cost"])) == expected > cost(CLAUDE_PRICES, Usage(prompt, completion))
+
+
+def test_audio_named_by_id_is_held_at_the_most_the_model_speaks(kgw: Gateway) -> None:
+    """An assistant message's `"audio": {"id": ...}` is an earlier spoken answer, billed again as
+    audio input, its bytes never passing the gateway: held at the model's max_output_tokens (256
+    here) of audio each. Five of them at $40 a million are $0.0512: refused on $0.02."""
+    messages: list[Any] = [{"role": "assistant", "audio": {"id": f"audio_{i}"}} for i in range(5)]
+    messages.append({"role": "user", "content": "and now? [sim tokens=2]"})
+    handle = kgw.new_key(balance="0.02")
+    with kgw.client(handle.key) as http:
+        named = http.post(
+            "/v1/chat/completions", json={"model": AUDIO, "max_tokens": 1, "messages": messages}
+        )
+        plain = http.post(
+            "/v1/chat/completions", json={"model": AUDIO, "max_tokens": 1, "messages": messages[-1:]}
+        )
+    assert named.status_code == 400 and named.json()["error"]["code"] == "insufficient_credits"
+    assert plain.status_code == 200, plain.text
+
+
+def test_a_transcription_billed_by_tokens_prices_its_audio_apart(kgw: Gateway) -> None:
+    """gpt-4o-transcribe reports its input as audio tokens (input_token_details.audio_tokens), at
+    the model's audio_input price; the hold counts the upload's length as such tokens too."""
+    handle = kgw.new_key(balance="5")
+    wav = base64.b64decode(_wav(30))
+    with openai.OpenAI(base_url=kgw.openai_base, api_key=handle.key, max_retries=0) as oai:
+        raw = oai.audio.transcriptions.with_raw_response.create(model=TRANSCRIBE, file=("a.wav", wav))
+        answer = raw.parse()
+    usage = answer.usage
+    assert usage is not None and usage.type == "tokens"
+    heard = usage.input_token_details.audio_tokens if usage.input_token_details else 0
+    assert heard == 300
+    expected = cost(
+        Prices(input=Decimal("2.50"), audio_input=Decimal(6), output=Decimal(10)),
+        Usage(usage.input_tokens, usage.output_tokens, audio_prompt_tokens=heard),
+    )
+    assert raw.headers["x-service-cost"] == format_cost(expected)

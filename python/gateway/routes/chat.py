@@ -64,7 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
             model,
             payload,
             "chat",
-            lambda: count_prompt_tokens(raw, model.tokenizer, model.image_tokens),
+            lambda: count_prompt_tokens(raw, model.tokenizer, model.image_tokens, model.max_output_tokens),
             "max_completion_tokens",
             "max_tokens",
         )
@@ -82,7 +82,7 @@ def routes(state: GatewayState) -> list[Route]:
                 json_body(upstream),
                 rid,
                 CHAT_ANSWER,
-                lambda body: _counted_usage(model, prompt, chat_output_text(body)),
+                lambda body: _counted_usage(model, prompt, chat_output_text(body), call.prompt_audio),
             )
 
         options = payload.get("stream_options")
@@ -178,7 +178,11 @@ def _validate(payload: dict[str, Any]) -> None:
             )
 
 
-def _counted_usage(model: ModelConfig, prompt: int, output_text: str) -> Usage:
-    """Usage counted by the gateway (the prompt as counted for the hold), for an upstream that
-    reported none."""
-    return Usage(prompt_tokens=prompt, completion_tokens=count_tokens(output_text, model.tokenizer))
+def _counted_usage(model: ModelConfig, prompt: int, output_text: str, audio: int = 0) -> Usage:
+    """Usage counted by the gateway (the prompt as counted for the hold, `audio` of it its audio's
+    tokens), for an upstream that reported none."""
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=count_tokens(output_text, model.tokenizer),
+        audio_prompt_tokens=audio,
+    )

@@ -153,6 +153,7 @@ async def forward_stream(
             rewriter.output_upto(delivered),
             counted_prompt,
             rewriter.reasoning_upto(delivered),
+            call.prompt_audio,
         )
 
     async def body() -> AsyncGenerator[bytes, None]:

@@ -63,6 +63,7 @@ async def check_and_hold(
         prompt, audio = await _count_in_thread(prompt_tokens)
     else:  # no coroutine on the common path
         prompt, audio = prompt_tokens()
+    call.prompt_audio = audio
     estimate = billing.estimate_usage(model, prompt, payload, *limits, audio_tokens=audio)
     await billing.hold(state, call, model, estimate)
     return prompt

@@ -20,12 +20,20 @@ from starlette.routing import Route
 from .. import billing
 from ..config import ModelConfig
 from ..context import Call
-from ..core import MIN_AUDIO_BYTES_PER_SECOND, InvalidJsonError, count_tokens, set_json_id, wav_seconds
+from ..core import (
+    AUDIO_TOKENS_PER_SECOND,
+    MIN_AUDIO_BYTES_PER_SECOND,
+    InvalidJsonError,
+    count_tokens,
+    set_json_id,
+    wav_seconds,
+)
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
 from ..state import GatewayState
+from ..translate.usage import token_count
 from .common import REQUEST_ID_HEADER, model_endpoint, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
 from .speech import RESPONSE_ID_HEADER
@@ -100,9 +108,12 @@ def _read_answer(body: bytes) -> tuple[str, Usage | None]:
     ):
         reported = Usage(seconds=math.ceil(usage["seconds"]))
     elif isinstance(usage, dict) and usage.get("type") == "tokens":
+        # Of the input, its audio (gpt-4o-transcribe bills it at its own price).
+        details = usage.get("input_token_details")
         reported = Usage(
-            prompt_tokens=int(usage.get("input_tokens") or 0),
-            completion_tokens=int(usage.get("output_tokens") or 0),
+            prompt_tokens=token_count(usage.get("input_tokens")),
+            completion_tokens=token_count(usage.get("output_tokens")),
+            audio_prompt_tokens=token_count(details.get("audio_tokens")) if isinstance(details, dict) else 0,
         )
     elif isinstance(data, dict) and isinstance(data.get("duration"), int | float):
         reported = Usage(seconds=math.ceil(data["duration"]))
@@ -132,11 +143,18 @@ def _with_usage(body: bytes, usage: Usage) -> bytes:
 
 def _estimate(model: ModelConfig, audio: bytes) -> Usage:
     """The most a transcription may cost: the WAV's duration (other formats: as long as their size
-    allows at the lowest plausible bitrate) and the model's longest output."""
+    allows at the lowest plausible bitrate), as seconds and as audio input tokens (models billed by
+    tokens: gpt-4o-transcribe), and the model's longest output."""
     seconds = wav_seconds(audio)
     if seconds is None:
         seconds = len(audio) / MIN_AUDIO_BYTES_PER_SECOND
-    return Usage(seconds=math.ceil(seconds), completion_tokens=model.max_output_tokens)
+    heard = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND)
+    return Usage(
+        prompt_tokens=heard,
+        audio_prompt_tokens=heard,
+        seconds=math.ceil(seconds),
+        completion_tokens=model.max_output_tokens,
+    )
 
 
 # A subtitle cue's end (srt: 00:01:02,500; vtt: 00:01:02.500 or 01:02.500).

@@ -348,6 +348,65 @@ impl<'de> Deserialize<'de> for PartKey {
     }
 }
 
+/// An object where one is expected, read as `T`; any other JSON value (a number, a string, an
+/// array, null) counts as absent instead of failing the surrounding parse: an upstream's usage
+/// with one odd detail (`"cache_creation": 0`) is still read, its other counts billed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lenient<T>(pub Option<T>);
+
+impl<T> Default for Lenient<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<T> Lenient<T> {
+    pub fn as_ref(&self) -> Option<&T> {
+        self.0.as_ref()
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct LenientVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for LenientVisitor<T> {
+            type Value = Lenient<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Lenient<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|t| Lenient(Some(t)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Lenient<T>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E>(self, _: &str) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_none<E>(self) -> std::result::Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(LenientVisitor(std::marker::PhantomData))
+    }
+}
+
 /// A token count where a number is expected: a non-negative integer (or integral float) is taken,
 /// anything else counts as absent instead of failing the surrounding parse.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -131,11 +131,13 @@ pub struct PromptCount {
 
 /// `image_tokens`: what the model is held at for each image part (crate::media).
 pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -> Result<usize> {
-    count_prompt(body, encoding, image_tokens).map(|count| count.tokens)
+    count_prompt(body, encoding, image_tokens, 0).map(|count| count.tokens)
 }
 
-/// count_chat_tokens, with the audio's share.
-pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize) -> Result<PromptCount> {
+/// count_chat_tokens, with the audio's share. `spoken_tokens`: what an earlier spoken answer named
+/// by id (an assistant message's `"audio": {"id": ...}`, billed again as audio input) is held at,
+/// its bytes never passing the gateway: the most audio the model answers with.
+pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize, spoken_tokens: usize) -> Result<PromptCount> {
     // serde would also read the struct from an array; only an object is a request body.
     if !crate::json::starts_object(body) {
         return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
@@ -166,6 +168,10 @@ pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize) -> Res
                     for part in content {
                         total += parts.count(part)?;
                     }
+                }
+                Value::Object(_) if key == "audio" => {
+                    total += spoken_tokens;
+                    parts.audio_tokens.set(parts.audio_tokens.get().saturating_add(spoken_tokens));
                 }
                 Value::Array(calls) if key == "tool_calls" => {
                     for call in calls {
@@ -420,11 +426,17 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "hi"}, clip.clone()]},
             {"role": "user", "content": [{"type": "tool_result", "content": [clip]}]},
         ]});
-        let count = count_prompt(body.to_string().as_bytes(), Encoding::O200kBase, IMAGE_PART_TOKENS).unwrap();
+        let count = count_prompt(body.to_string().as_bytes(), Encoding::O200kBase, IMAGE_PART_TOKENS, 0).unwrap();
         assert_eq!(count.audio_tokens, 2 * one);
         assert!(count.tokens > count.audio_tokens);
-        let plain = count_prompt(br#"{"messages":[{"role":"user","content":"hi"}]}"#, Encoding::O200kBase, 1).unwrap();
+        let plain =
+            count_prompt(br#"{"messages":[{"role":"user","content":"hi"}]}"#, Encoding::O200kBase, 1, 0).unwrap();
         assert_eq!(plain.audio_tokens, 0);
+        // An earlier spoken answer named by id: held at the bound given, as audio.
+        let named = br#"{"messages":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"assistant","audio":{"id":"audio_2"}}]}"#;
+        let held = count_prompt(named, Encoding::O200kBase, 1, 500).unwrap();
+        assert_eq!(held.audio_tokens, 1_000);
+        assert!(held.tokens >= 1_000);
         assert!(count_chat_tokens(br#"{"messages":["x"]}"#, Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
         assert!(count_chat_tokens(b"not json", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());
         assert!(count_chat_tokens(b"[[]]", Encoding::O200kBase, IMAGE_PART_TOKENS).is_err());

@@ -427,21 +427,27 @@ const _: () = assert!(tokens::IMAGE_PART_TOKENS == 1600);
     text_signature = "(body, encoding='o200k_base', image_tokens=1600)"
 )]
 fn count_chat_tokens(py: Python<'_>, body: &[u8], encoding: &str, image_tokens: usize) -> PyResult<usize> {
-    count_prompt_tokens(py, body, encoding, image_tokens).map(|(tokens, _)| tokens)
+    count_prompt_tokens(py, body, encoding, image_tokens, 0).map(|(tokens, _)| tokens)
 }
 
 /// count_chat_tokens and, of those tokens, the audio's.
 #[pyfunction]
 #[pyo3(
-    signature = (body, encoding = "o200k_base", image_tokens = tokens::IMAGE_PART_TOKENS),
-    text_signature = "(body, encoding='o200k_base', image_tokens=1600)"
+    signature = (body, encoding = "o200k_base", image_tokens = tokens::IMAGE_PART_TOKENS, spoken_tokens = 0),
+    text_signature = "(body, encoding='o200k_base', image_tokens=1600, spoken_tokens=0)"
 )]
-fn count_prompt_tokens(py: Python<'_>, body: &[u8], encoding: &str, image_tokens: usize) -> PyResult<(usize, usize)> {
+fn count_prompt_tokens(
+    py: Python<'_>,
+    body: &[u8],
+    encoding: &str,
+    image_tokens: usize,
+    spoken_tokens: usize,
+) -> PyResult<(usize, usize)> {
     let enc = self::encoding(encoding)?;
     let result = if body.len() > DETACH_TEXT_BYTES {
-        py.detach(|| tokens::count_prompt(body, enc, image_tokens))
+        py.detach(|| tokens::count_prompt(body, enc, image_tokens, spoken_tokens))
     } else {
-        tokens::count_prompt(body, enc, image_tokens)
+        tokens::count_prompt(body, enc, image_tokens, spoken_tokens)
     };
     result.map(|count| (count.tokens, count.audio_tokens)).map_err(to_py)
 }
@@ -880,6 +886,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_EVENT_BYTES", sse::MAX_EVENT_BYTES)?;
     m.add("IMAGE_PART_TOKENS", tokens::IMAGE_PART_TOKENS)?;
     m.add("MIN_AUDIO_BYTES_PER_SECOND", media::MIN_AUDIO_BYTES_PER_SECOND)?;
+    m.add("AUDIO_TOKENS_PER_SECOND", media::AUDIO_TOKENS_PER_SECOND)?;
     m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
     m.add_class::<SseEvent>()?;
     m.add_class::<SseParser>()?;

@@ -10,7 +10,7 @@ use super::events::{is_json_ws, push_event, push_with_id};
 use super::sse::EventRef;
 use super::{encode_id, StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
-use crate::json::{member_is_set, starts_object, write_with_member, Count, Text};
+use crate::json::{member_is_set, starts_object, write_with_member, Count, Lenient, Text};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -23,9 +23,9 @@ struct UsageView {
     #[serde(default)]
     total_tokens: Count,
     #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
+    prompt_tokens_details: Lenient<PromptDetails>,
     #[serde(default)]
-    completion_tokens_details: Option<CompletionDetails>,
+    completion_tokens_details: Lenient<CompletionDetails>,
 }
 
 #[derive(Deserialize)]
@@ -72,7 +72,7 @@ struct ChunkView<'a> {
     #[serde(default)]
     error: Option<IgnoredAny>,
     #[serde(default)]
-    usage: Option<UsageView>,
+    usage: Lenient<UsageView>,
     #[serde(default, borrow)]
     model: Text<'a>,
     #[serde(default, borrow)]
@@ -104,13 +104,15 @@ struct DeltaView<'a> {
     function_call: Option<FunctionView<'a>>,
     /// Spoken output (`modalities: ["audio"]`): its transcript is what was said.
     #[serde(default, borrow)]
-    audio: Option<AudioView<'a>>,
+    audio: Lenient<AudioView<'a>>,
 }
 
 #[derive(Deserialize)]
 struct AudioView<'a> {
     #[serde(default, borrow)]
     transcript: Text<'a>,
+    #[serde(default, borrow)]
+    data: Text<'a>,
 }
 
 #[derive(Deserialize)]
@@ -142,10 +144,10 @@ pub fn parse_chat_usage(body: &[u8]) -> Result<Option<TokenUsage>> {
     #[derive(Deserialize)]
     struct Body {
         #[serde(default)]
-        usage: Option<UsageView>,
+        usage: Lenient<UsageView>,
     }
     let parsed: Body = serde_json::from_slice(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
-    Ok(parsed.usage.map(TokenUsage::from))
+    Ok(parsed.usage.0.map(TokenUsage::from))
 }
 
 /// The JSON object `body` with its top-level "id" set to `new_id` (inserted first when absent), every
@@ -193,8 +195,8 @@ impl ChatStreamRewriter {
     /// Takes what the chunk says; true when the chunk is to be withheld from the client.
     fn read(&mut self, view: ChunkView<'_>) -> bool {
         self.state.note_model(view.model);
-        let has_usage = view.usage.is_some();
-        if let Some(u) = view.usage {
+        let has_usage = view.usage.0.is_some();
+        if let Some(u) = view.usage.0 {
             self.usage = Some(u.into());
         }
         let mut no_choices = true;
@@ -208,8 +210,11 @@ impl ChatStreamRewriter {
                 self.state.take_reasoning(&delta.reasoning);
                 self.state.take_text(&delta.content);
                 self.state.take_text(&delta.refusal);
-                if let Some(audio) = &delta.audio {
+                if let Some(audio) = delta.audio.as_ref() {
                     self.state.take_text(&audio.transcript);
+                    // Audio is output too: a stream that speaks before its transcript comes is
+                    // not held back for it.
+                    self.state.saw_output |= audio.data.non_empty().is_some();
                 }
                 let calls = delta.tool_calls.iter().flatten().filter_map(|c| c.function.as_ref());
                 for f in calls.chain(delta.function_call.as_ref()) {
@@ -361,6 +366,25 @@ mod tests {
         rw.feed(b"data: {\"choices\":[{\"delta\":{\"audio\":{\"transcript\":\"lo\"}}}]}\n\n");
         assert_eq!(rw.state().output_text, "Hello");
         assert!(rw.state().saw_output);
+        let mut data_first = ChatStreamRewriter::new("x", true);
+        data_first.feed(b"data: {\"choices\":[{\"delta\":{\"audio\":{\"id\":\"a\",\"data\":\"UklGRg==\"}}}]}\n\n");
+        assert!(data_first.state().saw_output && data_first.state().output_text.is_empty());
+    }
+
+    #[test]
+    fn an_odd_usage_detail_is_ignored_not_fatal() {
+        // Review: `"prompt_tokens_details": "x"` failed the whole usage, and the prompt went
+        // unbilled (streams) or the answer was refused as malformed (plain).
+        let odd = parse_chat_usage(
+            br#"{"usage":{"prompt_tokens":50,"completion_tokens":7,"prompt_tokens_details":"x","completion_tokens_details":[1,{"a":2}]}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((odd.prompt_tokens, odd.completion_tokens, odd.cached_tokens), (50, 7, 0));
+        assert!(parse_chat_usage(br#"{"usage":"x"}"#).unwrap().is_none());
+        let mut rw = ChatStreamRewriter::new("x", true);
+        rw.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"completion_tokens_details\":0}}\n\n");
+        assert_eq!(rw.usage().map(|u| u.prompt_tokens), Some(9));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::sse::EventRef;
 use super::{encode_id, StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{for_each_member, key_is, member_is_set, starts_object, write_with_member};
-use crate::json::{Count, Text};
+use crate::json::{Count, Lenient, Text};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -24,9 +24,9 @@ struct UsageView {
     #[serde(default)]
     output_tokens: Count,
     #[serde(default)]
-    input_tokens_details: Option<InputDetails>,
+    input_tokens_details: Lenient<InputDetails>,
     #[serde(default)]
-    output_tokens_details: Option<OutputDetails>,
+    output_tokens_details: Lenient<OutputDetails>,
 }
 
 #[derive(Deserialize)]
@@ -49,9 +49,9 @@ impl From<UsageView> for TokenUsage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt.saturating_add(completion),
-            cached_tokens: u.input_tokens_details.and_then(|d| d.cached_tokens.0).unwrap_or(0),
+            cached_tokens: u.input_tokens_details.0.and_then(|d| d.cached_tokens.0).unwrap_or(0),
             cache_write_tokens: 0, // OpenAI reports none
-            reasoning_tokens: u.output_tokens_details.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
+            reasoning_tokens: u.output_tokens_details.0.and_then(|d| d.reasoning_tokens.0).unwrap_or(0),
             ..TokenUsage::default()
         }
     }
@@ -66,7 +66,7 @@ struct ResponseView<'a> {
     #[serde(default, borrow)]
     status: Text<'a>,
     #[serde(default)]
-    usage: Option<UsageView>,
+    usage: Lenient<UsageView>,
 }
 
 #[derive(Deserialize)]
@@ -95,7 +95,7 @@ pub fn rewrite_response(body: &[u8], new_id: &str, previous_id: Option<&str>) ->
     }
     let view: ResponseView<'_> = serde_json::from_slice(body).map_err(|e| CoreError::InvalidJson(e.to_string()))?;
     let upstream_id = view.id.into_owned();
-    let usage = view.usage.map(TokenUsage::from);
+    let usage = view.usage.0.map(TokenUsage::from);
     let mut out = Vec::with_capacity(body.len() + new_id.len() + 8);
     write_ids(body, &encode_id(new_id), previous_id.map(encode_id).as_deref(), &mut out)?;
     Ok(RewrittenResponse { body: out, upstream_id, usage })
@@ -154,7 +154,7 @@ impl ResponsesStreamRewriter {
             if let Some(status) = response.status.into_owned() {
                 self.state.finish_reason = Some(status);
             }
-            if let Some(u) = response.usage {
+            if let Some(u) = response.usage.0 {
                 self.usage = Some(u.into());
             }
         }
