@@ -318,6 +318,10 @@ def test_a_response_its_upstream_keeps_is_fetched_under_the_gateways_id(
     fetched = oai.responses.retrieve(made.id)
     assert fetched.id == made.id and fetched.output_text == made.output_text
     assert fetched.usage == made.usage and fetched.status == "completed"
+    # The response it continues is named by the gateway's id, as in the answer that made it.
+    later = oai.responses.create(model=MODEL, input=f"{marker} again", previous_response_id=made.id)
+    assert later.previous_response_id == made.id
+    assert oai.responses.retrieve(later.id).previous_response_id == made.id
     gets = [e for e in sim.get("/_sim/requests").json() if e.get("method") == "GET"]
     assert (
         gets

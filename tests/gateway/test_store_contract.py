@@ -654,6 +654,12 @@ def test_a_deleted_kept_response_leaves_a_gap_and_a_forgotten_state_is_gone(new_
                 f"resp_{tag}up", mine, "openai/gpt-4.1-mini", "http://u/v1", "up_1", now + 1_000
             )
             await store.remember_response(state)
+            # Found by the upstream's id too: the account's, on its upstream, while unexpired.
+            upstream = ("up_1", "http://u/v1")
+            assert await store.gateway_response_id(*upstream, mine, now) == state.id
+            assert await store.gateway_response_id(*upstream, other, now) is None
+            assert await store.gateway_response_id("up_1", "http://other/v1", mine, now) is None
+            assert await store.gateway_response_id(*upstream, mine, now + 1_000) is None
             assert not await store.forget_response(state.id, other)
             assert await store.forget_response(state.id, mine)
             assert await store.find_response(state.id, mine, now) is None

@@ -27,7 +27,6 @@ from ..core import (
     count_prompt_tokens,
     count_tokens,
     rewrite_response,
-    set_json_id,
 )
 from ..errors import GatewayError, invalid_request, quoted_id
 from ..ids import response_id
@@ -326,7 +325,8 @@ async def _a_background_response(state: GatewayState, account_id: str, response_
 
 async def _kept_upstream(state: GatewayState, held: ResponseState, query: str) -> Response:
     """A response an upstream keeps, as it answers GET for it (the request's query, `include`,
-    passed on), under the gateway's id; its 404 (deleted or expired there) in OpenAI's words."""
+    passed on), under the gateway's id, and the response it continued under its gateway id too
+    when the gateway still knows it; its 404 (deleted or expired there) in OpenAI's words."""
     path = f"/responses/{held.upstream_id}" + (f"?{query}" if query else "")
     try:
         content, _ = await jobs.get(state, _holder(state, held), path, jobs.MAX_STATE_BYTES)
@@ -334,10 +334,21 @@ async def _kept_upstream(state: GatewayState, held: ResponseState, query: str) -
         if failure.code == "not_found":
             raise not_found_response(held.id) from None
         raise
+    malformed = GatewayError("provider_error", "The model's provider sent a malformed answer.")
     try:
-        body = set_json_id(content, held.id)
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise malformed from None
+    upstream_previous = answer.get("previous_response_id") if isinstance(answer, dict) else None
+    previous = None
+    if isinstance(upstream_previous, str):
+        previous = await state.store.gateway_response_id(
+            upstream_previous, held.channel_url, held.account_id, now_ms()
+        )
+    try:
+        body = rewrite_response(content, held.id, previous).body
     except InvalidJsonError:
-        raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from None
+        raise malformed from None
     return Response(body, media_type="application/json")
 
 

@@ -255,6 +255,12 @@ class ResponseStates(Protocol):
     async def forget_response(self, response_id: str, account_id: str) -> bool:
         """Delete this account's response state; whether there was one."""
 
+    async def gateway_response_id(
+        self, upstream_id: str, channel_url: str, account_id: str, now_ms: int
+    ) -> str | None:
+        """The gateway's id of this account's unexpired response that the upstream at
+        `channel_url` keeps as `upstream_id` (a previous_response_id it names)."""
+
     async def keep_response(
         self, kept: KeptResponse, expires_at_ms: int, touches: Sequence[str] = ()
     ) -> None:

@@ -684,6 +684,19 @@ class PostgresStore(PostgresConsole):
         )
         return None if row is None else ResponseState(*row)
 
+    async def gateway_response_id(
+        self, upstream_id: str, channel_url: str, account_id: str, now_ms: int
+    ) -> str | None:
+        row = await self._fetchrow(
+            "SELECT id FROM response_states WHERE upstream_id = $1 AND channel_url = $2"
+            " AND account_id = $3 AND expires_at_ms > $4",
+            upstream_id,
+            channel_url,
+            account_id,
+            now_ms,
+        )
+        return None if row is None else str(row[0])
+
     async def keep_response(
         self, kept: KeptResponse, expires_at_ms: int, touches: Sequence[str] = ()
     ) -> None:

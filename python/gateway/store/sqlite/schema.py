@@ -336,6 +336,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX kept_responses_conversation ON kept_responses(conversation_id);
     """,
+    # A response an upstream keeps, found by the upstream's id (Store.gateway_response_id).
+    """
+    CREATE INDEX response_states_upstream ON response_states(upstream_id);
+    """,
 )
 
 

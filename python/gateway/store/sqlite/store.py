@@ -254,6 +254,20 @@ class SqliteStore(SqliteConsole):
         )
         return None if row is None else ResponseState(*row)
 
+    async def gateway_response_id(
+        self, upstream_id: str, channel_url: str, account_id: str, now_ms: int
+    ) -> str | None:
+        row = (
+            self._read()
+            .execute(
+                "SELECT id FROM response_states WHERE upstream_id = ? AND channel_url = ?"
+                " AND account_id = ? AND expires_at_ms > ?",
+                (upstream_id, channel_url, account_id, now_ms),
+            )
+            .fetchone()
+        )
+        return None if row is None else str(row[0])
+
     async def find_account(self, name: str) -> Account | None:
         row = self._read().execute(f"SELECT {_ACCOUNT} FROM accounts WHERE name = ?", (name,)).fetchone()
         return None if row is None else _account(row)
