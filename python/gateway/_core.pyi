@@ -161,6 +161,9 @@ class ChatStreamRewriter:
     def saw_output(self) -> bool:
         """Any non-empty output (content, reasoning or tool-call text) was forwarded."""
     @property
+    def spoken(self) -> bool:
+        """The answer is spoken (`delta.audio`): its output text is the transcript of audio."""
+    @property
     def output_text(self) -> str:
         """All streamed output text so far, concatenated."""
     @property
@@ -204,6 +207,8 @@ class MessagesStreamRewriter:
     @property
     def saw_output(self) -> bool: ...
     @property
+    def spoken(self) -> bool: ...
+    @property
     def output_text(self) -> str: ...
     @property
     def output_len(self) -> int: ...
@@ -240,6 +245,8 @@ class ResponsesStreamRewriter:
     def chunks(self) -> int: ...
     @property
     def saw_output(self) -> bool: ...
+    @property
+    def spoken(self) -> bool: ...
     @property
     def output_text(self) -> str: ...
     @property

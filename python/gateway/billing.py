@@ -249,6 +249,7 @@ class StreamOutcome:
     counted_prompt: int  # the gateway's own count of the prompt (the one its hold was made from)
     delivered_reasoning: str  # the reasoning among delivered_text (billed at its own price)
     counted_audio: int = 0  # of counted_prompt, its audio's tokens
+    spoken: bool = False  # the answer is spoken: delivered_text is the transcript of audio
 
 
 def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
@@ -258,7 +259,9 @@ def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
     billed. A complete stream is billed the upstream's own usage when it sent one; so is a spoken
     one whose usage came (its audio is counted only at its end, after the whole answer). A stream
     cut short is billed its prompt as the upstream counted it when it said (each kind at its
-    price: cache reads and writes, audio), else as the gateway counted it (its audio too)."""
+    price: cache reads and writes, audio), else as the gateway counted it (its audio too); a spoken
+    one cut before its usage came, its delivered transcript's tokens as audio output, the least
+    the audio sent with it can have taken (each audio token is a fraction of a second)."""
     reported = outcome.reported
     if reported is not None and (outcome.complete or reported.audio_completion_tokens):
         return reported_usage(reported)
@@ -267,16 +270,21 @@ def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
     reasoning = outcome.delivered_reasoning
     completion = count_tokens(outcome.delivered_text, model.tokenizer)
     reasoning_tokens = count_tokens(reasoning, model.tokenizer) if reasoning else 0
+    spoken = completion - reasoning_tokens if outcome.spoken else 0
     if reported is not None and reported.prompt_tokens:
         said = reported_usage(reported)
         return replace(
-            said, completion_tokens=completion, reasoning_tokens=reasoning_tokens, audio_completion_tokens=0
+            said,
+            completion_tokens=completion,
+            reasoning_tokens=reasoning_tokens,
+            audio_completion_tokens=spoken,
         )
     return Usage(
         prompt_tokens=outcome.counted_prompt,
         completion_tokens=completion,
         reasoning_tokens=reasoning_tokens,
         audio_prompt_tokens=outcome.counted_audio,
+        audio_completion_tokens=spoken,
     )
 
 

@@ -512,3 +512,30 @@ def test_a_transcription_billed_by_tokens_prices_its_audio_apart(kgw: Gateway) -
         Usage(usage.input_tokens, usage.output_tokens, audio_prompt_tokens=heard),
     )
     assert raw.headers["x-service-cost"] == format_cost(expected)
+
+
+def test_a_spoken_stream_cut_before_its_usage_bills_its_transcript_as_audio(kgw: Gateway) -> None:
+    """A spoken answer's audio tokens come only in its final usage: one the client leaves before
+    that is billed its delivered transcript's tokens at the audio output price, the least its
+    audio can have taken (before: at the text price)."""
+    handle = kgw.new_key(balance="5")
+    body = {
+        "model": AUDIO,
+        "messages": [{"role": "user", "content": "Speak [sim tokens=60 pace=0.05]"}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "alloy", "format": "wav"},
+        "max_completion_tokens": 250,
+        "stream": True,
+    }
+    with kgw.client(handle.key) as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: {"))
+        for _ in zip(range(8), lines, strict=False):  # a few words said, then away
+            pass
+    record = _usage_record(kgw, handle.key, orjson.loads(first.removeprefix("data: "))["id"])
+    assert record["status"] == "incomplete"
+    prompt, completion = record["usage"]["prompt_tokens"], record["usage"]["completion_tokens"]
+    assert 0 < completion < 60
+    expected = cost(AUDIO_PRICES, Usage(prompt, completion, audio_completion_tokens=completion))
+    assert Decimal(str(record["cost"])) == expected > cost(AUDIO_PRICES, Usage(prompt, completion))

@@ -57,6 +57,8 @@ class StreamRewriter(Protocol):
     @property
     def saw_output(self) -> bool: ...
     @property
+    def spoken(self) -> bool: ...
+    @property
     def chunks(self) -> int: ...
     @property
     def output_text(self) -> str: ...
@@ -154,6 +156,7 @@ async def forward_stream(
             counted_prompt,
             rewriter.reasoning_upto(delivered),
             call.prompt_audio,
+            rewriter.spoken,
         )
 
     async def body() -> AsyncGenerator[bytes, None]:

@@ -36,6 +36,10 @@ class MessagesThroughChat:
         return self.upstream.saw_output
 
     @property
+    def spoken(self) -> bool:
+        return self.upstream.spoken
+
+    @property
     def usage(self) -> Usage | None:
         return self.upstream.usage
 

@@ -21,6 +21,7 @@ class TranslatedStream:
         self._reasoning_pieces: list[int] = []  # which pieces of _output are reasoning (billed at its price)
         self.done = False
         self.saw_output = False
+        self.spoken = False  # the shapes translated have no spoken output
         self.error: bytes | None = None
         # Events sent to the client so far.
         self.chunks = 0

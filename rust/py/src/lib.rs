@@ -268,6 +268,11 @@ macro_rules! stream_rewriter {
             fn saw_output(&self) -> bool {
                 self.0.state().saw_output
             }
+            /// The answer is spoken: its output text is the transcript of audio.
+            #[getter]
+            fn spoken(&self) -> bool {
+                self.0.state().spoken
+            }
             #[getter]
             fn output_text(&self) -> String {
                 self.0.state().output_text.clone()

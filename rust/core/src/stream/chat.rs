@@ -211,6 +211,7 @@ impl ChatStreamRewriter {
                 self.state.take_text(&delta.content);
                 self.state.take_text(&delta.refusal);
                 if let Some(audio) = delta.audio.as_ref() {
+                    self.state.spoken = true;
                     self.state.take_text(&audio.transcript);
                     // Audio is output too: a stream that speaks before its transcript comes is
                     // not held back for it.
@@ -369,6 +370,7 @@ mod tests {
         let mut data_first = ChatStreamRewriter::new("x", true);
         data_first.feed(b"data: {\"choices\":[{\"delta\":{\"audio\":{\"id\":\"a\",\"data\":\"UklGRg==\"}}}]}\n\n");
         assert!(data_first.state().saw_output && data_first.state().output_text.is_empty());
+        assert!(data_first.state().spoken && !ChatStreamRewriter::new("y", true).state().spoken);
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct StreamState {
     pub finish_reason: Option<String>,
     /// The upstream's error event, raw, kept back from the client; the stream is over after it.
     pub error: Option<Vec<u8>>,
+    /// The answer is spoken (chat's `delta.audio`): its text is the transcript of audio, which the
+    /// upstream counts as audio tokens only in its final usage.
+    pub spoken: bool,
 }
 
 impl StreamState {
@@ -73,6 +76,7 @@ impl StreamState {
             model: None,
             finish_reason: None,
             error: None,
+            spoken: false,
         }
     }
 
