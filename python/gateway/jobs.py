@@ -30,7 +30,7 @@ from .clock import now_ms
 from .config import ChannelConfig, JobSettings, ModelConfig, Settings
 from .context import Call
 from .errors import GatewayError
-from .providers import PROVIDERS
+from .providers import PROVIDERS, resource_url
 from .providers.base import read_capped, send, upstream_error
 from .providers.http import UPSTREAM_FAILURES
 from .state import GatewayState
@@ -196,7 +196,7 @@ async def get(
     its content type, or the spec's error for the upstream's failure (not_found: the upstream has
     no such job), within `timeout` (default: [limits] sync_timeout_seconds)."""
     provider = PROVIDERS[channel.provider]
-    url = channel.base_url + path
+    url = resource_url(channel, path)
     headers = await provider.headers(channel, {}, state.upstream, url=url)
     headers.pop("content-type", None)
     if timeout is None or timeout > state.settings.sync_timeout_seconds:
@@ -223,7 +223,7 @@ async def delete(state: GatewayState, channel: ChannelConfig, path: str) -> None
     """DELETE on the channel's upstream with its credentials (a stored response): done when it
     answers 2xx, or 404 (it holds nothing by that id now); the spec's error for its failure."""
     provider = PROVIDERS[channel.provider]
-    url = channel.base_url + path
+    url = resource_url(channel, path)
     headers = await provider.headers(channel, {}, state.upstream, url=url)
     headers.pop("content-type", None)
     timeout = state.settings.sync_timeout_seconds
@@ -244,13 +244,14 @@ async def post(state: GatewayState, channel: ChannelConfig, path: str) -> bytes:
     """POST an empty request to the channel's upstream (an action on a job, as cancel): its answer."""
     provider = PROVIDERS[channel.provider]
     timeout = state.settings.sync_timeout_seconds
+    url = resource_url(channel, path)
     try:
         async with asyncio.timeout(timeout):
             response = await send(
                 state.upstream,
-                channel.base_url + path,
+                url,
                 b"{}",
-                await provider.headers(channel, {}, state.upstream, url=channel.base_url + path, body=b"{}"),
+                await provider.headers(channel, {}, state.upstream, url=url, body=b"{}"),
                 stream=False,
                 read_timeout=timeout,
             )

@@ -24,7 +24,7 @@ from gateway.errors import GatewayError
 from gateway.pricing import Usage, cost
 from gateway.providers.credentials import TokenCache
 from gateway.providers.http import UpstreamClient
-from harness import Gateway, chat_stream, gateway
+from harness import Gateway, chat_stream, eventually, gateway
 
 DEPLOYED = "azure/gpt-4o-mini"  # the deployment style, with an API key
 ENTRA = "azure-entra/gpt-4o-mini"  # the v1 API, with Entra ID
@@ -487,3 +487,50 @@ def test_model_group_info_tells_the_parameters_forwarded(agw: Gateway) -> None:
     assert r.status_code == 200, r.text
     params = r.json()["data"][0]["supported_openai_params"]
     assert {"temperature", "max_tokens", "tools", "stream_options"} <= set(params)
+
+
+def responses_models(sim_url: str) -> str:
+    """A Responses model on each of Azure's URL styles: the v1 API, and an api_version."""
+    return "[background]\npoll_seconds = 0.2\n" + "".join(
+        f"""
+[[models]]
+name = "{name}"
+type = "responses"
+{PRICES}
+[[models.channels]]
+provider = "azure"
+base_url = "{sim_url}"
+model = "o4-mini-deep-research+render=400ms"
+api_key_env = "{KEY_ENV}"
+{extra}
+"""
+        for name, extra in (
+            ("azure-v1/o4-mini", ""),
+            ("azure-dated/o4-mini", 'api_version = "2025-04-01-preview"'),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "root"),
+    [("azure-v1/o4-mini", "/openai/v1/responses/"), ("azure-dated/o4-mini", "/openai/responses/")],
+)
+def test_responses_azure_keeps_are_reached_at_azures_urls(
+    sim_url: str, sim: httpx.Client, tmp_path: Path, model: str, root: str
+) -> None:
+    """A stored response is fetched and deleted, and a background one polled to its end, at Azure's
+    own URLs (/openai/v1/responses/{id}, or /openai/responses/{id}?api-version=), not OpenAI's."""
+    env = {KEY_ENV: "azure-key-1"}
+    with gateway(tmp_path, responses_models(sim_url), env=env) as g:
+        handle = g.new_key(balance="5")
+        with openai.OpenAI(api_key=handle.key, base_url=g.url + "/v1", max_retries=0) as client:
+            made = client.responses.create(model=model, input="keep this [sim tokens=3]")
+            sim.delete("/_sim/requests")
+            assert client.responses.retrieve(made.id).output_text == made.output_text
+            client.responses.delete(made.id)
+            ran = client.responses.create(model=model, input="later [sim tokens=3]", background=True)
+            eventually(lambda: client.responses.retrieve(ran.id).status == "completed", 10)
+            assert client.responses.retrieve(ran.id).output_text
+    reached = [e for e in sim.get("/_sim/requests").json() if e.get("method") in ("GET", "DELETE")]
+    assert {e["method"] for e in reached} == {"GET", "DELETE"}
+    assert all(e["path"].startswith(root) for e in reached), reached

@@ -66,6 +66,14 @@ class StreamTranslator(Protocol):
     def finish(self) -> bytes: ...
 
 
+def resource_url(channel: ChannelConfig, path: str) -> str:
+    """Where a resource an upstream keeps (a stored or background response, a video) lives, `path`
+    below its API's root: the channel's base URL in OpenAI's layout, Azure's own under /openai."""
+    if channel.provider == "azure":
+        return azure.resource_url(channel, path)
+    return channel.base_url + path
+
+
 PROVIDERS: Final[Mapping[str, Provider]] = {
     "openai": openai,
     "anthropic": anthropic,
@@ -86,5 +94,6 @@ __all__ = [
     "cohere",
     "gemini",
     "openai",
+    "resource_url",
     "vertex",
 ]

@@ -42,6 +42,16 @@ def url(channel: ChannelConfig, model_type: str, *, stream: bool = False) -> str
     )
 
 
+def resource_url(channel: ChannelConfig, path: str) -> str:
+    """Where a resource Azure keeps (a stored or background response) lives, `path` below the API's
+    root: `/openai/v1/responses/{id}`, or with the channel's api_version
+    `/openai/responses/{id}?api-version=...` (Azure's Responses API is not per deployment)."""
+    if channel.api_version is None:
+        return f"{channel.base_url}/openai/v1{path}"
+    joiner = "&" if "?" in path else "?"
+    return f"{channel.base_url}/openai{path}{joiner}api-version={channel.api_version}"
+
+
 async def headers(
     channel: ChannelConfig,
     client_headers: Mapping[str, str],

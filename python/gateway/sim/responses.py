@@ -198,7 +198,7 @@ async def retrieve(sim: Simulator, request: web.Request) -> web.StreamResponse:
     """GET .../responses/{id}: a stored response, or a background one as it is now."""
     kept = sim.responses.answers.get(request.match_info["id"])
     if kept is not None:
-        sim.record({"path": f"/v1/responses/{kept['id']}", "method": "GET", "body": {}})
+        sim.record({"path": request.path, "method": "GET", "body": {}})
         return reply(200, orjson.dumps(kept))
     return _job(sim, request, cancel=False)
 
@@ -211,7 +211,7 @@ async def cancel(sim: Simulator, request: web.Request) -> web.StreamResponse:
 async def delete(sim: Simulator, request: web.Request) -> web.StreamResponse:
     """DELETE .../responses/{id}: a continuation naming it is refused from then on."""
     rid = request.match_info["id"]
-    sim.record({"path": f"/v1/responses/{rid}", "method": "DELETE", "body": {}})
+    sim.record({"path": request.path, "method": "DELETE", "body": {}})
     sim.responses.answers.pop(rid, None)
     held = sim.responses.stored.pop(rid, None), sim.responses.background.pop(rid, None)
     if held == (None, None):
@@ -221,8 +221,7 @@ async def delete(sim: Simulator, request: web.Request) -> web.StreamResponse:
 
 def _job(sim: Simulator, request: web.Request, *, cancel: bool) -> web.StreamResponse:
     rid = request.match_info["id"]
-    path = f"/v1/responses/{rid}" + ("/cancel" if cancel else "")
-    sim.record({"path": path, "method": request.method, "body": {}})
+    sim.record({"path": request.path, "method": request.method, "body": {}})
     job = sim.responses.background.get(rid)
     if job is None:
         return openai_error(404, f"Response with id '{rid}' not found.", code="not_found")
