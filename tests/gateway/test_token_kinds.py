@@ -6,8 +6,6 @@ them twice their text) and Anthropic's one-hour cache writes (`cache_write_1h`: 
 
 from __future__ import annotations
 
-import base64
-import struct
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -18,6 +16,7 @@ import anthropic
 import openai
 import orjson
 import pytest
+from test_media_prompt import _b64, _wav
 
 from gateway import billing
 from gateway.config import ConfigError, Prices, load_settings
@@ -145,15 +144,8 @@ def kgw(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
         yield g
 
 
-def _wav(seconds: int, rate: int = 16_000) -> str:
-    data = bytes(seconds * rate * 2)
-    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
-    riff = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<I", 16) + fmt
-    return base64.b64encode(riff + b"data" + struct.pack("<I", len(data)) + data).decode()
-
-
 def _spoken_prompt(seconds: int) -> list[Any]:
-    clip = {"type": "input_audio", "input_audio": {"data": _wav(seconds), "format": "wav"}}
+    clip = {"type": "input_audio", "input_audio": {"data": _b64(_wav(seconds)), "format": "wav"}}
     return [{"role": "user", "content": [{"type": "text", "text": "Say it back [sim tokens=5]"}, clip]}]
 
 
@@ -416,10 +408,6 @@ def test_the_cores_counts_come_in_usages_order() -> None:
 # ------------------------------------------------------------------ streams cut short, audio named by id
 
 
-def _usage_record(gw: Gateway, key: str, usage_id: str) -> dict[str, Any]:
-    return gw.usage_record(key, usage_id)
-
-
 def test_a_stream_cut_short_bills_its_prompts_audio_at_the_audio_price(kgw: Gateway) -> None:
     """The upstream's usage comes only at a chat stream's end: a stream the client leaves bills the
     gateway's count of its prompt, its audio at the audio price (before, all at the input price)."""
@@ -434,7 +422,7 @@ def test_a_stream_cut_short_bills_its_prompts_audio_at_the_audio_price(kgw: Gate
         for _ in zip(range(6), lines, strict=False):  # a few chunks, then away
             pass
     rid = orjson.loads(first.removeprefix("data: "))["id"]
-    record = _usage_record(kgw, handle.key, rid)
+    record = kgw.usage_record(handle.key, rid)
     assert record["status"] == "incomplete"
     audio = 400  # 40 s at 10 tokens a second
     prompt, completion = record["usage"]["prompt_tokens"], record["usage"]["completion_tokens"]
@@ -468,7 +456,7 @@ def test_a_messages_stream_cut_short_bills_its_hour_long_writes_at_their_price(k
                     break
     written = started["usage"]["cache_creation_input_tokens"]
     assert written and started["usage"]["cache_creation"]["ephemeral_1h_input_tokens"] == written
-    record = _usage_record(kgw, handle.key, started["id"])
+    record = kgw.usage_record(handle.key, started["id"])
     assert record["status"] == "incomplete"
     prompt, completion = record["usage"]["prompt_tokens"], record["usage"]["completion_tokens"]
     expected = cost(
@@ -499,7 +487,7 @@ def test_a_transcription_billed_by_tokens_prices_its_audio_apart(kgw: Gateway) -
     """gpt-4o-transcribe reports its input as audio tokens (input_token_details.audio_tokens), at
     the model's audio_input price; the hold counts the upload's length as such tokens too."""
     handle = kgw.new_key(balance="5")
-    wav = base64.b64decode(_wav(30))
+    wav = _wav(30)
     with openai.OpenAI(base_url=kgw.openai_base, api_key=handle.key, max_retries=0) as oai:
         raw = oai.audio.transcriptions.with_raw_response.create(model=TRANSCRIBE, file=("a.wav", wav))
         answer = raw.parse()
@@ -533,7 +521,7 @@ def test_a_spoken_stream_cut_before_its_usage_bills_its_transcript_as_audio(kgw:
         first = next(line for line in lines if line.startswith("data: {"))
         for _ in zip(range(8), lines, strict=False):  # a few words said, then away
             pass
-    record = _usage_record(kgw, handle.key, orjson.loads(first.removeprefix("data: "))["id"])
+    record = kgw.usage_record(handle.key, orjson.loads(first.removeprefix("data: "))["id"])
     assert record["status"] == "incomplete"
     prompt, completion = record["usage"]["prompt_tokens"], record["usage"]["completion_tokens"]
     assert 0 < completion < 60
