@@ -283,7 +283,7 @@ def test_mid_stream_error_ends_with_the_error_event_and_bills_what_came(gw: Gate
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
         ({"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": 7}]}, "input[1].id"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_url": "https://x/a.pdf"}]}]},
             "input[0].content[0]",
         ),
         (

@@ -653,15 +653,12 @@ def test_upstream_failure_before_a_translated_answer_is_the_ordinary_error(
                     {
                         "role": "user",
                         "content": [
-                            {
-                                "type": "document",
-                                "source": {"type": "text", "media_type": "text/plain", "data": "x"},
-                            }
+                            {"type": "document", "source": {"type": "file", "file_id": "file_011"}},
                         ],
                     }
                 ],
             },
-            "messages[0].content[0]",
+            "messages[0].content[0].source",
         ),
         (
             "/v1/messages",

@@ -19,6 +19,8 @@ chat shape's error event.
 
 from __future__ import annotations
 
+import base64
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -173,6 +175,8 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
 
 # What a tool result that says nothing is sent as (Converse refuses blank text).
 EMPTY_RESULT: Final = "(no output)"
+# Converse's document names: letters, digits, single spaces, hyphens, parentheses and brackets.
+NAME_REFUSED: Final = re.compile(r"[^A-Za-z0-9\-()\[\] ]+| {2,}")
 # The tool declared for a conversation with tool results but no calls (their calls cut from it).
 UNNAMED_TOOL: Final = "tool"
 
@@ -219,6 +223,18 @@ def _block(block: dict[str, Any], index: int) -> dict[str, Any]:
         raise invalid_request(
             "Bedrock takes images as base64 data (data: URLs), not links.", f"messages[{index}].content"
         )
+    if kind == "document":  # a PDF's bytes or a text (messages_request_from_chat makes no other)
+        source = block["source"]
+        title = NAME_REFUSED.sub(" ", block.get("title", "")).strip()
+        document: dict[str, Any] = {"name": title or "document"}
+        if source["type"] == "text":
+            document |= {
+                "format": "txt",
+                "source": {"bytes": base64.b64encode(source["data"].encode()).decode()},
+            }
+        else:
+            document |= {"format": "pdf", "source": {"bytes": source["data"]}}
+        return {"document": document}
     raise invalid_request(
         f"Bedrock has no counterpart for this content ({kind}).", f"messages[{index}].content"
     )

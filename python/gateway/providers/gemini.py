@@ -244,6 +244,11 @@ def _part(
         raise invalid_request(
             "Gemini takes images as base64 data (data: URLs), not links.", f"messages[{index}].content"
         )
+    if kind == "document":  # a PDF's bytes or a text (messages_request_from_chat makes no other)
+        source = block["source"]
+        if source["type"] == "text":
+            return {"text": source["data"]}
+        return {"inlineData": {"mimeType": "application/pdf", "data": source["data"]}}
     raise invalid_request(
         f"Gemini has no counterpart for this content ({kind}).", f"messages[{index}].content"
     )

@@ -16,6 +16,7 @@ from .. import billing
 from ..config import ModelConfig
 from ..context import Call
 from ..core import count_tokens
+from ..errors import GatewayError
 from ..pricing import Usage
 from ..routing import ChannelBody
 from ..state import GatewayState
@@ -59,9 +60,14 @@ def chat_body(
     if limit not in received:  # the model takes no output limit: it is held at its most
         payload.pop(source_limit, None)
     if model.type == "messages":  # once more, into the model's own shape
-        return state.registry.channel_body(
-            model, messages_request_from_chat(chat, model.max_output_tokens), call
-        )
+        try:
+            said = messages_request_from_chat(chat, model.max_output_tokens)
+        except GatewayError as exc:
+            if exc.param is not None and exc.param.startswith("messages"):
+                # It names the chat request made in between; the client's conversation is `input`.
+                exc.param = "input"
+            raise
+        return state.registry.channel_body(model, said, call)
     return state.registry.channel_body(model, chat, call)
 
 

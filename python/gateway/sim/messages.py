@@ -41,6 +41,9 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         return anthropic_error(400, "messages and max_tokens are required")
     if req.get("tools") is not None and not isinstance(req["tools"], list):
         return anthropic_error(400, "tools: Input should be a valid list")
+    refused = _document_refusal(messages)
+    if refused is not None:
+        return anthropic_error(400, refused)
     headers = request.headers
     sim.record(
         {
@@ -159,3 +162,27 @@ async def _stream(
     )
     await stream.event("message_stop", {"type": "message_stop"})
     return await stream.end()
+
+
+# What a document's source must say, as Anthropic validates it: base64 data is a PDF, text is plain.
+DOCUMENT_SOURCES = {"base64": "application/pdf", "text": "text/plain"}
+
+
+def _document_refusal(messages: list[Any]) -> str | None:
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(block, dict) or block.get("type") != "document":
+                continue
+            given = block.get("source")
+            source: dict[str, Any] = given if isinstance(given, dict) else {}
+            kind = source.get("type")
+            at = f"messages.{i}.content.{j}.document.source"
+            if kind not in (*DOCUMENT_SOURCES, "url", "content", "file"):
+                return f"{at}: Input tag {kind!r} found using 'type' does not match any of the expected tags"
+            wanted = DOCUMENT_SOURCES.get(kind)
+            if wanted is not None and (
+                source.get("media_type") != wanted or not isinstance(source.get("data"), str)
+            ):
+                return f"{at}.{kind}.media_type: Input should be '{wanted}'"
+    return None

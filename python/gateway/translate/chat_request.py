@@ -2,9 +2,9 @@
 
 `system` becomes the first message, `tool_result` blocks become tool messages (placed before the rest of
 their user turn, right after the assistant's tool calls as the chat shape wants), `tool_use` blocks
-become tool calls, `image` blocks become image_url parts. Parameters without a counterpart (thinking,
-service tiers, server tools) are left out (spec 1.3); content the chat shape cannot carry (documents,
-images inside tool results) is a 400.
+become tool calls, `image` blocks become image_url parts, `document` blocks file parts (a PDF) or text.
+Parameters without a counterpart (thinking, service tiers, server tools) are left out (spec 1.3); content
+the chat shape cannot carry (documents given by URL or file id, images inside tool results) is a 400.
 """
 
 from __future__ import annotations
@@ -141,14 +141,16 @@ def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
             parts.append({"type": "text", "text": block["text"]})
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), at)}})
+        elif kind == "document":
+            parts.extend(_document(block, at))
         elif kind == "tool_result":
             results.append(_tool_message(block, at))
         elif kind == "text":
             raise invalid_request(f"`{at}.text` must be a string.", f"{at}.text")
         else:
             raise invalid_request(
-                f"`{at}`: content of type {kind!r} cannot be sent to this model (text, image and "
-                "tool_result can).",
+                f"`{at}`: content of type {kind!r} cannot be sent to this model (text, image, document "
+                "and tool_result can).",
                 at,
             )
     if not parts:
@@ -165,6 +167,51 @@ def _image_url(source: Any, where: str) -> str:
     if kind == "url" and isinstance(source.get("url"), str):
         return str(source["url"])
     raise invalid_request(f"`{where}.source` must be a base64 or url image source.", f"{where}.source")
+
+
+def _document(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """A document block as chat parts: a base64 PDF as a `file` part (its title as the file's name),
+    a text source as a text part, a content source as its text and image parts. A document given by
+    URL or by a Files API id has no counterpart: the chat shape takes a file's bytes only."""
+    given = block.get("source")
+    source: dict[str, Any] = given if isinstance(given, dict) else {}
+    kind, at = source.get("type"), f"{where}.source"
+    if (
+        kind == "base64"
+        and source.get("media_type") == "application/pdf"
+        and isinstance(source.get("data"), str)
+    ):
+        title = block.get("title")
+        name = title if isinstance(title, str) and title else "document.pdf"
+        return [
+            {
+                "type": "file",
+                "file": {"filename": name, "file_data": f"data:application/pdf;base64,{source['data']}"},
+            }
+        ]
+    if kind == "text" and isinstance(source.get("data"), str):
+        return [{"type": "text", "text": source["data"]}]
+    if kind == "content" and isinstance(source.get("content"), str):
+        return [{"type": "text", "text": source["content"]}]
+    if kind == "content" and isinstance(source.get("content"), list):
+        parts: list[dict[str, Any]] = []
+        for j, inner in enumerate(source["content"]):
+            inner_kind = inner.get("type") if isinstance(inner, dict) else None
+            if inner_kind == "text" and isinstance(inner.get("text"), str):
+                parts.append({"type": "text", "text": inner["text"]})
+            elif inner_kind == "image":
+                url = _image_url(inner.get("source"), f"{at}.content[{j}]")
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+            else:
+                raise invalid_request(
+                    f"`{at}.content[{j}]` must be a text or image block.", f"{at}.content[{j}]"
+                )
+        return parts
+    raise invalid_request(
+        f"`{at}`: this model takes a document as a base64 PDF, text or content source, not "
+        f"{kind or 'this source'} (the chat shape carries a file's bytes only).",
+        at,
+    )
 
 
 def _tool_message(block: dict[str, Any], where: str) -> dict[str, Any]:

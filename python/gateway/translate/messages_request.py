@@ -3,11 +3,14 @@
 The conversation keeps its meaning: system and developer messages become `system`, tool results become
 `tool_result` blocks of a user turn, assistant tool calls become `tool_use` blocks, images become
 `image` blocks. Parameters without a counterpart are left out (spec 1.3: dropped, not an error); what
-cannot be said in the other shape at all (audio, files, legacy function messages) is a 400.
+cannot be said in the other shape at all (audio, files named by id, legacy function messages) is a 400.
+A file given as data becomes a `document` block: a PDF keeps its bytes, a plain text file its text.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import orjson
@@ -16,6 +19,8 @@ from ..errors import invalid_request
 
 # The image types the message family accepts as base64 data.
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+# The documents it reads: PDFs as base64 data, plain text as text.
+PDF_TYPE, TEXT_TYPE = "application/pdf", "text/plain"
 # Same name and meaning in both shapes; top_k and thinking are the family's own, which a chat client
 # may send to it (spec 1.3 example: top_k reaches the family it means something to).
 SAME_PARAMS = ("temperature", "top_p", "top_k", "thinking", "stream")
@@ -195,12 +200,65 @@ def _user_blocks(content: Any, where: str, image_links: bool) -> list[dict[str, 
                 blocks.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
             blocks.append(_image(part.get("image_url"), at, image_links))
+        elif kind == "file":
+            blocks.append(_document(part.get("file"), at))
         else:
             raise invalid_request(
-                f"`{at}`: content of type {kind!r} cannot be sent to this model (text and image_url can).",
+                f"`{at}`: content of type {kind!r} cannot be sent to this model (text, image_url and "
+                "file can).",
                 at,
             )
     return blocks
+
+
+def _base64_data(url: str) -> tuple[str, str] | None:
+    """A base64 data: URL's media type (lower case) and data; None for anything else."""
+    if not url.startswith("data:"):
+        return None
+    header, comma, data = url[5:].partition(",")
+    media_type, *options = header.split(";")
+    return (media_type.strip().lower(), data) if comma and data and "base64" in options else None
+
+
+def _document(file: Any, where: str) -> dict[str, Any]:
+    """A `file` part as a document block. Its `file_data` is a base64 data: URL (or bare base64,
+    taken as a PDF, the one kind OpenAI's chat shape reads): a PDF keeps its bytes, plain text
+    becomes a text source. A `file_id` names a file kept by OpenAI, which this model cannot read."""
+    if not isinstance(file, dict):
+        raise invalid_request(f"`{where}.file` must be an object.", f"{where}.file")
+    given = file.get("file_data")
+    if not isinstance(given, str) or not given:
+        if file.get("file_id") is not None:
+            raise invalid_request(
+                f"`{where}.file.file_id`: a file uploaded to OpenAI cannot be read by this model; send "
+                "the file itself as `file_data` (a base64 data: URL).",
+                f"{where}.file.file_id",
+            )
+        raise invalid_request(
+            f"`{where}.file.file_data` is required: the file as a base64 data: URL.", f"{where}.file"
+        )
+    media_type, data = _base64_data(given) or (PDF_TYPE, given)
+    if media_type == PDF_TYPE:
+        source: dict[str, Any] = {"type": "base64", "media_type": PDF_TYPE, "data": data}
+    elif media_type == TEXT_TYPE:
+        try:
+            text = base64.b64decode(data, validate=False).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise invalid_request(
+                f"`{where}.file.file_data` is not base64 of UTF-8 text.", f"{where}.file.file_data"
+            ) from None
+        source = {"type": "text", "media_type": TEXT_TYPE, "data": text}
+    else:
+        raise invalid_request(
+            f"`{where}.file.file_data`: this model reads PDF ({PDF_TYPE}) and plain text ({TEXT_TYPE}) "
+            f"files, not {media_type or 'this kind'}.",
+            f"{where}.file.file_data",
+        )
+    block: dict[str, Any] = {"type": "document", "source": source}
+    filename = file.get("filename")
+    if isinstance(filename, str) and filename:
+        block["title"] = filename
+    return block
 
 
 def _image(image_url: Any, where: str, links: bool) -> dict[str, Any]:
@@ -215,14 +273,9 @@ def _image(image_url: Any, where: str, links: bool) -> dict[str, Any]:
                 where,
             )
         return {"type": "image", "source": {"type": "url", "url": url}}
-    if isinstance(url, str) and url.startswith("data:"):
-        header, comma, data = url[5:].partition(",")
-        media_type, *options = header.split(";")
-        if comma and data and "base64" in options and media_type.lower() in IMAGE_TYPES:
-            return {
-                "type": "image",
-                "source": {"type": "base64", "media_type": media_type.lower(), "data": data},
-            }
+    given = _base64_data(url) if isinstance(url, str) else None
+    if given is not None and given[0] in IMAGE_TYPES:
+        return {"type": "image", "source": {"type": "base64", "media_type": given[0], "data": given[1]}}
     raise invalid_request(
         f"`{where}.image_url.url` must be an http(s) URL or a base64 data: URL of a JPEG, PNG, GIF or "
         "WebP image.",

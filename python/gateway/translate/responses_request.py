@@ -4,8 +4,8 @@
 role (developer as system), `function_call` items the assistant's tool calls, `function_call_output`
 items tool messages. Reasoning items from earlier turns have no place in the chat shape and are left
 out, as are hosted tools (web search, file search, ...). What would need state held upstream (a hosted
-tool's own call items) or content the chat shape cannot carry (files) is a 400: dropping it would
-change what was asked. The route has put the conversation the gateway keeps in place of
+tool's own call items) or content the chat shape cannot carry (files by URL, audio) is a 400: dropping
+it would change what was asked. The route has put the conversation the gateway keeps in place of
 `previous_response_id` and `item_reference` items before this runs (routes/kept_responses.py).
 """
 
@@ -140,10 +140,29 @@ def _user_part(part: Any, where: str) -> dict[str, Any]:
         if isinstance(part.get("detail"), str):
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
+    if kind == "input_file":
+        return _file(part, where)
     raise invalid_request(
-        f"`{where}`: content of type {kind!r} cannot be sent to this model (input_text and input_image can).",
+        f"`{where}`: content of type {kind!r} cannot be sent to this model (input_text, input_image and "
+        "input_file can).",
         where,
     )
+
+
+def _file(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input_file as the chat shape's file part: by its data (a base64 data: URL) or by id. A
+    file given by URL has no counterpart there (the chat shape carries a file's bytes or id)."""
+    file: dict[str, Any] = {}
+    for field in ("file_data", "file_id", "filename"):
+        if isinstance(part.get(field), str) and part[field]:
+            file[field] = part[field]
+    if "file_data" not in file and "file_id" not in file:
+        raise invalid_request(
+            f"`{where}`: this model takes a file as `file_data` (a base64 data: URL) or `file_id`, not "
+            "by URL.",
+            where,
+        )
+    return {"type": "file", "file": file}
 
 
 def _text_parts(parts: Any, where: str) -> str:

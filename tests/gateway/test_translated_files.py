@@ -1,0 +1,330 @@
+"""Files through the translations: a chat `file` part or a Responses `input_file` reaching a messages
+model (Claude) as a `document` block, a messages `document` reaching a chat model as a `file` part or
+text, and the chat shape's files said to Bedrock (a Converse document) and Gemini (inline data); what
+has no counterpart (a file kept upstream by id, a file by URL, a kind the model cannot read) is a 400
+naming it. The official clients, the simulator checking each upstream's own rules."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from test_bedrock import MODEL as BEDROCK
+from test_bedrock import bgw, converse_requests
+from test_gemini import MODEL as GEMINI
+from test_gemini import ggw
+from test_gemini import sent as gemini_requests
+from test_translation import CLAUDE, GPT, PNG_BASE64, marker
+
+from harness import Gateway, KeyHandle, sim_requests
+
+__all__ = ["bgw", "ggw"]  # the Bedrock and Gemini gateways, as fixtures here too
+
+# A PDF of one page: what the gateway counts and the upstreams read (its bytes pass unchanged).
+PDF = (
+    b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n"
+    b"2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n"
+    b"3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 612 792]>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n"
+)
+PDF_BASE64 = base64.b64encode(PDF).decode()
+PDF_URL = f"data:application/pdf;base64,{PDF_BASE64}"
+NOTES = "Meeting notes: ship on Friday."
+NOTES_URL = "data:text/plain;base64," + base64.b64encode(NOTES.encode()).decode()
+
+
+@pytest.fixture
+def oai(gw: Gateway, key: KeyHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.openai_base, api_key=key.key, max_retries=0) as c:
+        yield c
+
+
+def test_chat_file_parts_reach_a_messages_model_as_documents(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    tag = marker()
+    completion = oai.chat.completions.create(
+        model=CLAUDE,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"Summarise these. {tag}"},
+                    {"type": "file", "file": {"filename": "report.pdf", "file_data": PDF_URL}},
+                    {"type": "file", "file": {"filename": "notes.txt", "file_data": NOTES_URL}},
+                    {"type": "file", "file": {"file_data": PDF_BASE64}},  # bare base64: a PDF
+                ],
+            }
+        ],
+        max_completion_tokens=5,
+    )
+    assert completion.choices[0].message.content
+    (received,) = sim_requests(sim, tag)
+    assert received["messages"][0]["content"][1:] == [
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_BASE64},
+            "title": "report.pdf",
+        },
+        {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": NOTES},
+            "title": "notes.txt",
+        },
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_BASE64},
+        },
+    ]
+
+
+def test_a_responses_input_file_reaches_claude_as_a_document_and_gpt_as_a_file(
+    oai: openai.OpenAI, sim: httpx.Client
+) -> None:
+    for model in (CLAUDE, GPT):
+        tag = marker()
+        response = oai.responses.create(
+            model=model,
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": f"What does it say? {tag}"},
+                        {"type": "input_file", "filename": "report.pdf", "file_data": PDF_URL},
+                    ],
+                }
+            ],
+            max_output_tokens=16,
+        )
+        assert response.status == "completed" and response.output_text
+        (received,) = sim_requests(sim, tag)
+        part = received["messages"][-1]["content"][1]
+        if model == CLAUDE:
+            assert part == {
+                "type": "document",
+                "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_BASE64},
+                "title": "report.pdf",
+            }
+        else:
+            assert part == {"type": "file", "file": {"file_data": PDF_URL, "filename": "report.pdf"}}
+
+
+def test_messages_documents_reach_a_chat_model_as_a_file_and_text(
+    gw: Gateway, key: KeyHandle, sim: httpx.Client
+) -> None:
+    tag = marker()
+    with anthropic.Anthropic(base_url=gw.url, api_key=key.key, max_retries=0) as claude:
+        message = claude.messages.create(
+            model=GPT,
+            max_tokens=5,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "document",
+                            "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_BASE64},
+                            "title": "report.pdf",
+                            "citations": {"enabled": True},
+                        },
+                        {
+                            "type": "document",
+                            "source": {"type": "text", "media_type": "text/plain", "data": NOTES},
+                        },
+                        {
+                            "type": "document",
+                            "source": {
+                                "type": "content",
+                                "content": [
+                                    {"type": "text", "text": "Slide 1"},
+                                    {
+                                        "type": "image",
+                                        "source": {
+                                            "type": "base64",
+                                            "media_type": "image/png",
+                                            "data": PNG_BASE64,
+                                        },
+                                    },
+                                ],
+                            },
+                        },
+                        {"type": "text", "text": f"Summarise. {tag}"},
+                    ],
+                }
+            ],
+        )
+    assert message.content[0].type == "text"
+    (received,) = sim_requests(sim, tag)
+    assert received["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "file", "file": {"filename": "report.pdf", "file_data": PDF_URL}},
+                {"type": "text", "text": NOTES},
+                {"type": "text", "text": "Slide 1"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_BASE64}"}},
+                {"type": "text", "text": f"Summarise. {tag}"},
+            ],
+        }
+    ]
+
+
+def test_a_pdf_is_held_and_billed_as_pages_through_the_translation(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI
+) -> None:
+    """The file is counted as a PDF on the way in (the hold) and the upstream's count bills it: the
+    simulator counts the document as the gateway does, so the prompt's tokens are the file's pages."""
+    plain = oai.chat.completions.create(
+        model=CLAUDE, messages=[{"role": "user", "content": "Read it."}], max_completion_tokens=3
+    )
+    with_file = oai.chat.completions.create(
+        model=CLAUDE,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Read it."},
+                    {"type": "file", "file": {"filename": "a.pdf", "file_data": PDF_URL}},
+                ],
+            }
+        ],
+        max_completion_tokens=3,
+    )
+    assert plain.usage is not None and with_file.usage is not None
+    assert with_file.usage.prompt_tokens > plain.usage.prompt_tokens + 1000  # a page's text and image
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "model": CLAUDE,
+                "messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-1"}}]}],
+            },
+            "messages[0].content[0].file.file_id",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": CLAUDE,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "file", "file": {"file_data": f"data:image/png;base64,{PNG_BASE64}"}}
+                        ],
+                    }
+                ],
+            },
+            "messages[0].content[0].file.file_data",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": CLAUDE,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "file", "file": {"file_data": "data:text/plain;base64,/w=="}}],
+                    }
+                ],
+            },
+            "messages[0].content[0].file.file_data",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": GPT,
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "document",
+                                "source": {"type": "url", "url": "https://example.com/a.pdf"},
+                            }
+                        ],
+                    }
+                ],
+            },
+            "messages[0].content[0].source",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": CLAUDE,
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_file", "file_url": "https://example.com/a.pdf"}],
+                    }
+                ],
+            },
+            "input[0].content[0]",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": CLAUDE,
+                "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}],
+            },
+            "input",  # refused in the second translation (chat to messages): its place is the input
+        ),
+    ],
+)
+def test_files_without_a_counterpart_are_400(
+    gw: Gateway, path: str, body: dict[str, Any], param: str
+) -> None:
+    key = gw.new_key(balance="0.000001")  # too little for any hold: the 400 comes first
+    with gw.client(key.key) as c:
+        r = c.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and error["param"] == param, error
+    assert gw.balance(key.account_id) == Decimal("0.000001")
+
+
+FILE_PARTS: list[Any] = [
+    {"type": "file", "file": {"filename": "Q3 report (final).pdf", "file_data": PDF_URL}},
+    {"type": "file", "file": {"filename": "notes.txt", "file_data": NOTES_URL}},
+]
+
+
+def test_files_said_to_bedrock_as_converse_documents(bgw: Gateway, sim: httpx.Client) -> None:
+    handle = bgw.new_key(balance="5")
+    tag = marker()
+    with openai.OpenAI(api_key=handle.key, base_url=bgw.url + "/v1", max_retries=0) as oai:
+        answer = oai.chat.completions.create(
+            model=BEDROCK,
+            messages=[{"role": "user", "content": [{"type": "text", "text": f"Read. {tag}"}, *FILE_PARTS]}],
+            max_tokens=5,
+        )
+    assert answer.choices[0].message.content
+    (entry,) = converse_requests(sim, tag)
+    assert entry["body"]["messages"][0]["content"][1:] == [
+        {"document": {"name": "Q3 report (final) pdf", "format": "pdf", "source": {"bytes": PDF_BASE64}}},
+        {"document": {"name": "notes txt", "format": "txt", "source": {"bytes": NOTES_URL.split(",")[1]}}},
+    ]
+
+
+def test_files_said_to_gemini_as_inline_data(ggw: Gateway, sim: httpx.Client) -> None:
+    handle = ggw.new_key(balance="5")
+    tag = marker()
+    with openai.OpenAI(api_key=handle.key, base_url=ggw.url + "/v1", max_retries=0) as oai:
+        answer = oai.chat.completions.create(
+            model=GEMINI,
+            messages=[{"role": "user", "content": [{"type": "text", "text": f"Read. {tag}"}, *FILE_PARTS]}],
+            max_tokens=5,
+        )
+    assert answer.choices[0].message.content
+    entry = gemini_requests(sim, tag)
+    assert entry["body"]["contents"][0]["parts"][1:] == [
+        {"inlineData": {"mimeType": "application/pdf", "data": PDF_BASE64}},
+        {"text": NOTES},
+    ]
