@@ -33,6 +33,7 @@ from ..providers.http import UPSTREAM_FAILURES
 from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
 from ..state import GatewayState
+from ..translate.usage import reported_count, token_count
 from . import image_files
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
@@ -349,14 +350,14 @@ def _usage(answer: dict[str, Any], images: int, model: ModelConfig, prompt: str,
     size = answer.get("size") if isinstance(answer.get("size"), str) else order.size
     quality = answer.get("quality") if isinstance(answer.get("quality"), str) else order.quality
     reported = answer.get("usage")
-    if isinstance(reported, dict) and _count(reported.get("input_tokens")) is not None:
+    if isinstance(reported, dict) and reported_count(reported.get("input_tokens")) is not None:
         details = reported.get("input_tokens_details")
         details = details if isinstance(details, dict) else {}
         return Usage(
-            prompt_tokens=_count(reported.get("input_tokens")) or 0,
-            completion_tokens=_count(reported.get("output_tokens")) or 0,
-            cached_tokens=_count(details.get("cached_tokens")) or 0,
-            image_prompt_tokens=_count(details.get("image_tokens")) or 0,
+            prompt_tokens=token_count(reported.get("input_tokens")),
+            completion_tokens=token_count(reported.get("output_tokens")),
+            cached_tokens=token_count(details.get("cached_tokens")),
+            image_prompt_tokens=token_count(details.get("image_tokens")),
             images=images,
             image_size=size,
             image_quality=quality,
@@ -374,7 +375,7 @@ def _usage_object(answer: dict[str, Any], usage: Usage) -> Any:
     else OpenAI's image usage shape filled with the tokens the gateway counted and billed (DALL-E
     reports none): the prompt's text tokens as input, no output tokens."""
     reported = answer.get("usage")
-    if isinstance(reported, dict) and _count(reported.get("input_tokens")) is not None:
+    if isinstance(reported, dict) and reported_count(reported.get("input_tokens")) is not None:
         return reported
     return {
         "input_tokens": usage.prompt_tokens,
@@ -382,7 +383,3 @@ def _usage_object(answer: dict[str, Any], usage: Usage) -> Any:
         "output_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -12,10 +12,15 @@ from typing import Any
 from ..pricing import Usage
 
 
+def reported_count(value: Any) -> int | None:
+    """A count as an upstream reports it: a whole number (0 included); None for anything else
+    (absent, negative, a string, a boolean), where the caller may tell "not reported" apart."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def token_count(value: Any) -> int:
-    """A token count as an upstream reports it: a whole number, anything else (absent, negative,
-    a string, a boolean) none."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    """A token count as an upstream reports it: reported_count's, anything else none."""
+    return reported_count(value) or 0
 
 
 def usage_from_chat(usage: Mapping[str, Any]) -> Usage:
