@@ -18,6 +18,7 @@ from harness import Gateway, gateway, request_logs
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
 TOKEN = "admin-" + "fedcba9876543210" * 3
 MODEL = "openai/text-embedding-3-small"
+IMAGES = "openai/dall-e-3"
 # A number with an exponent (3e-6, 2.5E+3): a JSON number token, or a string holding only one.
 EXPONENT = re.compile(rb'(?:[:,\[]\s*|")-?[0-9]+(?:\.[0-9]+)?[eE][-+]?[0-9]+')
 
@@ -39,6 +40,16 @@ cached_input = "0.0000001"
 provider = "openai"
 base_url = "{sim_url}/v1"
 model = "text-embedding-3-small"
+[[models]]
+name = "{IMAGES}"
+type = "image"
+[models.prices]
+image = "0.04"
+images = {{ "1024x1792" = "0.08", "1024x1024/hd" = "0.0000002" }}
+[[models.channels]]
+provider = "openai"
+base_url = "{sim_url}/v1"
+model = "dall-e-3"
 """
     with gateway(tmp_path_factory.mktemp("money"), models, env={TOKEN_ENV: TOKEN}) as g:
         yield g
@@ -95,4 +106,10 @@ def test_model_group_info_prices_are_plain(mgw: Gateway) -> None:
     assert r.status_code == 200, r.text
     info = r.json()["data"][0]
     assert plain(r.content) and info["cached_input_cost_per_million_tokens"] == "0.0000001"
-    assert info["input_cost_per_million_tokens"] == "0.02"
+    assert info["input_cost_per_million_tokens"] == "0.02" and info["cost_per_image"] == "0"
+    with httpx.Client(base_url=mgw.url, headers={"authorization": f"Bearer {key.key}"}) as c:
+        r = c.get("/model_group/info", params={"model_group": IMAGES})
+    info = r.json()["data"][0]
+    assert plain(r.content) and info["cost_per_image"] == "0.04"
+    assert info["cost_per_image_by_variant"] == {"1024x1792": "0.08", "1024x1024/hd": "0.0000002"}
+    assert info["input_cost_per_million_tokens"] == "0" and info["cost_per_second"] == "0"

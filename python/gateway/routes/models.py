@@ -68,5 +68,12 @@ def _group_info(state: GatewayState, model: ModelConfig) -> dict[str, Any]:
         "output_cost_per_million_tokens": money_text(prices.output),
         "reasoning_cost_per_million_tokens": money_text(prices.reasoning),
         "audio_output_cost_per_million_tokens": money_text(prices.audio_output),
+        # The prices of models billed by other units (0 where a model has none).
+        "cost_per_search_unit": money_text(prices.search),
+        "input_cost_per_million_characters": money_text(prices.character),
+        "cost_per_second": money_text(prices.second),
+        "cost_per_minute": money_text(prices.minute),
+        "cost_per_image": money_text(prices.image),
+        "cost_per_image_by_variant": {variant: money_text(price) for variant, price in prices.images},
         "supported_openai_params": sorted(state.registry.forwarded_params(model)),
     }
