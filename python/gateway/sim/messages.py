@@ -74,7 +74,12 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
     call = tools.anthropic_tool_call(req, d.tool, body)
     if call is not None:
         stop = "tool_use"
-    prompt = [{"role": "system", "content": req["system"]}] if isinstance(req.get("system"), str) else []
+    system = req.get("system")
+    if isinstance(system, list):  # text blocks, counted as the API counts them: their text
+        system = "\n".join(
+            b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    prompt = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
     input_tokens = count_chat_tokens(orjson.dumps({"messages": prompt + messages}))
     fresh, read, written, hour = sim.prompt_cache.split(model, req, input_tokens)
     output_tokens = count_tokens("".join(words) if call is None else call.arguments_json) + (
