@@ -325,6 +325,14 @@ def test_the_chat_shape_bills_an_hour_long_write_of_a_messages_model() -> None:
         "ephemeral_5m_input_tokens": 40,
         "ephemeral_1h_input_tokens": 60,
     }
+    # Only the breakdown given (review): the writes are its sum, as the core reads a stream's.
+    parts = usage_from_messages(
+        {
+            "input_tokens": 5,
+            "cache_creation": {"ephemeral_5m_input_tokens": 40, "ephemeral_1h_input_tokens": 60},
+        }
+    )
+    assert (parts.prompt_tokens, parts.cache_write_tokens, parts.cache_write_1h_tokens) == (105, 100, 60)
 
 
 def test_an_edits_input_images_are_charged_and_held_at_the_image_price(kgw: Gateway) -> None:

@@ -264,7 +264,7 @@ def _message(content: Any, role: str = "user") -> dict[str, Any]:
         ({"messages": [{"role": "function", "name": "f", "content": "x"}]}, "messages[0]"),
         (_message(7), "messages[0].content"),
         (_message([{"type": "input_audio", "input_audio": {}}]), "messages[0].content[0]"),
-        (_message([{"type": "file", "file": {"file_id": "f"}}]), "messages[0].content[0]"),
+        (_message([{"type": "file", "file": {"file_id": "f"}}]), "messages[0].content[0].file.file_id"),
         (
             _message([{"type": "image_url", "image_url": {"url": "data:image/tiff;base64,AA"}}]),
             "messages[0].content[0].image_url",
@@ -358,7 +358,7 @@ def test_chat_requests_that_cannot_be_translated(chat: dict[str, Any], param: st
         (_message("x", "system"), "messages[0].role"),
         (_message(None), "messages[0].content"),
         (_message(["x"]), "messages[0].content[0]"),
-        (_message([{"type": "document", "source": {}}]), "messages[0].content[0]"),
+        (_message([{"type": "document", "source": {}}]), "messages[0].content[0].source"),
         (
             _message([{"type": "image", "source": {"type": "file", "file_id": "f"}}]),
             "messages[0].content[0].source",

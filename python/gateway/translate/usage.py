@@ -44,9 +44,12 @@ def usage_from_messages(usage: Mapping[str, Any]) -> Usage:
     """A message's `usage` object: the prompt is fresh input plus cache reads and cache writes, of
     which those kept an hour (`cache_creation.ephemeral_1h_input_tokens`) are priced apart."""
     cache_read = token_count(usage.get("cache_read_input_tokens"))
-    cache_write = token_count(usage.get("cache_creation_input_tokens"))
-    by_ttl = usage.get("cache_creation")
-    hour = token_count(by_ttl.get("ephemeral_1h_input_tokens")) if isinstance(by_ttl, dict) else 0
+    given = usage.get("cache_creation")
+    by_ttl: Mapping[str, Any] = given if isinstance(given, dict) else {}
+    hour = token_count(by_ttl.get("ephemeral_1h_input_tokens"))
+    # The writes' total, else (an upstream that gives only the breakdown) the sum of its parts.
+    total = reported_count(usage.get("cache_creation_input_tokens"))
+    cache_write = total if total is not None else token_count(by_ttl.get("ephemeral_5m_input_tokens")) + hour
     return Usage(
         prompt_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
         completion_tokens=token_count(usage.get("output_tokens")),

@@ -35,6 +35,8 @@ struct UsageView {
 #[derive(Deserialize, Default)]
 struct CacheCreationView {
     #[serde(default)]
+    ephemeral_5m_input_tokens: Count,
+    #[serde(default)]
     ephemeral_1h_input_tokens: Count,
 }
 
@@ -97,8 +99,14 @@ struct InputParts {
 
 /// Input as the spec's prompt_tokens: fresh input plus cache reads and writes (cache reads as cached).
 fn apply_usage(total: &mut TokenUsage, parts: &mut InputParts, u: &UsageView) {
-    let (input, read, write) = (u.input_tokens.0, u.cache_read_input_tokens.0, u.cache_creation_input_tokens.0);
-    let write_1h = u.cache_creation.as_ref().and_then(|c| c.ephemeral_1h_input_tokens.0);
+    let (input, read) = (u.input_tokens.0, u.cache_read_input_tokens.0);
+    let by_ttl = u.cache_creation.as_ref();
+    let write_1h = by_ttl.and_then(|c| c.ephemeral_1h_input_tokens.0);
+    // The writes' total, else (an upstream that gives only the breakdown) the sum of its parts.
+    let write = u.cache_creation_input_tokens.0.or_else(|| {
+        let write_5m = by_ttl.and_then(|c| c.ephemeral_5m_input_tokens.0);
+        (write_5m.is_some() || write_1h.is_some()).then(|| write_5m.unwrap_or(0).saturating_add(write_1h.unwrap_or(0)))
+    });
     if input.is_some() || read.is_some() || write.is_some() || write_1h.is_some() {
         parts.fresh = input.unwrap_or(parts.fresh);
         parts.cache_read = read.unwrap_or(parts.cache_read);
@@ -313,6 +321,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(over.cache_write_1h_tokens, 2);
+        // Only the breakdown given: the writes are its sum (review).
+        let parts = parse_messages_usage(
+            br#"{"usage":{"input_tokens":1,"cache_creation":{"ephemeral_5m_input_tokens":4,"ephemeral_1h_input_tokens":9}}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((parts.prompt_tokens, parts.cache_write_tokens, parts.cache_write_1h_tokens), (14, 13, 9));
         // Review: an odd `cache_creation` failed the whole usage, and the prompt went unbilled.
         for odd in [&br#"0"#[..], br#""x""#, br#"[1]"#, br#"null"#] {
             let body =
