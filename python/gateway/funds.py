@@ -139,7 +139,7 @@ class NotCovered(GatewayError):
         each = f" for each of its {estimate.choices} choices" if estimate.choices > 1 else ""
         message = (
             f"{self._situation()} That covers {param} up to {largest}{each} (this request allows"
-            f" {estimate.per_choice} output tokens): lower {param}, or {remedy}"
+            f" {estimate.per_choice} output tokens{' each' if each else ''}): lower {param}, or {remedy}"
         )
         return GatewayError(code, message, param=param)
 

@@ -167,6 +167,20 @@ def test_insufficient_credits_says_what_fits(gw: Gateway) -> None:
     assert gw.wait_balance(handle.account_id, Decimal("0.15") - Decimal(ok.headers["x-service-cost"])) > 0
 
 
+def test_a_refusal_of_several_choices_says_what_fits_each(gw: Gateway) -> None:
+    """n = 3 holds three answers: the refusal names the limit per choice, both the one that fits
+    and the one asked for (review: it read as if the request allowed that much in all)."""
+    handle = gw.new_key(balance="0.15")
+    with client(gw, handle.key) as c, pytest.raises(openai.BadRequestError) as caught:
+        c.chat.completions.create(model=MODEL, messages=SMALL, n=3, max_tokens=10_000)
+    error = caught.value.body
+    assert isinstance(error, dict) and error["param"] == "max_tokens"
+    assert "for each of its 3 choices (this request allows 10000 output tokens each)" in error["message"]
+    assert (
+        4_950 < largest(error["message"], "max_tokens") < 5_000
+    )  # $0.15 over three answers at $10 a million
+
+
 def test_key_budget_exceeded_says_what_fits(gw: Gateway) -> None:
     handle = gw.new_key(credit_limit="0.05")
     with client(gw, handle.key) as c:
