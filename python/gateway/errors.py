@@ -148,12 +148,11 @@ def error_object(
 ) -> dict[str, Any]:
     """The spec's error object (2.1); with shape "messages", `type` in Anthropic's vocabulary."""
     type_ = ERROR_TABLE[code][1]
-    if shape == "messages":
-        if code == "provider_overloaded":  # Anthropic's word for a model at capacity (its 529)
-            type_ = "overloaded_error"
-        elif type_ not in ANTHROPIC_ERROR_TYPES:
-            # A type missing from the table would be a gap of ours: Anthropic's catch-all then.
-            type_ = MESSAGES_ERROR_TYPES.get(type_, "api_error")
+    # provider_overloaded stays the spec's rate_limit_error, also Anthropic's word (a 429): its
+    # overloaded_error is a 529, which LiteLLM's Anthropic route raises as a 500 (review).
+    if shape == "messages" and type_ not in ANTHROPIC_ERROR_TYPES:
+        # A type missing from the table would be a gap of ours: Anthropic's catch-all then.
+        type_ = MESSAGES_ERROR_TYPES.get(type_, "api_error")
     return {"message": message, "type": type_, "param": param, "code": code}
 
 

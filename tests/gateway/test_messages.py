@@ -197,6 +197,8 @@ def test_upstream_overloaded_and_failing(gw: Gateway, key: KeyHandle) -> None:
             }
             r = c.post("/v1/messages", json=body)
             assert r.status_code == status and r.json()["error"]["code"] == code
+            if status == 429:  # the spec's type, Anthropic's word for a 429 (LiteLLM's RateLimitError)
+                assert r.json()["error"]["type"] == "rate_limit_error"
 
 
 def test_count_tokens_is_the_gateways_own_count_and_free(
