@@ -251,3 +251,26 @@ def test_a_base_url_given_with_v1_works_too(gw: Gateway, key: KeyHandle) -> None
             refused = http.post(path, json={"model": MODEL, "messages": []})
             assert refused.status_code == 400 and refused.json()["type"] == "error", path
             assert refused.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_anthropic_clients_models_list_and_retrieve(
+    gw: Gateway, key: KeyHandle, claude: anthropic.Anthropic
+) -> None:
+    """The anthropic client's models API (it sends anthropic-version): Anthropic's model objects,
+    paged as Anthropic pages them, and a bare name is Anthropic's model of that name."""
+    names = [m.id for m in claude.models.list(limit=3)]  # auto-paging through has_more / last_id
+    with gw.client(key.key) as c:
+        assert names == [m["id"] for m in c.get("/v1/models").json()["data"]]
+    assert len(names) > 3 and MODEL in names
+    first = claude.models.list(limit=2)
+    assert [m.id for m in first.data] == names[:2] and first.has_more and first.last_id == names[1]
+    later = claude.models.list(limit=2, after_id=names[1])
+    assert [m.id for m in later.data] == names[2:4]
+    assert [m.id for m in claude.models.list(limit=1, before_id=names[2]).data] == [names[1]]
+    model = claude.models.retrieve("claude-sonnet-4-5")
+    assert (model.id, model.type, model.display_name) == (MODEL, "model", MODEL)
+    with pytest.raises(anthropic.BadRequestError):
+        claude.models.list(limit=0)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.models.retrieve("no-such-model")
+    assert isinstance(caught.value.body, dict) and caught.value.body["error"]["code"] == "model_not_found"
