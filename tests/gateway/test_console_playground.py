@@ -178,6 +178,40 @@ def test_errors_are_shown_in_the_chat(page: Page, pgw: Gateway) -> None:
     assert page.locator(".msg.user .content").inner_text() == "No money, no answer"
 
 
+def test_a_failed_turn_is_shown_after_a_reload_and_never_sent_again(
+    page: Page, pgw: Gateway, sim: httpx.Client
+) -> None:
+    """A turn that failed keeps its error note (shown after a reload), is not said again with the
+    next turn (a refused one would have every later turn refused: review), and "Answer the last
+    message" sends a waiting turn once, without the notes of its failures."""
+    account_id, email, password = member(pgw, balance="0")
+    sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
+    tag = os.urandom(4).hex()
+    page.fill("#content", f"Broke {tag}")
+    page.click("#send-button")
+    page.locator(".msg.failed").wait_for()
+    off_loop(pgw.top_up, account_id, "5")  # the same turn, once there is money: it runs
+    page.reload()
+    assert "insufficient_credits" in page.locator(".msg.failed").inner_text()
+    page.click("#answer-button")
+    page.locator('.msg.assistant[data-done="yes"]').wait_for()
+    (retried,) = sim_requests(sim, f"Broke {tag}")
+    assert retried["messages"] == [{"role": "user", "content": f"Broke {tag}"}]
+
+    page.fill("#content", f"Fail [sim fail=500] {tag}")
+    page.click("#send-button")
+    page.locator(".msg.failed").nth(1).wait_for()
+    page.reload()
+    failures = page.locator(".msg.failed").all_inner_texts()
+    assert len(failures) == 2 and "provider_error" in failures[1]
+    page.fill("#content", f"Next {tag}")
+    page.click("#send-button")
+    page.locator('.msg.assistant[data-done="yes"]').wait_for()
+    (sent,) = sim_requests(sim, f"Next {tag}")
+    assert [m["content"] for m in sent["messages"] if m["role"] == "user"] == [f"Broke {tag}", f"Next {tag}"]
+    assert "Fail" not in str(sent["messages"])
+
+
 def test_model_output_and_prompts_stay_text(page: Page, pgw: Gateway) -> None:
     account_id, email, password = member(pgw)
     sign_in(page, pgw, email, password, f"/console/a/{account_id}/playground")
@@ -494,3 +528,26 @@ def test_the_operator_creates_an_account_tops_it_up_and_invites_a_member(
         assert operator_page is not None and operator_page.status == 404  # members see no operator view
     finally:
         newcomer.close()
+
+
+def test_which_turns_a_model_is_sent() -> None:
+    from gateway.console.playground import FAILED, history_messages, unanswered
+    from gateway.store.records import new_chat_message
+
+    def talk(*turns: str) -> list[Any]:
+        return [new_chat_message("c", role, f"{role} {i}", None) for i, role in enumerate(turns)]
+
+    def sent(*turns: str) -> list[str]:
+        return [m["content"] for m in history_messages(talk(*turns))]
+
+    assert sent("user", "assistant", "user") == ["user 0", "assistant 1", "user 2"]
+    # A refused turn, then another: the refused one is not said again.
+    assert sent("user", FAILED, "user") == ["user 2"]
+    assert sent("user", FAILED, FAILED, "user", "assistant") == ["user 3", "assistant 4"]
+    # Tried again and answered: it stays. The last turn, failed, stays (it is what a retry sends).
+    assert sent("user", FAILED, "assistant", "user", FAILED) == ["user 0", "assistant 2", "user 3"]
+    # A stream cut by an error: its part answer, and the turn it answers, stay.
+    assert sent("user", "assistant", FAILED, "user") == ["user 0", "assistant 1", "user 3"]
+    assert unanswered(talk("user", FAILED, FAILED)) == 0
+    assert unanswered(talk("user", "assistant", FAILED)) is None
+    assert unanswered(talk()) is None

@@ -51,6 +51,7 @@ CHAT_PATH: Final = "/v1/chat/completions"
 # The model types /v1/chat/completions serves: its own, and the messages shape it translates.
 CHAT_TYPES: Final = ("chat", "messages")
 NEW_TITLE: Final = "New conversation"
+FAILED: Final = "failed"  # the role of a note saying a turn failed (its error), kept to show
 MAX_TITLE_CHARS: Final = 80
 MAX_TEXT_CHARS: Final = 200_000
 MAX_JSON_BYTES: Final = 1 << 20  # a playground or compare request's JSON body: 1 MiB
@@ -400,9 +401,31 @@ def title_from(text: str) -> str:
 
 
 def history_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    return [
-        {"role": m.role, "content": m.content} for m in messages if m.role in ("system", "user", "assistant")
-    ]
+    """What a model is sent of a conversation: its system, user and assistant turns, less each user
+    turn that failed and was left unanswered (a FAILED note after it, then another turn that is not
+    its answer): it would be said again with every later turn, and a refused one would have every
+    later turn refused too (review). A turn answered once tried again stays, as does the last."""
+    said: list[dict[str, str]] = []
+    following: ChatMessage | None = None  # the message after this one
+    next_turn: str | None = None  # the role of the next message that is not a note
+    for m in reversed(messages):
+        noted = following is not None and following.role == FAILED
+        left = m.role == "user" and noted and next_turn not in (None, "assistant")
+        if m.role in ("system", "user", "assistant") and not left:
+            said.append({"role": m.role, "content": m.content})
+        if m.role != FAILED:
+            next_turn = m.role
+        following = m
+    return said[::-1]
+
+
+def unanswered(messages: list[ChatMessage]) -> int | None:
+    """Where the user turn waiting for an answer is (the last turn but for the failure notes after
+    it, which "Answer the last message" tries again); None when the last turn was answered."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role != FAILED:
+            return i if messages[i].role == "user" else None
+    return None
 
 
 def _text_of(content: Any) -> str | None:
@@ -499,7 +522,7 @@ def routes(console: Console) -> list[BaseRoute]:
             conversations=conversations,
             current=current,
             messages=messages,
-            waiting=bool(messages) and messages[-1].role == "user",
+            waiting=unanswered(messages) is not None,
         )
 
     async def from_log(request: Request, viewer: Viewer) -> Response:
@@ -563,7 +586,8 @@ def routes(console: Console) -> list[BaseRoute]:
             raise invalid_request(f"A message may have at most {MAX_TEXT_CHARS} characters.", "content")
         model = pick_model(state, account, payload.get("model"))
         typed = text if text is not None and text.strip() else None  # a new message, if any
-        if typed is None and (not messages or messages[-1].role != "user"):
+        waiting = unanswered(messages)
+        if typed is None and waiting is None:
             raise invalid_request("Write a message first.", "content")
         ctx = await playground_context(store, account.id)  # before anything is kept: it may refuse
         if typed is not None:
@@ -572,6 +596,8 @@ def routes(console: Console) -> list[BaseRoute]:
             messages = [*messages, message]
             if conversation.title == NEW_TITLE and not any(m.role == "user" for m in messages[:-1]):
                 await store.rename_conversation(conversation.id, account.id, title_from(typed))
+        elif waiting is not None:  # the waiting turn again, without the notes of its failures
+            messages = messages[: waiting + 1]
         body = {
             "model": model.name,
             "messages": history_messages(messages),
@@ -596,6 +622,15 @@ def routes(console: Console) -> list[BaseRoute]:
                 if out.error_code is None:
                     emit({"type": "done", "message": message_json(answer), **out.usage_json()})
                     return
+            # Kept to show after a reload, never sent to a model (history_messages).
+            note = new_chat_message(
+                conversation.id,
+                FAILED,
+                f"{out.error_message} ({out.error_code})",
+                model.name,
+                request_id=out.request_id,
+            )
+            await store.add_chat_message(note, account.id)
             emit(error_event(out))
 
         return streamed_events(work)

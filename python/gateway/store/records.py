@@ -378,7 +378,7 @@ class ChatMessage:
 
     id: str
     conversation_id: str
-    role: str  # "user" or "assistant"
+    role: str  # "system", "user", "assistant", or "failed" (a turn's error, never sent to a model)
     content: str
     model: str | None
     request_id: str | None
