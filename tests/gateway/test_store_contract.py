@@ -9,6 +9,7 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -734,6 +735,13 @@ def test_request_log_filters_and_paging(new_store: StoreFactory) -> None:
             assert await ids(LogQuery(account_id=account_id, request_id=entries[4].id)) == [4]
             assert await ids(LogQuery(account_id=other_account, request_id=entries[4].id)) == []
             assert await ids(LogQuery(request_id="req_missing")) == []
+            # A job's id (a video's, running or failed, without a usage record): the entry that
+            # started it (console review).
+            job = replace(_job(account_id, second_key, "0.5"), request_id=entries[2].id)
+            await store.lease("account", account_id, Decimal("0.5"), 1, now_ms())
+            await store.create_job(job, [("account", account_id)])
+            assert await ids(LogQuery(account_id=account_id, request_id=job.id)) == [2]
+            assert await ids(LogQuery(account_id=other_account, request_id=job.id)) == []
             # Every filter at once.
             every = LogQuery(
                 account_id=account_id,

@@ -351,10 +351,12 @@ class _Where:
         if query.request_id is not None:
             # The entry with this id, or the one whose usage record has this id: a usage record's
             # request_id is its entry's id (they are written together), so both are found by the
-            # primary key.
+            # primary key; or the entry that started the job of this id (a video, a background
+            # response: no usage record while it runs, nor once it failed).
             self.add(
-                "id IN ({}, (SELECT request_id FROM usage_records WHERE id = {}))"
-                " AND (id = {} OR usage_id = {})",
+                "id IN ({}, (SELECT request_id FROM usage_records WHERE id = {}),"
+                " (SELECT request_id FROM jobs WHERE id = {}))"
+                " AND (id = {} OR usage_id = {} OR id = (SELECT request_id FROM jobs WHERE id = {}))",
                 query.request_id,
             )
         return True

@@ -374,11 +374,14 @@ def _log_filter(
         args.append(query.until_ms)
     if query.request_id is not None:
         # The entry with this id, or the one whose usage record has this id: a usage record's
-        # request_id is its entry's id (they are written together with the charge).
+        # request_id is its entry's id (they are written together with the charge); or the entry
+        # that started the job of this id (a video, a background response: its id is the one the
+        # client holds, and the job has no usage record while it runs, nor once it failed).
         conditions.append(
-            "id IN (?, (SELECT request_id FROM usage_records WHERE id = ?)) AND (id = ? OR usage_id = ?)"
+            "id IN (?, (SELECT request_id FROM usage_records WHERE id = ?), (SELECT request_id FROM jobs"
+            " WHERE id = ?)) AND (id = ? OR usage_id = ? OR id = (SELECT request_id FROM jobs WHERE id = ?))"
         )
-        args += [query.request_id] * 4
+        args += [query.request_id] * 6
     return conditions, args
 
 
