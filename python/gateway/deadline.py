@@ -107,9 +107,11 @@ class within:
         return self
 
     def expire(self) -> None:
-        """The time is up (called by the block's group)."""
-        self.expired = True
-        self._task.cancel()
+        """The time is up (called by the block's group, or by whoever ends the wait early: a
+        worker's drain). Once: a second call would leave a cancellation that exit does not take back."""
+        if not self.expired:
+            self.expired = True
+            self._task.cancel()
 
     def __exit__(
         self,

@@ -33,6 +33,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final
 
+from .deadline import within
+
 log = logging.getLogger("gateway.drain")
 
 # Past the drain deadline, what a plain request still has before its worker is killed.
@@ -63,6 +65,10 @@ class Drain:
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bounded = False  # the kernel's alarm is set (_bound_the_stop)
+        self._cut_at: float | None = None  # the loop's time of the deadline, once the drain began
+        # Waits for a request's body under way (routes/common.read_body), ended at the deadline:
+        # such a request is answered 503 rather than killed with its worker.
+        self.waits: set[within] = set()
 
     def install(self) -> None:
         """Chain a handler for SIGTERM and SIGINT before the ones in place (from the lifespan's
@@ -112,14 +118,28 @@ class Drain:
             len(self._streams),
             self.deadline_seconds,
         )
-        asyncio.get_running_loop().call_later(self.deadline_seconds, self._end_streams)
+        loop = asyncio.get_running_loop()
+        self._cut_at = loop.time() + self.deadline_seconds
+        loop.call_later(self.deadline_seconds, self._end_streams)
+
+    def seconds_left(self) -> float | None:
+        """Until the deadline, once the drain began (0 past it); None before (in the loop's thread)."""
+        if self._cut_at is None:
+            return None
+        return max(self._cut_at - asyncio.get_running_loop().time(), 0.0)
 
     def _end_streams(self) -> None:
         self.cut = True
-        if self._streams:
-            log.warning("drain deadline: ending %d streams", len(self._streams))
+        if self._streams or self.waits:
+            log.warning(
+                "drain deadline: ending %d streams and %d requests whose bodies are arriving",
+                len(self._streams),
+                len(self.waits),
+            )
         for stop in list(self._streams.values()):
             stop()
+        for wait in list(self.waits):
+            wait.expire()
 
     def follow(self, stop: Callable[[], None]) -> Callable[[], None]:
         """A stream under way: `stop()` ends it at the deadline (closing its upstream). Returns the

@@ -6,6 +6,7 @@ bad file is refused with the old configuration serving on."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -123,6 +124,34 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
     assert abs(completion - delivered) <= 2, (completion, delivered)
     assert Decimal(str(cost)) > 0
     assert query(settings, "SELECT count(*) FROM leases")[0][0] == 0
+
+
+def test_a_request_still_receiving_its_body_at_the_drain_deadline_is_answered_503(
+    tmp_path: Path, sim_url: str
+) -> None:
+    """A body still arriving when the drain's deadline comes is answered 503 service_unavailable
+    (retry), not dropped with the worker killed after it (operator review)."""
+    port = free_port()
+    config = _config(tmp_path, port, sim_url, 1, chat_model("test/chat", "sim-chat", sim_url), drain=1.5)
+    key = new_key(load_settings(config), Decimal("10"))
+    with serving(config, port) as proc, socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key.key}\r\n"
+            'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"model"'.encode()
+        )
+        time.sleep(0.5)  # the head read, the body waited for
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while not answer.rstrip().endswith(b"}"):
+            more = s.recv(65536)
+            if not more:
+                break
+            answer += more
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b'"code":"service_unavailable"' in answer and b"retry-after: 1" in answer.lower()
+        assert time.monotonic() - signalled < 6  # notice + deadline, well before the kill
+        assert proc.wait(15) == 0
 
 
 def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Path, sim_url: str) -> None:

@@ -97,6 +97,48 @@ def test_a_body_that_stops_arriving_is_answered_408_timeout(tmp_path: Path, sim_
         assert r.status_code == 200, r.text
 
 
+def test_a_body_still_arriving_as_the_synchronous_window_closes_is_504(tmp_path: Path, sim_url: str) -> None:
+    """Spec 8: the window runs from the start of the request to its last byte, the body's arrival
+    included: a body that trickles in, each piece within the idle time, is cut when it closes
+    (operator review: a byte every few seconds held a request open past the window)."""
+    models = chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url)
+    limits = "body_idle_timeout_seconds = 1\nsync_timeout_seconds = 2"
+    with gateway(tmp_path, models, limits_toml=limits) as g:
+        key = g.new_key()
+        body = orjson.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+        url = urlparse(g.url)
+        started = time.monotonic()
+        with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+            s.sendall(
+                (
+                    f"POST {CHAT} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key.key}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                ).encode()
+            )
+            answer = b""
+            for piece in body:  # a byte every 0.5 s: never idle for 1 s, never done within 2 s
+                try:
+                    s.sendall(bytes([piece]))
+                except OSError:
+                    break
+                s.settimeout(0.5)
+                try:
+                    answer += s.recv(65536)
+                except TimeoutError:
+                    continue
+                if answer:
+                    break
+            s.settimeout(5)
+            while not answer.rstrip().endswith(b"}"):
+                more = s.recv(65536)
+                if not more:
+                    break
+                answer += more
+        assert answer.startswith(b"HTTP/1.1 504"), answer[:300]
+        assert b'"code":"timeout"' in answer and b"synchronous time window" in answer
+        assert 1.8 < time.monotonic() - started < 4
+
+
 def test_a_body_framed_two_ways_is_read_one_way_and_ends_its_connection(gw: Gateway, key: KeyHandle) -> None:
     """Content-Length beside Transfer-Encoding: the server (Granian's hyper) drops the length, reads
     the chunked body and closes the connection after its answer, as RFC 9112 (6.3) asks, so that a

@@ -7,7 +7,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from ..config import ModelConfig
 from ..context import Call
 from ..core import json_nesting_depth
 from ..deadline import within
+from ..drain import Drain
 from ..errors import (
     GatewayError,
     ServiceUnavailable,
@@ -274,7 +275,10 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
             key = idempotency.requested_key(request) if idempotent else None
             body = await read_body(
-                request, state.settings.max_request_bytes, state.settings.body_idle_timeout_seconds
+                request,
+                state.settings.max_request_bytes,
+                state.settings.body_idle_timeout_seconds,
+                BodyDeadlines(started_ns, state.settings.sync_timeout_seconds, state.drain),
             )
             replay = None if key is None else await idempotency.claim(state, request, call, key, body)
             if replay is not None:
@@ -440,11 +444,28 @@ async def _close(
 BODY_IDLE_SECONDS = 60.0
 
 
-async def read_body(request: Request, limit: int, idle_seconds: float = BODY_IDLE_SECONDS) -> bytes:
+class BodyDeadlines(NamedTuple):
+    """What else bounds a model request's body besides its idle time: the synchronous window, from
+    the request's start (spec 8: "from start of request to last byte"; time.time_ns), and the
+    worker's drain, at whose deadline a request still receiving its body is answered 503."""
+
+    started_ns: int
+    window_seconds: float
+    drain: Drain
+
+
+async def read_body(
+    request: Request,
+    limit: int,
+    idle_seconds: float = BODY_IDLE_SECONDS,
+    deadlines: BodyDeadlines | None = None,
+) -> bytes:
     """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole),
     and with 408 timeout when nothing of it arrives for `idle_seconds` (a client declaring more
-    than it sends would otherwise hold the request, and its connection, open for ever). Read
-    once: a second call returns the same bytes."""
+    than it sends would otherwise hold the request, and its connection, open for ever); with
+    `deadlines`, 504 timeout when it is still arriving as the synchronous window closes (a body
+    that trickles in would hold them open as long), 503 service_unavailable at the drain's
+    deadline. Read once: a second call returns the same bytes."""
     kept: bytes | None = request.scope.get(request_log.BODY_SCOPE_KEY)
     if kept is not None:
         return kept
@@ -456,15 +477,31 @@ async def read_body(request: Request, limit: int, idle_seconds: float = BODY_IDL
     parts: list[bytes] = []
     size = 0
     receive = request.receive
+    drain = None if deadlines is None else deadlines.drain
     while True:
+        wait, bound = idle_seconds, "idle"
+        if deadlines is not None:
+            left = deadlines.window_seconds - (time.time_ns() - deadlines.started_ns) / 1e9
+            if left < wait:
+                wait, bound = left, "window"
+            drain_left = deadlines.drain.seconds_left()
+            if drain_left is not None and drain_left < wait:
+                wait, bound = drain_left, "drain"
         try:
-            with within(idle_seconds):
-                message = await receive()
+            if wait <= 0:
+                raise TimeoutError
+            with within(wait) as block:
+                if drain is None:
+                    message = await receive()
+                else:  # a wait begun before the drain did is ended at its deadline too
+                    drain.waits.add(block)
+                    try:
+                        message = await receive()
+                    finally:
+                        drain.waits.discard(block)
         except TimeoutError:
             request_log.note_received(request, size)
-            raise GatewayError(
-                "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408
-            ) from None
+            raise _body_late("drain" if drain is not None and drain.cut else bound, idle_seconds) from None
         if message["type"] != "http.request":  # the client left before its body was whole
             request_log.note_received(request, size)
             raise ClientGone
@@ -483,6 +520,24 @@ async def read_body(request: Request, limit: int, idle_seconds: float = BODY_IDL
     body = parts[0] if len(parts) == 1 else b"".join(parts)
     request_log.keep_request_body(request, body)
     return body
+
+
+def _body_late(bound: str, idle_seconds: float) -> GatewayError:
+    if bound == "window":
+        return GatewayError(
+            "timeout",
+            "The request ran past the synchronous time window while its body was arriving.",
+            status=504,
+        )
+    if bound == "drain":
+        return GatewayError(
+            "service_unavailable",
+            "The gateway is shutting down and the request's body had not all arrived. Retry.",
+            headers={"Retry-After": "1"},
+        )
+    return GatewayError(
+        "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408
+    )
 
 
 def _declared_length(scope: Scope) -> int:
