@@ -130,12 +130,22 @@ def admin_token(settings: Settings) -> str | None:
     token = os.environ.get(settings.admin_token_env) if settings.admin_token_env else None
     if not token:
         return None
-    if token.startswith(KEY_PREFIX) or len(token) < MIN_ADMIN_TOKEN_CHARS:
-        raise ConfigError(
-            f"{settings.admin_token_env}: the admin token must have at least {MIN_ADMIN_TOKEN_CHARS}"
+    problem = admin_token_problem(settings.admin_token_env or "")
+    if problem is not None:
+        raise ConfigError(problem)
+    return token
+
+
+def admin_token_problem(env: str) -> str | None:
+    """Why the admin token in the environment variable `env` is refused, when it is set and is (also
+    `gateway check-config`'s finding: it checks what `serve` will refuse)."""
+    token = os.environ.get(env)
+    if token and (token.startswith(KEY_PREFIX) or len(token) < MIN_ADMIN_TOKEN_CHARS):
+        return (
+            f"{env}: the admin token must have at least {MIN_ADMIN_TOKEN_CHARS}"
             f" characters and must not begin with {KEY_PREFIX} (e.g. `openssl rand -hex 32`)"
         )
-    return token
+    return None
 
 
 def authenticate_admin(request: Request, token: str | None) -> None:

@@ -644,6 +644,12 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
         part(lambda: _needs_redis(redis_url))
     admin_token_env = part(lambda: _env_name(tables["admin"], "token_env", "admin.token_env"))
     check.env(admin_token_env, "admin.token_env")
+    if check.collect and admin_token_env:  # set, but not a token `serve` takes
+        from .auth import admin_token_problem  # auth reads settings: imported here, not at the top
+
+        problem = admin_token_problem(admin_token_env)
+        if problem is not None:
+            check.problems.append(problem)
     metrics_token_env = part(lambda: _env_name(metrics, "token_env", "metrics.token_env"))
     check.env(metrics_token_env, "metrics.token_env")
     return Settings(

@@ -147,6 +147,22 @@ def test_unset_environment_variables_are_warnings_not_problems(tmp_path: Path) -
     assert "GW_CHECK_UNSET_PG" in checked.problems[0]
 
 
+def test_an_admin_token_serve_would_refuse_is_a_problem(tmp_path: Path) -> None:
+    """Set but too short (or an API key's shape): `serve` refuses it at start-up, so check-config
+    says so (operator review: it said ok)."""
+    config = tmp_path / "admin.toml"
+    config.write_text(
+        '[admin]\ntoken_env = "GW_CHECK_ADMIN"\n'
+        '[[models]]\nname = "a/b"\ntype = "chat"\n'
+        '[[models.channels]]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+    )
+    for token in ("short", "sk-" + "a" * 40):
+        done = check(config, {"PATH": "/usr/bin:/bin", "GW_CHECK_ADMIN": token})
+        assert done.returncode == 1 and "GW_CHECK_ADMIN: the admin token must have at least 32" in done.stderr
+    done = check(config, {"PATH": "/usr/bin:/bin", "GW_CHECK_ADMIN": "b" * 32})
+    assert done.returncode == 0, done.stderr
+
+
 # ---------------------------------------------------------------- the settings themselves
 
 
