@@ -65,7 +65,7 @@ class Drain:
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bounded = False  # the kernel's alarm is set (_bound_the_stop)
-        self._cut_at: float | None = None  # the loop's time of the deadline, once the drain began
+        self.cut_at: float | None = None  # the loop's time of the deadline, once the drain began
         # Waits for a request's body under way (routes/common.read_body), ended at the deadline:
         # such a request is answered 503 rather than killed with its worker.
         self.waits: set[within] = set()
@@ -119,14 +119,14 @@ class Drain:
             self.deadline_seconds,
         )
         loop = asyncio.get_running_loop()
-        self._cut_at = loop.time() + self.deadline_seconds
+        self.cut_at = loop.time() + self.deadline_seconds
         loop.call_later(self.deadline_seconds, self._end_streams)
 
-    def seconds_left(self) -> float | None:
-        """Until the deadline, once the drain began (0 past it); None before (in the loop's thread)."""
-        if self._cut_at is None:
-            return None
-        return max(self._cut_at - asyncio.get_running_loop().time(), 0.0)
+    def seconds_left(self) -> float:
+        """Until the deadline, once the drain began (0 past it; in the loop's thread)."""
+        if self.cut_at is None:
+            return math.inf
+        return max(self.cut_at - asyncio.get_running_loop().time(), 0.0)
 
     def _end_streams(self) -> None:
         self.cut = True

@@ -7,7 +7,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import orjson
 from starlette.requests import Request
@@ -278,7 +278,9 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 request,
                 state.settings.max_request_bytes,
                 state.settings.body_idle_timeout_seconds,
-                BodyDeadlines(started_ns, state.settings.sync_timeout_seconds, state.drain),
+                started_ns,
+                state.settings.sync_timeout_seconds,
+                state.drain,
             )
             replay = None if key is None else await idempotency.claim(state, request, call, key, body)
             if replay is not None:
@@ -444,28 +446,22 @@ async def _close(
 BODY_IDLE_SECONDS = 60.0
 
 
-class BodyDeadlines(NamedTuple):
-    """What else bounds a model request's body besides its idle time: the synchronous window, from
-    the request's start (spec 8: "from start of request to last byte"; time.time_ns), and the
-    worker's drain, at whose deadline a request still receiving its body is answered 503."""
-
-    started_ns: int
-    window_seconds: float
-    drain: Drain
-
-
 async def read_body(
     request: Request,
     limit: int,
     idle_seconds: float = BODY_IDLE_SECONDS,
-    deadlines: BodyDeadlines | None = None,
+    started_ns: int = 0,
+    window_seconds: float = 0.0,
+    drain: Drain | None = None,
 ) -> bytes:
     """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole),
     and with 408 timeout when nothing of it arrives for `idle_seconds` (a client declaring more
-    than it sends would otherwise hold the request, and its connection, open for ever); with
-    `deadlines`, 504 timeout when it is still arriving as the synchronous window closes (a body
-    that trickles in would hold them open as long), 503 service_unavailable at the drain's
-    deadline. Read once: a second call returns the same bytes."""
+    than it sends would otherwise hold the request, and its connection, open for ever). The model
+    endpoints also pass the request's start (time.time_ns) and the synchronous window, which runs
+    from it (spec 8: "from start of request to last byte"): a body still arriving as it closes is
+    504 timeout (one that trickles in would hold them open as long); and the worker's `drain`, at
+    whose deadline a request still receiving its body is answered 503 service_unavailable rather
+    than killed with its worker. Read once: a second call returns the same bytes."""
     kept: bytes | None = request.scope.get(request_log.BODY_SCOPE_KEY)
     if kept is not None:
         return kept
@@ -477,31 +473,23 @@ async def read_body(
     parts: list[bytes] = []
     size = 0
     receive = request.receive
-    drain = None if deadlines is None else deadlines.drain
+    # The first message waits its idle time alone (a body sent with its head is there at once, and
+    # the request has only begun); the later ones of a body in pieces are bounded by the window and
+    # the drain too (_later_piece). A window shorter than the idle time bounds them all.
+    later = 0.0 < window_seconds < idle_seconds
     while True:
-        wait, bound = idle_seconds, "idle"
-        if deadlines is not None:
-            left = deadlines.window_seconds - (time.time_ns() - deadlines.started_ns) / 1e9
-            if left < wait:
-                wait, bound = left, "window"
-            drain_left = deadlines.drain.seconds_left()
-            if drain_left is not None and drain_left < wait:
-                wait, bound = drain_left, "drain"
         try:
-            if wait <= 0:
-                raise TimeoutError
-            with within(wait) as block:
-                if drain is None:
+            if later:
+                message = await _later_piece(receive, idle_seconds, started_ns, window_seconds, drain)
+            else:
+                with within(idle_seconds):
                     message = await receive()
-                else:  # a wait begun before the drain did is ended at its deadline too
-                    drain.waits.add(block)
-                    try:
-                        message = await receive()
-                    finally:
-                        drain.waits.discard(block)
         except TimeoutError:
             request_log.note_received(request, size)
-            raise _body_late("drain" if drain is not None and drain.cut else bound, idle_seconds) from None
+            raise _body_late(False, False, idle_seconds) from None
+        except GatewayError:
+            request_log.note_received(request, size)
+            raise
         if message["type"] != "http.request":  # the client left before its body was whole
             request_log.note_received(request, size)
             raise ClientGone
@@ -517,23 +505,53 @@ async def read_body(
         # delay the request; the ClientWatch, next to receive, takes it and waits on.
         if not message.get("more_body", False) or size == declared:
             break
+        later = window_seconds > 0.0 or drain is not None
     body = parts[0] if len(parts) == 1 else b"".join(parts)
     request_log.keep_request_body(request, body)
     return body
 
 
-def _body_late(bound: str, idle_seconds: float) -> GatewayError:
-    if bound == "window":
-        return GatewayError(
-            "timeout",
-            "The request ran past the synchronous time window while its body was arriving.",
-            status=504,
-        )
-    if bound == "drain":
+async def _later_piece(
+    receive: Receive, idle_seconds: float, started_ns: int, window_seconds: float, drain: Drain | None
+) -> Message:
+    """The next message of a body in pieces, within its idle time, what is left of the window, and
+    the drain's deadline once a drain began; a wait begun before the drain did is ended at its
+    deadline too. Its end is the spec's error (_body_late)."""
+    wait = idle_seconds
+    if window_seconds:
+        left = window_seconds - (time.time_ns() - started_ns) / 1e9
+        wait = left if left < wait else wait  # not min(): several times the instructions
+    if drain is not None and drain.cut_at is not None:
+        left = drain.seconds_left()
+        wait = left if left < wait else wait
+    try:
+        if wait <= 0:
+            raise TimeoutError
+        with within(wait) as block:
+            if drain is None:
+                return await receive()
+            drain.waits.add(block)
+            try:
+                return await receive()
+            finally:
+                drain.waits.discard(block)
+    except TimeoutError:
+        raise _body_late(drain is not None and drain.cut, wait < idle_seconds, idle_seconds) from None
+
+
+def _body_late(drained: bool, windowed: bool, idle_seconds: float) -> GatewayError:
+    """Why a body's wait ended: the drain's deadline, the synchronous window, or its idle time."""
+    if drained:
         return GatewayError(
             "service_unavailable",
             "The gateway is shutting down and the request's body had not all arrived. Retry.",
             headers={"Retry-After": "1"},
+        )
+    if windowed:
+        return GatewayError(
+            "timeout",
+            "The request ran past the synchronous time window while its body was arriving.",
+            status=504,
         )
     return GatewayError(
         "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408

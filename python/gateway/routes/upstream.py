@@ -104,8 +104,9 @@ async def call_upstream(
 
     window = state.settings.sync_timeout_seconds
     # The window runs from the request's start (spec 8), its body's arrival included: the attempts
-    # end by then; `within(window)` below, one length for every request, is only the backstop.
-    deadline = time.monotonic() + window - (time.time_ns() - call.started_ns) / 1e9
+    # end by then (wall time, as the start is); `within(window)` below, one length for every
+    # request, is only the backstop.
+    deadline = call.started_ns / 1e9 + window
     longest = state.settings.routing.attempt_timeout_seconds or window
     margin = min(ATTEMPT_MARGIN_SECONDS, window / 4)
 
@@ -113,7 +114,7 @@ async def call_upstream(
         # Each attempt gives up a moment before the request's window closes (or after [routing]
         # attempt_timeout_seconds): its own timeout is then a failure of the channel
         # (gateway.routing: counted, cooled down), where the window's would only cancel it.
-        left = deadline - time.monotonic() - margin
+        left = deadline - time.time() - margin
         left = longest if left > longest else left  # not min(): ten times the instructions
         if left <= 0:
             raise TimeoutError  # the window is spent: the answer is 504
