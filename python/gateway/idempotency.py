@@ -58,7 +58,12 @@ def _replayable(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def requested_key(request: Request) -> str | None:
-    key = request.headers.get(HEADER)
+    given = request.headers.getlist(HEADER)
+    if len(given) > 1:  # which one a proxy in front read is anyone's guess, as for Authorization
+        raise invalid_request(
+            "The Idempotency-Key header is given more than once: send one.", "Idempotency-Key"
+        )
+    key = given[0] if given else None
     if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
         raise invalid_request(
             f"The Idempotency-Key header must have 1 to {MAX_KEY_CHARS} characters.", "Idempotency-Key"

@@ -189,6 +189,10 @@ def test_ignored_elsewhere_and_bad_keys_refused(gw: Gateway, key: KeyHandle) -> 
         r = post(gw, key.key, IMAGES, body, bad)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
     assert post(gw, key.key, IMAGES, body, "x" * 255).status_code == 200
+    # Sent twice: refused, as a duplicated Authorization is (which copy a proxy read is unknown).
+    with gw.client(key.key) as c:
+        r = c.post(IMAGES, json=body, headers=[("Idempotency-Key", "one"), ("Idempotency-Key", "two")])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key", r.text
 
 
 def _call(key_id: str) -> Call:

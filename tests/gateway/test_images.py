@@ -297,6 +297,9 @@ def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:
         ({"prompt": "a cat"}, "model"),
         # Held as one image, an `n` an upstream reads as ten would be charged as ten.
         *(({"model": DALL_E, "prompt": "a cat", "n": n}, "n") for n in ("10", True, 0, -1, 1.5)),
+        # Priced by name: a size or quality that is no name would be priced as the model's default.
+        ({"model": GPT_IMAGE, "prompt": "a cat", "quality": 3}, "quality"),
+        ({"model": DALL_E, "prompt": "a cat", "size": 1024}, "size"),
     ],
 )
 def test_bad_generations_are_invalid_request(

@@ -269,6 +269,9 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
     if n is not None and billing.positive_int(n) is None:
         # Held as one image, an `n` an upstream reads another way ("10") would be charged as ten.
         raise invalid_request("`n` must be a positive integer: the number of images.", "n")
+    for name, value in (("size", size), ("quality", quality)):
+        if value is not None and not isinstance(value, str):  # priced by name: a number names none
+            raise invalid_request(f"`{name}` must be a string (e.g. 1024x1024, high).", name)
     return ImageOrder(n or 1, named(size), named(quality))
 
 
