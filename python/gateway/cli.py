@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "admin" and args.action == "migrate-store":
             return _migrate_store(args)
+        if args.command == "admin":
+            args.config = args.config or args.admin_config
+            if args.config is None:
+                parser.error(f"admin {args.action}: --config is required")
         settings = load_settings(args.config)
         if args.command == "serve":
             _serve(args.config, settings, args)
@@ -506,12 +510,14 @@ _EXPIRY_HELP = 'Unix ms, ISO 8601 (2026-12-31T23:59:59Z), or "none"'
 
 
 def _admin_args(admin: argparse.ArgumentParser) -> None:
+    # --config before the action (`gateway admin --config my.toml list-accounts`) or after it.
+    admin.add_argument("--config", dest="admin_config", default=None, help="the TOML settings file")
     actions = admin.add_subparsers(dest="action", required=True)
 
     def action(name: str, summary: str, *aliases: str) -> argparse.ArgumentParser:
         p = actions.add_parser(name, help=summary, aliases=list(aliases))
         p.set_defaults(action=name)
-        p.add_argument("--config", required=True)
+        p.add_argument("--config", default=None, help="the TOML settings file")
         return p
 
     def account_settings(p: argparse.ArgumentParser) -> None:
@@ -780,7 +786,11 @@ async def _create_key(store: Store, args: argparse.Namespace) -> None:
 
 async def _list_keys(store: Store, args: argparse.Namespace) -> None:
     account = await _account(store, args.account)
-    print("id\tprefix\tname\tcredit_limit\tlimit_reset\texpires_at\tcreated_at\tdeleted_at")
+    from .budget import spent_now
+    from .clock import now_ms
+
+    print("id\tprefix\tname\tcredit_limit\tlimit_reset\tspent\texpires_at\tcreated_at\tdeleted_at")
+    now = now_ms()
     for k in await store.list_keys(account.id):
         row = (
             k.id,
@@ -788,6 +798,7 @@ async def _list_keys(store: Store, args: argparse.Namespace) -> None:
             k.name,
             "-" if k.credit_limit is None else field.money_text(k.credit_limit),
             _text(k.limit_reset),
+            field.money_text(spent_now(k, now)),  # in the current period, as show-key says it
             "-" if k.expires_at_ms is None else rfc3339(k.expires_at_ms),
             rfc3339(k.created_at_ms),
             "-" if k.deleted_at_ms is None else rfc3339(k.deleted_at_ms),

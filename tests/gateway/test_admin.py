@@ -542,6 +542,27 @@ def test_cli_top_up_list_limit_and_rotate(agw: Gateway, admin: httpx.Client) -> 
     assert run_cli(agw, "top-up", "--account", account["name"], "--amount", "0").returncode == 1
     listed = cli(agw, "list-keys", "--account", account["name"])
     assert key["id"] in listed and "2.50" in listed and "weekly" in listed and key["key"] not in listed
+    assert listed.splitlines()[0].split("\t")[5] == "spent"  # in the current period, as show-key
+    # --config before the action, as before it: the same command (operator review).
+    config = str(agw.db_path.parent / "gateway.toml")
+    before = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "admin",
+            "--config",
+            config,
+            "list-keys",
+            "--account",
+            account["name"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert before.returncode == 0 and before.stdout == listed, before.stderr
     assert ok(admin.get(f"/keys/{key['id']}"))["credit_limit"] == "2.50"
     cli(
         agw,
