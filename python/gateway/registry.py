@@ -83,7 +83,12 @@ class ModelRegistry:
     def _resolve_params(model: ModelConfig) -> frozenset[str]:
         if model.supported_params is not None:
             return model.supported_params
-        params: frozenset[str] = PROVIDERS[model.channels[0].provider].PARAMS.get(model.type, frozenset())
+        provider = PROVIDERS[model.channels[0].provider]
+        upstream = model.channels[0].upstream_model
+        for (kind, prefix), own in provider.PARAMS_BY_MODEL.items():
+            if kind == model.type and upstream.startswith(prefix):
+                return own
+        params: frozenset[str] = provider.PARAMS.get(model.type, frozenset())
         return params
 
     def get(self, name: str) -> ModelConfig | None:

@@ -209,8 +209,23 @@ def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.
     with gw.client(key.key) as c:
         info = c.get("/model_group/info", params={"model_group": GPT_IMAGE}).json()
     params = info["data"][0]["supported_openai_params"]
-    assert {"n", "size", "quality", "mask", "response_format"} <= set(params)
-    assert "stream" not in params
+    assert {"n", "size", "quality", "mask", "background"} <= set(params)
+    # GPT image models refuse DALL-E's response_format and style (OpenAI: 400 unknown_parameter);
+    # the gateway answers response_format itself. DALL-E's list is its own.
+    assert not {"stream", "response_format", "style"} & set(params)
+    with gw.client(key.key) as c:
+        dall_e = c.get("/model_group/info", params={"model_group": DALL_E}).json()["data"][0]
+    assert {"response_format", "style", "n", "size", "quality"} <= set(dall_e["supported_openai_params"])
+    assert "background" not in dall_e["supported_openai_params"]
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/images/generations",
+            json={"model": GPT_IMAGE, "prompt": prompt + " url", "response_format": "url", "style": "vivid"},
+        )
+    assert r.status_code == 200 and r.json()["data"][0]["url"].startswith(gw.url), r.text
+    assert "b64_json" not in r.json()["data"][0]  # asked for a URL: only the URL
+    (received,) = sim_records(sim, "/v1/images/generations", prompt + " url")
+    assert received["body"] == {"model": "gpt-image-1", "prompt": prompt + " url"}
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Upstream adapters, one module per provider kind; `PROVIDERS` maps a channel's kind to its adapter.
 
 Each adapter module is a `Provider`: PARAMS (model type -> the parameters it forwards by default,
-spec 1.3; a model's `supported_params` overrides them), PATHS (model type -> upstream path),
+spec 1.3; a model's `supported_params` overrides them), PARAMS_BY_MODEL (the same for models whose
+upstream name says they take others), PATHS (model type -> upstream path),
 url(channel, type) and headers(channel, client_headers). Sending and error mapping are shared
 (base.py).
 """
@@ -24,6 +25,11 @@ class Provider(Protocol):
     @property
     def PARAMS(self) -> Mapping[str, frozenset[str]]:
         """Model type -> the request parameters forwarded by default."""
+
+    @property
+    def PARAMS_BY_MODEL(self) -> Mapping[tuple[str, str], frozenset[str]]:
+        """(model type, upstream model name prefix) -> the parameters forwarded by default to the
+        models so named, where they differ from their type's (GPT image models refuse DALL-E's)."""
 
     @property
     def PATHS(self) -> Mapping[str, str]:

@@ -39,6 +39,7 @@ MESSAGES_PARAMS: Final = frozenset(
     }
 )
 PARAMS: Final = {"messages": MESSAGES_PARAMS}
+PARAMS_BY_MODEL: Final[dict[tuple[str, str], frozenset[str]]] = {}
 PATHS: Final = {"messages": "/v1/messages"}
 # The API version the gateway speaks when the client names none.
 DEFAULT_VERSION = "2023-06-01"

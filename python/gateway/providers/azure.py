@@ -29,6 +29,7 @@ PARAMS: Final = {
     kind: openai.PARAMS[kind]
     for kind in ("chat", "embedding", "image", "responses", "speech", "transcription")
 }
+PARAMS_BY_MODEL: Final = openai.PARAMS_BY_MODEL  # deployments are mostly named after their model
 PATHS: Final = {kind: path for kind, path in openai.PATHS.items() if kind in PARAMS or kind == "image_edit"}
 
 

@@ -55,6 +55,7 @@ PARAMS: Final = {
         }
     )
 }
+PARAMS_BY_MODEL: Final[dict[tuple[str, str], frozenset[str]]] = {}
 PATHS: Final = {"chat": "/converse"}
 SERVICE = "bedrock"
 STOP_REASONS: Final = {

@@ -12,6 +12,7 @@ RERANK_PARAMS: Final = frozenset(
     {"max_chunks_per_doc", "max_tokens_per_doc", "priority", "rank_fields", "return_documents", "top_n"}
 )
 PARAMS: Final = {"rerank": RERANK_PARAMS}
+PARAMS_BY_MODEL: Final[dict[tuple[str, str], frozenset[str]]] = {}
 # The base URL is the host (https://api.cohere.com); /v1/rerank takes strings or {"text": ...} documents.
 PATHS: Final = {"rerank": "/v1/rerank"}
 

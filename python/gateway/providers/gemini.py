@@ -63,6 +63,7 @@ PARAMS: Final = {
     ),
     "embedding": frozenset({"dimensions", "encoding_format"}),
 }
+PARAMS_BY_MODEL: Final[dict[tuple[str, str], frozenset[str]]] = {}
 PATHS: Final = {"chat": ":generateContent", "embedding": ":batchEmbedContents"}
 API_VERSION = "v1beta"
 FINISH_REASONS: Final = {

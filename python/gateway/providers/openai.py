@@ -71,7 +71,10 @@ TRANSCRIPTION_PARAMS: Final = frozenset(
 # An image model serves two endpoints and has one list: what either accepts. "model", "prompt" and
 # the edited images are the request itself; "mask" is a file part of edits. Streamed partial images
 # (stream, partial_images) are not offered: the gateway answers with URLs once the images exist.
-IMAGE_PARAMS: Final = frozenset(
+# GPT image models always answer base64 and refuse `response_format` (400 unknown_parameter), which
+# the gateway honours itself; `style` is DALL-E 3's. DALL-E's list lacks the GPT models' own. An
+# upstream model of another name (an OpenAI-compatible server) gets both.
+GPT_IMAGE_PARAMS: Final = frozenset(
     {
         "background",
         "input_fidelity",
@@ -81,13 +84,13 @@ IMAGE_PARAMS: Final = frozenset(
         "output_compression",
         "output_format",
         "quality",
-        "response_format",
         "safety_identifier",
         "size",
-        "style",
         "user",
     }
 )
+DALL_E_PARAMS: Final = frozenset({"mask", "n", "quality", "response_format", "size", "style", "user"})
+IMAGE_PARAMS: Final = GPT_IMAGE_PARAMS | DALL_E_PARAMS
 # Responses API parameters (types/responses/response_create_params.py). "model", "input" and
 # "previous_response_id" are the request itself.
 # `background` runs the response as a job (gateway.background), polled with GET /v1/responses/{id}.
@@ -135,6 +138,8 @@ PARAMS: Final = {
     "video": VIDEO_PARAMS,
     "moderation": frozenset(),  # "model" and "input" are the request itself
 }
+# GPT image models refuse DALL-E's parameters (response_format above all), and DALL-E theirs.
+PARAMS_BY_MODEL: Final = {("image", "gpt-image"): GPT_IMAGE_PARAMS, ("image", "dall-e"): DALL_E_PARAMS}
 # Model type (or one of its operations, as image_edit) -> the upstream path, relative to the base URL.
 PATHS: Final = {
     "chat": "/chat/completions",

@@ -35,6 +35,7 @@ PARAMS: Final = {
     "messages": anthropic.PARAMS["messages"],
     "embedding": gemini.PARAMS["embedding"],
 }
+PARAMS_BY_MODEL: Final[dict[tuple[str, str], frozenset[str]]] = {}
 PATHS: Final = {"chat": ":generateContent", "messages": ":rawPredict", "embedding": ":predict"}
 ANTHROPIC_VERSION = "vertex-2023-10-16"
 

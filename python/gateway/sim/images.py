@@ -3,8 +3,8 @@
 Every image is a small solid-colour PNG whose colour comes from a hash of the prompt (and, for edits,
 of the uploaded images), so the same request always draws the same pictures. The requested size is
 reported as asked but rendered at most MAX_SIDE pixels a side. As OpenAI does, GPT image models
-answer with base64 and report token usage, DALL-E models answer with links; `response_format` picks
-either explicitly. Links point at the simulator itself (FILES_PATH) and name colour and size, so
+answer with base64 and report token usage (and refuse `response_format`, as OpenAI does), DALL-E
+models answer with links; `response_format` picks either explicitly. Links point at the simulator itself (FILES_PATH) and name colour and size, so
 serving them needs no state.
 """
 
@@ -151,6 +151,8 @@ def _draw(
     if options.get("output_format", "png") != "png":
         return error_answer("The simulator renders png images only.", "output_format")
     gpt_image = not base.startswith("dall-e")
+    if base.startswith("gpt-image") and "response_format" in options:  # as OpenAI refuses it
+        return error_answer("Unknown parameter: 'response_format'.", "response_format")
     fmt = options.get("response_format") or ("b64_json" if gpt_image else "url")
     if fmt not in ("url", "b64_json"):
         return error_answer("response_format must be url or b64_json.", "response_format")
