@@ -131,7 +131,8 @@ class ModelRegistry:
         model = self.lookup(name, ctx, "model", BARE_NAME_VENDOR.get(model_type, "openai"))
         if model.type != model_type and model.type not in TRANSLATED_TYPE.get(model_type, ()):
             raise invalid_request(
-                f"The model {name!r} is a {model.type} model: call {ENDPOINT_FOR_TYPE[model.type]}.",
+                f"The model {name!r} is {_a(model.type)} {model.type} model:"
+                f" call {ENDPOINT_FOR_TYPE[model.type]}.",
                 "model",
             )
         return model
@@ -183,3 +184,8 @@ def note_dropped(call: Call, names: Iterable[str], keep: frozenset[str]) -> None
     dropped = sorted({name for name in names if name not in keep})
     if dropped:
         call.dropped_params = tuple(dropped)
+
+
+def _a(word: str) -> str:
+    """The article before `word` (an image model, a chat model)."""
+    return "an" if word[:1] in "aeiou" else "a"

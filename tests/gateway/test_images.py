@@ -332,6 +332,7 @@ def test_image_model_on_another_endpoint_is_invalid_request(gw: Gateway, key: Ke
             "/v1/chat/completions", json={"model": GPT_IMAGE, "messages": [{"role": "user", "content": "hi"}]}
         )
     assert r.status_code == 400 and "/v1/images/generations" in r.json()["error"]["message"]
+    assert "is an image model" in r.json()["error"]["message"]
 
 
 def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: KeyHandle) -> None:

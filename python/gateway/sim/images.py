@@ -3,9 +3,9 @@
 Every image is a small solid-colour PNG whose colour comes from a hash of the prompt (and, for edits,
 of the uploaded images), so the same request always draws the same pictures. The requested size is
 reported as asked but rendered at most MAX_SIDE pixels a side. As OpenAI does, GPT image models
-answer with base64 and report token usage (and refuse `response_format`, as OpenAI does), DALL-E
-models answer with links; `response_format` picks either explicitly. Links point at the simulator itself (FILES_PATH) and name colour and size, so
-serving them needs no state.
+answer with base64, report token usage and refuse `response_format`; DALL-E models answer with
+links, or base64 when `response_format` asks. Links point at the simulator itself (FILES_PATH) and
+name colour and size, so serving them needs no state.
 """
 
 from __future__ import annotations
