@@ -163,11 +163,27 @@ _CUE_END = re.compile(rb"-->\s*(?:(\d+):)?(\d{1,2}):(\d{2})[,.](\d{3})")
 
 def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:
     """The gateway's own measure when the upstream reports none: the duration of a WAV upload, else
-    where the answer's last subtitle cue ends (other formats would need decoding), and the tokens
-    of the text."""
+    where the answer's last subtitle cue ends (other formats would need decoding), and, for a model
+    not priced by duration, the tokens of the text."""
     # The longer of the two: a WAV header cannot shorten what the subtitles show was heard.
-    seconds = max(wav_seconds(audio) or 0.0, _last_cue_end(text.encode()))
-    return Usage(seconds=math.ceil(seconds), completion_tokens=count_tokens(text, model.tokenizer))
+    cue_end = _last_cue_end(text.encode())
+    seconds = math.ceil(max(wav_seconds(audio) or 0.0, cue_end))
+    if model.prices.second or model.prices.minute:
+        # Billed by duration, as such an upstream reports its usage (whisper: `type: duration`, no
+        # tokens): the same audio costs the same in every format.
+        return Usage(seconds=seconds)
+    words = _cue_text(text) if cue_end else text  # subtitles: their words, as json's text would be
+    return Usage(seconds=seconds, completion_tokens=count_tokens(words, model.tokenizer))
+
+
+def _cue_text(subtitles: str) -> str:
+    """The words of an srt or vtt answer: its cues' lines, without their numbers, times and the
+    WEBVTT header (a transcript's tokens are the same whichever format it came in)."""
+    return "\n".join(
+        line
+        for line in (raw.strip() for raw in subtitles.splitlines())
+        if line and "-->" not in line and not line.isdigit() and not line.startswith("WEBVTT")
+    )
 
 
 def _last_cue_end(subtitles: bytes) -> float:
