@@ -17,6 +17,7 @@ requests per minute, never claims one: those answers are not kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -80,6 +81,7 @@ async def claim(state: GatewayState, request: Request, call: Call, key: str, bod
     if outcome.outcome == "run":
         return None
     call.idempotency = None  # this request does not hold the key
+    call.model = _named_model(state, request, call, body)  # for its log entry: nothing else reads it
     if outcome.outcome == "reused":
         raise GatewayError(
             "idempotency_key_reused", "This Idempotency-Key was already used with a different request body."
@@ -95,6 +97,25 @@ async def claim(state: GatewayState, request: Request, call: Call, key: str, bod
     # Filtered again: answers kept before these headers were left out may carry them.
     headers = {**dict(_replayable(answer.headers)), REPLAYED_HEADER: "true", "x-service-cost": "0"}
     return Response(answer.body, status_code=answer.status, headers=headers)
+
+
+def _named_model(state: GatewayState, request: Request, call: Call, body: bytes) -> str | None:
+    """The model a request that does not run names (a replay, a refusal of its key), as the
+    registry calls it, for its log entry; None when it names none the key may see."""
+    from .routes.multipart import form_parts  # the routes import this module
+
+    content_type = request.headers.get("content-type", "")
+    name: object = None
+    parts = form_parts(body, content_type)
+    if parts is not None:
+        name = next((p.data.decode(errors="replace") for p in parts if p.name == "model"), None)
+    else:
+        with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+            name = orjson.loads(body).get("model")
+    try:
+        return state.registry.lookup(name, call.ctx, vendor="openai").name
+    except GatewayError:
+        return None
 
 
 def replayed_error_code(replay: Response) -> str | None:

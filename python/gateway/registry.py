@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from .config import ModelConfig
-from .errors import GatewayError, invalid_request
+from .errors import ErrorCode, GatewayError, invalid_request
 from .providers import PROVIDERS
 from .routing import ChannelBody, json_body
 from .store import KeyContext
@@ -60,12 +60,20 @@ REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
 }
 
 
-class ModelNotAllowed(GatewayError):
-    """403 model_not_allowed, knowing the model refused (its request's log entry names it)."""
+class ModelRefused(GatewayError):
+    """A refusal of a model that exists, knowing which (its request's log entry names it): one
+    called on an endpoint that is not its type's (400 invalid_request)."""
+
+    def __init__(self, model: str, message: str, param: str, code: ErrorCode = "invalid_request") -> None:
+        super().__init__(code, message, param=param)
+        self.model = model
+
+
+class ModelNotAllowed(ModelRefused):
+    """403 model_not_allowed."""
 
     def __init__(self, model: str, message: str, param: str) -> None:
-        super().__init__("model_not_allowed", message, param=param)
-        self.model = model
+        super().__init__(model, message, param, "model_not_allowed")
 
 
 class ModelRegistry:
@@ -130,7 +138,8 @@ class ModelRegistry:
         (the openai Agents SDK's `openai/...`, LiteLLM's `openai/...` and `anthropic/...`)."""
         model = self.lookup(name, ctx, "model", BARE_NAME_VENDOR.get(model_type, "openai"))
         if model.type != model_type and model.type not in TRANSLATED_TYPE.get(model_type, ()):
-            raise invalid_request(
+            raise ModelRefused(
+                model.name,
                 f"The model {name!r} is {_a(model.type)} {model.type} model:"
                 f" call {ENDPOINT_FOR_TYPE[model.type]}.",
                 "model",

@@ -106,6 +106,14 @@ def test_replay_is_free_and_marked_then_other_body_is_409(
     other = post(gw, key.key, IMAGES, {**body, "n": 1}, "k1")
     assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"
     assert other.json()["error"]["type"] == "idempotency_error"
+    # Logged under the model they name, though neither ran (console review: "—").
+    for answer in (again, other):
+        rid: str = answer.headers["x-service-request-id"]
+
+        def entry(rid: str = rid) -> list[Any]:
+            return list(gw.query("SELECT model FROM request_logs WHERE id = ?", rid))
+
+        assert [tuple(row) for row in eventually(entry, what="its log entry")] == [(GPT_IMAGE,)]
 
 
 def test_keys_are_scoped_to_the_api_key(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:

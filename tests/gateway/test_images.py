@@ -333,6 +333,9 @@ def test_image_model_on_another_endpoint_is_invalid_request(gw: Gateway, key: Ke
         )
     assert r.status_code == 400 and "/v1/images/generations" in r.json()["error"]["message"]
     assert "is an image model" in r.json()["error"]["message"]
+    rid = r.headers["x-service-request-id"]  # logged under the model it named (console review)
+    logged = eventually(lambda: gw.query("SELECT model FROM request_logs WHERE id = ?", rid))
+    assert [tuple(row) for row in logged] == [(GPT_IMAGE,)]
 
 
 def test_upstream_failure_is_provider_error_and_not_charged(gw: Gateway, key: KeyHandle) -> None:

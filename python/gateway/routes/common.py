@@ -33,7 +33,7 @@ from ..errors import (
 from ..ids import request_id
 from ..providers.http import UPSTREAM_FAILURES
 from ..ratelimits import note_rate
-from ..registry import ModelNotAllowed
+from ..registry import ModelRefused
 from ..request_log import BodyCapture
 from ..runtime_threads import hand_over_now
 from ..state import GatewayState
@@ -234,7 +234,7 @@ def resolve_model(state: GatewayState, call: Call, name: Any, model_type: str) -
     once, so that a request refused while its body is checked is logged with its model too."""
     try:
         model = state.registry.resolve(name, call.ctx, model_type)
-    except ModelNotAllowed as refused:
+    except ModelRefused as refused:
         call.model = refused.model  # an operator looking for the model's refusals finds this one
         raise
     call.model = model.name
