@@ -32,8 +32,10 @@ def estimate(seconds: str) -> Usage:
 
 
 def job_object(job: Job, content_url: str | None) -> dict[str, Any]:
-    """The job as OpenAI's Video object, with where to download it once completed (spec 2.2)."""
-    completed = job.status == "completed"
+    """The job as OpenAI's Video object, with where to download it once completed (spec 2.2), until
+    the file expires (its `expires_at` says when: past it, the download is 404)."""
+    expired = job.expires_at_ms is not None and job.expires_at_ms <= now_ms()
+    completed = job.status == "completed" and not expired
     return {
         "id": job.id,
         "object": "video",

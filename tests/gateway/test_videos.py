@@ -272,3 +272,22 @@ def test_the_hold_outlives_the_process_that_placed_it(sim_url: str, tmp_path: Pa
             # 0.80 is held by the running job: another 0.40 job does not fit in what is left.
             r = c.post(VIDEOS, json={"model": SORA, "prompt": "too much", "seconds": "4"})
             assert r.status_code == 400 and r.json()["error"]["code"] == "insufficient_credits"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_an_expired_file_has_no_download_url(sim_url: str, tmp_path: Path) -> None:
+    """Past `file_ttl_seconds` the file is gone (404): the job no longer names a URL that answers
+    404 (console review); `expires_at` says when that came."""
+    config = video_models(sim_url, render="100ms").replace(
+        "poll_seconds = 0.2", "poll_seconds = 0.1\nfile_ttl_seconds = 1"
+    )
+    with gateway(tmp_path, config) as g:
+        handle = g.new_key(balance="10")
+        created = client(g, handle.key).videos.create(model=SORA, prompt="brief", seconds="2")
+        done = wait_for(g, handle.key, created.id)
+        assert done["status"] == "completed" and done["download_url"]
+        time.sleep(max(0.0, done["expires_at"] + 1.05 - time.time()))
+        with g.client(handle.key) as c:
+            later = c.get(f"{VIDEOS}/{created.id}").json()
+            assert later["status"] == "completed" and later["download_url"] is None
+            assert c.get(f"{VIDEOS}/{created.id}/content").status_code == 404
