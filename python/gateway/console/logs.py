@@ -214,7 +214,10 @@ def row(
         "cost": money(entry.cost) if entry.cost is not None else "—",
         "cost_exact": None if entry.cost is None else field.money_text(entry.cost),
         "size": f"{_size(entry.request_bytes)} → {_size(entry.response_bytes)}",
-        "tokens": "—" if usage is None else f"{usage.prompt_tokens:,} → {usage.completion_tokens:,}",
+        # A request billed by other units (a video's seconds, images, characters) counts no tokens.
+        "tokens": "—"
+        if usage is None or not usage.total_tokens
+        else f"{usage.prompt_tokens:,} → {usage.completion_tokens:,}",
         "model": entry.model or "—",
         "key": key_names.get(entry.key_id or "", entry.key_id or "—"),
         "endpoint": entry.path,

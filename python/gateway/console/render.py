@@ -4,6 +4,7 @@ markup, prompts and model output included) and the console's security headers on
 from __future__ import annotations
 
 import functools
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from ..clock import rfc3339
 from ..errors import GatewayError
 from .security import SECURITY_HEADERS, Viewer
 
@@ -33,7 +33,10 @@ def money(value: Decimal | str | None) -> str:
 
 
 def when(ms: int | None) -> str:
-    return "—" if ms is None else rfc3339(ms)
+    """A moment as the console shows it: to the second, in UTC, as the Logs list shows times."""
+    if ms is None:
+        return "—"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @functools.cache
