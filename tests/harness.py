@@ -42,6 +42,17 @@ BACKENDS = ("sqlite", "postgres")
 MONEY_COLUMNS = frozenset({"balance", "balance_after", "amount", "cost", "hold", "credit_limit", "spent"})
 
 
+def read_json_answer(sock: socket.socket, answer: bytes = b"") -> bytes:
+    """What a raw socket reads of an HTTP answer with a JSON body (after `answer`, read already):
+    until the body's closing brace, or the connection's end."""
+    while not answer.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

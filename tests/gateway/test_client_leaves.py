@@ -20,7 +20,7 @@ import pytest
 from test_early_end import ALL_SHAPES, Shape, stream, usage_rows
 
 from gateway.core import count_tokens
-from harness import Gateway, KeyHandle, eventually
+from harness import Gateway, KeyHandle, eventually, read_json_answer
 
 # How long the model waits before its first token (or its plain answer) in the "slow" cases, and
 # when the client gives up.
@@ -172,12 +172,7 @@ def test_a_malformed_chunked_body_gets_the_spec_error(gw: Gateway) -> None:
     ).encode()
     with socket.create_connection((url.hostname or "127.0.0.1", url.port or 80), timeout=10) as s:
         s.sendall(head + b"zz\r\nnot hex\r\n0\r\n\r\n")
-        answer = b""
-        while not answer.rstrip().endswith(b"}"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
+        answer = read_json_answer(s)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     body = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["code"] == "invalid_request" and "chunked" in body["error"]["message"]

@@ -22,7 +22,17 @@ import pytest
 
 from gateway.config import Settings, load_settings
 from gateway.reload import fixed_changes
-from harness import chat_model, eventually, free_port, kill_worker, new_key, query, running, workers_serving
+from harness import (
+    chat_model,
+    eventually,
+    free_port,
+    kill_worker,
+    new_key,
+    query,
+    read_json_answer,
+    running,
+    workers_serving,
+)
 
 pytestmark = pytest.mark.slow
 ADMIN_TOKEN = "admin-" + "a" * 32
@@ -142,12 +152,7 @@ def test_a_request_still_receiving_its_body_at_the_drain_deadline_is_answered_50
         time.sleep(0.5)  # the head read, the body waited for
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        answer = b""
-        while not answer.rstrip().endswith(b"}"):
-            more = s.recv(65536)
-            if not more:
-                break
-            answer += more
+        answer = read_json_answer(s)
         assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
         assert b'"code":"service_unavailable"' in answer and b"retry-after: 1" in answer.lower()
         assert time.monotonic() - signalled < 6  # notice + deadline, well before the kill

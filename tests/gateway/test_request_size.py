@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import httpx
 import orjson
 
-from harness import Gateway, KeyHandle, chat_model, gateway
+from harness import Gateway, KeyHandle, chat_model, gateway, read_json_answer
 
 LIMIT = 10 * 1024 * 1024
 CHAT = "/v1/chat/completions"
@@ -29,13 +29,7 @@ def raw_post(gw: Gateway, key: str, head_extra: str, body: bytes) -> bytes:
             ).encode()
             + body
         )
-        answer = b""
-        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-        return answer
+        return read_json_answer(s)
 
 
 def test_a_declared_10_mb_plus_1_is_refused_before_the_body_arrives(gw: Gateway, key: KeyHandle) -> None:
@@ -129,11 +123,7 @@ def test_a_body_still_arriving_as_the_synchronous_window_closes_is_504(tmp_path:
                 if answer:
                     break
             s.settimeout(5)
-            while not answer.rstrip().endswith(b"}"):
-                more = s.recv(65536)
-                if not more:
-                    break
-                answer += more
+            answer = read_json_answer(s, answer)
         assert answer.startswith(b"HTTP/1.1 504"), answer[:300]
         assert b'"code":"timeout"' in answer and b"synchronous time window" in answer
         assert 1.8 < time.monotonic() - started < 4

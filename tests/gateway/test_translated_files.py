@@ -296,17 +296,22 @@ FILE_PARTS: list[Any] = [
 ]
 
 
-def test_files_said_to_bedrock_as_converse_documents(bgw: Gateway, sim: httpx.Client) -> None:
-    handle = bgw.new_key(balance="5")
+def ask_with_files(gw: Gateway, model: str) -> str:
+    """A chat request holding FILE_PARTS to `model`, answered; the tag its upstream's request has."""
+    handle = gw.new_key(balance="5")
     tag = marker()
-    with openai.OpenAI(api_key=handle.key, base_url=bgw.url + "/v1", max_retries=0) as oai:
+    with openai.OpenAI(api_key=handle.key, base_url=gw.url + "/v1", max_retries=0) as oai:
         answer = oai.chat.completions.create(
-            model=BEDROCK,
+            model=model,
             messages=[{"role": "user", "content": [{"type": "text", "text": f"Read. {tag}"}, *FILE_PARTS]}],
             max_tokens=5,
         )
     assert answer.choices[0].message.content
-    (entry,) = converse_requests(sim, tag)
+    return tag
+
+
+def test_files_said_to_bedrock_as_converse_documents(bgw: Gateway, sim: httpx.Client) -> None:
+    (entry,) = converse_requests(sim, ask_with_files(bgw, BEDROCK))
     assert entry["body"]["messages"][0]["content"][1:] == [
         {"document": {"name": "Q3 report (final) pdf", "format": "pdf", "source": {"bytes": PDF_BASE64}}},
         {"document": {"name": "notes txt", "format": "txt", "source": {"bytes": NOTES_URL.split(",")[1]}}},
@@ -314,16 +319,7 @@ def test_files_said_to_bedrock_as_converse_documents(bgw: Gateway, sim: httpx.Cl
 
 
 def test_files_said_to_gemini_as_inline_data(ggw: Gateway, sim: httpx.Client) -> None:
-    handle = ggw.new_key(balance="5")
-    tag = marker()
-    with openai.OpenAI(api_key=handle.key, base_url=ggw.url + "/v1", max_retries=0) as oai:
-        answer = oai.chat.completions.create(
-            model=GEMINI,
-            messages=[{"role": "user", "content": [{"type": "text", "text": f"Read. {tag}"}, *FILE_PARTS]}],
-            max_tokens=5,
-        )
-    assert answer.choices[0].message.content
-    entry = gemini_requests(sim, tag)
+    entry = gemini_requests(sim, ask_with_files(ggw, GEMINI))
     assert entry["body"]["contents"][0]["parts"][1:] == [
         {"inlineData": {"mimeType": "application/pdf", "data": PDF_BASE64}},
         {"text": NOTES},
