@@ -136,18 +136,21 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
     assert query(settings, "SELECT count(*) FROM leases")[0][0] == 0
 
 
+@pytest.mark.parametrize("sent", [b'{"model"', b""], ids=["part-of-the-body", "no-body-yet"])
 def test_a_request_still_receiving_its_body_at_the_drain_deadline_is_answered_503(
-    tmp_path: Path, sim_url: str
+    tmp_path: Path, sim_url: str, sent: bytes
 ) -> None:
-    """A body still arriving when the drain's deadline comes is answered 503 service_unavailable
-    (retry), not dropped with the worker killed after it (operator review)."""
+    """A body still arriving when the drain's deadline comes (a part of it sent, or none of it yet)
+    is answered 503 service_unavailable (retry), not dropped with the worker killed after it
+    (operator review)."""
     port = free_port()
     config = _config(tmp_path, port, sim_url, 1, chat_model("test/chat", "sim-chat", sim_url), drain=1.5)
     key = new_key(load_settings(config), Decimal("10"))
     with serving(config, port) as proc, socket.create_connection(("127.0.0.1", port), timeout=15) as s:
         s.sendall(
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key.key}\r\n"
-            'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"model"'.encode()
+            "Content-Type: application/json\r\nContent-Length: 500\r\n\r\n".encode()
+            + sent
         )
         time.sleep(0.5)  # the head read, the body waited for
         signalled = time.monotonic()

@@ -473,20 +473,28 @@ async def read_body(
     parts: list[bytes] = []
     size = 0
     receive = request.receive
-    # The first message waits its idle time alone (a body sent with its head is there at once, and
-    # the request has only begun); the later ones of a body in pieces are bounded by the window and
-    # the drain too (_later_piece). A window shorter than the idle time bounds them all.
+    # The first message waits its idle time (a body sent with its head is there at once, and the
+    # request has only begun), ended early only by the drain's deadline; the later ones of a body
+    # in pieces are bounded by the window too (_later_piece). A window shorter than the idle time
+    # bounds them all.
     later = 0.0 < window_seconds < idle_seconds
     while True:
         try:
             if later:
                 message = await _later_piece(receive, idle_seconds, started_ns, window_seconds, drain)
-            else:
+            elif drain is None:
                 with within(idle_seconds):
                     message = await receive()
+            else:
+                with within(idle_seconds) as block:
+                    drain.waits.add(block)
+                    try:
+                        message = await receive()
+                    finally:
+                        drain.waits.discard(block)
         except TimeoutError:
             request_log.note_received(request, size)
-            raise _body_late(False, False, idle_seconds) from None
+            raise _body_late(drain is not None and drain.cut, False, idle_seconds) from None
         except GatewayError:
             request_log.note_received(request, size)
             raise
