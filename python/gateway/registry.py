@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from .config import ModelConfig
 from .errors import ErrorCode, GatewayError, invalid_request
 from .providers import PROVIDERS
+from .providers.base import nothing_to_check
 from .routing import ChannelBody, json_body
 from .store import KeyContext
 
@@ -86,6 +87,13 @@ class ModelRegistry:
             m.name: self._params[m.name] | REQUIRED_FIELDS.get(m.type, frozenset({"model"}))
             for m in self._by_name.values()
         }
+        # The models whose provider says their requests in another API and checks them first
+        # (`check`): a set, so that the others' requests pay one membership test.
+        self.checked = frozenset(
+            m.name
+            for m in self._by_name.values()
+            if PROVIDERS[m.channels[0].provider].check is not nothing_to_check
+        )
 
     @staticmethod
     def _resolve_params(model: ModelConfig) -> frozenset[str]:
@@ -145,6 +153,11 @@ class ModelRegistry:
                 "model",
             )
         return model
+
+    def check(self, model: ModelConfig, payload: dict[str, Any]) -> None:
+        """A 400 for a request (in the model type's own shape) that the model's provider cannot be
+        asked, before it is held; for a model in `checked`."""
+        PROVIDERS[model.channels[0].provider].check(model.type, payload)
 
     def forwarded_params(self, model: ModelConfig) -> frozenset[str]:
         """Exactly the parameters this model receives; the rest are dropped (spec 1.3)."""

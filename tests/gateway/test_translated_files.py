@@ -324,3 +324,144 @@ def test_files_said_to_gemini_as_inline_data(ggw: Gateway, sim: httpx.Client) ->
         {"inlineData": {"mimeType": "application/pdf", "data": PDF_BASE64}},
         {"text": NOTES},
     ]
+
+
+@pytest.mark.parametrize("model", [BEDROCK, GEMINI])
+def test_a_file_bedrock_or_gemini_cannot_read_is_refused_before_the_hold(
+    bgw: Gateway, ggw: Gateway, model: str
+) -> None:
+    """Checked before the hold, as a messages model's request is: a key with too little money for
+    the file as the hold would count it (an unseen file: its most) still hears why (review: it heard
+    key_budget_exceeded); a Responses or Messages request hears of its own field."""
+    gw = bgw if model == BEDROCK else ggw
+    key = gw.new_key(balance="0.000001")
+    by_id = {"type": "file", "file": {"file_id": "file-1"}}
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [by_id]}]},
+            "messages[0].content[0].file.file_id",
+        ),
+        (
+            "/v1/responses",
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
+            "input",
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "document",
+                                "source": {
+                                    "type": "content",
+                                    "content": [
+                                        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
+                                    ],
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+            "messages",
+        ),
+    ]
+    with gw.client(key.key) as c:
+        for path, body, param in cases:
+            r = c.post(path, json={"model": model, **body})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_request", param), (path, error)
+            assert "`messages[" not in error["message"] or path == "/v1/chat/completions", error
+    assert gw.balance(key.account_id) == Decimal("0.000001")
+
+
+def test_converse_document_names_are_unique_and_short_and_never_alone(
+    bgw: Gateway, sim: httpx.Client
+) -> None:
+    """Converse refuses a document name twice, one over 200 characters, and documents without a
+    text block in their message (review)."""
+    handle = bgw.new_key(balance="5")
+    untitled: Any = {"type": "file", "file": {"file_data": PDF_URL}}
+    long_name: Any = {"type": "file", "file": {"filename": "x" * 300 + ".pdf", "file_data": PDF_URL}}
+    with openai.OpenAI(api_key=handle.key, base_url=bgw.url + "/v1", max_retries=0) as oai:
+        tag = marker()
+        oai.chat.completions.create(
+            model=BEDROCK,
+            messages=[
+                {"role": "user", "content": [untitled, untitled, long_name]},
+                {"role": "assistant", "content": "Read."},
+                {"role": "user", "content": [untitled, {"type": "text", "text": f"And? {tag}"}]},
+            ],
+            max_tokens=5,
+        )
+    (entry,) = converse_requests(sim, tag)
+    first, _, last = entry["body"]["messages"]
+    names = [b["document"]["name"] for turn in (first, last) for b in turn["content"] if "document" in b]
+    assert names[:2] == ["document", "document (2)"] and names[3] == "document (3)"
+    assert len(names[2]) <= 200 and len(set(names)) == 4
+    assert first["content"][-1] == {"text": "(see the attached document)"}  # documents alone: a text too
+    assert [b for b in last["content"] if "text" in b] == [{"text": f"And? {tag}"}]
+
+
+def test_files_given_as_data_are_read_as_their_data_url_says(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    """A data: URL not in base64 (percent-encoded), and a text's charset, are read as they say; an
+    empty file or one that is not base64 is a 400 (review: they reached the model as a PDF)."""
+    tag = marker()
+    latin = "data:text/plain;charset=iso-8859-1;base64," + base64.b64encode("café".encode("latin-1")).decode()
+    oai.chat.completions.create(
+        model=CLAUDE,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"Read. {tag}"},
+                    {"type": "file", "file": {"file_data": "data:text/plain,hello%20there"}},
+                    {"type": "file", "file": {"file_data": latin}},
+                ],
+            }
+        ],
+        max_completion_tokens=3,
+    )
+    (received,) = sim_requests(sim, tag)
+    sources = [b["source"] for b in received["messages"][0]["content"][1:]]
+    assert [s["data"] for s in sources] == ["hello there", "café"]
+    for bad in (
+        "data:application/pdf;base64,",
+        "data:text/plain;base64,",
+        "data:application/pdf;base64,@@@",
+        "@@@",
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            oai.chat.completions.create(
+                model=CLAUDE,
+                messages=[{"role": "user", "content": [{"type": "file", "file": {"file_data": bad}}]}],
+            )
+        body = refused.value.body
+        assert isinstance(body, dict) and body["param"] == "messages[0].content[0].file.file_data", bad
+
+
+def test_a_responses_text_file_reaches_a_chat_model_as_text(oai: openai.OpenAI, sim: httpx.Client) -> None:
+    """The chat shape's file parts are PDFs (OpenAI refuses another kind there): a text file is
+    said as its text (review)."""
+    tag = marker()
+    csv = "data:text/csv;base64," + base64.b64encode(b"a,b\n1,2\n").decode()
+    oai.responses.create(
+        model=GPT,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": f"Sum. {tag}"},
+                    {"type": "input_file", "filename": "t.csv", "file_data": csv},
+                ],
+            }
+        ],
+    )
+    (received,) = sim_requests(sim, tag)
+    assert received["messages"][-1]["content"][1] == {"type": "text", "text": "a,b\n1,2\n"}

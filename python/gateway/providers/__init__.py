@@ -10,7 +10,7 @@ url(channel, type) and headers(channel, client_headers). Sending and error mappi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from . import anthropic, azure, bedrock, cohere, gemini, openai, vertex
 
@@ -51,6 +51,10 @@ class Provider(Protocol):
         """The upstream request's headers: credentials (a token fetched through `upstream` when the
         channel signs in with one, or a signature of `url` and `body`) and what the provider needs
         of the client's."""
+
+    def check(self, model_type: str, payload: dict[str, Any]) -> None:
+        """Refuse (400) a request of this model type that the upstream cannot be asked, before it
+        is held (a provider that says requests in another API: what encode would refuse)."""
 
     def encode(self, channel: ChannelConfig, operation: str, body: bytes) -> bytes:
         """The request body in the upstream's wire format, from the model type's own."""

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from ..config import ChannelConfig
-from .base import no_stream_translation, unchanged, unchanged_answer
+from .base import no_stream_translation, nothing_to_check, unchanged, unchanged_answer
 from .http import UpstreamClient
 
 # Messages parameters the native API accepts (spec 1.3 default list): every body field of the
@@ -74,5 +74,6 @@ async def headers(
 
 # The upstream speaks the model type's own wire format.
 encode = unchanged
+check = nothing_to_check
 decode = unchanged_answer
 stream_translator = no_stream_translation

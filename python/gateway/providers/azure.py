@@ -19,7 +19,7 @@ from typing import Final
 
 from ..config import ChannelConfig
 from . import openai
-from .base import no_stream_translation, unchanged, unchanged_answer
+from .base import no_stream_translation, nothing_to_check, unchanged, unchanged_answer
 from .credentials import TOKENS
 from .http import UpstreamClient
 
@@ -73,5 +73,6 @@ async def headers(
 
 # The upstream speaks the model type's own wire format.
 encode = unchanged
+check = nothing_to_check
 decode = unchanged_answer
 stream_translator = no_stream_translation

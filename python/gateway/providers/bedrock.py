@@ -125,8 +125,8 @@ def _text_format(response_format: Any) -> dict[str, Any] | None:
 def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     """A chat completions body as a Converse request."""
     payload = orjson.loads(body)
-    said = messages_request_from_chat(payload, 0, image_links=False)
-    request: dict[str, Any] = {"messages": [_turn(t, i) for i, t in enumerate(said["messages"])]}
+    said, turns = _said(payload)
+    request: dict[str, Any] = {"messages": turns}
     system = said.get("system")
     if isinstance(system, str):
         request["system"] = [{"text": system}]
@@ -174,10 +174,31 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     return orjson.dumps(request)
 
 
+def _said(payload: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The chat request as a message request, and its turns as Converse's messages (a 400 for what
+    Converse has no counterpart for)."""
+    said = messages_request_from_chat(payload, 0, image_links=False)
+    turns = [_turn(t, i) for i, t in enumerate(said["messages"])]
+    _name_documents(turns)
+    return said, turns
+
+
+def check(model_type: str, payload: dict[str, Any]) -> None:
+    """A chat request Converse cannot be asked is refused before it is held (encode would refuse it
+    only when it is sent: after the hold, which may refuse it first for another reason)."""
+    if model_type == "chat":
+        _said(payload)
+
+
 # What a tool result that says nothing is sent as (Converse refuses blank text).
 EMPTY_RESULT: Final = "(no output)"
-# Converse's document names: letters, digits, single spaces, hyphens, parentheses and brackets.
+# Converse's document names: letters, digits, single spaces, hyphens, parentheses and brackets;
+# at most 200 characters, each name once in a request.
 NAME_REFUSED: Final = re.compile(r"[^A-Za-z0-9\-()\[\] ]+| {2,}")
+MAX_NAME_CHARS: Final = 200
+# What a user turn holding documents and no text says beside them: Converse refuses documents
+# without a text block in their message.
+DOCUMENT_TEXT: Final = "(see the attached document)"
 # The tool declared for a conversation with tool results but no calls (their calls cut from it).
 UNNAMED_TOOL: Final = "tool"
 
@@ -201,7 +222,28 @@ def _tools_used(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _turn(turn: dict[str, Any], index: int) -> dict[str, Any]:
     content = turn["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-    return {"role": turn["role"], "content": [_block(b, index) for b in blocks]}
+    said = [_block(b, index) for b in blocks]
+    if any("document" in b for b in said) and not any("text" in b for b in said):
+        said.append({"text": DOCUMENT_TEXT})
+    return {"role": turn["role"], "content": said}
+
+
+def _name_documents(turns: list[dict[str, Any]]) -> None:
+    """Each document's name once in the request (Converse refuses a name twice: two untitled files,
+    or one file sent again in a later turn), within Converse's length."""
+    taken: set[str] = set()
+    for turn in turns:
+        for block in turn["content"]:
+            document = block.get("document")
+            if document is None:
+                continue
+            base = document["name"][: MAX_NAME_CHARS - 8].strip() or "document"
+            name, n = base, 1
+            while name in taken:
+                n += 1
+                name = f"{base} ({n})"
+            taken.add(name)
+            document["name"] = name
 
 
 def _block(block: dict[str, Any], index: int) -> dict[str, Any]:

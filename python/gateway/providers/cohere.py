@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..config import ChannelConfig
-from .base import bearer_headers, no_stream_translation, unchanged, unchanged_answer
+from .base import bearer_headers, no_stream_translation, nothing_to_check, unchanged, unchanged_answer
 
 # "model", "query" and "documents" are the request itself: they always go.
 RERANK_PARAMS: Final = frozenset(
@@ -26,5 +26,6 @@ headers = bearer_headers
 
 # The upstream speaks the model type's own wire format.
 encode = unchanged
+check = nothing_to_check
 decode = unchanged_answer
 stream_translator = no_stream_translation

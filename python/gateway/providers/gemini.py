@@ -114,12 +114,8 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     payload = orjson.loads(body)
     if operation == "embedding":
         return _embed_request(channel, payload)
-    said = messages_request_from_chat(payload, 0, image_links=False)
-    names: dict[str, str] = {}  # tool call id -> function name (a function response names it)
-    signatures = _given_signatures(payload["messages"])
-    request: dict[str, Any] = {
-        "contents": [_content(t, i, names, signatures) for i, t in enumerate(said["messages"])],
-    }
+    said, contents = _said(payload)
+    request: dict[str, Any] = {"contents": contents}
     system = said.get("system")
     if isinstance(system, list):
         system = "\n\n".join(b["text"] for b in system)
@@ -170,6 +166,22 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
                 "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [choice["name"]]}
             }
     return orjson.dumps(request)
+
+
+def _said(payload: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The chat request as a message request, and its turns as Gemini's contents (a 400 for what
+    Gemini has no counterpart for)."""
+    said = messages_request_from_chat(payload, 0, image_links=False)
+    names: dict[str, str] = {}  # tool call id -> function name (a function response names it)
+    signatures = _given_signatures(payload["messages"])
+    return said, [_content(t, i, names, signatures) for i, t in enumerate(said["messages"])]
+
+
+def check(model_type: str, payload: dict[str, Any]) -> None:
+    """A chat request Gemini cannot be asked is refused before it is held (encode would refuse it
+    only when it is sent: after the hold, which may refuse it first for another reason)."""
+    if model_type == "chat":
+        _said(payload)
 
 
 def _json_output(response_format: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..config import ChannelConfig
-from .base import bearer_headers, no_stream_translation, unchanged, unchanged_answer
+from .base import bearer_headers, no_stream_translation, nothing_to_check, unchanged, unchanged_answer
 
 # Chat-completions parameters an OpenAI-compatible upstream accepts (spec 1.3 default list): every
 # body field of openai-python's request type (types/chat/completion_create_params.py), but
@@ -163,5 +163,6 @@ headers = bearer_headers
 
 # The upstream speaks the model type's own wire format.
 encode = unchanged
+check = nothing_to_check
 decode = unchanged_answer
 stream_translator = no_stream_translation

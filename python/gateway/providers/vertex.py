@@ -66,6 +66,11 @@ async def headers(
     }
 
 
+def check(model_type: str, payload: dict[str, Any]) -> None:
+    """Gemini's checks for its chat models; a messages model's request is Anthropic's own."""
+    gemini.check(model_type, payload)
+
+
 def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
     if operation == "embedding":
         return _predict_request(orjson.loads(body))

@@ -57,6 +57,8 @@ def routes(state: GatewayState) -> list[Route]:
             if model.type == "messages"
             else None
         )
+        if model.name in state.registry.checked:  # said in another API (Bedrock, Gemini): checked now
+            state.registry.check(model, payload)
         prompt = await check_and_hold(
             state,
             request,

@@ -106,7 +106,7 @@ async def _from_chat_model(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> Response:
     """A chat model in the message shape (routes/translated.py)."""
-    upstream = chat_body(state, model, payload, call, chat_request_from_messages, "max_tokens")
+    upstream = chat_body(state, model, payload, call, chat_request_from_messages, "max_tokens", "messages")
     prompt = await _check_and_hold(state, request, call, model, payload)
     rid = response_id("msg_")
     return await forward_to_chat_model(

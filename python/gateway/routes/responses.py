@@ -246,7 +246,9 @@ async def _from_chat_model(
             "background",
         )
     turn = await kept_responses.resolve(state, call, payload)
-    upstream = chat_body(state, model, turn.payload, call, chat_request_from_responses, "max_output_tokens")
+    upstream = chat_body(
+        state, model, turn.payload, call, chat_request_from_responses, "max_output_tokens", "input"
+    )
     prompt = await _check_and_hold(state, request, call, model, turn.payload, turn.brought)
     rid = response_id("resp_")
     keeps = payload.get("store") is not False

@@ -4,6 +4,7 @@ billed from the upstream's own usage, or from the gateway's count when it report
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,10 +49,12 @@ def chat_body(
     call: Call,
     to_chat: ToChat,
     source_limit: str,
+    conversation: str,
 ) -> ChannelBody:
     """The request as a chat completions request for `model`. Made before the safety check and the
     hold: a request that cannot be translated is a 400 that has cost nothing. `source_limit` is
-    the request shape's output limit, which the hold reads from `payload`."""
+    the request shape's output limit, which the hold reads from `payload`; `conversation` the
+    field that holds its turns, which a refusal of what they hold names."""
     # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
     received = state.registry.received_fields(model)
     limit = "max_completion_tokens" if "max_completion_tokens" in received else "max_tokens"
@@ -59,16 +62,24 @@ def chat_body(
     billing.cap_output(received, model, chat, limit, "max_tokens")
     if limit not in received:  # the model takes no output limit: it is held at its most
         payload.pop(source_limit, None)
-    if model.type == "messages":  # once more, into the model's own shape
-        try:
-            said = messages_request_from_chat(chat, model.max_output_tokens)
-        except GatewayError as exc:
-            if exc.param is not None and exc.param.startswith("messages"):
-                # It names the chat request made in between; the client's conversation is `input`.
-                exc.param = "input"
-            raise
-        return state.registry.channel_body(model, said, call)
+    try:
+        if model.type == "messages":  # once more, into the model's own shape
+            return state.registry.channel_body(
+                model, messages_request_from_chat(chat, model.max_output_tokens), call
+            )
+        if model.name in state.registry.checked:  # said in another API (Bedrock, Gemini)
+            state.registry.check(model, chat)
+    except GatewayError as exc:
+        if exc.param is not None and exc.param.startswith("messages"):
+            # It names the chat request made in between: the client's conversation is its own.
+            exc.param = conversation
+            exc.message = _CHAT_PATH.sub("", exc.message, count=1)
+        raise
     return state.registry.channel_body(model, chat, call)
+
+
+# A refusal's leading "`messages[2].content[0]...`: ", the place in the chat request made in between.
+_CHAT_PATH = re.compile(r"^`messages[^`]*`: ")
 
 
 async def forward_to_chat_model(

@@ -137,6 +137,24 @@ def _invalid(req: Any) -> str | None:
         )
     if tool_blocks and not (req.get("toolConfig") or {}).get("tools"):
         return "The toolConfig field must be defined when using toolUse and toolResult content blocks."
+    return _documents_refused(messages)
+
+
+def _documents_refused(messages: list[Any]) -> str | None:
+    """Converse's rules for document blocks: a name once in a request, at most 200 characters, and a
+    text block beside them in their message."""
+    names: list[str] = []
+    for m in messages:
+        documents = [
+            b["document"] for b in m["content"] if isinstance(b, dict) and isinstance(b.get("document"), dict)
+        ]
+        if documents and not any(isinstance(b, dict) and "text" in b for b in m["content"]):
+            return "A message with documents must include a text block beside them."
+        names += [str(d.get("name", "")) for d in documents]
+    if len(names) != len(set(names)):
+        return "Messages can't contain duplicate document names."
+    if any(not name or len(name) > 200 for name in names):
+        return "The document name must be from 1 to 200 characters."
     return None
 
 

@@ -9,18 +9,17 @@ A file given as data becomes a `document` block: a PDF keeps its bytes, a plain 
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 import orjson
 
 from ..errors import invalid_request
+from .files import PDF_TYPE, read_file_data
 
 # The image types the message family accepts as base64 data.
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 # The documents it reads: PDFs as base64 data, plain text as text.
-PDF_TYPE, TEXT_TYPE = "application/pdf", "text/plain"
+TEXT_TYPE = "text/plain"
 # Same name and meaning in both shapes; top_k and thinking are the family's own, which a chat client
 # may send to it (spec 1.3 example: top_k reaches the family it means something to).
 SAME_PARAMS = ("temperature", "top_p", "top_k", "thinking", "stream")
@@ -221,9 +220,9 @@ def _base64_data(url: str) -> tuple[str, str] | None:
 
 
 def _document(file: Any, where: str) -> dict[str, Any]:
-    """A `file` part as a document block. Its `file_data` is a base64 data: URL (or bare base64,
-    taken as a PDF, the one kind OpenAI's chat shape reads): a PDF keeps its bytes, plain text
-    becomes a text source. A `file_id` names a file kept by OpenAI, which this model cannot read."""
+    """A `file` part as a document block. Its `file_data` is a data: URL (or bare base64, taken as
+    a PDF, the one kind OpenAI's chat shape reads): a PDF keeps its bytes, plain text becomes a
+    text source. A `file_id` names a file kept by OpenAI, which this model cannot read."""
     if not isinstance(file, dict):
         raise invalid_request(f"`{where}.file` must be an object.", f"{where}.file")
     given = file.get("file_data")
@@ -237,22 +236,22 @@ def _document(file: Any, where: str) -> dict[str, Any]:
         raise invalid_request(
             f"`{where}.file.file_data` is required: the file as a base64 data: URL.", f"{where}.file"
         )
-    media_type, data = _base64_data(given) or (PDF_TYPE, given)
-    if media_type == PDF_TYPE:
-        source: dict[str, Any] = {"type": "base64", "media_type": PDF_TYPE, "data": data}
-    elif media_type == TEXT_TYPE:
-        try:
-            text = base64.b64decode(data, validate=False).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            raise invalid_request(
-                f"`{where}.file.file_data` is not base64 of UTF-8 text.", f"{where}.file.file_data"
-            ) from None
+    at = f"{where}.file.file_data"
+    found = read_file_data(given)
+    if found is None:
+        raise invalid_request(f"`{at}` must be a data: URL (or base64) of a file that is not empty.", at)
+    if found.media_type == PDF_TYPE:
+        source: dict[str, Any] = {"type": "base64", "media_type": PDF_TYPE, "data": found.encoded}
+    elif found.media_type == TEXT_TYPE:
+        text = found.text()
+        if text is None:
+            raise invalid_request(f"`{at}` is not text in {found.charset or 'UTF-8'}.", at)
         source = {"type": "text", "media_type": TEXT_TYPE, "data": text}
     else:
         raise invalid_request(
-            f"`{where}.file.file_data`: this model reads PDF ({PDF_TYPE}) and plain text ({TEXT_TYPE}) "
-            f"files, not {media_type or 'this kind'}.",
-            f"{where}.file.file_data",
+            f"`{at}`: this model reads PDF ({PDF_TYPE}) and plain text ({TEXT_TYPE}) files, not "
+            f"{found.media_type}.",
+            at,
         )
     block: dict[str, Any] = {"type": "document", "source": source}
     filename = file.get("filename")

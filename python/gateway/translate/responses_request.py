@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import invalid_request
 from .chat_request import carry_over
+from .files import read_file_data
 
 # Same name and meaning in both shapes.
 SAME_PARAMS = ("temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs")
@@ -150,16 +151,31 @@ def _user_part(part: Any, where: str) -> dict[str, Any]:
 
 
 def _file(part: dict[str, Any], where: str) -> dict[str, Any]:
-    """An input_file as the chat shape's file part: by its data (a base64 data: URL) or by id. A
-    file given by URL has no counterpart there (the chat shape carries a file's bytes or id)."""
+    """An input_file as the chat shape's file part: by its data (a base64 data: URL) or by id; a
+    text file (text/plain, text/csv, ...) as its text, since the chat shape's file parts are PDFs.
+    A file given by URL has no counterpart there (the chat shape carries a file's bytes or id)."""
+    given = part.get("file_data")
+    if isinstance(given, str) and given:
+        found = read_file_data(given)
+        if found is None:
+            raise invalid_request(
+                f"`{where}.file_data` must be a data: URL of a file that is not empty.", where
+            )
+        if found.media_type.startswith("text/"):
+            text = found.text()
+            if text is None:
+                raise invalid_request(
+                    f"`{where}.file_data` is not text in {found.charset or 'UTF-8'}.", where
+                )
+            return {"type": "text", "text": text}
     file: dict[str, Any] = {}
     for field in ("file_data", "file_id", "filename"):
         if isinstance(part.get(field), str) and part[field]:
             file[field] = part[field]
     if "file_data" not in file and "file_id" not in file:
         raise invalid_request(
-            f"`{where}`: this model takes a file as `file_data` (a base64 data: URL) or `file_id`, not "
-            "by URL.",
+            f"`{where}`: this model takes a file as `file_data` (a base64 data: URL), or by `file_id`"
+            " where its provider keeps files, not by URL.",
             where,
         )
     return {"type": "file", "file": file}
