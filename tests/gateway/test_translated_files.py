@@ -465,3 +465,24 @@ def test_a_responses_text_file_reaches_a_chat_model_as_text(oai: openai.OpenAI, 
     )
     (received,) = sim_requests(sim, tag)
     assert received["messages"][-1]["content"][1] == {"type": "text", "text": "a,b\n1,2\n"}
+
+
+def test_count_tokens_refuses_what_the_messages_endpoint_would(gw: Gateway, key: KeyHandle) -> None:
+    """A document a chat model cannot be sent (a URL) is a 400 when counted too, as when sent
+    (review: it was counted as an unseen file); one it can is counted."""
+    by_url = {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}}
+    as_pdf = {
+        "type": "document",
+        "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_BASE64},
+    }
+    with gw.client(key.key) as c:
+        refused = c.post(
+            "/v1/messages/count_tokens",
+            json={"model": GPT, "messages": [{"role": "user", "content": [by_url]}]},
+        )
+        counted = c.post(
+            "/v1/messages/count_tokens",
+            json={"model": GPT, "messages": [{"role": "user", "content": [as_pdf]}]},
+        )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].content[0].source"
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 1000

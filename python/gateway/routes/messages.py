@@ -77,6 +77,9 @@ def routes(state: GatewayState) -> list[Route]:
         payload = parse_object(await read_body(request, state.settings.max_request_bytes))
         model = resolve_model(state, call, payload.get("model"), "messages")
         _validate_messages(payload)
+        if model.type != "messages":  # what /v1/messages would refuse to translate is refused here too
+            asked = {**payload, "max_tokens": payload.get("max_tokens") or 1}  # counting needs none
+            chat_body(state, model, asked, call, chat_request_from_messages, "max_tokens", "messages")
         await billing.hold(state, call, model, Usage())  # nothing set aside; names the model too
         tokens, _ = await count_prompt(request, lambda: _prompt_tokens(model, payload))
         return json_response({"input_tokens": tokens}, headers={REQUEST_ID_HEADER: call.request_id})
