@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from .auth import presented_context
 from .buckets import BucketStore, FileBuckets
 from .config import ConfigError, Settings, settings_from_env
 from .core import count_tokens
+from .deadline import expire_all
 from .drain import Drain, end_with_supervisor, mark_serving
 from .edge import AnswerEdge
 from .errors import GatewayError, error_response, unexpected_failure
@@ -123,6 +125,9 @@ def create_app(settings: Settings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.drain.install()
+        # The plain requests' upstream waits run under the synchronous window's length (within):
+        # the drain's last moment ends them all (routes/upstream.call_upstream answers 503).
+        state.drain.finals.append(partial(expire_all, settings.sync_timeout_seconds))
         await state.store.start()
         await state.upstream.start()
         warm_tokenizers(settings)

@@ -86,6 +86,18 @@ class _ThreadDeadlines(threading.local):
 _deadlines = _ThreadDeadlines()
 
 
+def expire_all(seconds: float) -> int:
+    """End now every block of this length running on this thread's loop (a draining worker's last
+    moment: the synchronous window's blocks are its plain requests' waits); how many."""
+    loop = asyncio.get_running_loop()
+    group = _deadlines.group(loop, seconds)
+    running = list(group._running)
+    for block in running:
+        group.remove(block)
+        block.expire()
+    return len(running)
+
+
 class within:
     """Raise TimeoutError from the block if it runs longer than `seconds`."""
 

@@ -39,6 +39,9 @@ log = logging.getLogger("gateway.drain")
 
 # Past the drain deadline, what a plain request still has before its worker is killed.
 KILL_GRACE_SECONDS: Final = 10.0
+# ... of which the last moments are for the answers of those still running then (503, logged),
+# ended this long before the kill.
+FINAL_MARGIN_SECONDS: Final = 2.0
 # Sent by the supervisor to a worker ahead of SIGTERM (ignored by a worker still starting: the
 # supervisor ignores it and its children inherit that until Drain.install).
 NOTICE_SIGNAL: Final = signal.SIGUSR1
@@ -69,6 +72,8 @@ class Drain:
         # Waits for a request's body under way (routes/common.read_body), ended at the deadline:
         # such a request is answered 503 rather than killed with its worker.
         self.waits: set[within] = set()
+        # Run just before the kill: ends what still waits (the plain requests' upstream calls).
+        self.finals: list[Callable[[], object]] = []
 
     def install(self) -> None:
         """Chain a handler for SIGTERM and SIGINT before the ones in place (from the lifespan's
@@ -140,6 +145,13 @@ class Drain:
             stop()
         for wait in list(self.waits):
             wait.expire()
+        asyncio.get_running_loop().call_later(KILL_GRACE_SECONDS - FINAL_MARGIN_SECONDS, self._end_the_rest)
+
+    def _end_the_rest(self) -> None:
+        """Moments before the kill: a plain request still running is answered (503, logged, its hold
+        released) rather than cut off with its worker."""
+        for final in self.finals:
+            final()
 
     def follow(self, stop: Callable[[], None]) -> Callable[[], None]:
         """A stream under way: `stop()` ends it at the deadline (closing its upstream). Returns the

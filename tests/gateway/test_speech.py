@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import openai
@@ -13,7 +14,7 @@ import pytest
 
 from gateway.config import Prices
 from gateway.pricing import Usage, cost
-from harness import Gateway, KeyHandle
+from harness import Gateway, KeyHandle, chat_model, eventually, gateway
 
 MODEL = "openai/tts-1"
 PRICES = Prices(input=Decimal("2.50"), output=Decimal(10), character=Decimal(15))
@@ -116,3 +117,30 @@ def test_an_upstream_that_breaks_off_an_idempotent_answer_is_provider_error(gw: 
         assert again.status_code == 502 and "idempotency-replayed" not in again.headers
     time.sleep(0.2)  # a charge, if there were one, would have landed by now
     assert gw.balance(handle.account_id) == Decimal("1")
+
+
+def test_the_synchronous_window_bounds_the_wait_for_the_audio(tmp_path: Path, sim_url: str) -> None:
+    """Spec 8: an upstream that has not begun its audio when the window closes (from the request's
+    start) is 504 timeout, not charged, with an Idempotency-Key or without (operator review: speech
+    waited on); audio that has begun flows as a stream does."""
+    models = chat_model(MODEL, "tts-1", sim_url, type_="speech")
+    with gateway(tmp_path, models, limits_toml="sync_timeout_seconds = 1.5") as g:
+        key = g.new_key(balance="5")
+        with g.client(key.key) as c:
+            for headers in ({}, {"Idempotency-Key": "slow-" + os.urandom(4).hex()}):
+                started = time.monotonic()
+                body = {"model": MODEL, "input": "late [sim ttft=4s]", "voice": "alloy"}
+                r = c.post("/v1/audio/speech", json=body, headers=headers)
+                assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
+                assert time.monotonic() - started < 3
+            flowing = {"model": MODEL, "input": "on time [sim pace=300ms] " + "word " * 40, "voice": "alloy"}
+            r = c.post("/v1/audio/speech", json=flowing)
+            assert r.status_code == 200 and len(r.content) > 1000  # past the window, while it flows
+
+        def statuses() -> list[int] | None:
+            rows = g.query(
+                "SELECT status FROM request_logs WHERE path = ? ORDER BY started_at_ms", "/v1/audio/speech"
+            )
+            return [row[0] for row in rows] if len(rows) == 3 else None
+
+        assert eventually(statuses, what="the three entries") == [504, 504, 200]

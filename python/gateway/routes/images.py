@@ -38,7 +38,7 @@ from . import image_files
 from .common import REQUEST_ID_HEADER, model_endpoint, parse_object, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
 from .text import count_input
-from .upstream import call_upstream
+from .upstream import call_upstream, window_closed, window_left
 
 IMAGE_FIELDS = ("image", "image[]")  # one image, or several as the openai client sends a list
 EDIT_FIELDS = REQUIRED_FIELDS["image"] | frozenset(IMAGE_FIELDS)
@@ -157,17 +157,15 @@ async def _create(
     each image's base64 too where the client reads that: `_inline`). `asked` is the request's
     `response_format`."""
     try:
-        # Spec 8: start to last byte, downloads included.
-        async with asyncio.timeout(state.settings.sync_timeout_seconds):
+        # Spec 8: start to last byte, downloads included; from the request's start.
+        async with asyncio.timeout(window_left(state, call)):
             answered = await call_upstream(
                 state, request, call, model, upstream_body, content_type, operation
             )
             answer, items = _read_answer(answered.content)
             images = [await _image_bytes(state, answer, item) for item in items]
     except TimeoutError as exc:
-        raise GatewayError(
-            "timeout", "The request ran past the synchronous time window.", status=504
-        ) from exc
+        raise window_closed(state) from exc
     urls = await image_files.keep(state, request, call.ctx.key.id, images)
     rid = response_id("img-")
     data = [

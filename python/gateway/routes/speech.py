@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -14,6 +15,7 @@ from .. import billing, safety
 from ..config import ChannelConfig
 from ..context import Call
 from ..core import count_tokens
+from ..deadline import within
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
@@ -21,7 +23,7 @@ from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..state import GatewayState
 from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body, resolve_model
 from .text import count_input
-from .upstream import open_stream
+from .upstream import open_stream, window_closed, window_left
 
 MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
 # Audio has no body to carry the id that /v1/usage/{id} takes, so it travels in this header.
@@ -49,9 +51,16 @@ def routes(state: GatewayState) -> list[Route]:
 
         # Retried and failed over until the upstream answers (gateway.routing); the channel is
         # kept until the audio has been sent. The wait is the upstream's time (gateway.telemetry).
+        # Its answer's head within the synchronous window (spec 8), from the request's start; then
+        # the audio flows as a stream does, each piece within the stream idle time. A draining
+        # worker's last moment ends the wait too (its length is the window's: gateway.drain).
         started = time.perf_counter_ns()
         try:
-            upstream, slot = await state.router.run(model, attempt, call.attempts)
+            with within(state.settings.sync_timeout_seconds):
+                async with asyncio.timeout(window_left(state, call)):
+                    upstream, slot = await state.router.run(model, attempt, call.attempts)
+        except TimeoutError as exc:
+            raise window_closed(state) from exc
         finally:
             call.upstream_ns += time.perf_counter_ns() - started
         rid = response_id("speech-")

@@ -79,6 +79,25 @@ async def open_stream(
     )
 
 
+def window_left(state: GatewayState, call: Call) -> float:
+    """Seconds left of the request's synchronous window (spec 8: from its start, its body's
+    arrival included)."""
+    return state.settings.sync_timeout_seconds - (time.time_ns() - call.started_ns) / 1e9
+
+
+def window_closed(state: GatewayState) -> GatewayError:
+    """The answer to a wait for the upstream ended by its time: 504 timeout when the synchronous
+    window closed; 503 service_unavailable when a draining worker's last moment ended it (its
+    waits run under the window's length: gateway.drain's finals)."""
+    if state.drain.cut:
+        return GatewayError(
+            "service_unavailable",
+            "The gateway is shutting down: the request was ended before its answer came. Retry.",
+            headers={"Retry-After": "1"},
+        )
+    return GatewayError("timeout", "The request ran past the synchronous time window.", status=504)
+
+
 class UpstreamAnswer(NamedTuple):
     content: bytes
     content_type: str
@@ -152,9 +171,7 @@ async def call_upstream(
         with within(window):
             answer, slot = await state.router.run(model, attempt, call.attempts, only)
     except TimeoutError as exc:
-        raise GatewayError(
-            "timeout", "The request ran past the synchronous time window.", status=504
-        ) from exc
+        raise window_closed(state) from exc
     finally:
         call.upstream_ns += time.perf_counter_ns() - started
     slot.release()

@@ -4,6 +4,7 @@ sound per character."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import struct
 from typing import TYPE_CHECKING
@@ -45,6 +46,8 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     if not isinstance(fmt, str) or fmt not in CONTENT_TYPES:
         return openai_error(400, "The simulator renders mp3, wav and pcm audio.", param="response_format")
     audio = render(fmt, seconds=min(len(text) * 0.02, MAX_SECONDS))
+    if d.ttft:  # the model's time before its first audio
+        await asyncio.sleep(d.ttft)
     stream = EventStream(request, CONTENT_TYPES[fmt])
     await stream.open()
 
