@@ -140,10 +140,15 @@ def admin_token_problem(env: str) -> str | None:
     """Why the admin token in the environment variable `env` is refused, when it is set and is (also
     `gateway check-config`'s finding: it checks what `serve` will refuse)."""
     token = os.environ.get(env)
-    if token and (token.startswith(KEY_PREFIX) or len(token) < MIN_ADMIN_TOKEN_CHARS):
+    if token and (
+        token.startswith(KEY_PREFIX)
+        or len(token) < MIN_ADMIN_TOKEN_CHARS
+        or any(c.isspace() for c in token)  # no header can carry it: every call would be refused
+    ):
         return (
             f"{env}: the admin token must have at least {MIN_ADMIN_TOKEN_CHARS}"
-            f" characters and must not begin with {KEY_PREFIX} (e.g. `openssl rand -hex 32`)"
+            f" characters, no spaces or line breaks, and must not begin with {KEY_PREFIX}"
+            " (e.g. `openssl rand -hex 32`)"
         )
     return None
 

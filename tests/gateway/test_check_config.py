@@ -156,7 +156,7 @@ def test_an_admin_token_serve_would_refuse_is_a_problem(tmp_path: Path) -> None:
         '[[models]]\nname = "a/b"\ntype = "chat"\n'
         '[[models.channels]]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
     )
-    for token in ("short", "sk-" + "a" * 40):
+    for token in ("short", "sk-" + "a" * 40, "c" * 40 + "\n"):
         done = check(config, {"PATH": "/usr/bin:/bin", "GW_CHECK_ADMIN": token})
         assert done.returncode == 1 and "GW_CHECK_ADMIN: the admin token must have at least 32" in done.stderr
     done = check(config, {"PATH": "/usr/bin:/bin", "GW_CHECK_ADMIN": "b" * 32})

@@ -269,7 +269,8 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
         raise invalid_request("`n` must be a positive integer: the number of images.", "n")
     for name, value in (("size", size), ("quality", quality)):
         if value is not None and not isinstance(value, str):  # priced by name: a number names none
-            raise invalid_request(f"`{name}` must be a string (e.g. 1024x1024, high).", name)
+            example = "1024x1024" if name == "size" else "high"
+            raise invalid_request(f"`{name}` must be a string (e.g. {example}).", name)
     return ImageOrder(n or 1, named(size), named(quality))
 
 
