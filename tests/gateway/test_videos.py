@@ -283,7 +283,7 @@ def test_an_expired_file_has_no_download_url(sim_url: str, tmp_path: Path) -> No
     )
     with gateway(tmp_path, config) as g:
         handle = g.new_key(balance="10")
-        created = client(g, handle.key).videos.create(model=SORA, prompt="brief", seconds="2")
+        created = client(g, handle.key).videos.create(model=SORA, prompt="brief", seconds="4")
         done = wait_for(g, handle.key, created.id)
         assert done["status"] == "completed" and done["download_url"]
         time.sleep(max(0.0, done["expires_at"] + 1.05 - time.time()))
