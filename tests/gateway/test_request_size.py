@@ -126,6 +126,7 @@ def test_a_body_still_arriving_as_the_synchronous_window_closes_is_504(tmp_path:
             answer = read_json_answer(s, answer)
         assert answer.startswith(b"HTTP/1.1 504"), answer[:300]
         assert b'"code":"timeout"' in answer and b"synchronous time window" in answer
+        assert b"connection: close" in answer.lower()
         assert 1.8 < time.monotonic() - started < 4
 
 

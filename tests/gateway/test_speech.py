@@ -132,6 +132,7 @@ def test_the_synchronous_window_bounds_the_wait_for_the_audio(tmp_path: Path, si
                 body = {"model": MODEL, "input": "late [sim ttft=4s]", "voice": "alloy"}
                 r = c.post("/v1/audio/speech", json=body, headers=headers)
                 assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
+                assert r.headers["connection"] == "close"  # spec 8: then the connection closed
                 assert time.monotonic() - started < 3
             flowing = {"model": MODEL, "input": "on time [sim pace=300ms] " + "word " * 40, "voice": "alloy"}
             r = c.post("/v1/audio/speech", json=flowing)

@@ -560,6 +560,7 @@ def _body_late(drained: bool, windowed: bool, idle_seconds: float) -> GatewayErr
             "timeout",
             "The request ran past the synchronous time window while its body was arriving.",
             status=504,
+            headers={"connection": "close"},  # spec 8: the connection closed; its body is unread
         )
     return GatewayError(
         "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408

@@ -168,9 +168,10 @@ def _counted(model: ModelConfig, audio: bytes, text: str) -> Usage:
     # The longer of the two: a WAV header cannot shorten what the subtitles show was heard.
     cue_end = _last_cue_end(text.encode())
     seconds = math.ceil(max(wav_seconds(audio) or 0.0, cue_end))
-    if model.prices.second or model.prices.minute:
+    if seconds and (model.prices.second or model.prices.minute):
         # Billed by duration, as such an upstream reports its usage (whisper: `type: duration`, no
-        # tokens): the same audio costs the same in every format.
+        # tokens): the same audio costs the same in every format. A duration unknown here (not a
+        # WAV, no subtitles) leaves the transcript's tokens, below.
         return Usage(seconds=seconds)
     words = _cue_text(text) if cue_end else text  # subtitles: their words, as json's text would be
     return Usage(seconds=seconds, completion_tokens=count_tokens(words, model.tokenizer))

@@ -95,7 +95,13 @@ def window_closed(state: GatewayState) -> GatewayError:
             "The gateway is shutting down: the request was ended before its answer came. Retry.",
             headers={"Retry-After": "1"},
         )
-    return GatewayError("timeout", "The request ran past the synchronous time window.", status=504)
+    # Spec 8: "then connection closed and 504 timeout".
+    return GatewayError(
+        "timeout",
+        "The request ran past the synchronous time window.",
+        status=504,
+        headers={"connection": "close"},
+    )
 
 
 class UpstreamAnswer(NamedTuple):
