@@ -136,9 +136,13 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
     assert query(settings, "SELECT count(*) FROM leases")[0][0] == 0
 
 
-@pytest.mark.parametrize("sent", [b'{"model"', b""], ids=["part-of-the-body", "no-body-yet"])
+@pytest.mark.parametrize(
+    ("sent", "more"),
+    [(b'{"model"', b""), (b"", b""), (b'{"model"', b":")],
+    ids=["part-of-the-body", "no-body-yet", "more-after-the-signal"],
+)
 def test_a_request_still_receiving_its_body_at_the_drain_deadline_is_answered_503(
-    tmp_path: Path, sim_url: str, sent: bytes
+    tmp_path: Path, sim_url: str, sent: bytes, more: bytes
 ) -> None:
     """A body still arriving when the drain's deadline comes (a part of it sent, or none of it yet)
     is answered 503 service_unavailable (retry), not dropped with the worker killed after it
@@ -155,6 +159,9 @@ def test_a_request_still_receiving_its_body_at_the_drain_deadline_is_answered_50
         time.sleep(0.5)  # the head read, the body waited for
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        if more:  # a piece after the drain began: its wait is bounded by the drain's deadline
+            time.sleep(1.5)
+            s.sendall(more)
         answer = read_json_answer(s)
         assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
         assert b'"code":"service_unavailable"' in answer and b"retry-after: 1" in answer.lower()

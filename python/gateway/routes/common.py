@@ -529,9 +529,11 @@ async def _later_piece(
     if window_seconds:
         left = window_seconds - (time.time_ns() - started_ns) / 1e9
         wait = left if left < wait else wait  # not min(): several times the instructions
+    by_drain = False  # the drain's deadline is the nearest bound (its timer may fire before the drain's)
     if drain is not None and drain.cut_at is not None:
         left = drain.seconds_left()
-        wait = left if left < wait else wait
+        if left <= wait:
+            wait, by_drain = left, True
     try:
         if wait <= 0:
             raise TimeoutError
@@ -544,7 +546,8 @@ async def _later_piece(
             finally:
                 drain.waits.discard(block)
     except TimeoutError:
-        raise _body_late(drain is not None and drain.cut, wait < idle_seconds, idle_seconds) from None
+        drained = by_drain or (drain is not None and drain.cut)
+        raise _body_late(drained, wait < idle_seconds, idle_seconds) from None
 
 
 def _body_late(drained: bool, windowed: bool, idle_seconds: float) -> GatewayError:
