@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from ..errors import invalid_request
+from .files import PDF_TYPE
 
 # Same name and meaning in both shapes; top_k is kept for the chat models that know it (spec 1.3).
 SAME_PARAMS = ("temperature", "top_p", "top_k")
@@ -176,17 +177,13 @@ def _document(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
     given = block.get("source")
     source: dict[str, Any] = given if isinstance(given, dict) else {}
     kind, at = source.get("type"), f"{where}.source"
-    if (
-        kind == "base64"
-        and source.get("media_type") == "application/pdf"
-        and isinstance(source.get("data"), str)
-    ):
+    if kind == "base64" and source.get("media_type") == PDF_TYPE and isinstance(source.get("data"), str):
         title = block.get("title")
         name = title if isinstance(title, str) and title else "document.pdf"
         return [
             {
                 "type": "file",
-                "file": {"filename": name, "file_data": f"data:application/pdf;base64,{source['data']}"},
+                "file": {"filename": name, "file_data": f"data:{PDF_TYPE};base64,{source['data']}"},
             }
         ]
     if kind == "text" and isinstance(source.get("data"), str):
