@@ -139,14 +139,22 @@ def cap_output(received: frozenset[str], model: ModelConfig, body: dict[str, Any
         body[taken] = value
 
 
+# The most choices a chat request may ask for, as OpenAI's API takes (it refuses more, 400).
+MAX_CHOICES = 128
+
+
 def _count_param(payload: dict[str, Any], name: str) -> int | None:
-    """The request's `name` when it is set: a positive integer, or 400 invalid_request."""
+    """The request's `name` when it is set: a positive integer, or 400 invalid_request (`n` also
+    at most MAX_CHOICES: a billion choices is a malformed request, not one the balance is short
+    for)."""
     value = payload.get(name)
     if value is None:
         return None
     count = positive_int(value)
     if count is None:
         raise invalid_request(f"`{name}` must be a positive integer.", name)
+    if name == "n" and count > MAX_CHOICES:
+        raise invalid_request(f"`n` must be at most {MAX_CHOICES}: the number of choices.", "n")
     return count
 
 

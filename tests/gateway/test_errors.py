@@ -134,6 +134,9 @@ def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
         # What bounds the hold must be a count (an upstream taking "8" for n would make eight).
         (b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "n": "2"}', "n"),
         (b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "n": 0}', "n"),
+        # As OpenAI's API: at most 128 choices (a billion is malformed, not a balance too small).
+        (b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "n": 129}', "n"),
+        (b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "n": 1e9}', "n"),
         (
             b'{"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],'
             b' "max_tokens": "10"}',

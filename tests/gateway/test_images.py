@@ -311,7 +311,7 @@ def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:
         ({"model": "openai/gpt-4o-mini", "prompt": "a cat"}, "model"),
         ({"prompt": "a cat"}, "model"),
         # Held as one image, an `n` an upstream reads as ten would be charged as ten.
-        *(({"model": DALL_E, "prompt": "a cat", "n": n}, "n") for n in ("10", True, 0, -1, 1.5)),
+        *(({"model": DALL_E, "prompt": "a cat", "n": n}, "n") for n in ("10", True, 0, -1, 1.5, 11)),
         # Priced by name: a size or quality that is no name would be priced as the model's default.
         ({"model": GPT_IMAGE, "prompt": "a cat", "quality": 3}, "quality"),
         ({"model": DALL_E, "prompt": "a cat", "size": 1024}, "size"),

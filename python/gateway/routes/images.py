@@ -45,6 +45,7 @@ EDIT_FIELDS = REQUIRED_FIELDS["image"] | frozenset(IMAGE_FIELDS)
 UPLOADS = (*IMAGE_FIELDS, "mask")
 ACCEPTED_UPLOADS = frozenset({"image/png", "image/jpeg", "image/webp"})  # what OpenAI's edits take
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024  # one image linked from an upstream answer
+MAX_IMAGES = 10  # the most images one request may ask for (`n`), as OpenAI's image API takes
 # Formats an answer may name (output_format) that the bytes alone do not tell (SVG is text).
 _FORMAT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "svg": "image/svg+xml"}
 
@@ -267,6 +268,8 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
     if n is not None and billing.positive_int(n) is None:
         # Held as one image, an `n` an upstream reads another way ("10") would be charged as ten.
         raise invalid_request("`n` must be a positive integer: the number of images.", "n")
+    if n is not None and n > MAX_IMAGES:
+        raise invalid_request(f"`n` must be at most {MAX_IMAGES}: the number of images.", "n")
     for name, value in (("size", size), ("quality", quality)):
         if value is not None and not isinstance(value, str):  # priced by name: a number names none
             example = "1024x1024" if name == "size" else "high"
