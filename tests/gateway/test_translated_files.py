@@ -81,6 +81,43 @@ def test_chat_file_parts_reach_a_messages_model_as_documents(oai: openai.OpenAI,
     ]
 
 
+def test_text_files_of_other_types_reach_a_messages_model_as_text_documents(
+    oai: openai.OpenAI, sim: httpx.Client
+) -> None:
+    """The family reads PDFs and plain text: a CSV, Markdown or JSON file is text, sent as a text
+    document rather than refused."""
+    tag = marker()
+    files = {
+        "t.csv": ("text/csv", "a,b\n1,2\n"),
+        "r.md": ("text/markdown", "# Title\n"),
+        "c.json": ("application/json", '{"a": 1}'),
+    }
+    parts: list[Any] = [
+        {
+            "type": "file",
+            "file": {
+                "filename": name,
+                "file_data": f"data:{kind};base64," + base64.b64encode(text.encode()).decode(),
+            },
+        }
+        for name, (kind, text) in files.items()
+    ]
+    oai.chat.completions.create(
+        model=CLAUDE,
+        messages=[{"role": "user", "content": [{"type": "text", "text": f"Read. {tag}"}, *parts]}],
+        max_completion_tokens=5,
+    )
+    (received,) = sim_requests(sim, tag)
+    assert received["messages"][0]["content"][1:] == [
+        {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": text},
+            "title": name,
+        }
+        for name, (_, text) in files.items()
+    ]
+
+
 def test_a_responses_input_file_reaches_claude_as_a_document_and_gpt_as_a_file(
     oai: openai.OpenAI, sim: httpx.Client
 ) -> None:

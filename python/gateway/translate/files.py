@@ -11,6 +11,11 @@ from typing import Final
 from urllib.parse import unquote_to_bytes
 
 PDF_TYPE: Final = "application/pdf"
+# Files that are text under another media type than text/*: read as their text by a model that
+# takes text documents only (a CSV, Markdown or JSON file is the model's to read as text).
+TEXT_APPLICATION_TYPES: Final = frozenset(
+    {"application/json", "application/xml", "application/yaml", "application/x-yaml"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +24,11 @@ class FileData:
     encoded: str  # the bytes as base64 (as given, when they came so)
     raw: bytes
     charset: str | None  # a text's, when its data: URL names one
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the file is text by its media type (text/plain, text/csv, application/json...)."""
+        return self.media_type.startswith("text/") or self.media_type in TEXT_APPLICATION_TYPES
 
     def text(self) -> str | None:
         """The bytes as text, in the charset named (UTF-8 by default); None when they are not."""

@@ -4,7 +4,8 @@ The conversation keeps its meaning: system and developer messages become `system
 `tool_result` blocks of a user turn, assistant tool calls become `tool_use` blocks, images become
 `image` blocks. Parameters without a counterpart are left out (spec 1.3: dropped, not an error); what
 cannot be said in the other shape at all (audio, files named by id, legacy function messages) is a 400.
-A file given as data becomes a `document` block: a PDF keeps its bytes, a plain text file its text.
+A file given as data becomes a `document` block: a PDF keeps its bytes, a text file (plain, CSV,
+Markdown, JSON...) its text.
 """
 
 from __future__ import annotations
@@ -242,15 +243,15 @@ def _document(file: Any, where: str) -> dict[str, Any]:
         raise invalid_request(f"`{at}` must be a data: URL (or base64) of a file that is not empty.", at)
     if found.media_type == PDF_TYPE:
         source: dict[str, Any] = {"type": "base64", "media_type": PDF_TYPE, "data": found.encoded}
-    elif found.media_type == TEXT_TYPE:
+    elif found.is_text:  # CSV, Markdown, JSON...: a text document, the one kind of text it takes
         text = found.text()
         if text is None:
             raise invalid_request(f"`{at}` is not text in {found.charset or 'UTF-8'}.", at)
         source = {"type": "text", "media_type": TEXT_TYPE, "data": text}
     else:
         raise invalid_request(
-            f"`{at}`: this model reads PDF ({PDF_TYPE}) and plain text ({TEXT_TYPE}) files, not "
-            f"{found.media_type}.",
+            f"`{at}`: this model reads PDF ({PDF_TYPE}) and text files (text/plain, text/csv, "
+            f"text/markdown, application/json...), not {found.media_type}.",
             at,
         )
     block: dict[str, Any] = {"type": "document", "source": source}

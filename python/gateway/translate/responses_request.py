@@ -161,7 +161,7 @@ def _file(part: dict[str, Any], where: str) -> dict[str, Any]:
             raise invalid_request(
                 f"`{where}.file_data` must be a data: URL of a file that is not empty.", where
             )
-        if found.media_type.startswith("text/"):
+        if found.is_text:
             text = found.text()
             if text is None:
                 raise invalid_request(
