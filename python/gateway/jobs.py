@@ -31,7 +31,7 @@ from .config import ChannelConfig, JobSettings, ModelConfig, Settings
 from .context import Call
 from .errors import GatewayError
 from .providers import PROVIDERS, resource_url
-from .providers.base import read_capped, send, upstream_error
+from .providers.base import is_success, read_capped, send, upstream_error
 from .providers.http import UPSTREAM_FAILURES
 from .state import GatewayState
 from .store import Job
@@ -207,7 +207,7 @@ async def get(
             try:
                 if response.status == 404:
                     raise GatewayError("not_found", "The model's provider has no such job.")
-                if response.status >= 400:
+                if not is_success(response.status):
                     raise upstream_error(
                         response.status, await response.read(), response.headers.get("retry-after")
                     )
@@ -236,7 +236,7 @@ async def delete(state: GatewayState, channel: ChannelConfig, path: str) -> None
                 response.release()
     except (TimeoutError, *UPSTREAM_FAILURES) as exc:
         raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
-    if response.status >= 400 and response.status != 404:
+    if not is_success(response.status) and response.status != 404:
         raise upstream_error(response.status, answer, response.headers.get("retry-after"))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import get_args
+from typing import Any, get_args
 
 import httpx
 import openai
@@ -243,6 +243,49 @@ def test_upstream_500_is_provider_error_and_not_charged(gw: Gateway, key: KeyHan
     with gw.client(key.key) as c:
         r = c.post(CHAT, json=chat_body("[sim fail=500]"))
     assert_error(r, 502, "provider_error", "api_error")
+    assert gw.balance(key.account_id) == before
+
+
+@pytest.mark.parametrize("status", [200, 302])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi {}"}]}),
+        (CHAT, {"model": "anthropic/claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi {}"}]}),
+        (
+            "/v1/messages",
+            {
+                "model": "openai/gpt-4o-mini",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi {}"}],
+            },
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "anthropic/claude-sonnet-4-5",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi {}"}],
+            },
+        ),
+        ("/v1/responses", {"model": "openai/gpt-4.1-mini", "input": "hi {}"}),
+        ("/v1/audio/speech", {"model": "openai/tts-1", "voice": "alloy", "input": "hi {}"}),
+    ],
+)
+def test_an_upstream_failure_said_with_a_2xx_or_3xx_is_provider_error_and_not_charged(
+    gw: Gateway, path: str, body: dict[str, Any], status: int
+) -> None:
+    """An upstream that answers its failure with 200 and an error body, or redirects (which the
+    gateway does not follow): the model failed, 502 and nothing charged, never a result (review:
+    a charged 200 carrying the error body, or audio that was the error's JSON)."""
+    key = gw.new_key()
+    before = gw.balance(key.account_id)
+    marked = orjson.loads(orjson.dumps(body).replace(b"{}", f"[sim fail={status}]".encode()))
+    with gw.client(key.key) as c:
+        r = c.post(path, json=marked)
+    assert r.status_code == 502, (r.status_code, r.headers.get("content-type"), r.content[:200])
+    assert r.json()["error"]["code"] == "provider_error"
+    assert "x-service-cost" not in r.headers
     assert gw.balance(key.account_id) == before
 
 

@@ -59,7 +59,9 @@ async def send(
     read_timeout: float,
     replayable: bool = True,
 ) -> UpstreamResponse:
-    """POST and return a 2xx response whose body is left for the caller.
+    """POST and return a 2xx response whose body is left for the caller (any other status is the
+    spec's error for it: a redirect too, which the gateway does not follow, its channel's
+    base_url being the upstream's own).
 
     read_timeout is the longest silence allowed from the upstream: the stream idle window for streams
     (a timeout is then 408), the synchronous window otherwise (504). A request that is not
@@ -81,7 +83,7 @@ async def send(
             "The model's provider could not be reached.",
             retry="any" if replayable or unsent else "never",
         ) from exc
-    if response.status >= 400:
+    if not is_success(response.status):
         try:
             payload = await response.read()
         except UPSTREAM_FAILURES:
@@ -90,6 +92,24 @@ async def send(
             response.release()
         raise upstream_error(response.status, payload, response.headers.get("retry-after"))
     return response
+
+
+def is_success(status: int) -> bool:
+    """An upstream status that carries the answer asked for (2xx)."""
+    return 200 <= status < 300
+
+
+def is_error_answer(content: bytes) -> bool:
+    """Whether a 2xx answer is a failure all the same: a JSON object whose `error` is set (a
+    server that answers its failures with 200, a Responses result that failed). It is the model's
+    failure (502, not charged), not a result to pass on."""
+    if b'"error"' not in content:  # the answers that are results, at the cost of a byte search
+        return False
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and bool(data.get("error"))
 
 
 async def read_capped(response: UpstreamResponse, limit: int, what: str) -> bytes:

@@ -16,7 +16,7 @@ from ..config import ChannelConfig
 from ..context import Call
 from ..core import count_tokens
 from ..deadline import within
-from ..errors import invalid_request
+from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
 from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
@@ -47,7 +47,16 @@ def routes(state: GatewayState) -> list[Route]:
         body = state.registry.channel_body(model, payload, call)
 
         async def attempt(channel: ChannelConfig) -> UpstreamResponse:
-            return await open_stream(state, request, model, channel, body)
+            answer = await open_stream(state, request, model, channel, body)
+            if answer.headers.get("content-type", "").startswith("application/json"):
+                # Audio or its events, never JSON: a 2xx JSON body is a failure said as success.
+                answer.release()
+                raise GatewayError(
+                    "provider_error",
+                    "The model's provider answered with an error instead of audio.",
+                    retry="any",
+                )
+            return answer
 
         # Retried and failed over until the upstream answers (gateway.routing); the channel is
         # kept until the audio has been sent. The wait is the upstream's time (gateway.telemetry).

@@ -19,7 +19,7 @@ from ..deadline import within
 from ..errors import GatewayError
 from ..pricing import Usage, format_cost, reported_usage
 from ..providers import PROVIDERS
-from ..providers.base import send
+from ..providers.base import is_error_answer, send
 from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..routing import ChannelBody
 from ..state import GatewayState
@@ -169,6 +169,12 @@ async def call_upstream(
             ) from exc
         finally:
             response.release()
+        if is_error_answer(content):
+            raise GatewayError(
+                "provider_error",
+                "The model's provider answered with an error instead of a result.",
+                retry="any" if replayable else "never",
+            )
         answered_as = response.headers.get("content-type", "application/json")
         return UpstreamAnswer(provider.decode(channel, kind, content, asked), answered_as, channel)
 
