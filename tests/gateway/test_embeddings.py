@@ -53,6 +53,19 @@ def test_dimensions_reach_the_model_and_cost_is_charged(
     assert raw.headers["x-service-request-id"] != rid
 
 
+def test_more_dimensions_than_the_model_has_is_its_400_not_charged(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI
+) -> None:
+    """The simulator refuses dimensions past its models' most, as OpenAI does (review: a billion
+    made it build a vector of a billion floats); the gateway passes the refusal on, uncharged."""
+    before = gw.balance(key.account_id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.embeddings.create(model=MODEL, input="hello there", dimensions=1_000_000_000)
+    body = refused.value.body
+    assert isinstance(body, dict) and body["code"] == "invalid_request" and "dimensions" in body["message"]
+    assert gw.balance(key.account_id) == before
+
+
 def test_unsupported_parameters_are_dropped(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
     marker = "marker-" + os.urandom(6).hex()
     with gw.client(key.key) as c:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from .state import Simulator
 
 DEFAULT_DIMENSIONS = 64
+# The most dimensions it makes (text-embedding-3-large's size): more is OpenAI's 400, not a vector
+# of a billion floats that would take the simulator's memory.
+MAX_DIMENSIONS = 3072
 
 
 async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
@@ -34,6 +37,12 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     sim.record({"path": "/v1/embeddings", "body": req})
     requested = req.get("dimensions")
     dims: int = requested if isinstance(requested, int) and requested > 0 else DEFAULT_DIMENSIONS
+    if dims > MAX_DIMENSIONS:
+        return openai_error(
+            400,
+            f"Invalid value for 'dimensions' = {dims}. Must be less than or equal to {MAX_DIMENSIONS}.",
+            param="dimensions",
+        )
     as_base64 = req.get("encoding_format") == "base64"
     data = []
     tokens = 0
