@@ -33,6 +33,7 @@ from .edge import AnswerEdge
 from .errors import GatewayError, error_response, unexpected_failure
 from .funds import Funds
 from .housekeeping import flush_metrics, purge_expired, sample_gauges, tend_leases
+from .ids import request_id
 from .model_dispatch import ModelDispatch
 from .providers.http import UpstreamClient
 from .ratelimit_headers import RateLimitHeaders
@@ -56,6 +57,7 @@ from .routes import (
     usage,
     videos,
 )
+from .routes.common import REQUEST_ID_HEADER
 from .routing import Router
 from .runtime_threads import batch_runtime_threads_once_started
 from .state import GatewayState
@@ -285,6 +287,11 @@ async def _log_failure_for_its_key(request: Request, answer: Response, err: Gate
     ctx = await presented_context(request, state.store)
     if ctx is None and err.status != 401:
         return
+    log_id = None
+    if ctx is not None:
+        # The id the entry is found by, for the client to quote (spec 7.3.2); a key refused (401)
+        # gets none, as a model request refused for its key does.
+        log_id = answer.headers[REQUEST_ID_HEADER] = request_id()
     body = answer.body if isinstance(answer.body, bytes) else bytes(answer.body)
     state.store.log_request(
         request_log.entry(
@@ -295,6 +302,7 @@ async def _log_failure_for_its_key(request: Request, answer: Response, err: Gate
             response_body=body,
             key_id=None if ctx is None else ctx.key.id,
             account_id=None if ctx is None else ctx.account.id,
+            log_id=log_id,
             error_code=err.code,
             keep_request=ctx is not None,
         )

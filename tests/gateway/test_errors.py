@@ -410,5 +410,9 @@ def test_failures_outside_the_model_endpoints_are_logged_for_their_key(gw: Gatew
         return found if found == expected else None
 
     eventually(logged, what=f"the failures of {handle.key_id} in the logs")
+    # Each answer names its entry, for the client to quote (spec 7.3.2; review: they had no id).
+    ids = {r.headers.get("x-service-request-id") for r in answers}
+    rows = gw.query("SELECT id FROM request_logs WHERE key_id = ?", handle.key_id)
+    assert ids == {row_id for (row_id,) in rows} and None not in ids
     rows = gw.query("SELECT response_body FROM request_logs WHERE key_id = ?", handle.key_id)
     assert all(b'"error"' in bytes(body) for (body,) in rows)
