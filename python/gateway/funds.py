@@ -137,6 +137,9 @@ class NotCovered(GatewayError):
             )
             return GatewayError(code, message)
         each = f" for each of its {estimate.choices} choices" if estimate.choices > 1 else ""
+        if self.usable < self.available:  # the other pot has less left: the limit must fit that
+            other = "this key's credit limit" if self.kind == "account" else "the account"
+            each += f", within the ${format_cost(self.usable)} {other} has left"
         message = (
             f"{self._situation()} That covers {param} up to {largest}{each} (this request allows"
             f" {estimate.per_choice} output tokens{' each' if each else ''}): lower {param}, or {remedy}"

@@ -197,6 +197,19 @@ def test_key_budget_exceeded_says_what_fits(gw: Gateway) -> None:
         assert ok.http_response.status_code == 200
 
 
+def test_a_refusal_for_the_account_names_the_key_limit_its_largest_output_fits(gw: Gateway) -> None:
+    """The account refuses, the key's credit limit is tighter: the largest max_tokens is the one the
+    limit covers, and the message says so (review: it read as what the account's money covers)."""
+    handle = gw.new_key(balance="0.15", credit_limit="0.05")
+    with client(gw, handle.key) as c, pytest.raises(openai.BadRequestError) as caught:
+        c.chat.completions.create(model=MODEL, messages=SMALL)
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "insufficient_credits", error
+    assert "the account has $0.15 available" in error["message"]
+    assert "within the $0.05 this key's credit limit has left" in error["message"]
+    assert 4_950 < largest(error["message"], "max_tokens") <= 5_000
+
+
 def test_not_even_the_prompt_fits_names_no_max_tokens(gw: Gateway) -> None:
     handle = gw.new_key(balance="0.00001")
     with client(gw, handle.key) as c, pytest.raises(openai.BadRequestError) as caught:
