@@ -228,6 +228,8 @@ def _days(text: str) -> float:
 def _check_port(host: str, port: int, what: str = "server") -> None:
     """The address is free to listen on, as Granian's workers will: else a plain message, not
     Granian's traceback and Rust backtrace."""
+    if not 1 <= port <= 65535:  # --port overrides the file, whose own port is checked with it
+        raise ConfigError(f"{what}: cannot listen on port {port}: a port is a number from 1 to 65535")
     refused = deployment.bind_error(host, port, share=True)
     if refused is not None:
         raise ConfigError(f"{what}: cannot listen on {host}:{port}: {refused.strerror or refused}")

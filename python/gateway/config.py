@@ -236,6 +236,9 @@ class ChannelConfig:
 
 # A model's most output when its configuration names none.
 DEFAULT_MAX_OUTPUT_TOKENS: Final = 16384
+# The most a token count in the file may say (max_output_tokens, image_tokens): far above any
+# model's, and within what the core's counts take (a larger one failed every request to its model).
+MOST_TOKENS: Final = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,16 +441,37 @@ def advisories(settings: Settings) -> tuple[str, ...]:
     """What a valid file leaves to chance, one line each (check-config's warnings; `gateway serve`
     logs them): a text model without max_output_tokens is held at 16384 output tokens but sent no
     limit when a request sets none, so an upstream whose own default is larger can answer past the
-    hold (docs/behaviour.md)."""
+    hold (docs/behaviour.md); a model without prices is free."""
+    found: list[str] = []
     unset = [m.name for m in settings.models if m.type in TEXT_MODEL_TYPES and not m.max_output_tokens_set]
-    if not unset:
-        return ()
-    named = ", ".join(unset[:3]) + (f" and {len(unset) - 3} more" if len(unset) > 3 else "")
-    return (
-        f"max_output_tokens is not set for {named}: a request without an output limit is held at "
-        f"{DEFAULT_MAX_OUTPUT_TOKENS} tokens but sent no limit, and a model whose own longest "
-        "answer is longer can be charged past its hold. Set it to each model's real most.",
-    )
+    if unset:
+        found.append(
+            f"max_output_tokens is not set for {_some(unset)}: a request without an output limit is held "
+            f"at {DEFAULT_MAX_OUTPUT_TOKENS} tokens but sent no limit, and a model whose own longest "
+            "answer is longer can be charged past its hold. Set it to each model's real most."
+        )
+    # A price left out is zero: a model (moderation aside, free upstream too) without any is given
+    # away, and a video model without `second` makes its videos free whatever else it prices.
+    free = [m.name for m in settings.models if m.type != "moderation" and m.prices == Prices()]
+    if free:
+        found.append(
+            f"{_some(free)} {'has' if len(free) == 1 else 'have'} no prices: every request is served free "
+            "of charge. Give each its [models.prices], or keep it free knowingly."
+        )
+    unpriced_videos = [
+        m.name for m in settings.models if m.type == "video" and not m.prices.second and m.prices != Prices()
+    ]
+    if unpriced_videos:
+        found.append(
+            f"{_some(unpriced_videos)}: a video model is charged per second of video, and `second` is "
+            "not priced: its videos are free. Set [models.prices] second."
+        )
+    return tuple(found)
+
+
+def _some(names: list[str]) -> str:
+    """Up to three names, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def check_config_file(path: str | os.PathLike[str]) -> ConfigReport:
@@ -655,7 +679,7 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
     return Settings(
         models=resolved,
         host=part(lambda: _get(server, "host", str, "server.host", "127.0.0.1")),
-        port=part(lambda: _get(server, "port", int, "server.port", 8080)),
+        port=part(lambda: _port(_get(server, "port", int, "server.port", 8080), "server.port")),
         workers=part(lambda: _count(server, "server.workers", 1)),
         store_backend=backend,
         store_path=store_path,
@@ -791,6 +815,13 @@ def _url(table: Mapping[str, Any], where: str, check: _Check = _STRICT) -> str |
     if not url.startswith(schemes):
         # Never the URL itself in the message: it may hold a password.
         raise ConfigError(f"{source}: must be a URL starting with {' or '.join(schemes)}")
+    if where == "store":  # PostgreSQL's (a Redis URL is read, and refused, by its own parser)
+        try:
+            port = urlsplit(url).port  # a port that is not a number or out of range: ValueError
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ConfigError(f"{source}: its port must be a number from 1 to 65535")
     return url
 
 
@@ -877,9 +908,11 @@ def _model(raw: Any, where: str, check: _Check = _STRICT, base_dir: Path = Path(
         channels=channels,
         prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices"), Prices()),
         tokenizer=cast(Tokenizer, tokenizer),
-        max_output_tokens=part(lambda: _count(raw, f"{where}.max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)),
+        max_output_tokens=part(
+            lambda: _count(raw, f"{where}.max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS, most=MOST_TOKENS)
+        ),
         max_output_tokens_set=raw.get("max_output_tokens") is not None,
-        image_tokens=part(lambda: _count(raw, f"{where}.image_tokens", IMAGE_PART_TOKENS)),
+        image_tokens=part(lambda: _count(raw, f"{where}.image_tokens", IMAGE_PART_TOKENS, most=MOST_TOKENS)),
         supported_params=part(lambda: _supported_params(raw, f"{where}.supported_params")),
     )
 
@@ -1092,10 +1125,36 @@ def _from_env(raw: Mapping[str, Any], key: str, variable: str, where: str) -> st
 
 
 def _channel_url(raw: Mapping[str, Any], where: str) -> str:
-    base_url = _get(raw, "base_url", str, where).rstrip("/")
-    if not base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}: must start with http:// or https://")
-    return base_url
+    return _http_url(_get(raw, "base_url", str, where), where, "https://api.openai.com/v1")
+
+
+def _http_url(value: str, where: str, example: str) -> str:
+    """An http:// or https:// URL with a host, a port from 1 to 65535 if it names one, no spaces, no
+    query and no fragment (paths are appended to it), without its trailing slash: checked here,
+    where a mistake would otherwise show only as every request's provider_error."""
+    refused = f"{where}: must be a URL starting with http:// or https://, e.g. {example}"
+    if not value.startswith(("http://", "https://")):
+        raise ConfigError(refused)
+    try:
+        url = urlsplit(value)
+        port = url.port  # a port that is not a number or out of range: ValueError
+    except ValueError:
+        raise ConfigError(f"{where}: its port must be a number from 1 to 65535") from None
+    if not url.hostname:
+        raise ConfigError(f"{refused} (it names no host)")
+    if port == 0:
+        raise ConfigError(f"{where}: its port must be a number from 1 to 65535")
+    if not value.isprintable() or any(c.isspace() for c in value):
+        raise ConfigError(f"{where}: must be a URL without spaces or control characters")
+    if url.query or url.fragment or "?" in value or "#" in value:
+        raise ConfigError(f"{where}: must be a URL without a query (?...) or a fragment (#...)")
+    return value.rstrip("/")
+
+
+def _port(value: int, where: str) -> int:
+    if not 1 <= value <= 65535:
+        raise ConfigError(f"{where}: must be a port number from 1 to 65535")
+    return value
 
 
 def _prices(raw: Mapping[str, Any], where: str) -> Prices:
@@ -1136,9 +1195,9 @@ def _base_url(server: Mapping[str, Any]) -> str | None:
     value = server.get("public_base_url")
     if value is None:
         return None
-    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+    if not isinstance(value, str):
         raise ConfigError("server.public_base_url: must be a URL starting with http:// or https://")
-    return value.rstrip("/")
+    return _http_url(value, "server.public_base_url", "https://gateway.example.com")
 
 
 def _allowed_hosts(server: Mapping[str, Any]) -> frozenset[str]:
@@ -1290,10 +1349,20 @@ def _positive(value: int, where: str) -> int:
     return value
 
 
-def _count(raw: Mapping[str, Any], where: str, default: int | None = None, *, zero: bool = False) -> int:
+def _count(
+    raw: Mapping[str, Any],
+    where: str,
+    default: int | None = None,
+    *,
+    zero: bool = False,
+    most: int | None = None,
+) -> int:
     """The whole number at `where` ("server.workers", its last part the key in `raw`, as for
-    _seconds): positive, or zero too where `zero` allows it; required when there is no default."""
+    _seconds): positive, or zero too where `zero` allows it, and at most `most` where that is set;
+    required when there is no default."""
     value = _get(raw, where.rpartition(".")[2], int, where, default)
+    if most is not None and value > most:
+        raise ConfigError(f"{where}: must be at most {most}")
     return _non_negative(value, where) if zero else _positive(value, where)
 
 

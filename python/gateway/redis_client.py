@@ -117,7 +117,7 @@ def parse_url(url: str) -> RedisAddress:
     db_text = query.get("db")
     if db_text is None and parts.scheme != "unix" and parts.path not in ("", "/"):
         db_text = parts.path.lstrip("/")
-    db = _whole(db_text, "its database number") if db_text is not None else 0
+    db = _whole(db_text, "database number") if db_text is not None else 0
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
     if parts.scheme == "unix":

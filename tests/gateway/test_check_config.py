@@ -337,3 +337,30 @@ def test_a_text_model_without_max_output_tokens_is_a_warning(tmp_path: Path) -> 
     (warning,) = [line for line in done.stderr.splitlines() if "max_output_tokens" in line]
     assert warning.startswith(f"{config}: warning: max_output_tokens is not set for a/unset: ")
     assert "a/set" not in warning and "a/embed" not in warning
+
+
+def test_a_model_without_prices_is_a_warning(tmp_path: Path) -> None:
+    """A price left out is zero (review: a model without [models.prices] was served free with no
+    word); a moderation model is free upstream too, and a video model needs its per-second price."""
+    config = tmp_path / "models.toml"
+    channel = '[[models.channels]]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+    priced = '[models.prices]\ninput = "1"\n'
+    config.write_text(
+        '[[models]]\nname = "a/free"\ntype = "embedding"\n'
+        + channel
+        + '[[models]]\nname = "a/priced"\ntype = "embedding"\n'
+        + priced
+        + channel
+        + '[[models]]\nname = "a/moderation"\ntype = "moderation"\n'
+        + channel
+        + '[[models]]\nname = "a/video"\ntype = "video"\n'
+        + priced
+        + channel
+    )
+    done = check(config, {"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "free" in line]
+    assert len(warnings) == 2, done.stderr
+    assert warnings[0].startswith(f"{config}: warning: a/free has no prices: every request is served free")
+    assert warnings[1].startswith(f"{config}: warning: a/video: a video model is charged per second")
+    assert not any("a/priced" in w or "a/moderation" in w for w in warnings)

@@ -79,6 +79,31 @@ def model(**overrides: object) -> dict[str, object]:
         ({"models": [model()], "routing": {"retries": -1}}, "routing.retries"),
         ({"models": [model()], "routing": {"failures_to_cool_down": 0}}, "routing.failures_to_cool_down"),
         ({"models": [model()], "videos": {"poll_seconds": 0}}, "poll_seconds"),
+        # Checked whole (review: each passed, then every request was a provider_error or a 500).
+        *(
+            (
+                {"models": [model(channels=[{**CHANNEL, "base_url": url}])]},
+                f"models[0].channels[0].base_url: {why}",
+            )
+            for url, why in [
+                ("http://127.0.0.1:99999/v1", "its port"),
+                ("http://127.0.0.1:abc/v1", "its port"),
+                ("http://exa mple.com/v1", "must be a URL without spaces"),
+                ("http://127.0.0.1:1/v1?x=1#frag", "must be a URL without a query"),
+                (
+                    "http://",
+                    "must be a URL starting with http:// or https://, e.g. https://api.openai.com/v1"
+                    " (it names no host)",
+                ),
+            ]
+        ),
+        *(
+            ({"models": [model()], "server": {"port": port}}, "server.port: must be a port")
+            for port in (0, -1, 65536)
+        ),
+        ({"models": [model()], "server": {"public_base_url": "http://exa mple"}}, "server.public_base_url"),
+        ({"models": [model(max_output_tokens=99999999999999999999)]}, "max_output_tokens: must be at most"),
+        ({"models": [model(image_tokens=10**12)]}, "image_tokens: must be at most"),
     ],
 )
 def test_config_errors_name_the_place(raw: dict[str, object], where: str) -> None:
@@ -237,6 +262,11 @@ def test_urls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             "redis: a Redis URL takes no parameter 'socket_timeout'",
         ),
         (None, {"url": "redis://:secret@h:70000/0"}, "redis: a Redis URL's port must be a number"),
+        (
+            {"backend": "postgres", "url": "postgresql://u:secret@h:99999/db"},
+            {"url": REDIS},
+            "store.url: its port must be a number from 1 to 65535",
+        ),
     ],
 )
 def test_store_and_redis_mistakes_are_refused(
@@ -359,6 +389,14 @@ def test_serve_where_the_store_cannot_be_exits_naming_the_setting(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert f"configuration error: store.path: {path}: its directory {blocker}" in done.stderr
     assert "a file stands where a directory must be" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_serve_on_a_port_out_of_range_exits_in_one_line(tmp_path: Path) -> None:
+    """--port overrides the file's checked port (review: 99999 was a traceback)."""
+    done = serve(tmp_path, CHAT_MODEL, "--port", "99999")
+    assert done.returncode == 2, done.stderr
+    assert "cannot listen on port 99999: a port is a number from 1 to 65535" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_serve_on_a_port_taken_exits_saying_so(tmp_path: Path) -> None:
