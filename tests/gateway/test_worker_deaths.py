@@ -4,6 +4,7 @@ only when workers fail to start at all (exit status 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -41,6 +42,7 @@ def _config(tmp: Path, port: int, workers: int, sim_url: str) -> Path:
     config.write_text(
         f'[server]\nport = {port}\nworkers = {workers}\n[store]\npath = "{tmp / "gw.db"}"\n'
         + chat_model("test/a", "sim-chat", sim_url)
+        + chat_model("test/tts", "tts-1", sim_url, type_="speech")
     )
     return config
 
@@ -254,3 +256,30 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_an_idempotency_key_held_by_a_killed_worker_is_free_once_it_is_replaced(
+    tmp_path: Path, sim_url: str
+) -> None:
+    """The request holding the key died with its worker: the replacement's start (which replays
+    the dead worker's journal) frees the key, so the client's retry runs instead of hearing
+    "still running" until the lease's five minutes end (review)."""
+    with _serving(tmp_path, sim_url, 1) as gw:
+        body = {"model": "test/tts", "voice": "alloy", "input": "hi [sim ttft=4s]"}
+        headers = {"authorization": f"Bearer {gw.key}", "idempotency-key": "retry-me"}
+        url = gw.url + "/v1/audio/speech"  # an endpoint that honours Idempotency-Key
+
+        def first() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # its worker is killed under it
+                httpx.post(url, json=body, headers=headers, timeout=30)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        time.sleep(1)  # the first request holds the key, waiting for its model
+        held = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert held.status_code == 409 and held.json()["error"]["code"] == "idempotency_key_in_progress"
+        kill_worker(gw.log, 1)
+        thread.join(30)
+        retried = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert retried.status_code == 200, retried.text
+        assert "idempotency-replayed" not in retried.headers

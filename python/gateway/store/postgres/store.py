@@ -426,8 +426,9 @@ class PostgresStore(PostgresConsole):
 
     async def _reclaim(self, conn: asyncpg.Connection, owners: list[str]) -> int:
         """In the caller's transaction, with `owners`' rows locked (or gone): bill their streams'
-        last progress where no settlement came, and delete their progress, leases and rows; also
-        what any owner without a row left (never expected). Returns how many settlements were new."""
+        last progress where no settlement came, and delete their progress, leases, running
+        Idempotency-Key claims and rows; also what any owner without a row left (never expected).
+        Returns how many settlements were new."""
         found = await conn.fetch(
             "DELETE FROM stream_progress AS p WHERE p.owner = ANY($1::text[])"
             " OR NOT EXISTS (SELECT 1 FROM owners o WHERE o.id = p.owner) RETURNING p.settlement",
@@ -441,6 +442,10 @@ class PostgresStore(PostgresConsole):
                 owners,
                 JOB_LEASE_PREFIX + "%",
             )
+        )
+        # Their requests run no more: an Idempotency-Key one of them held is free for a retry.
+        await conn.execute(
+            "DELETE FROM idempotency WHERE state = 'running' AND owner = ANY($1::text[])", owners
         )
         await conn.execute("DELETE FROM owners WHERE id = ANY($1::text[])", owners)
         others = [owner for owner in owners if owner != self._owner]
@@ -964,13 +969,14 @@ class PostgresStore(PostgresConsole):
             while True:
                 taken = await conn.fetchval(
                     "INSERT INTO idempotency (key_id, idempotency_key, fingerprint, state, lease_until_ms,"
-                    " expires_at_ms) VALUES ($1, $2, $3, 'running', $4, $5)"
+                    " expires_at_ms, owner) VALUES ($1, $2, $3, 'running', $4, $5, $6)"
                     " ON CONFLICT (key_id, idempotency_key) DO NOTHING RETURNING 1",
                     key_id,
                     idempotency_key,
                     fingerprint,
                     now_ms + lease_ms,
                     now_ms + ttl_ms,
+                    self._owner,
                 )
                 if taken is not None:
                     return IdempotencyClaim("run")
@@ -994,13 +1000,14 @@ class PostgresStore(PostgresConsole):
                 # Expired, or held by a request whose lease ran out (its process died): take it.
                 await conn.execute(
                     "UPDATE idempotency SET fingerprint = $3, state = 'running', lease_until_ms = $4,"
-                    " expires_at_ms = $5, status = NULL, headers = NULL, body = NULL"
+                    " expires_at_ms = $5, status = NULL, headers = NULL, body = NULL, owner = $6"
                     " WHERE key_id = $1 AND idempotency_key = $2",
                     key_id,
                     idempotency_key,
                     fingerprint,
                     now_ms + lease_ms,
                     now_ms + ttl_ms,
+                    self._owner,
                 )
                 return IdempotencyClaim("run")
 

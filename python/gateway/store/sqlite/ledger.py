@@ -80,7 +80,8 @@ def _chunks(values: list[str], size: int = 500) -> Iterator[list[str]]:
 
 def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
     """Apply what dead processes journaled but did not get into the store, and return their leases
-    (and any lease whose owner has no journal left). Returns how many settlements were new."""
+    (and any lease whose owner has no journal left) and the Idempotency-Keys their requests held.
+    Returns how many settlements were new."""
     with journal.orphans(journal_dir) as found:
         leased = _process_owners(conn)
         if not found and leased <= journal.owners(journal_dir):
@@ -93,6 +94,11 @@ def _reclaim(conn: sqlite3.Connection, journal_dir: Path) -> int:
             alive = journal.owners(journal_dir) - {orphan.owner for orphan in found}
             gone = [(owner,) for owner in _process_owners(conn) if owner not in alive]
             conn.executemany("DELETE FROM leases WHERE owner = ?", gone)
+            # Their requests run no more: an Idempotency-Key one of them held is free for a retry.
+            dead = {orphan.owner for orphan in found} | {owner for (owner,) in gone}
+            conn.executemany(
+                "DELETE FROM idempotency WHERE state = 'running' AND owner = ?", [(o,) for o in dead]
+            )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -340,6 +340,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX response_states_upstream ON response_states(upstream_id);
     """,
+    # The process running the request that holds an Idempotency-Key (its journal's owner): its
+    # claim ends with the process, when its journal is replayed, not when its lease runs out.
+    """
+    ALTER TABLE idempotency ADD COLUMN owner TEXT;
+    """,
 )
 
 

@@ -729,6 +729,8 @@ class SqliteStore(SqliteConsole):
     async def claim_idempotency(
         self, key_id: str, idempotency_key: str, fingerprint: str, now_ms: int, lease_ms: int, ttl_ms: int
     ) -> IdempotencyClaim:
+        owner = self._owner
+
         def op(conn: sqlite3.Connection) -> IdempotencyClaim:
             row = conn.execute(
                 "SELECT fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body"
@@ -747,8 +749,8 @@ class SqliteStore(SqliteConsole):
                     return IdempotencyClaim("replay", StoredAnswer(status, pairs, body))
             conn.execute(
                 "INSERT OR REPLACE INTO idempotency (key_id, idempotency_key, fingerprint, state,"
-                " lease_until_ms, expires_at_ms) VALUES (?, ?, ?, 'running', ?, ?)",
-                (key_id, idempotency_key, fingerprint, now_ms + lease_ms, now_ms + ttl_ms),
+                " lease_until_ms, expires_at_ms, owner) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                (key_id, idempotency_key, fingerprint, now_ms + lease_ms, now_ms + ttl_ms, owner),
             )
             return IdempotencyClaim("run")
 
