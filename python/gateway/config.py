@@ -1276,6 +1276,10 @@ def _money(value: Any, where: str) -> Decimal:
 def _entries(raw: Mapping[str, Any], key: str, missing: str) -> list[Any]:
     """The array of tables `key` (`[[models]]`, `[[models.channels]]`): `missing` when absent or empty."""
     value = raw.get(key)
+    if isinstance(value, dict):  # [models] for [[models]]: one table, not an array of them
+        where = missing.partition(":")[0].strip("[]")
+        spelt = re.sub(r"\[\d+\]", "", where)  # models[0].channels is written [[models.channels]]
+        raise ConfigError(f"{where}: must be an array of tables, written [[{spelt}]] (with double brackets)")
     if not isinstance(value, list) or not value:
         raise ConfigError(missing)
     return value

@@ -104,6 +104,11 @@ def model(**overrides: object) -> dict[str, object]:
         ({"models": [model()], "server": {"public_base_url": "http://exa mple"}}, "server.public_base_url"),
         ({"models": [model(max_output_tokens=99999999999999999999)]}, "max_output_tokens: must be at most"),
         ({"models": [model(image_tokens=10**12)]}, "image_tokens: must be at most"),
+        ({"models": {"name": "a/b"}}, "models: must be an array of tables, written [[models]]"),
+        (
+            {"models": [model(channels=CHANNEL)]},
+            "models[0].channels: must be an array of tables, written [[models.channels]]",
+        ),
     ],
 )
 def test_config_errors_name_the_place(raw: dict[str, object], where: str) -> None:
