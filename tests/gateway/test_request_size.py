@@ -78,6 +78,10 @@ def test_a_body_that_stops_arriving_is_answered_408_timeout(tmp_path: Path, sim_
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b'"code":"timeout"' in answer and b"stopped arriving for 1 seconds" in answer
         assert time.monotonic() - started < 5
+        # A chunked body too, saying its connection ends (review: the header was missing there).
+        chunked = raw_post(g, key.key, "Transfer-Encoding: chunked\r\n", b'10\r\n{"model": "open')
+        assert chunked.startswith(b"HTTP/1.1 408"), chunked[:200]
+        assert b"\r\nconnection: close\r\n" in chunked.lower(), chunked[:400]
         # Slow but steady (a piece every 0.4 s, each within the idle window): answered in full.
         body = orjson.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
 

@@ -566,7 +566,10 @@ def _body_late(drained: bool, windowed: bool, idle_seconds: float) -> GatewayErr
             headers={"connection": "close"},  # spec 8: the connection closed; its body is unread
         )
     return GatewayError(
-        "timeout", f"The request's body stopped arriving for {idle_seconds:g} seconds.", status=408
+        "timeout",
+        f"The request's body stopped arriving for {idle_seconds:g} seconds.",
+        status=408,
+        headers={"connection": "close"},  # its body is unread: the connection cannot carry another
     )
 
 
