@@ -43,7 +43,9 @@ class AnswerEdge:
             await self._app(scope, receive, send)
             return
         raw_path = scope.get("raw_path")
-        if raw_path and b"%2" in raw_path:
+        # find, not `in`: bytes' `in` first tries its operand as an integer, an exception raised
+        # and cleared (~1,500 instructions) on every request.
+        if raw_path and raw_path.find(b"%2") != -1:
             scope["path"] = path_keeping_encoded_slashes(raw_path, scope["path"])
         started_ns = time.time_ns()
         slot = scope[SCOPE_KEY] = KeySlot(started_ns)

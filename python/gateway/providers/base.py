@@ -99,11 +99,19 @@ def is_success(status: int) -> bool:
     return 200 <= status < 300
 
 
+# Where an answer that is a failure says so: an error body's `error` comes first ({"error": ...},
+# Anthropic's {"type": "error", "error": ...}), a Responses object's among its first fields (after
+# id, object, created_at, status). An answer's text comes later, and is escaped there.
+ERROR_WITHIN: Final = 512
+
+
 def is_error_answer(content: bytes) -> bool:
     """Whether a 2xx answer is a failure all the same: a JSON object whose `error` is set (a
     server that answers its failures with 200, a Responses result that failed). It is the model's
-    failure (502, not charged), not a result to pass on."""
-    if b'"error"' not in content:  # the answers that are results, at the cost of a byte search
+    failure (502, not charged), not a result to pass on. Most answers are told by a search of
+    their first bytes (find, not `in`: gateway.edge); a Responses object's `"error": null` too."""
+    at = content.find(b'"error"', 0, ERROR_WITHIN)
+    if at == -1 or content[at + 7 : at + 16].lstrip(b": \t\r\n").startswith(b"null"):
         return False
     try:
         data = orjson.loads(content)
