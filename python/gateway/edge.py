@@ -5,17 +5,13 @@
 - `connection: close` once the worker has notice of its shutdown (gateway.drain), so that a client
   learns from the answer that its connection ends;
 - the request's report to telemetry, for every request that is not a model request (those report
-  at their close, with their usage: gateway.telemetry);
-- on the way in, a path's encoded slashes (%2F) kept encoded, so that such a path names no route
-  (path_keeping_encoded_slashes).
+  at their close, with their usage: gateway.telemetry).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Awaitable
-from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,11 +38,6 @@ class AnswerEdge:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        raw_path = scope.get("raw_path")
-        # find, not `in`: bytes' `in` first tries its operand as an integer, an exception raised
-        # and cleared (~1,500 instructions) on every request.
-        if raw_path and raw_path.find(b"%2") != -1:
-            scope["path"] = path_keeping_encoded_slashes(raw_path, scope["path"])
         started_ns = time.time_ns()
         slot = scope[SCOPE_KEY] = KeySlot(started_ns)
         status = 0
@@ -90,18 +81,3 @@ class AnswerEdge:
         if changed or closing:
             message = {**message, "headers": headers}
         await send(message)
-
-
-_ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
-
-
-def path_keeping_encoded_slashes(raw_path: bytes, path: str) -> str:
-    """The request's path decoded except for its encoded slashes (%2F), which stay as they are: the
-    server decodes them to "/", so that /v1/chat%2Fcompletions would be served as
-    /v1/chat/completions and /admin%2Fv1/... as the admin API, past a proxy's rule on the path's
-    segments (RFC 3986 2.2: %2F is not a "/"). Such a path matches no route: 404."""
-    raw = raw_path.split(b"?", 1)[0]
-    if not _ENCODED_SLASH.search(raw):
-        return path
-    pieces = (unquote_to_bytes(piece).decode("utf-8", "replace") for piece in _ENCODED_SLASH.split(raw))
-    return "%2F".join(pieces)

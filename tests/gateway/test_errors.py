@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from gateway.core import json_nesting_depth
-from gateway.edge import path_keeping_encoded_slashes
 from gateway.errors import ERROR_TABLE, ErrorCode
 from gateway.providers.base import stream_failure
 from harness import Gateway, KeyHandle, eventually
@@ -385,25 +384,6 @@ def test_a_stream_failing_before_its_first_token(error: bytes | None, code: str)
         assert failure.retry is None and failure.status == 400  # not retried; the channel works
     else:
         assert failure.retry == "any"
-
-
-@pytest.mark.parametrize(
-    "path", ["/v1/chat%2Fcompletions", "/v1/chat%2fcompletions", "/v1%2Fchat/completions"]
-)
-def test_an_encoded_slash_is_no_slash(gw: Gateway, key: KeyHandle, path: str) -> None:
-    """RFC 3986 2.2: %2F is not "/". The server decodes it, so the path was served as the one with
-    a slash (review: /v1/chat%2Fcompletions answered and charged, /admin%2Fv1/... was the admin
-    API, past a proxy's rule on the path's segments); it names no route: 404."""
-    before = gw.balance(key.account_id)
-    with gw.client(key.key) as c:
-        r = c.post(path, json=chat_body())
-    assert_error(r, 404, "not_found", "not_found_error")
-    assert gw.balance(key.account_id) == before
-
-
-def test_an_encoded_slash_stays_encoded_and_the_rest_is_decoded() -> None:
-    assert path_keeping_encoded_slashes(b"/%61dmin%2Fv1/x?a=%2F", "/admin/v1/x") == "/admin%2Fv1/x"
-    assert path_keeping_encoded_slashes(b"/v1/a%20b", "/v1/a b") == "/v1/a b"
 
 
 def test_failures_outside_the_model_endpoints_are_logged_for_their_key(gw: Gateway) -> None:
