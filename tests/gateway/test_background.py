@@ -243,3 +243,14 @@ def test_a_background_response_survives_a_killed_gateway(sim_url: str, tmp_path:
             assert second.balance(handle.account_id) == expected
             ((charges,),) = second.query("SELECT COUNT(*) FROM usage_records WHERE id = ?", created.id)
             assert charges == 1 and job_leases(second) == []
+
+
+def test_cancelling_a_foreground_response_is_400(bgw: Gateway) -> None:
+    """As OpenAI answers it: only a background response can be cancelled; one that ran in the
+    foreground exists, so it is not a 404 (review)."""
+    oai = client(bgw, bgw.new_key().key)
+    created = oai.responses.create(model=DEEP, input="now")
+    with pytest.raises(openai.BadRequestError, match="only a background response can be cancelled"):
+        oai.responses.cancel(created.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.cancel("resp_unknown")

@@ -192,7 +192,21 @@ def routes(state: GatewayState) -> list[Route]:
         return Response(orjson.dumps(body), media_type="application/json")
 
     async def cancel(request: Request) -> Response:
-        job = await owned_job(state, request, "response", "response_id", "background response")
+        try:
+            job = await owned_job(state, request, "response", "response_id", "background response")
+        except GatewayError as err:
+            # A response that ran in the foreground exists all the same: 400, as OpenAI answers it.
+            rid = request.path_params["response_id"]
+            account = (await authenticate(request, state.store)).account.id
+            if err.code == "not_found" and (
+                await state.store.find_kept_response(rid, account, now_ms()) is not None
+                or await state.store.find_response(rid, account, now_ms()) is not None
+            ):
+                raise invalid_request(
+                    f"Response {quoted_id(rid)} was not created with background: true: only a background"
+                    " response can be cancelled."
+                ) from None
+            raise
         if job.status in JOB_RUNNING:
             await background.cancel(state, job)
             ended = await state.store.get_job(job.id, job.key_id, "response")
