@@ -35,7 +35,12 @@ def routes(state: GatewayState) -> list[Route]:
             record = await state.store.get_usage(usage_id, ctx.key.id)
         if record is None:
             # Another key's record looks exactly like one that does not exist (yet).
-            raise GatewayError("not_found", f"No usage record {usage_id!r} for this key (yet).")
+            raise GatewayError(
+                "not_found",
+                f"No usage record {usage_id!r} for this key (yet). A request's record comes once it has"
+                " ended; one that failed, and a job that failed or was cancelled before it used"
+                " anything, was not charged and has none.",
+            )
         return json_response(
             {
                 "id": record.id,
