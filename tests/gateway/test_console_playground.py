@@ -391,6 +391,19 @@ def test_bad_bodies_get_4xx(page: Page, pgw: Gateway) -> None:
         api,
     )
     assert statuses == [400, 413, 201]
+    # A model that does not exist is the API's 400 model_not_found (review: it was 403 "not allowed").
+    codes = page.evaluate(
+        """async (path) => {
+             const created = await (await Console.call(path, {method: "POST", body: "{}",
+                 headers: {"content-type": "application/json"}})).json();
+             const r = await Console.call(`${path}/${created.id}/messages`, {method: "POST",
+                 body: JSON.stringify({content: "hi", model: "nope/none"}),
+                 headers: {"content-type": "application/json"}});
+             return [r.status, (await r.json()).error.code];
+           }""",
+        api,
+    )
+    assert codes == [400, "model_not_found"]
 
 
 def test_a_state_change_without_the_csrf_token_is_refused(page: Page, pgw: Gateway) -> None:

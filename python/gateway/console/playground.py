@@ -374,6 +374,8 @@ def pick_model(state: GatewayState, account: Account, name: Any) -> ModelConfig:
     for model in chat_models(state, account):
         if model.name == name:
             return model
+    if state.registry.get(name) is None:  # as /v1/chat/completions says of a name that is none
+        raise GatewayError("model_not_found", f"The model {name!r} does not exist.", param="model")
     raise GatewayError(
         "model_not_allowed", f"This account may not chat with the model {name!r}.", param="model"
     )
