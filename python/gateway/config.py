@@ -1232,23 +1232,17 @@ def _listen(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, int] | N
 
 
 def _endpoint(raw: Mapping[str, Any], key: str, where: str) -> str | None:
-    """An http:// or https:// URL with a host (and a valid port, if any); None when absent."""
+    """An http:// or https:// URL as _http_url checks it, refused in one message; None when absent."""
     value = raw.get(key)
     if value is None:
         return None
-    refused = ConfigError(
-        f"{where}: must be a URL starting with http:// or https://, e.g. http://127.0.0.1:4318"
-    )
+    refused = f"{where}: must be a URL starting with http:// or https://, e.g. http://127.0.0.1:4318"
     if not isinstance(value, str):
-        raise refused
+        raise ConfigError(refused)
     try:
-        url = urlsplit(value)
-        port = url.port  # a port that is not a number or out of range: ValueError
-    except ValueError:
-        raise refused from None
-    if url.scheme not in ("http", "https") or not url.hostname or port == 0:
-        raise refused
-    return value
+        return _http_url(value, where, "http://127.0.0.1:4318")
+    except ConfigError:
+        raise ConfigError(refused) from None
 
 
 def _env_name(raw: Mapping[str, Any], key: str, where: str) -> str | None:
