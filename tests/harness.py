@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 import re
 import signal
@@ -53,10 +54,29 @@ def read_json_answer(sock: socket.socket, answer: bytes = b"") -> bytes:
     return answer
 
 
+# Under pytest-xdist each worker takes its ports from a range of its own, below the kernel's
+# ephemeral ports (32768 and up here): a port one worker found free and has not yet started its
+# process on is never the one another worker, or an outgoing connection, is handed.
+_PORT_RANGE = 1500
+_next_port = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    first = 20000 + int(worker[2:]) * _PORT_RANGE
+    for _ in range(_PORT_RANGE):
+        port = first + next(_next_port) % _PORT_RANGE
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or a recent connection's TIME_WAIT
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + _PORT_RANGE - 1}")
 
 
 # ------------------------------------------------------------------ waiting for something to happen

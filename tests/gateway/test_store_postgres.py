@@ -4,6 +4,7 @@ cross-instance invalidation, concurrent migrations, and recovery when the databa
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -105,6 +106,43 @@ def test_a_dead_owners_streams_are_billed_and_its_leases_returned(postgres_url: 
             assert await c.live_owners() == 2
 
     asyncio.run(main())
+
+
+def test_a_progress_row_that_is_no_settlement_does_not_stop_the_reclaim(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead process's progress that does not decode (written by hand, say) is logged and dropped;
+    its leases come back and the other rows are billed, then and at every later reclaim."""
+
+    async def main() -> None:
+        async with stores(postgres_url, 2) as (dead, b):
+            account_id, key_id = await account_and_key(b, "10")
+            now = now_ms()
+            assert await dead.lease("account", account_id, Decimal(1), 1, now) == Decimal(10)
+            running = record(account_id, key_id, "0.4", status="incomplete")
+            dead.note_progress(running, log_entry(running, status=499, error_code="api_error"))
+            await until(lambda: _progress_of(postgres_url, dead.lease_owner, 1))
+            await admin(
+                postgres_url,
+                "INSERT INTO stream_progress (owner, usage_id, settlement) VALUES ($1, 'u-bad', $2)",
+                dead.lease_owner,
+                b"\x96\x1e/1",
+            )
+            await play_dead(postgres_url, dead)
+            assert await b.reclaim_orphans() == 1
+            assert await balance(b, account_id) == Decimal("9.6")
+            assert await b.free("account", account_id, now) == Decimal("9.6")
+            assert await b.reclaim_orphans() == 0
+            assert await _progress_of(postgres_url, dead.lease_owner, 0)
+
+    with caplog.at_level(logging.ERROR, logger="gateway.store"):
+        asyncio.run(main())
+    assert any("progress that is not a settlement was dropped" in r.getMessage() for r in caplog.records)
+
+
+async def _progress_of(url: str, owner: str, count: int) -> bool:
+    found = await admin(url, "SELECT count(*) FROM stream_progress WHERE owner = $1", owner)
+    return bool(found[0][0] == count)
 
 
 DAY_MS = 86_400_000
@@ -312,6 +350,11 @@ def test_one_settlement_takes_the_short_path_to_the_same_books(postgres_url: str
                 assert books[0][0] < Decimal(500)  # money moved: the test saw charges
                 assert books[0][-1][0] > 0  # streams' progress was kept
             finally:
+                # The progress rows it made up are not settlements, and their owners never lived:
+                # a later reclaim in the session's database would take them for a dead process's.
+                owners = [owner for (_, owner, *_) in sides]
+                await conn.execute("DELETE FROM stream_progress WHERE owner = ANY($1::text[])", owners)
+                await conn.execute("DELETE FROM leases WHERE owner = ANY($1::text[])", owners)
                 await conn.close()
 
     asyncio.run(main())

@@ -55,7 +55,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar, cast
 
@@ -434,7 +434,7 @@ class PostgresStore(PostgresConsole):
             " OR NOT EXISTS (SELECT 1 FROM owners o WHERE o.id = p.owner) RETURNING p.settlement",
             owners,
         )
-        applied = await rows.settle_many(conn, [rows.decode_progress(row[0]) for row in found], None)
+        applied = await rows.settle_many(conn, _decoded_progress(row[0] for row in found), None)
         leases = rows.count(
             await conn.execute(
                 "DELETE FROM leases AS l WHERE l.owner = ANY($1::text[])"
@@ -1303,3 +1303,16 @@ def _unique_name(name: str) -> Any:
         yield
     except asyncpg.UniqueViolationError as exc:
         raise NameTaken(f"an account named {name!r} exists already") from exc
+
+
+def _decoded_progress(found: Iterable[bytes]) -> list[Settlement]:
+    """The dead processes' streams' progress as settlements. A row that is not one (written by
+    hand, or by a build that wrote another form) is logged and left out: it must not keep every
+    later reclaim, and the leases it returns, failing."""
+    settlements = []
+    for data in found:
+        try:
+            settlements.append(rows.decode_progress(data))
+        except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
+            log.error("a stream's progress that is not a settlement was dropped (%s): %r", exc, data[:200])
+    return settlements
