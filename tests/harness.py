@@ -189,13 +189,15 @@ def workers_serving(log: Path) -> list[str]:
     return re.findall(r"Started (worker-\d+)", log.read_text(errors="replace"))
 
 
-def kill_worker(log: Path, worker: int, seconds: float = 30) -> None:
+def kill_worker(log: Path, worker: int, seconds: float = 30, then: Callable[[], None] | None = None) -> None:
     """kill -9 worker-`worker` (its latest process) of the `gateway serve` whose output is `log`,
-    then wait until its replacement serves."""
+    run `then` (if given), and wait until its replacement serves."""
     name = f"worker-{worker}"
     pid = int(re.findall(rf"Spawning {name} with PID: (\d+)", log.read_text(errors="replace"))[-1])
     serving = workers_serving(log).count(name)
     os.kill(pid, signal.SIGKILL)
+    if then is not None:
+        then()
     eventually(lambda: workers_serving(log).count(name) > serving, seconds, 0.1, what=f"{name} started again")
 
 

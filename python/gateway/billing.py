@@ -26,7 +26,7 @@ from .frozen import frozen
 from .funds import ZERO, NotCovered
 from .pricing import ReportedUsage, Usage, cost, reported_usage
 from .state import GatewayState
-from .store import Job, RequestLog, UsageRecord
+from .store import Job, KeptAnswer, RequestLog, UsageRecord
 
 
 def estimate_usage(
@@ -325,17 +325,19 @@ def note_progress(
     call.progress_noted = True
 
 
-async def close(state: GatewayState, call: Call, entry: RequestLog) -> None:
+async def close(state: GatewayState, call: Call, entry: RequestLog, answer: KeptAnswer | None = None) -> bool:
     """The request has ended and `entry` is its log entry: close whatever hold is still open, and
-    make its settlement durable with the entry, as one step (Store.settle); a request that was
-    not charged is only logged."""
+    make its settlement durable with the entry and the `answer` its Idempotency-Key keeps, as one
+    step (Store.settle); a request that was not charged is only logged. Returns whether `answer`
+    was kept (so with a charge)."""
     release(state, call)
     record, call.settlement = call.settlement, None
     if record is None:
         state.store.log_request(entry)
     else:
-        await state.store.settle(record, entry)
+        await state.store.settle(record, entry, answer)
     state.telemetry.model_request(call, entry, record)
+    return record is not None and answer is not None
 
 
 def hand_over_to_job(state: GatewayState, call: Call) -> list[tuple[str, str]]:

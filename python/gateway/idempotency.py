@@ -31,7 +31,7 @@ from .context import Call
 from .core import fingerprint
 from .errors import GatewayError, ServiceUnavailable, invalid_request
 from .state import GatewayState
-from .store import StoredAnswer
+from .store import KeptAnswer, StoredAnswer
 
 HEADER = "idempotency-key"
 # Answers being kept in the background (keep_when_possible), held here until they are.
@@ -130,14 +130,33 @@ def replayed_error_code(replay: Response) -> str | None:
     return code if isinstance(code, str) else None
 
 
+def kept_answer(call: Call, status: int, headers: dict[str, str], body: bytes) -> KeptAnswer | None:
+    """The answer the request's key keeps, for the store to keep in the same step as what the
+    request did (Store.settle, Store.create_job; `taken` once it has); None when the request holds
+    no key or its answer is not kept (5xx, over 8 MB)."""
+    if call.idempotency is None or status >= 500 or len(body) > MAX_STORED_BYTES:
+        return None
+    key, digest = call.idempotency
+    answer = StoredAnswer(status, tuple(_replayable(headers.items())), body)
+    return KeptAnswer(call.ctx.key.id, key, digest, answer, now_ms() + TTL_MS)
+
+
+def taken(call: Call) -> None:
+    """The store has kept the request's answer for its key with what it did: nothing left to keep."""
+    call.idempotency = None
+
+
 async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, str], body: bytes) -> None:
     """The request that held the key has answered: keep the answer, or forget the key when the
     answer is not kept (5xx, over 8 MB)."""
-    if status >= 500 or len(body) > MAX_STORED_BYTES:
+    kept = kept_answer(call, status, headers, body)
+    if kept is None:
         await forget(state, call)
         return
-    kept = tuple(_replayable(headers.items()))
-    await _finish(state, call, StoredAnswer(status, kept, body))
+    call.idempotency = None
+    await state.store.finish_idempotency(
+        kept.key_id, kept.idempotency_key, kept.fingerprint, kept.answer, now_ms(), TTL_MS
+    )
 
 
 def keep_when_possible(
@@ -167,19 +186,23 @@ def keep_when_possible(
     task.add_done_callback(_KEEPING.discard)
 
 
+def kept_error(call: Call, err: GatewayError) -> KeptAnswer | None:
+    """kept_answer of an error answer."""
+    return kept_answer(call, err.status, _error_headers(err), err.body())
+
+
 async def keep_error(state: GatewayState, call: Call, err: GatewayError) -> None:
-    headers = {**err.headers, "content-type": "application/json"}
-    await keep(state, call, err.status, headers, err.body())
+    await keep(state, call, err.status, _error_headers(err), err.body())
+
+
+def _error_headers(err: GatewayError) -> dict[str, str]:
+    return {**err.headers, "content-type": "application/json"}
 
 
 async def forget(state: GatewayState, call: Call) -> None:
     """Let the key go: the next request with it runs."""
-    await _finish(state, call, None)
-
-
-async def _finish(state: GatewayState, call: Call, answer: StoredAnswer | None) -> None:
     if call.idempotency is None:  # this request does not hold a key, or has finished with it
         return
     key, digest = call.idempotency
     call.idempotency = None
-    await state.store.finish_idempotency(call.ctx.key.id, key, digest, answer, now_ms(), TTL_MS)
+    await state.store.finish_idempotency(call.ctx.key.id, key, digest, None, now_ms(), TTL_MS)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+from starlette.responses import Response
 
-from . import billing
+from . import billing, idempotency
 from .clock import now_ms
 from .config import ChannelConfig, JobSettings, ModelConfig, Settings
 from .context import Call
@@ -63,11 +64,18 @@ class JobKind:
     advance: Callable[[GatewayState, Job, ModelConfig, ChannelConfig, dict[str, Any], bytes], Awaitable[None]]
 
 
-async def record(state: GatewayState, call: Call, job: Job) -> None:
-    """Record a job the upstream has accepted, its hold (the request's) now the job's own."""
+async def record(state: GatewayState, call: Call, job: Job, answer: Response | None = None) -> None:
+    """Record a job the upstream has accepted, its hold (the request's) now the job's own, with
+    `answer` kept for the request's Idempotency-Key in the same step (a retry after a killed process
+    replays it instead of starting a second job)."""
+    kept = None
+    if call.idempotency is not None and answer is not None:
+        kept = idempotency.kept_answer(call, answer.status_code, dict(answer.headers), bytes(answer.body))
     # Taken off this process's lease in memory first, so that a request cancelled while the write
     # commits (it commits regardless) cannot leave the in-memory lease above the store's.
-    await state.store.create_job(job, billing.hand_over_to_job(state, call))
+    await state.store.create_job(job, billing.hand_over_to_job(state, call), kept)
+    if kept is not None:
+        idempotency.taken(call)
 
 
 async def drive_jobs(state: GatewayState, kinds: Mapping[str, JobKind]) -> None:

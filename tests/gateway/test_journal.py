@@ -99,6 +99,62 @@ def test_settlements_of_a_killed_process_are_replayed_once(tmp_path: Path) -> No
     assert asyncio.run(check()) == (balance, 50)
 
 
+def test_an_idempotency_keys_answer_journaled_with_its_charge_is_kept_by_the_replay(tmp_path: Path) -> None:
+    """A process that claimed an Idempotency-Key, journaled the charge and its answer, and died
+    before its writer applied them (review: the key was freed with the dead process's claims and a
+    retry ran, and was charged, again): the replay charges once and keeps the answer for a retry."""
+    db = tmp_path / "g.db"
+
+    async def setup() -> str:
+        store = await open_store(db)
+        account = await store.create_account("a", Decimal(10))
+        await store.close()
+        return account.id
+
+    account_id = asyncio.run(setup())
+    child = textwrap.dedent(
+        f"""
+        import asyncio, os, sqlite3, sys
+        from decimal import Decimal
+        from gateway.store.sqlite import SqliteStore
+        from gateway.store import KeptAnswer, StoredAnswer, UsageRecord
+
+        async def main():
+            store = SqliteStore({str(db)!r})
+            await store.start()
+            claim = await store.claim_idempotency("k", "idem", "fp", 1, 600_000, 10**13)
+            assert claim.outcome == "run"
+            blocker = sqlite3.connect({str(db)!r}, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            answer = KeptAnswer("k", "idem", "fp", StoredAnswer(200, (("content-type", "audio/mpeg"),),
+                                b"\\x00audio\\xff"), 10**13)
+            await store.settle(UsageRecord("speech-1", "r", "k", {account_id!r}, "m", "completed",
+                                           10, 0, Decimal("0.25"), 1, 2), None, answer)
+            print("journaled", flush=True)
+            os._exit(0)
+
+        asyncio.run(main())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "journaled" in out.stdout, out.stderr
+
+    async def check() -> None:
+        store = await open_store(db)  # replays the orphaned journal
+        try:
+            claim = await store.claim_idempotency("k", "idem", "fp", 2, 600_000, 10**13)
+            assert claim.outcome == "replay", claim
+            assert claim.answer is not None and claim.answer.body == b"\x00audio\xff"
+            account = await store.find_account("a")
+            assert account is not None and account.balance == Decimal("9.75")
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+
+
 def test_replay_is_idempotent(tmp_path: Path) -> None:
     async def go() -> Decimal:
         store = await open_store(tmp_path / "g.db")

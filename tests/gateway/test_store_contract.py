@@ -325,6 +325,42 @@ def test_idempotency_claims_across_processes(new_store: StoreFactory) -> None:
     asyncio.run(main())
 
 
+def test_an_answer_kept_with_its_charge_is_replayed_and_charged_once(new_store: StoreFactory) -> None:
+    """Store.settle keeps an Idempotency-Key's answer in the same step as the charge (review: a
+    process killed between the two left a charge whose key a retry ran and was charged for again);
+    settled again (a replayed journal, a retried batch), nothing changes."""
+    from gateway.store import KeptAnswer, StoredAnswer
+
+    day = 86_400_000
+
+    async def main() -> None:
+        async with started(new_store, 2) as (a, b):
+            account_id, key_id = await account_and_key(a, "10")
+            now = now_ms()
+            assert (await a.claim_idempotency(key_id, "idem-1", "fp", now, 60_000, day)).outcome == "run"
+            answer = StoredAnswer(200, (("content-type", "audio/mpeg"),), bytes(range(256)) * 40)
+            kept = KeptAnswer(key_id, "idem-1", "fp", answer, now + day)
+            r = record(account_id, key_id, "0.25")
+            await a.settle(r, log_entry(r), kept)
+            await a.settle(r, log_entry(r), kept)
+            await flush(a)
+            replay = await b.claim_idempotency(key_id, "idem-1", "fp", now, 60_000, day)
+            assert replay.outcome == "replay" and replay.answer == answer
+            assert await balance(b, account_id) == Decimal("9.75")
+            # An answer finishes only the claim of the request that made it.
+            assert (await a.claim_idempotency(key_id, "idem-2", "fp", now, 60_000, day)).outcome == "run"
+            other = KeptAnswer(key_id, "idem-2", "another body", answer, now + day)
+            r2 = record(account_id, key_id, "0.5")
+            await a.settle(r2, log_entry(r2), other)
+            await flush(a)
+            assert (
+                await b.claim_idempotency(key_id, "idem-2", "fp", now, 60_000, day)
+            ).outcome == "in_progress"
+            assert await balance(b, account_id) == Decimal("9.25")
+
+    asyncio.run(main())
+
+
 def test_top_up_idempotency_and_ledger(new_store: StoreFactory) -> None:
     from gateway.store import IdempotencyKeyReused, NameTaken
 

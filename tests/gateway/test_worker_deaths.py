@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -256,6 +257,51 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_an_answer_charged_just_before_its_worker_was_killed_is_replayed_not_charged_again(
+    tmp_path: Path, sim_url: str
+) -> None:
+    """The request was charged and answered, but its worker died before the store had applied
+    either (review: the answer for its Idempotency-Key was kept in a later step, so the key was
+    freed with the dead worker's claims and the retry ran, and was charged, again). The answer is
+    journaled with its charge: the retry gets it replayed, and the key was charged once."""
+    with _serving(tmp_path, sim_url, 1) as gw:
+        body = {"model": "test/tts", "voice": "alloy", "input": "hi [sim ttft=1500ms]"}
+        headers = {"authorization": f"Bearer {gw.key}", "idempotency-key": "charged-once"}
+        url = gw.url + "/v1/audio/speech"
+        answers: list[httpx.Response] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(httpx.post(url, json=body, headers=headers, timeout=30))
+        )
+        thread.start()
+        time.sleep(0.7)  # the key is claimed; the model has not answered yet
+        # The store's writer is held up (a slow disk, a long write elsewhere) as the answer comes.
+        blocker = sqlite3.connect(tmp_path / "gw.db", isolation_level=None, timeout=30)
+
+        def unblock() -> None:
+            if blocker.in_transaction:
+                blocker.execute("ROLLBACK")
+
+        try:
+            blocker.execute("BEGIN IMMEDIATE")
+            thread.join(30)
+            assert answers and answers[0].status_code == 200, answers  # journaled: no wait on the store
+            first = answers[0]
+            # Killed before its writer could apply anything; its replacement replays its journal.
+            kill_worker(gw.log, 1, then=unblock)
+        finally:
+            unblock()
+            blocker.close()
+        retried = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert retried.status_code == 200, retried.text
+        assert retried.headers.get("idempotency-replayed") == "true"
+        assert retried.content == first.content and retried.headers["x-service-cost"] == "0"
+    with sqlite3.connect(tmp_path / "gw.db") as db:
+        charged = [
+            Decimal(c) for (c,) in db.execute("SELECT cost FROM usage_records WHERE model = 'test/tts'")
+        ]
+    assert charged == [Decimal(first.headers["x-service-cost"])]
 
 
 def test_an_idempotency_key_held_by_a_killed_worker_is_free_once_it_is_replaced(

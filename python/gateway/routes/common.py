@@ -37,7 +37,7 @@ from ..registry import ModelRefused
 from ..request_log import BodyCapture
 from ..runtime_threads import hand_over_now
 from ..state import GatewayState
-from ..store import Job
+from ..store import Job, KeptAnswer
 from ..telemetry import MODEL_REQUEST, endpoint_of
 from ..telemetry.tracing import trace
 
@@ -302,8 +302,12 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                     response = Response(whole, response.status_code, headers)
         except GatewayError as err:
             err.headers[REQUEST_ID_HEADER] = call.request_id
-            await _close(state, request, call, err.status, err.body(request.url.path), error_code=err.code)
-            if call.idempotency is not None:
+            kept = idempotency.kept_error(call, err) if call.idempotency is not None else None
+            if await _close(
+                state, request, call, err.status, err.body(request.url.path), error_code=err.code, answer=kept
+            ):
+                idempotency.taken(call)
+            elif call.idempotency is not None:
                 await idempotency.keep_error(state, call, err)
             raise
         except ClientGone:
@@ -356,8 +360,16 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 # What an Idempotency-Key keeps: made only for a request that has one.
                 return state, call, response.status_code, dict(response.headers), body
 
+            # Kept with the charge, in one step: a process killed between the two would leave a
+            # charge whose key a retry could run, and be charged for, again.
+            kept = None
+            if call.idempotency is not None:
+                kept = idempotency.kept_answer(call, response.status_code, dict(response.headers), body)
             try:
-                await _close(state, request, call, response.status_code, body, error_code=replayed_code)
+                if await _close(
+                    state, request, call, response.status_code, body, error_code=replayed_code, answer=kept
+                ):
+                    idempotency.taken(call)
             except ServiceUnavailable as err:
                 # The charge could not be made durable in time (the store is away): it stays queued
                 # and is made when the store is back, so the answer must not say nothing was charged,
@@ -435,9 +447,10 @@ async def _close(
     body: bytes | None,
     size: int | None = None,
     error_code: str | None = None,
-) -> None:
-    await billing.close(
-        state, call, request_log.entry_for(state, request, call, status, body, size, error_code)
+    answer: KeptAnswer | None = None,
+) -> bool:
+    return await billing.close(
+        state, call, request_log.entry_for(state, request, call, status, body, size, error_code), answer
     )
 
 

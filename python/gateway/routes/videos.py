@@ -96,8 +96,9 @@ def routes(state: GatewayState) -> list[Route]:
         )
         # The hold now belongs to the job: settled or released when the job ends, by whichever
         # process sees that happen.
-        await jobs.record(state, call, job)
-        return json_response(videos.job_object(job, None), headers={REQUEST_ID_HEADER: call.request_id})
+        answer = json_response(videos.job_object(job, None), headers={REQUEST_ID_HEADER: call.request_id})
+        await jobs.record(state, call, job, answer)
+        return answer
 
     async def retrieve(request: Request) -> Response:
         job = await owned_job(state, request, "video", "video_id", "video")

@@ -19,6 +19,7 @@ from .records import (
     Conversation,
     IdempotencyClaim,
     Job,
+    KeptAnswer,
     KeptResponse,
     KeyChanges,
     KeyContext,
@@ -164,11 +165,14 @@ class Ledger(Protocol):
         """Apply the settlements that dead processes journaled and return their leases; returns
         how many settlements were new. Safe to call at any time from any process."""
 
-    async def settle(self, record: UsageRecord, entry: RequestLog | None = None) -> None:
+    async def settle(
+        self, record: UsageRecord, entry: RequestLog | None = None, answer: KeptAnswer | None = None
+    ) -> None:
         """Store the usage record and the request's log entry and charge its cost, atomically and
-        exactly once, taking the cost off this process's leases on the account and the key as well.
-        Returns once the charge and its records are durable: they survive a killed process (the log
-        entry's bodies excepted). The record may become readable moments later."""
+        exactly once, taking the cost off this process's leases on the account and the key as well;
+        and keep `answer` for its Idempotency-Key in the same step. Returns once the charge and its
+        records are durable: they survive a killed process (the log entry's bodies excepted). The
+        record (and the kept answer) may become readable moments later."""
 
     def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
         """A running stream's settlement so far (what it delivered): applied, with its log entry,
@@ -295,10 +299,13 @@ class Jobs(Protocol):
     """Asynchronous jobs (videos, background responses): created with their hold, polled by one
     process at a time, ended exactly once."""
 
-    async def create_job(self, job: Job, pots: Sequence[tuple[str, str]]) -> None:
+    async def create_job(
+        self, job: Job, pots: Sequence[tuple[str, str]], answer: KeptAnswer | None = None
+    ) -> None:
         """Record a new job and move its hold, `job.hold` on each (kind, pot_id) pot, from this
         process's lease to the job's own, in one transaction: the money stays set aside whatever
-        happens to this process, until finish_job."""
+        happens to this process, until finish_job. The same transaction keeps `answer` for the
+        request's Idempotency-Key, so that a retry never starts a second job."""
 
     async def job_counts(self) -> dict[tuple[str, str], int]:
         """How many jobs there are, by (kind, status): for the metrics (gateway.metrics)."""

@@ -220,6 +220,20 @@ class StoredAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptAnswer:
+    """The answer an Idempotency-Key keeps (spec 8), made durable in the same step as what the
+    request did (its charge: Store.settle; its job: Store.create_job), so that a process killed
+    between the two cannot leave a charge whose key a retry may run, and be charged, again. It
+    finishes the claim of the request that holds the key (`fingerprint`, still running) only."""
+
+    key_id: str
+    idempotency_key: str
+    fingerprint: str
+    answer: StoredAnswer
+    expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class IdempotencyClaim:
     """What to do with a request that carries an Idempotency-Key: `run` it (this request now holds
     the key), `replay` the stored `answer`, refuse it as `in_progress` (the first still runs) or as
@@ -316,11 +330,12 @@ class KeptResponse:
 
 @frozen
 class Settlement:
-    """A charge and its records: the usage record and, when the request was logged, its log entry.
-    Applied as one step by every backend."""
+    """A charge and its records: the usage record and, when the request was logged, its log entry;
+    and the answer its Idempotency-Key keeps, when it has one. Applied as one step by every backend."""
 
     record: UsageRecord
     log: RequestLog | None = None
+    answer: KeptAnswer | None = None
 
 
 # ---------------------------------------------------------------------- the console (gateway.console)

@@ -21,7 +21,7 @@ import asyncpg
 import orjson
 
 from ...budget import period_start_ms
-from .. import Account, ApiKey, Job, RequestLog, Settlement, TopUp, UsageRecord
+from .. import Account, ApiKey, Job, KeptAnswer, RequestLog, Settlement, TopUp, UsageRecord
 
 # Column lists in the order of the records' fields, so that a row maps back with Record(*row).
 USAGE_COLUMNS = tuple(f.name for f in dataclasses.fields(UsageRecord))
@@ -164,6 +164,11 @@ def count(status: str) -> int:
 # streams' progress), the usual one while few requests run, is settled by single-row statements
 # instead (migrations/0006: the same books for about half the database's CPU).
 SETTLE = "SELECT gateway_settle_json($1::text, $2::jsonb)"
+# A batch one of whose settlements carries the answer its Idempotency-Key keeps: kept in the same
+# statement, so in the same transaction (migrations/0010). Rare (images, speech), so prepared apart.
+SETTLE_KEEPING = "SELECT gateway_settle_json($1::text, $2::jsonb), gateway_keep_answers($2::jsonb)"
+# Answers kept alone (Store.finish_idempotency, create_job): {"a": [...]} as settle_args writes it.
+KEEP_ANSWERS = "SELECT gateway_keep_answers($1::jsonb)"
 # Where the money and the bodies are in a usage record's and a log entry's values (their columns'
 # order, which gateway_settle's parameters follow).
 _USAGE_COST = USAGE_COLUMNS.index("cost")
@@ -195,9 +200,9 @@ async def settle_batch(
     running streams (usage id -> encode_progress) kept for `owner`; the log entries `logs`
     (log_values), then those of `settlements`, inserted in that order; the settlements recorded and
     charged as settle_many says; the progress of the `ended` streams deleted. Returns how many
-    settlements were new."""
+    settlements were new; the answers they carry are kept in the same statement."""
     args = settle_args(owner, progress=progress, logs=logs, settlements=settlements, ended=ended)
-    result: int = await conn.fetchval(SETTLE, *args)
+    result: int = await conn.fetchval(SETTLE_KEEPING if keeps_answers(settlements) else SETTLE, *args)
     return result
 
 
@@ -220,7 +225,33 @@ def settle_args(
         "l": [_log_json(values) for values in entries],
         "e": list(ended),
     }
+    answers = [s.answer for s in settlements if s.answer is not None]
+    if answers:  # read by gateway_keep_answers only (SETTLE_KEEPING)
+        batch["a"] = [_answer_json(a) for a in answers]
     return owner, orjson.dumps(batch).decode()
+
+
+def keeps_answers(settlements: Iterable[Settlement]) -> bool:
+    """Whether a batch must be settled by SETTLE_KEEPING."""
+    return any(s.answer is not None for s in settlements)
+
+
+def answers_arg(answers: Sequence[KeptAnswer]) -> str:
+    """KEEP_ANSWERS's argument."""
+    return orjson.dumps({"a": [_answer_json(a) for a in answers]}).decode()
+
+
+def _answer_json(kept: KeptAnswer) -> list[Any]:
+    answer = kept.answer
+    return [
+        kept.key_id,
+        kept.idempotency_key,
+        kept.fingerprint,
+        answer.status,
+        _base64(orjson.dumps(answer.headers)),
+        _base64(answer.body),
+        kept.expires_at_ms,
+    ]
 
 
 def _usage_json(record: UsageRecord) -> list[Any]:

@@ -72,6 +72,7 @@ from .. import (
     IdempotencyClaim,
     IdempotencyKeyReused,
     Job,
+    KeptAnswer,
     KeptResponse,
     KeyChanges,
     KeyContext,
@@ -498,13 +499,16 @@ class PostgresStore(PostgresConsole):
             raise RuntimeError("store is not started")
         return self._writer
 
-    async def settle(self, record: UsageRecord, entry: RequestLog | None = None) -> None:
+    async def settle(
+        self, record: UsageRecord, entry: RequestLog | None = None, answer: KeptAnswer | None = None
+    ) -> None:
         """Store the usage record and the request's log entry and charge its cost, atomically and
-        exactly once, taking the cost off this process's leases too; returns once handed to the
-        database (writer.py: its commit follows whatever happens to this process; reads of this
-        process wait for it). StoreUnavailable when it could not be handed over within
-        SETTLE_WAIT_SECONDS: it stays queued and commits when the database is back."""
-        future = await self._writer_or_fail().settle(Settlement(record, entry))
+        exactly once, taking the cost off this process's leases too, and keep `answer` in the same
+        statement; returns once handed to the database (writer.py: its commit follows whatever
+        happens to this process; reads of this process wait for it). StoreUnavailable when it could
+        not be handed over within SETTLE_WAIT_SECONDS: it stays queued and commits when the
+        database is back."""
+        future = await self._writer_or_fail().settle(Settlement(record, entry, answer))
         if future.done():  # handed over already, the usual case: no timer to set up
             return future.result()
         try:
@@ -800,7 +804,9 @@ class PostgresStore(PostgresConsole):
 
     # ------------------------------------------------------------------ jobs
 
-    async def create_job(self, job: Job, pots: Sequence[tuple[str, str]]) -> None:
+    async def create_job(
+        self, job: Job, pots: Sequence[tuple[str, str]], answer: KeptAnswer | None = None
+    ) -> None:
         owner = self.lease_owner
 
         async def create(conn: asyncpg.Connection) -> None:
@@ -814,6 +820,8 @@ class PostgresStore(PostgresConsole):
                 await rows.lock_pot(conn, kind, pot_id)
                 await rows.add_to_lease(conn, kind, pot_id, owner, -job.hold)
                 await rows.add_to_lease(conn, kind, pot_id, JOB_LEASE_PREFIX + job.id, job.hold)
+            if answer is not None:
+                await conn.fetchval(rows.KEEP_ANSWERS, rows.answers_arg([answer]))
 
         await self._tx(create)
 
@@ -1022,21 +1030,17 @@ class PostgresStore(PostgresConsole):
         now_ms: int,
         ttl_ms: int,
     ) -> None:
-        mine = "key_id = $1 AND idempotency_key = $2 AND fingerprint = $3 AND state = 'running'"
         if answer is None:
-            await self._execute(f"DELETE FROM idempotency WHERE {mine}", key_id, idempotency_key, fingerprint)
+            await self._execute(
+                "DELETE FROM idempotency WHERE key_id = $1 AND idempotency_key = $2 AND fingerprint = $3"
+                " AND state = 'running'",
+                key_id,
+                idempotency_key,
+                fingerprint,
+            )
             return
-        await self._execute(
-            f"UPDATE idempotency SET state = 'done', status = $4, headers = $5, body = $6, expires_at_ms = $7"
-            f" WHERE {mine}",
-            key_id,
-            idempotency_key,
-            fingerprint,
-            answer.status,
-            orjson.dumps(answer.headers),
-            answer.body,
-            now_ms + ttl_ms,
-        )
+        kept = KeptAnswer(key_id, idempotency_key, fingerprint, answer, now_ms + ttl_ms)
+        await self._execute(rows.KEEP_ANSWERS, rows.answers_arg([kept]))
 
     async def purge_idempotency(self, now_ms: int) -> int:
         return rows.count(await self._execute("DELETE FROM idempotency WHERE expires_at_ms <= $1", now_ms))

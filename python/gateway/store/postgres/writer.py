@@ -374,7 +374,10 @@ class Writer:
             settlements=settled,
             ended=batch.forgets | {s.record.id for s in settled if s.record.id in self._noted},
         )
-        await line.settle.fetchval(*args)
+        if rows.keeps_answers(settled):
+            await line.conn.fetchval(rows.SETTLE_KEEPING, *args)  # prepared by asyncpg's cache
+        else:
+            await line.settle.fetchval(*args)
 
     async def _isolate(self, batch: _Batch, exc: Exception) -> None:
         """The database refused the batch: commit its items one by one, so that only what it

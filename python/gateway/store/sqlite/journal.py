@@ -5,7 +5,9 @@ Each settlement is appended to this process's journal with one write(2) before t
 out (made with the GIL held: core.AppendFile): the usage record and the request's log entry
 (without its bodies) on one line, so that a charge and the records that show it are one durable
 step; whatever is replayed, all of them are. No fsync: a killed process cannot lose what the kernel
-already holds (a power cut can; that is the same promise as SQLite's synchronous=NORMAL). The store
+already holds (a power cut can; that is the same promise as SQLite's synchronous=NORMAL). A request
+with an Idempotency-Key puts the answer its key keeps on its charge's line: a replay keeps it too, so
+a retry after the kill replays the answer instead of running, and being charged, again. The store
 applies settlements in batches off the request path and truncates the journal whenever everything
 written has been applied.
 
@@ -22,6 +24,7 @@ process's name on its leases (gateway.funds): a dead owner's leases are returned
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import os
@@ -36,7 +39,7 @@ from typing import Any
 import orjson
 
 from ...core import AppendFile
-from ..records import LOG_BODY_COLUMNS, LOG_COLUMNS, RequestLog, Settlement
+from ..records import LOG_BODY_COLUMNS, LOG_COLUMNS, KeptAnswer, RequestLog, Settlement, StoredAnswer
 from .rows import usage_record, usage_row
 
 PREFIX = "settlements-"
@@ -63,7 +66,30 @@ def encode(settlement: Settlement, *, progress: bool = False) -> bytes:
     line: dict[str, Any] = {"u": usage_row(settlement.record), "l": None if log is None else _log_head(log)}
     if progress:
         line["p"] = 1
+    if settlement.answer is not None:
+        line["a"] = _answer_row(settlement.answer)
     return orjson.dumps(line) + b"\n"
+
+
+def _answer_row(kept: KeptAnswer) -> tuple[Any, ...]:
+    """An Idempotency-Key's answer on its charge's line (its body base64, as JSON has no bytes)."""
+    answer = kept.answer
+    body = base64.b64encode(answer.body).decode()
+    return (
+        kept.key_id,
+        kept.idempotency_key,
+        kept.fingerprint,
+        answer.status,
+        answer.headers,
+        body,
+        kept.expires_at_ms,
+    )
+
+
+def _kept_answer(row: list[Any]) -> KeptAnswer:
+    key_id, idempotency_key, fingerprint, status, headers, body, expires_at_ms = row
+    answer = StoredAnswer(status, tuple((str(k), str(v)) for k, v in headers), base64.b64decode(body))
+    return KeptAnswer(key_id, idempotency_key, fingerprint, answer, expires_at_ms)
 
 
 def _log_head(log: RequestLog) -> tuple[Any, ...]:
@@ -104,7 +130,9 @@ def decode(line: bytes) -> tuple[Settlement, bool]:
             request_body=None,
             response_body=None,
         )
-    return Settlement(usage_record(data["u"]), log), bool(data.get("p"))
+    answer = data.get("a")
+    kept = None if answer is None else _kept_answer(answer)
+    return Settlement(usage_record(data["u"]), log, kept), bool(data.get("p"))
 
 
 class Journal:

@@ -10,8 +10,10 @@ from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 
+import orjson
+
 from ...budget import period_start_ms, spent_now
-from ..records import JOB_LEASE_PREFIX, Settlement, UsageRecord
+from ..records import JOB_LEASE_PREFIX, KeptAnswer, Settlement, UsageRecord
 from . import journal
 from .rows import _KEY, INSERT_LOG, INSERT_USAGE, _key, _log_values, insert_rows, usage_row
 
@@ -58,7 +60,30 @@ def _settle_many(conn: sqlite3.Connection, settlements: Sequence[Settlement], ow
     if owner is not None:
         for key_id in limited:
             _add_to_lease(conn, "key", key_id, owner, -per_key[key_id])
+    _keep_answers(conn, [s.answer for s in settlements if s.answer is not None])
     return len(fresh)
+
+
+def _keep_answers(conn: sqlite3.Connection, answers: Sequence[KeptAnswer]) -> None:
+    """Each answer kept for its Idempotency-Key, if the request that made it still holds the key
+    (applied again, or after another request took the key over, it changes nothing)."""
+    if answers:
+        conn.executemany(
+            "UPDATE idempotency SET state = 'done', status = ?, headers = ?, body = ?, expires_at_ms = ?"
+            " WHERE key_id = ? AND idempotency_key = ? AND fingerprint = ? AND state = 'running'",
+            [
+                (
+                    a.answer.status,
+                    orjson.dumps(a.answer.headers),
+                    a.answer.body,
+                    a.expires_at_ms,
+                    a.key_id,
+                    a.idempotency_key,
+                    a.fingerprint,
+                )
+                for a in answers
+            ],
+        )
 
 
 def _keys_with_limits(conn: sqlite3.Connection, key_ids: list[str]) -> set[str]:

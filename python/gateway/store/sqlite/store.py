@@ -38,6 +38,7 @@ from ..records import (
     IdempotencyClaim,
     IdempotencyKeyReused,
     Job,
+    KeptAnswer,
     KeptResponse,
     KeyChanges,
     KeyContext,
@@ -58,7 +59,7 @@ from ..records import (
 from . import journal
 from .console import Scans, SqliteConsole
 from .key_cache import KeyCache
-from .ledger import _add_to_lease, _free, _reclaim, _settle_many
+from .ledger import _add_to_lease, _free, _keep_answers, _reclaim, _settle_many
 from .rows import (
     _ACCOUNT,
     _ACCOUNT_COLUMNS,
@@ -311,11 +312,13 @@ class SqliteStore(SqliteConsole):
 
     # ------------------------------------------------------------------ writes
 
-    async def settle(self, record: UsageRecord, entry: RequestLog | None = None) -> None:
+    async def settle(
+        self, record: UsageRecord, entry: RequestLog | None = None, answer: KeptAnswer | None = None
+    ) -> None:
         # Durable once journaled (one write(2)); the store has it with the next group commit.
         if self._journal is None:
             raise RuntimeError("store is not started")
-        settlement = Settlement(record, entry)
+        settlement = Settlement(record, entry, answer)
         self._journal.append(settlement)  # durable against a killed process from here on
         # The log entry's bodies (not journaled) go into the store with it, in the same row.
         self._writer.settle(settlement)
@@ -566,7 +569,9 @@ class SqliteStore(SqliteConsole):
         deleted: int = await self._write(op)
         return deleted
 
-    async def create_job(self, job: Job, pots: Sequence[tuple[str, str]]) -> None:
+    async def create_job(
+        self, job: Job, pots: Sequence[tuple[str, str]], answer: KeptAnswer | None = None
+    ) -> None:
         owner = self.lease_owner
 
         def op(conn: sqlite3.Connection) -> None:
@@ -578,6 +583,8 @@ class SqliteStore(SqliteConsole):
             for kind, pot_id in pots:
                 _add_to_lease(conn, kind, pot_id, owner, -job.hold)
                 _add_to_lease(conn, kind, pot_id, JOB_LEASE_PREFIX + job.id, job.hold)
+            if answer is not None:
+                _keep_answers(conn, [answer])
 
         await self._write(op)
 
@@ -766,18 +773,16 @@ class SqliteStore(SqliteConsole):
         now_ms: int,
         ttl_ms: int,
     ) -> None:
-        mine = "key_id = ? AND idempotency_key = ? AND fingerprint = ? AND state = 'running'"
-        where = (key_id, idempotency_key, fingerprint)
-
         def op(conn: sqlite3.Connection) -> None:
             if answer is None:
-                conn.execute(f"DELETE FROM idempotency WHERE {mine}", where)
+                conn.execute(
+                    "DELETE FROM idempotency WHERE key_id = ? AND idempotency_key = ?"
+                    " AND fingerprint = ? AND state = 'running'",
+                    (key_id, idempotency_key, fingerprint),
+                )
                 return
-            conn.execute(
-                "UPDATE idempotency SET state = 'done', status = ?, headers = ?, body = ?, expires_at_ms = ?"
-                f" WHERE {mine}",
-                (answer.status, orjson.dumps(answer.headers), answer.body, now_ms + ttl_ms, *where),
-            )
+            kept = KeptAnswer(key_id, idempotency_key, fingerprint, answer, now_ms + ttl_ms)
+            _keep_answers(conn, [kept])
 
         await self._write(op)
 
