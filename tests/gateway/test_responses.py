@@ -7,6 +7,7 @@ import asyncio
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from gateway.config import Prices
 from gateway.pricing import Usage, cost
 from gateway.store import ResponseState
 from gateway.store.sqlite import SqliteStore
-from harness import Gateway, KeyHandle, free_port, gateway, running
+from harness import Gateway, KeyHandle, eventually, free_port, gateway, running
 
 MODEL = "openai/gpt-4.1-mini"
 PRICES = Prices(
@@ -105,6 +106,49 @@ def test_conversation_continues_with_previous_response_id(oai: openai.OpenAI, si
     assert "previous_response_id" not in upstream_first
     upstream_id = upstream_second["previous_response_id"]
     assert isinstance(upstream_id, str) and upstream_id.startswith("resp_") and upstream_id != first.id
+
+
+def test_turns_continuing_a_long_conversation_at_once_hold_it_and_never_overspend(gw: Gateway) -> None:
+    """A turn holds the conversation its upstream reads again (the earlier response's prompt and
+    output, as charged), not only its own input: twelve turns at once on a 40k-token conversation
+    are admitted only as far as the balance goes (review: all twelve ran, each on a few tokens'
+    hold, and took the balance $0.32 below zero)."""
+    key = gw.new_key("0.5")
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key.key, max_retries=0)
+    first = client.responses.create(model=MODEL, input="word " * 40_000, max_output_tokens=16)
+    assert first.usage is not None and first.usage.input_tokens >= 40_000
+    eventually(lambda: gw.balance(key.account_id) < Decimal("0.5"), 10, 0.05, what="the first turn charged")
+    after_first = gw.balance(key.account_id)
+
+    def turn(i: int) -> httpx.Response:
+        return httpx.post(
+            gw.url + "/v1/responses",
+            json={
+                "model": MODEL,
+                "input": f"next {i}",
+                "previous_response_id": first.id,
+                "max_output_tokens": 16,
+            },
+            headers={"authorization": f"Bearer {key.key}"},
+            timeout=60,
+        )
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(turn, range(12)))
+    ran = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code != 200]
+    assert all(a.status_code == 400 and a.json()["error"]["code"] == "insufficient_credits" for a in refused)
+    each = Decimal(ran[0].headers["x-service-cost"])
+    assert 1 <= len(ran) <= after_first // each
+    eventually(
+        lambda: (
+            gw.balance(key.account_id) == after_first - sum(Decimal(a.headers["x-service-cost"]) for a in ran)
+        ),
+        10,
+        0.05,
+        what="every turn charged",
+    )
+    assert gw.balance(key.account_id) >= 0
 
 
 def test_streamed_turn_can_be_continued(oai: openai.OpenAI) -> None:

@@ -64,16 +64,17 @@ def routes(state: GatewayState) -> list[Route]:
         if in_background:
             _validate_background(payload)
         await kept_responses.refuse_kept_items(state, call, model, payload)
-        # Earlier turns held upstream (previous_response_id) cannot be counted here.
-        prompt = await _check_and_hold(state, request, call, model, payload)
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
+        earlier = 0
         if previous is not None:
             held = await state.store.find_response(previous, call.ctx.account.id, now_ms())
             if held is None:
                 raise await kept_responses.previous_unknown(state, call, model, previous)
             only = _channel_holding(model, held)
             upstream["previous_response_id"] = held.upstream_id
+            earlier = await _earlier_tokens(state, call, previous)
+        prompt = await _check_and_hold(state, request, call, model, payload, earlier=earlier)
         rid = response_id("resp_")
         stored_upstream = upstream.get("store") is not False
 
@@ -229,7 +230,15 @@ async def _check_and_hold(
     model: ModelConfig,
     payload: dict[str, Any],
     brought: int = 0,
+    earlier: int = 0,
 ) -> int:
+    """check_and_hold of a turn; `earlier` is the tokens of the conversation an upstream holds for
+    it (_earlier_tokens), which it reads again with this turn's input."""
+
+    def prompt_tokens() -> tuple[int, int]:
+        tokens, audio = _prompt_tokens(model, payload)
+        return tokens + earlier, audio
+
     return await check_and_hold(
         state,
         request,
@@ -237,10 +246,21 @@ async def _check_and_hold(
         model,
         payload,
         "responses",
-        lambda: _prompt_tokens(model, payload),
+        prompt_tokens,
         "max_output_tokens",
         brought=brought,
     )
+
+
+async def _earlier_tokens(state: GatewayState, call: Call, previous: str) -> int:
+    """What a turn continuing `previous`, whose conversation an upstream holds, makes it read again
+    besides its own input: that response's prompt (its own earlier turns in it) and its output, as
+    they were charged. Held with the turn, so that turns continuing a long conversation at once
+    cannot each be admitted on their small input and charged the whole conversation (review:
+    twelve at once took a balance $0.32 below zero). 0 while that charge is not yet recorded
+    (moments after its answer)."""
+    found = await state.store.account_usages(call.ctx.account.id, [previous])
+    return sum(r.prompt_tokens + r.completion_tokens for r in found)
 
 
 async def _from_chat_model(
@@ -399,7 +419,7 @@ def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
 
 def _prompt_tokens(model: ModelConfig, payload: dict[str, Any]) -> tuple[int, int]:
     """The gateway's own count of this turn's input, for the hold and for the bill when the upstream
-    reports no usage (earlier turns held upstream cannot be counted here)."""
+    reports no usage (earlier turns held upstream are added from their charges: _earlier_tokens)."""
     messages: list[dict[str, Any]] = []
     if isinstance(payload.get("instructions"), str):
         messages.append({"role": "system", "content": payload["instructions"]})
