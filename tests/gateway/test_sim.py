@@ -30,6 +30,28 @@ def test_plain_answer_is_deterministic_and_honours_max_tokens(sim: httpx.Client)
     assert a["object"] == "chat.completion"
 
 
+def test_reasoning_counts_inside_the_output_limit_of_every_shape(sim: httpx.Client) -> None:
+    """As every API counts it (review: `reasoning=3000` with max_tokens 20 was 3010 tokens)."""
+    said = "think [sim tokens=10 reasoning=3000]"
+    chat = sim.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": said}], "max_completion_tokens": 20},
+    ).json()
+    assert chat["usage"]["completion_tokens"] == 20 and chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["completion_tokens_details"]["reasoning_tokens"] == 20
+    responses = sim.post("/v1/responses", json={"model": "m", "input": said, "max_output_tokens": 25}).json()
+    assert responses["usage"]["output_tokens"] == 25
+    messages = sim.post(
+        "/v1/messages", json={"model": "m", "max_tokens": 30, "messages": [{"role": "user", "content": said}]}
+    ).json()
+    assert messages["usage"]["output_tokens"] <= 30 and messages["stop_reason"] == "max_tokens"
+    roomy = sim.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": said}], "max_completion_tokens": 3005},
+    ).json()
+    assert roomy["usage"]["completion_tokens"] == 3005  # the reasoning whole, the answer cut to 5
+
+
 def test_stream_format_with_usage(sim: httpx.Client) -> None:
     body = {
         "model": "m+tokens=3",

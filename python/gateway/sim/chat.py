@@ -20,7 +20,7 @@ from . import directives, speech, structured, tools
 from .directives import DirectiveError, Directives
 from .tools import ToolCall
 from .wire import EventStream, bad_json, json_object, openai_error, reply
-from .words import last_text, spaced
+from .words import last_text, spaced, within_limit
 
 if TYPE_CHECKING:
     from .state import Simulator
@@ -66,14 +66,14 @@ async def create(sim: Simulator, request: web.Request, *, azure: bool = False) -
     speaks = isinstance(modalities, list) and "audio" in modalities
     if speaks and isinstance(cap, int):  # the limit counts the audio tokens too
         cap //= 1 + AUDIO_TOKENS_PER_TOKEN
-    n = min(d.tokens, cap) if isinstance(cap, int) and cap > 0 else d.tokens
+    thought, n = within_limit(cap, d.reasoning, d.tokens)
     prompt_tokens, audio_tokens = count_prompt_tokens(body)
     turn = Turn(
         id="chatcmpl-sim" + hashlib.blake2b(body, digest_size=10).hexdigest(),
         created=int(time.time()),
         model=model,
         words=spaced(body, n),
-        reasoning=spaced(body, d.reasoning, offset=3),
+        reasoning=spaced(body, thought, offset=3),
         call=tools.openai_tool_call(req, d.tool, body),
         finish="length" if n < d.tokens else "stop",
         prompt_tokens=prompt_tokens,

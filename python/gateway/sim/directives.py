@@ -8,7 +8,8 @@ The model name route lets a gateway config pin behaviour per model; the marker l
 configured model through the gateway, which forwards neither headers nor anything else of its own.
 
   tokens=N        output length in words (default 16; max_tokens / max_completion_tokens cap it)
-  reasoning=N     stream N words of reasoning_content before the answer
+  reasoning=N     stream N words of reasoning_content before the answer (inside the output limit,
+                  as every API counts it: what it leaves of the limit is the answer's)
   ttft=D          wait D before the first token (non-streamed: before answering)
   pace=D          wait D between streamed chunks
   fail=STATUS     answer with this HTTP status and an OpenAI-format error body

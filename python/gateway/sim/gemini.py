@@ -33,7 +33,7 @@ from . import directives, structured, tools
 from .directives import DirectiveError
 from .embeddings import vector
 from .wire import EventStream, reply
-from .words import spaced
+from .words import spaced, within_limit
 
 if TYPE_CHECKING:
     from .state import Simulator
@@ -224,12 +224,12 @@ async def answer(sim: Simulator, request: web.Request, *, stream: bool) -> web.S
         return reply(200, orjson.dumps(answer))
     config = req.get("generationConfig") or {}
     limit = config.get("maxOutputTokens")
-    n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
+    thought, n = within_limit(limit, d.reasoning, d.tokens)
     words = spaced(body, n)
     schema = structured.requested_schema(req, "gemini")
     if schema is not None:
         words = structured.pieces(structured.answer_text(schema, words))
-    thoughts = spaced(body, d.reasoning, offset=3)
+    thoughts = spaced(body, thought, offset=3)
     finish = "MAX_TOKENS" if n < d.tokens else "STOP"
     if d.filter_after is not None and d.filter_after < len(words):
         words, finish = words[: d.filter_after], "SAFETY"

@@ -13,7 +13,7 @@ from ..core import count_chat_tokens, count_tokens
 from . import directives, structured, tools
 from .directives import DirectiveError, Directives
 from .wire import EventStream, anthropic_error, reply
-from .words import last_text, spaced
+from .words import last_text, spaced, within_limit
 
 if TYPE_CHECKING:
     from .state import Simulator
@@ -64,9 +64,9 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         return anthropic_error(d.fail, f"Simulated failure {d.fail}.", kind)
     if d.refuse:  # what Anthropic answers when its content filter blocks the output
         return anthropic_error(400, "Output blocked by content filtering policy")
-    n = min(d.tokens, max_tokens) if max_tokens > 0 else d.tokens
+    thinks, n = within_limit(max_tokens, d.reasoning, d.tokens)
     words = spaced(body, n)
-    thinking = spaced(body, d.reasoning, offset=3)
+    thinking = spaced(body, thinks, offset=3)
     stop = "max_tokens" if n < d.tokens else "end_turn"
     schema = structured.requested_schema(req, "messages")
     if schema is not None:  # JSON for the schema, whole whatever the length

@@ -34,7 +34,7 @@ from . import directives, structured
 from .directives import DirectiveError, Directives
 from .tools import ToolCall, responses_tool_call
 from .wire import EventStream, openai_error, reply
-from .words import pick
+from .words import pick, within_limit
 
 if TYPE_CHECKING:
     from .state import Simulator
@@ -141,9 +141,9 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
         return openai_error(d.fail, f"Simulated failure {d.fail}.", "server_error")
 
     limit = req.get("max_output_tokens")
-    n = min(d.tokens, limit) if isinstance(limit, int) and limit > 0 else d.tokens
+    thought, n = within_limit(limit, d.reasoning, d.tokens)
     words = _words(body, n)
-    reasoning = _words(body, d.reasoning, offset=3)
+    reasoning = _words(body, thought, offset=3)
     schema = structured.requested_schema(req, "responses")
     if schema is not None:  # JSON for the schema, whole whatever the length
         words, n = structured.pieces(structured.answer_text(schema, words)), d.tokens

@@ -65,3 +65,13 @@ def last_text(messages: list[Any]) -> str | None:
             b.get("text", "") for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
         )
     return None
+
+
+def within_limit(limit: object, reasoning: int, answer: int) -> tuple[int, int]:
+    """How many words of reasoning and of answer a reply whose output limit is `limit` (a positive
+    whole number; anything else is none) carries. Every API counts the reasoning inside the output
+    limit: the reasoning comes first, the answer takes what it leaves (none, cut at the limit)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return reasoning, answer
+    thought = min(reasoning, limit)
+    return thought, min(answer, limit - thought)
