@@ -349,7 +349,12 @@ def routes(console: Console) -> list[BaseRoute]:
             newest_url=f"{base}/logs?{urlencode(params)}" if params else f"{base}/logs",
             older_url=older,
             poll_url=f"{base}/api/logs?{urlencode(params)}" if live else None,
-            csv_url=f"{base}/logs.csv?{urlencode(params)}" if params else f"{base}/logs.csv",
+            # Not offered while a filter is refused: the export would be refused the same way.
+            csv_url=None
+            if errors
+            else f"{base}/logs.csv?{urlencode(params)}"
+            if params
+            else f"{base}/logs.csv",
         )
 
     async def logs_api(request: Request, viewer: Viewer) -> Response:

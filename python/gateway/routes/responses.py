@@ -196,10 +196,12 @@ def routes(state: GatewayState) -> list[Route]:
         try:
             job = await owned_job(state, request, "response", "response_id", "background response")
         except GatewayError as err:
+            if err.code != "not_found":
+                raise
             # A response that ran in the foreground exists all the same: 400, as OpenAI answers it.
             rid = request.path_params["response_id"]
             account = (await authenticate(request, state.store)).account.id
-            if err.code == "not_found" and (
+            if (
                 await state.store.find_kept_response(rid, account, now_ms()) is not None
                 or await state.store.find_response(rid, account, now_ms()) is not None
             ):
