@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from dataclasses import replace
 from decimal import Decimal
@@ -41,8 +40,8 @@ async def open_store(path: Path) -> SqliteStore:
     return store
 
 
-def test_settlements_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
-    db = tmp_path / "g.db"
+def new_account(db: Path) -> str:
+    """An account "a" with $10 in a new store at `db`, closed again."""
 
     async def setup() -> str:
         store = await open_store(db)
@@ -50,35 +49,49 @@ def test_settlements_of_a_killed_process_are_replayed_once(tmp_path: Path) -> No
         await store.close()
         return account.id
 
-    account_id = asyncio.run(setup())
-    # A child journals 50 settlements while its own writer is blocked by an exclusive lock it holds,
-    # then dies without any cleanup, as under kill -9.
-    child = textwrap.dedent(
-        f"""
-        import asyncio, os, sqlite3, sys
-        from decimal import Decimal
-        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
-        from gateway.store.sqlite import SqliteStore
-        from gateway.store import UsageRecord
+    return asyncio.run(setup())
 
-        async def main():
-            store = SqliteStore({str(db)!r})
-            await store.start()
-            blocker = sqlite3.connect({str(db)!r}, isolation_level=None)
-            blocker.execute("BEGIN EXCLUSIVE")
-            for i in range(50):
-                await store.settle(UsageRecord(f"chatcmpl-{{i}}", "r", "k", {account_id!r}, "m", "completed",
-                                         10, 5, Decimal("0.001"), 1, 2))
-            print("journaled", flush=True)
-            os._exit(0)
 
-        asyncio.run(main())
-        """
+def journal_and_die(db: Path, *lines: str, block_writer_at: int = 0) -> None:
+    """In a child process with a started store at `db` (as `store`), run `lines` (the body of an
+    async function), blocking the store's writer with an exclusive lock before line
+    `block_writer_at`, so that what they settle is journaled but never applied; then die without
+    any cleanup, as under kill -9."""
+    block = ["blocker = sqlite3.connect(db, isolation_level=None)", "blocker.execute('BEGIN EXCLUSIVE')"]
+    body = [*lines[:block_writer_at], *block, *lines[block_writer_at:]]
+    child = "\n".join(
+        [
+            "import asyncio, os, sqlite3",
+            "from decimal import Decimal",
+            "from gateway.store import KeptAnswer, StoredAnswer, UsageRecord",
+            "from gateway.store.sqlite import SqliteStore",
+            f"db = {str(db)!r}",
+            "async def main():",
+            "    store = SqliteStore(db)",
+            "    await store.start()",
+            *("    " + line for line in body),
+            "    print('journaled', flush=True)",
+            "    os._exit(0)",
+            "asyncio.run(main())",
+        ]
     )
     out = subprocess.run(
         [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
     )
     assert "journaled" in out.stdout, out.stderr
+
+
+def test_settlements_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    account_id = new_account(db)
+    # A child journals 50 settlements while its own writer is blocked by an exclusive lock it holds,
+    # then dies without any cleanup, as under kill -9.
+    journal_and_die(
+        db,
+        "for i in range(50):",
+        f"    await store.settle(UsageRecord(f'chatcmpl-{{i}}', 'r', 'k', {account_id!r}, 'm', 'completed',"
+        " 10, 5, Decimal('0.001'), 1, 2))",
+    )
     assert list((tmp_path / "g.db.journal").glob("*.jsonl")), "the dead process's journal is left behind"
 
     async def check() -> tuple[Decimal, int]:
@@ -104,42 +117,15 @@ def test_an_idempotency_keys_answer_journaled_with_its_charge_is_kept_by_the_rep
     before its writer applied them (review: the key was freed with the dead process's claims and a
     retry ran, and was charged, again): the replay charges once and keeps the answer for a retry."""
     db = tmp_path / "g.db"
-
-    async def setup() -> str:
-        store = await open_store(db)
-        account = await store.create_account("a", Decimal(10))
-        await store.close()
-        return account.id
-
-    account_id = asyncio.run(setup())
-    child = textwrap.dedent(
-        f"""
-        import asyncio, os, sqlite3, sys
-        from decimal import Decimal
-        from gateway.store.sqlite import SqliteStore
-        from gateway.store import KeptAnswer, StoredAnswer, UsageRecord
-
-        async def main():
-            store = SqliteStore({str(db)!r})
-            await store.start()
-            claim = await store.claim_idempotency("k", "idem", "fp", 1, 600_000, 10**13)
-            assert claim.outcome == "run"
-            blocker = sqlite3.connect({str(db)!r}, isolation_level=None)
-            blocker.execute("BEGIN EXCLUSIVE")
-            answer = KeptAnswer("k", "idem", "fp", StoredAnswer(200, (("content-type", "audio/mpeg"),),
-                                b"\\x00audio\\xff"), 10**13)
-            await store.settle(UsageRecord("speech-1", "r", "k", {account_id!r}, "m", "completed",
-                                           10, 0, Decimal("0.25"), 1, 2), None, answer)
-            print("journaled", flush=True)
-            os._exit(0)
-
-        asyncio.run(main())
-        """
+    account_id = new_account(db)
+    journal_and_die(
+        db,
+        "assert (await store.claim_idempotency('k', 'idem', 'fp', 1, 600_000, 10**13)).outcome == 'run'",
+        "answer = StoredAnswer(200, (('content-type', 'audio/mpeg'),), b'\\x00audio\\xff')",
+        f"await store.settle(UsageRecord('speech-1', 'r', 'k', {account_id!r}, 'm', 'completed', 10, 0,"
+        " Decimal('0.25'), 1, 2), None, KeptAnswer('k', 'idem', 'fp', answer, 10**13))",
+        block_writer_at=1,
     )
-    out = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert "journaled" in out.stdout, out.stderr
 
     async def check() -> None:
         store = await open_store(db)  # replays the orphaned journal
