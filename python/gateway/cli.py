@@ -860,6 +860,10 @@ async def _delete_key(store: Store, args: argparse.Namespace) -> None:
 async def _list_logs(store: Store, args: argparse.Namespace) -> None:
     account_id = None if args.account is None else (await _account(store, args.account)).id
     limit = field.page_size(args.limit, "--limit")
+    # A filter that names nothing is a mistake, as the API answers it: an empty list would look
+    # like "no requests".
+    if args.key_id is not None and await store.get_key(args.key_id) is None:
+        raise AdminError(f"no key with id {args.key_id!r}")
     entries = await store.list_request_logs(
         account_id=account_id, key_id=args.key_id, before=args.before, limit=limit
     )

@@ -423,6 +423,11 @@ def check_config(raw: Mapping[str, Any], base_dir: Path = Path(".")) -> ConfigRe
     check = _Check(collect=True)
     cleaned = _without_unknown(raw, "", check.problems)
     settings = _parse(cleaned, base_dir, check)
+    if settings.otlp_endpoint:  # `gateway serve` refuses to start without the exporter installed
+        from .telemetry import otlp
+
+        if not otlp.available():
+            check.problems.append(f"tracing.otlp_endpoint: {otlp.MISSING}")
     order = _file_order(raw)
     numbered = sorted(enumerate(dict.fromkeys(check.problems)), key=lambda p: (_place(p[1], order), p[0]))
     return ConfigReport(

@@ -698,6 +698,7 @@ def test_cli_sets_what_the_api_sets_on_accounts(agw: Gateway, admin: httpx.Clien
         (("show-log", "--id", "req_nope"), "no request log"),
         (("list-logs", "--limit", "0"), "`--limit` must be a whole number"),
         (("list-logs", "--before", "req_nope"), "`--before` names no request log: 'req_nope'"),
+        (("list-logs", "--key-id", "key_nope"), "no key with id 'key_nope'"),
         (("create-account", "--name", "x", "--rpm-limit", "-1"), 'a positive integer or "none"'),
         (("set-key-limit", "--key-id", "key_nope", "--name", ""), "`--name` must be a non-empty"),
     ],

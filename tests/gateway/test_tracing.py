@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gateway.request_log import _attempts_json
@@ -170,3 +171,21 @@ def test_a_new_trace_has_valid_ids_and_a_client_s_keeps_its_own() -> None:
     # The first traceparent is the one read: an invalid first one starts a new trace.
     fresh = trace({"headers": [(b"traceparent", b"junk"), (b"traceparent", header)]})
     assert fresh.parent_id is None and fresh.trace_id != CLIENT_TRACE
+
+
+def test_a_missing_exporter_is_a_plain_refusal_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the `otlp` extra no `opentelemetry` package exists at all, and find_spec of its
+    submodules raises instead of answering None (review: `gateway serve` died with a traceback);
+    check-config names it as serve would."""
+    import importlib.util
+
+    from gateway.config import check_config_text
+    from gateway.telemetry import otlp
+
+    def absent(name: str, package: str | None = None) -> None:
+        raise ModuleNotFoundError(f"No module named {name.partition('.')[0]!r}")
+
+    monkeypatch.setattr(importlib.util, "find_spec", absent)
+    assert otlp.available() is False
+    report = check_config_text('[tracing]\notlp_endpoint = "http://127.0.0.1:4318"\n', "g.toml")
+    assert f"tracing.otlp_endpoint: {otlp.MISSING}" in report.problems

@@ -77,6 +77,8 @@ async def send(
                 status=408 if stream else 504,
                 # Another channel may answer; waiting a whole window again on this one may not.
                 retry="other" if replayable else "never",
+                # Spec 8: the synchronous window's end is "connection closed and 504 timeout".
+                headers=None if stream else {"connection": "close"},
             ) from exc
         raise GatewayError(
             "provider_error",

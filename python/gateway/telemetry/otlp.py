@@ -31,10 +31,13 @@ def available() -> bool:
     """Whether the exporter's packages are installed."""
     import importlib.util
 
-    return all(
-        importlib.util.find_spec(name) is not None
-        for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
-    )
+    try:
+        return all(
+            importlib.util.find_spec(name) is not None
+            for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+        )
+    except ModuleNotFoundError:  # find_spec of a submodule imports its parents: none at all
+        return False
 
 
 def traces_url(endpoint: str) -> str:
