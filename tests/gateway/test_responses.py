@@ -151,6 +151,38 @@ def test_turns_continuing_a_long_conversation_at_once_hold_it_and_never_overspen
     assert gw.balance(key.account_id) >= 0
 
 
+def test_a_turn_sent_as_the_last_one_answers_holds_the_conversation_too(gw: Gateway) -> None:
+    """The state an upstream-kept response leaves says what a turn continuing it makes the upstream
+    read (its prompt and output; its output limit until a stream ends), written before its answer
+    goes out: a client that sends each turn the moment the last one answered, before that turn's
+    charge is recorded, is held for the whole conversation too, and never takes the balance below
+    zero (review: it did, in 3 runs of 5)."""
+    key = gw.new_key("0.05")
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key.key, max_retries=0)
+    plain = client.responses.create(model=MODEL, input="word " * 2000, max_output_tokens=16)
+    assert plain.usage is not None
+    context = gw.query("SELECT context_tokens FROM response_states WHERE id = ?", plain.id)
+    assert context == [(plain.usage.input_tokens + plain.usage.output_tokens,)]
+    with client.responses.stream(
+        model=MODEL, input="more", previous_response_id=plain.id, max_output_tokens=20
+    ) as stream:
+        streamed = stream.get_final_response()
+    ((bound,),) = gw.query("SELECT context_tokens FROM response_states WHERE id = ?", streamed.id)
+    assert bound >= context[0][0] + 20  # the conversation before it, and its output limit
+    previous, refused = streamed.id, None
+    for i in range(200):  # each turn as soon as the last one has answered
+        try:
+            previous = client.responses.create(
+                model=MODEL, input=f"next {i}", previous_response_id=previous, max_output_tokens=16
+            ).id
+        except openai.BadRequestError as exc:
+            refused = exc
+            break
+    assert refused is not None and refused.code == "insufficient_credits"
+    eventually(lambda: not gw.query("SELECT 1 FROM leases"), 10, 0.05, what="every hold closed")
+    assert gw.balance(key.account_id) >= 0
+
+
 def test_streamed_turn_can_be_continued(oai: openai.OpenAI) -> None:
     with oai.responses.stream(model=MODEL, input="first, streamed") as stream:
         first = stream.get_final_response()

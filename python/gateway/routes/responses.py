@@ -73,13 +73,24 @@ def routes(state: GatewayState) -> list[Route]:
                 raise await kept_responses.previous_unknown(state, call, model, previous)
             only = _channel_holding(model, held)
             upstream["previous_response_id"] = held.upstream_id
-            earlier = await _earlier_tokens(state, call, previous)
+            earlier = await _earlier_tokens(state, call, held)
         prompt = await _check_and_hold(state, request, call, model, payload, earlier=earlier)
         rid = response_id("resp_")
         stored_upstream = upstream.get("store") is not False
 
-        async def remember(upstream_id: str | None, channel: ChannelConfig) -> None:
+        async def remember(
+            upstream_id: str | None, channel: ChannelConfig, usage: Usage | None = None
+        ) -> None:
+            """Record where the response lives upstream, and the conversation a turn continuing it
+            has the upstream read: its prompt (earlier turns in it) and its output, or as much
+            output as it may make while that is not known yet."""
             if stored_upstream and upstream_id:
+                context = (
+                    usage.prompt_tokens + usage.completion_tokens
+                    if usage is not None
+                    else prompt
+                    + billing.estimate_usage(model, 0, payload, "max_output_tokens").completion_tokens
+                )
                 await state.store.remember_response(
                     ResponseState(
                         id=rid,
@@ -88,6 +99,7 @@ def routes(state: GatewayState) -> list[Route]:
                         channel_url=channel.base_url,
                         upstream_id=upstream_id,
                         expires_at_ms=now_ms() + kept_responses.RESPONSE_TTL_MS,
+                        context_tokens=context,
                     )
                 )
 
@@ -143,7 +155,7 @@ def routes(state: GatewayState) -> list[Route]:
         )
         # Charged first: the model has run, so its cost is kept even if keeping the state fails.
         charged = billing.settle(state, call, model, rid, "completed", usage)
-        await remember(answer.upstream_id, answered.channel)
+        await remember(answer.upstream_id, answered.channel, usage)
         return Response(
             answer.body,
             media_type="application/json",
@@ -254,15 +266,19 @@ async def _check_and_hold(
     )
 
 
-async def _earlier_tokens(state: GatewayState, call: Call, previous: str) -> int:
+async def _earlier_tokens(state: GatewayState, call: Call, previous: ResponseState) -> int:
     """What a turn continuing `previous`, whose conversation an upstream holds, makes it read again
     besides its own input: that response's prompt (its own earlier turns in it) and its output, as
-    they were charged. Held with the turn, so that turns continuing a long conversation at once
-    cannot each be admitted on their small input and charged the whole conversation (review:
-    twelve at once took a balance $0.32 below zero). 0 while that charge is not yet recorded
-    (moments after its answer)."""
-    found = await state.store.account_usages(call.ctx.account.id, [previous])
-    return sum(r.prompt_tokens + r.completion_tokens for r in found)
+    they were charged, or, before that charge is recorded (moments after its answer, a stream's
+    or a background response's until it ends), the most its state says they can be. Held with the
+    turn, so that turns continuing a long conversation, at once or one right after another, cannot
+    each be admitted on their small input and charged the whole conversation (reviews: twelve at
+    once took a balance $0.32 below zero; a client sending each turn as the last one's answer came
+    took it below zero too)."""
+    found = await state.store.account_usages(call.ctx.account.id, [previous.id])
+    if found:
+        return sum(r.prompt_tokens + r.completion_tokens for r in found)
+    return previous.context_tokens
 
 
 async def _from_chat_model(

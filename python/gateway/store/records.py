@@ -309,6 +309,10 @@ class ResponseState:
     channel_url: str
     upstream_id: str
     expires_at_ms: int
+    # The most tokens of conversation a turn continuing it makes the upstream read again: its
+    # prompt and output, or its output limit while its output is not known (a stream, a background
+    # response). Recorded before its answer goes out, so the next turn's hold never misses them.
+    context_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

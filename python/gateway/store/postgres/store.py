@@ -664,17 +664,19 @@ class PostgresStore(PostgresConsole):
 
     async def remember_response(self, state: ResponseState) -> None:
         await self._execute(
-            "INSERT INTO response_states (id, account_id, model, channel_url, upstream_id, expires_at_ms)"
-            " VALUES ($1, $2, $3, $4, $5, $6)"
+            "INSERT INTO response_states"
+            " (id, account_id, model, channel_url, upstream_id, expires_at_ms, context_tokens)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7)"
             " ON CONFLICT (id) DO UPDATE SET account_id = excluded.account_id, model = excluded.model,"
             " channel_url = excluded.channel_url, upstream_id = excluded.upstream_id,"
-            " expires_at_ms = excluded.expires_at_ms",
+            " expires_at_ms = excluded.expires_at_ms, context_tokens = excluded.context_tokens",
             state.id,
             state.account_id,
             state.model,
             state.channel_url,
             state.upstream_id,
             state.expires_at_ms,
+            state.context_tokens,
         )
 
     async def forget_response(self, response_id: str, account_id: str) -> bool:
@@ -685,8 +687,8 @@ class PostgresStore(PostgresConsole):
 
     async def find_response(self, response_id: str, account_id: str, now_ms: int) -> ResponseState | None:
         row = await self._fetchrow(
-            "SELECT id, account_id, model, channel_url, upstream_id, expires_at_ms FROM response_states"
-            " WHERE id = $1 AND account_id = $2 AND expires_at_ms > $3",
+            "SELECT id, account_id, model, channel_url, upstream_id, expires_at_ms, context_tokens"
+            " FROM response_states WHERE id = $1 AND account_id = $2 AND expires_at_ms > $3",
             response_id,
             account_id,
             now_ms,

@@ -345,6 +345,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE idempotency ADD COLUMN owner TEXT;
     """,
+    # A response an upstream keeps: the most tokens a turn continuing it makes the upstream read.
+    """
+    ALTER TABLE response_states ADD COLUMN context_tokens INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 

@@ -247,8 +247,8 @@ class SqliteStore(SqliteConsole):
         row = (
             self._read()
             .execute(
-                "SELECT id, account_id, model, channel_url, upstream_id, expires_at_ms FROM response_states"
-                " WHERE id = ? AND account_id = ? AND expires_at_ms > ?",
+                "SELECT id, account_id, model, channel_url, upstream_id, expires_at_ms, context_tokens"
+                " FROM response_states WHERE id = ? AND account_id = ? AND expires_at_ms > ?",
                 (response_id, account_id, now_ms),
             )
             .fetchone()
@@ -452,7 +452,8 @@ class SqliteStore(SqliteConsole):
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT OR REPLACE INTO response_states"
-                " (id, account_id, model, channel_url, upstream_id, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                " (id, account_id, model, channel_url, upstream_id, expires_at_ms, context_tokens)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     state.id,
                     state.account_id,
@@ -460,6 +461,7 @@ class SqliteStore(SqliteConsole):
                     state.channel_url,
                     state.upstream_id,
                     state.expires_at_ms,
+                    state.context_tokens,
                 ),
             )
 
