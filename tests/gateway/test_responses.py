@@ -414,3 +414,5 @@ def test_a_response_its_upstream_keeps_is_fetched_under_the_gateways_id(
     oai.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):
         oai.responses.retrieve(made.id)
+    # The turn that continued it no longer has its gateway id to show, and never the upstream's.
+    assert oai.responses.retrieve(later.id).previous_response_id is None

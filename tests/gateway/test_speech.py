@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -116,6 +117,30 @@ def test_an_upstream_that_breaks_off_an_idempotent_answer_is_provider_error(gw: 
         again = c.post("/v1/audio/speech", json=body, headers={"Idempotency-Key": "speech-broken"})
         assert again.status_code == 502 and "idempotency-replayed" not in again.headers
     time.sleep(0.2)  # a charge, if there were one, would have landed by now
+    assert gw.balance(handle.account_id) == Decimal("1")
+
+
+def test_an_upstream_that_breaks_off_streamed_audio_is_logged_as_its_failure(gw: Gateway) -> None:
+    """Without an Idempotency-Key the audio goes out as it comes and ends cut short; its log entry
+    says the model failed (error code provider_error), not that the client left (review: 499)."""
+    handle = gw.new_key(balance="1")
+    body = {"model": MODEL, "voice": "alloy", "input": "a long speech " * 40 + "[sim drop_after=2]"}
+    request_id = ""
+    with (
+        gw.client(handle.key) as c,
+        contextlib.suppress(httpx.HTTPError),
+        c.stream("POST", "/v1/audio/speech", json=body) as r,
+    ):
+        assert r.status_code == 200
+        request_id = r.headers["x-service-request-id"]
+        for _ in r.iter_bytes():
+            pass
+
+    def logged() -> list[tuple[object, ...]]:
+        return gw.query("SELECT status, error_code FROM request_logs WHERE id = ?", request_id)
+
+    eventually(logged, 10, 0.05, what="the request logged")
+    assert logged() == [(200, "provider_error")]
     assert gw.balance(handle.account_id) == Decimal("1")
 
 

@@ -343,8 +343,10 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 kept = stream.summary() if stream.summary is not None else None
                 if kept is None and stream.capture is not None:
                     kept = stream.capture.body()
-                # A stream the client did not read to its end: it left (as nginx logs it).
-                status = stream.status_code if stream.finished else request_log.CLIENT_CLOSED
+                # A stream the client did not read to its end: it left (as nginx logs it), unless
+                # the stream itself failed (its error code set): then its status and that code.
+                ended = stream.finished or call.error_code is not None
+                status = stream.status_code if ended else request_log.CLIENT_CLOSED
                 try:
                     await _close(state, request, call, status, kept, stream.sent, call.error_code)
                 except ServiceUnavailable:

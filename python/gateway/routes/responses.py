@@ -403,6 +403,12 @@ async def _kept_upstream(state: GatewayState, held: ResponseState, query: str) -
         body = rewrite_response(content, held.id, previous).body
     except InvalidJsonError:
         raise malformed from None
+    if previous is None and isinstance(upstream_previous, str):
+        # The response it continued was deleted (or has expired) here: its gateway id is gone, and
+        # the upstream's own id is never shown (review: it was).
+        shown = orjson.loads(body)
+        shown["previous_response_id"] = None
+        body = orjson.dumps(shown)
     return Response(body, media_type="application/json")
 
 

@@ -86,6 +86,7 @@ def routes(state: GatewayState) -> list[Route]:
                     yield chunk
             except UPSTREAM_FAILURES:
                 broke = True
+                call.error_code = "provider_error"  # logged as the model's failure, not a client gone
                 raise
             finally:
                 upstream.release()
