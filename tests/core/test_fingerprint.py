@@ -53,6 +53,28 @@ def test_multipart_boundary_does_not_matter(prompt: str, image: bytes) -> None:
     assert a == b
 
 
+def form(boundary: str, fields: list[tuple[str, bytes]]) -> bytes:
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{n}"\r\n\r\n'.encode() + v for n, v in fields
+    ]
+    return b"\r\n".join(parts) + f"\r\n--{boundary}--\r\n".encode()
+
+
+@given(st.permutations([("prompt", b"a cat"), ("model", b"gpt-image-1"), ("size", b"1024x1024")]))
+def test_multipart_fields_in_any_order_are_the_same_request(fields: list[tuple[str, bytes]]) -> None:
+    """As a JSON object's keys (review: the openai client's order and another's were 409 reused);
+    repeated fields (several images) keep their order."""
+    ct = "multipart/form-data; boundary=b"
+    first = fingerprint(
+        "POST", PATH, form("b", [("prompt", b"a cat"), ("model", b"gpt-image-1"), ("size", b"1024x1024")]), ct
+    )
+    assert fingerprint("POST", PATH, form("b", list(fields)), ct) == first
+    images = [("image[]", b"1"), ("image[]", b"2")]
+    assert fingerprint("POST", PATH, form("b", images), ct) != fingerprint(
+        "POST", PATH, form("b", images[::-1]), ct
+    )
+
+
 def test_key_method_and_path() -> None:
     body = b'{"prompt": "x"}'
     plain = fingerprint("POST", PATH, body)

@@ -42,8 +42,13 @@ pub fn fingerprint(
     w.field(path.as_bytes());
     let ct = content_type.unwrap_or("").to_ascii_lowercase();
     if ct.starts_with("multipart/form-data") {
-        if let Some(parts) = multipart::boundary(content_type.unwrap_or("")).and_then(|b| multipart::parts(body, &b)) {
+        if let Some(mut parts) =
+            multipart::boundary(content_type.unwrap_or("")).and_then(|b| multipart::parts(body, &b))
+        {
             w.field(b"multipart");
+            // Fields of different names mean the same in any order, as a JSON object's keys do;
+            // the order of repeated ones (`image[]`, several images) is kept: a stable sort.
+            parts.sort_by(|a, b| a.name.cmp(&b.name));
             for part in parts {
                 w.field(part.name.as_bytes());
                 w.field(part.filename.as_deref().unwrap_or("").as_bytes());
@@ -176,6 +181,31 @@ mod tests {
         assert_eq!(parts[1].filename.as_deref(), Some("cat.png"));
         assert_eq!(parts[1].content_type.as_deref(), Some("image/png"));
         assert_eq!(parts[1].content, b"\x89PNG\r\n\x00\xff");
+    }
+
+    #[test]
+    fn multipart_field_order_does_not_matter_but_repeated_fields_keep_theirs() {
+        let ct = Some("multipart/form-data; boundary=b");
+        let a: &[(&str, Option<&str>, &[u8])] = &[
+            ("prompt", None, b"a cat"),
+            ("model", None, b"m"),
+            ("image[]", Some("1.png"), b"1"),
+            ("image[]", Some("2.png"), b"2"),
+        ];
+        let b: &[(&str, Option<&str>, &[u8])] = &[
+            ("image[]", Some("1.png"), b"1"),
+            ("model", None, b"m"),
+            ("image[]", Some("2.png"), b"2"),
+            ("prompt", None, b"a cat"),
+        ];
+        assert_eq!(fp(&form("b", a), ct), fp(&form("b", b), ct));
+        let swapped: &[(&str, Option<&str>, &[u8])] = &[
+            ("prompt", None, b"a cat"),
+            ("model", None, b"m"),
+            ("image[]", Some("2.png"), b"2"),
+            ("image[]", Some("1.png"), b"1"),
+        ];
+        assert_ne!(fp(&form("b", a), ct), fp(&form("b", swapped), ct));
     }
 
     #[test]
