@@ -506,7 +506,8 @@ def fingerprint(
 
     JSON bodies (content type containing "json", or unknown type and the body parses) are canonicalised:
     object keys sorted, insignificant whitespace dropped. multipart/form-data bodies are reduced to their
-    parts (name, filename, content type, bytes) so the random boundary does not matter. Other bodies
+    parts (name, filename, content type, bytes), sorted by name (repeated names keep their order), so
+    neither the random boundary nor the fields' order matters. Other bodies
     are taken byte for byte. Releases the GIL for large bodies.
     """
 

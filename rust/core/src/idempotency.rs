@@ -1,8 +1,9 @@
 //! Idempotency fingerprints: a stable digest of method, path and body.
 //!
 //! Two requests that mean the same thing must get the same fingerprint, so JSON bodies are
-//! canonicalised (keys sorted, whitespace dropped) and multipart bodies are reduced to their parts
-//! (the boundary is random per request in every client library). Anything else is hashed byte for
+//! canonicalised (keys sorted, whitespace dropped) and multipart bodies are reduced to their parts,
+//! sorted by name (the boundary is random per request in every client library, and clients order
+//! fields differently; repeated fields keep their order). Anything else is hashed byte for
 //! byte. Each piece is length-prefixed so that no two different inputs can run together.
 
 use crate::error::{CoreError, Result};
