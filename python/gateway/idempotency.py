@@ -84,7 +84,10 @@ async def claim(state: GatewayState, request: Request, call: Call, key: str, bod
     call.model = _named_model(state, request, call, body)  # for its log entry: nothing else reads it
     if outcome.outcome == "reused":
         raise GatewayError(
-            "idempotency_key_reused", "This Idempotency-Key was already used with a different request body."
+            "idempotency_key_reused",
+            "This Idempotency-Key was already used with a different request body.",
+            # The official clients retry every 409; this one comes back the same for 24 hours.
+            headers={"x-should-retry": "false"},
         )
     if outcome.outcome == "in_progress":
         raise GatewayError(

@@ -105,6 +105,7 @@ def test_replay_is_free_and_marked_then_other_body_is_409(
     assert gw.balance(key.account_id) == balance and sim_calls(sim, IMAGES, prompt) == 1
     other = post(gw, key.key, IMAGES, {**body, "n": 1}, "k1")
     assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.headers["x-should-retry"] == "false"  # the official clients' retries stop there
     assert other.json()["error"]["type"] == "idempotency_error"
     # Logged under the model they name, though neither ran (console review: "—").
     for answer in (again, other):
