@@ -264,6 +264,10 @@ class Writer:
 
     async def _hand_over(self, line: _Line, batch: _Batch, sending: asyncio.Future[Any]) -> None:
         """Release the batch's callers once its statement is in the database's hands (_sent)."""
+        if rows.keeps_answers(s for s, _ in batch.settlements):
+            # SETTLE_KEEPING is prepared on a connection's first use, in a round trip of its own
+            # that _sent could take for the statement: these callers (rare) wait for the commit.
+            return
         if not await _sent(line.conn, sending):
             return
         waiting = [future for _, future in batch.settlements if not future.done()]
