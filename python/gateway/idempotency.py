@@ -144,6 +144,13 @@ def kept_answer(call: Call, status: int, headers: dict[str, str], body: bytes) -
     return KeptAnswer(call.ctx.key.id, key, digest, answer, now_ms() + TTL_MS)
 
 
+def kept_response(call: Call, response: Response) -> KeptAnswer | None:
+    """kept_answer of a whole answer (its body in hand); None at once for a request without a key."""
+    if call.idempotency is None:
+        return None
+    return kept_answer(call, response.status_code, dict(response.headers), bytes(response.body))
+
+
 def taken(call: Call) -> None:
     """The store has kept the request's answer for its key with what it did: nothing left to keep."""
     call.idempotency = None

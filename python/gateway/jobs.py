@@ -68,9 +68,7 @@ async def record(state: GatewayState, call: Call, job: Job, answer: Response | N
     """Record a job the upstream has accepted, its hold (the request's) now the job's own, with
     `answer` kept for the request's Idempotency-Key in the same step (a retry after a killed process
     replays it instead of starting a second job)."""
-    kept = None
-    if call.idempotency is not None and answer is not None:
-        kept = idempotency.kept_answer(call, answer.status_code, dict(answer.headers), bytes(answer.body))
+    kept = None if answer is None else idempotency.kept_response(call, answer)
     # Taken off this process's lease in memory first, so that a request cancelled while the write
     # commits (it commits regardless) cannot leave the in-memory lease above the store's.
     await state.store.create_job(job, billing.hand_over_to_job(state, call), kept)

@@ -364,9 +364,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
 
             # Kept with the charge, in one step: a process killed between the two would leave a
             # charge whose key a retry could run, and be charged for, again.
-            kept = None
-            if call.idempotency is not None:
-                kept = idempotency.kept_answer(call, response.status_code, dict(response.headers), body)
+            kept = idempotency.kept_response(call, response) if call.idempotency is not None else None
             try:
                 if await _close(
                     state, request, call, response.status_code, body, error_code=replayed_code, answer=kept
