@@ -108,26 +108,18 @@ def cap_output(received: frozenset[str], model: ModelConfig, body: dict[str, Any
       max_completion_tokens goes as max_tokens to a model that takes only that), and every limit
       the request set says the same, the one the hold is estimated with;
     - a model that takes none of `limits` cannot be limited: the request's limits go, and the hold
-      is its max_output_tokens;
-    - when the configuration names max_output_tokens, a request that sets no limit is sent it in
-      the first limit the model takes. Else the model's own most, or its default, which may be
-      larger, would decide how much it produces and is charged for. (The default max_output_tokens
-      is not sent unasked: it may be more than the model takes, and its upstream would refuse
-      every such request.)"""
+      is its max_output_tokens.
+    A request that sets no limit is left as it is here: the hold and a tokens-per-minute limit read
+    it as the client sent it (gateway.ratelimits.reserved_tokens reserves a default output for it,
+    where a limit the client chose is reserved whole). send_output_limit completes it afterwards."""
     given = None
     for name in limits:  # a loop, not next(generator): this runs on every text request
         given = body.get(name)
         if given is not None:
             break
-    taken = None
-    if given is not None or model.max_output_tokens_set:
-        taken = next((name for name in limits if name in received), None)
-    if given is None:
-        if taken is not None:
-            body[taken] = model.max_output_tokens
-        return
-    if positive_int(given) is None:
-        return  # refused by estimate_usage (400)
+    if given is None or positive_int(given) is None:
+        return  # none set (send_output_limit), or refused by estimate_usage (400)
+    taken = next((name for name in limits if name in received), None)
     value = given if given < model.max_output_tokens else model.max_output_tokens
     for name in limits:
         if body.get(name) is not None:
@@ -137,6 +129,26 @@ def cap_output(received: frozenset[str], model: ModelConfig, body: dict[str, Any
                 del body[name]
     if taken is not None and not any(body.get(name) is not None for name in limits):
         body[taken] = value
+
+
+def send_output_limit(
+    received: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str
+) -> None:
+    """When the configuration names max_output_tokens, a request `body` that sets none of `limits`
+    is sent it, in the first of them the model takes (`received`): else the model's own most, or its
+    default, which may be larger, would decide how much it produces and is charged for, past what
+    was held. Made once the request is held (cap_output says why not before). The default
+    max_output_tokens is not sent unasked: it may be more than the model takes, and its upstream
+    would refuse every such request."""
+    if not model.max_output_tokens_set:
+        return
+    for name in limits:
+        if body.get(name) is not None:
+            return
+    for name in limits:
+        if name in received:
+            body[name] = model.max_output_tokens
+            return
 
 
 # The most choices a chat request may ask for, as OpenAI's API takes (it refuses more, 400).

@@ -820,6 +820,8 @@ def _url(table: Mapping[str, Any], where: str, check: _Check = _STRICT) -> str |
     if not url.startswith(schemes):
         # Never the URL itself in the message: it may hold a password.
         raise ConfigError(f"{source}: must be a URL starting with {' or '.join(schemes)}")
+    if not url.isprintable() or any(c.isspace() for c in url):  # a space is written %20 in a URL
+        raise ConfigError(f"{source}: must be a URL without spaces or control characters")
     if where == "store":  # PostgreSQL's (a Redis URL is read, and refused, by its own parser)
         try:
             port = urlsplit(url).port  # a port that is not a number or out of range: ValueError

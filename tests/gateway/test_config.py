@@ -272,6 +272,16 @@ def test_urls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             {"url": REDIS},
             "store.url: its port must be a number from 1 to 65535",
         ),
+        (  # review: check-config passed it, and serve stopped on 'database "scale out" does not exist'
+            {"backend": "postgres", "url": "postgresql://u:secret@h:5432/scale out"},
+            {"url": REDIS},
+            "store.url: must be a URL without spaces or control characters",
+        ),
+        (
+            {"backend": "postgres", "url": "postgresql://u:secret@h:5432/db\t"},
+            {"url": REDIS},
+            "store.url: must be a URL without spaces or control characters",
+        ),
     ],
 )
 def test_store_and_redis_mistakes_are_refused(

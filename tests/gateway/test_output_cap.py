@@ -78,6 +78,36 @@ def test_a_request_without_a_limit_is_sent_the_configured_most(capped: Gateway, 
         assert _received(sim, marker)[sent] == CONFIGURED, (path, model)
 
 
+def test_a_limit_sent_for_the_client_is_not_taken_for_its_own(capped: Gateway, sim: httpx.Client) -> None:
+    """Review: the configured most, sent for a request that set no limit, was read by the rate
+    limit as the client's own, so a key with 1,500 tokens a minute refused every such request
+    ("Set max_completion_tokens to at most ...", a field it never sent) and a larger limit reserved
+    the whole 2,000 a request instead of the default output (docs/behaviour.md, "Rate limits")."""
+    handle = capped.new_key(tpm_limit=1500)
+    for path, model, sent in (
+        ("/v1/chat/completions", CHAT, "max_completion_tokens"),
+        ("/v1/responses", RESPONSES, "max_output_tokens"),
+    ):
+        for stream in (False, True):
+            marker = uuid.uuid4().hex
+            said = (
+                {"messages": [{"role": "user", "content": marker}]} if "chat" in path else {"input": marker}
+            )
+            answer = _post(capped, handle.key, path, {"model": model, "stream": stream, **said})
+            assert answer.status_code == 200, (path, stream, answer.text)
+            # Still sent the configured most: the hold covers it.
+            assert _received(sim, marker)[sent] == CONFIGURED, (path, stream)
+    # A limit the client set is reserved whole, and one that can never fit is refused, named.
+    refused = _post(
+        capped,
+        handle.key,
+        "/v1/chat/completions",
+        {"model": CHAT, "max_tokens": 1800, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "max_tokens"
+
+
 @pytest.fixture(scope="module")
 def narrow(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """Models whose supported_params leave out output limits: `one` takes max_tokens only (as many

@@ -45,9 +45,8 @@ def routes(state: GatewayState) -> list[Route]:
         model = resolve_model(state, call, payload.get("model"), "chat")
         _validate(payload)
         forwarded = state.registry.forwarded_params(model)
-        billing.cap_output(
-            state.registry.received_fields(model), model, payload, "max_completion_tokens", "max_tokens"
-        )
+        received = state.registry.received_fields(model)
+        billing.cap_output(received, model, payload, "max_completion_tokens", "max_tokens")
         # A messages-family model gets the request as a message request, translated before the
         # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.
         translated = (
@@ -73,6 +72,7 @@ def routes(state: GatewayState) -> list[Route]:
         if translated is not None:
             return await _from_messages_model(state, request, call, model, prompt, payload, translated)
 
+        billing.send_output_limit(received, model, payload, "max_completion_tokens", "max_tokens")
         upstream = state.registry.upstream_body(model, payload, call)
         rid = response_id("chatcmpl-")
         if payload.get("stream") is not True:

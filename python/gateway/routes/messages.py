@@ -42,8 +42,10 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         if model.type == "chat":
             return await _from_chat_model(state, request, call, model, payload)
-        billing.cap_output(state.registry.received_fields(model), model, payload, "max_tokens")
+        received = state.registry.received_fields(model)
+        billing.cap_output(received, model, payload, "max_tokens")
         prompt = await _check_and_hold(state, request, call, model, payload)
+        billing.send_output_limit(received, model, payload, "max_tokens")
         upstream = state.registry.channel_body(model, payload, call)
         rid = response_id("msg_")
         if payload.get("stream") is True:

@@ -57,8 +57,10 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         if model.type in ("chat", "messages"):
             return await _from_chat_model(state, request, call, model, payload)
-        billing.cap_output(state.registry.received_fields(model), model, payload, "max_output_tokens")
+        received = state.registry.received_fields(model)
+        billing.cap_output(received, model, payload, "max_output_tokens")
         upstream = state.registry.upstream_body(model, payload, call)
+        billing.send_output_limit(received, model, upstream, "max_output_tokens")  # the hold reads payload
         # Run upstream in the background only by a model that takes the parameter (spec 1.3).
         in_background = upstream.get("background") is True
         if in_background:

@@ -60,6 +60,7 @@ def chat_body(
     limit = "max_completion_tokens" if "max_completion_tokens" in received else "max_tokens"
     chat = to_chat(payload, limit)
     billing.cap_output(received, model, chat, limit, "max_tokens")
+    billing.send_output_limit(received, model, chat, limit, "max_tokens")  # the hold reads `payload`
     if limit not in received:  # the model takes no output limit: it is held at its most
         payload.pop(source_limit, None)
     try:
