@@ -98,9 +98,11 @@ MESSAGES_ERROR_TYPES: Final[Mapping[str, str]] = {
 }
 # The answer shapes of errors: the spec's object alone, or dressed for Anthropic's clients.
 ErrorShape = Literal["spec", "messages"]
-# The Messages API's paths (routes/messages.py: also under /v1/v1, where clients given a base URL
-# with /v1 send it).
-MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
+# The Messages API's paths (routes/messages.py). The anthropic client and LiteLLM's `anthropic/`
+# models add /v1/messages to the base URL they are given: the gateway's root (spec 1.2), or one
+# given with /v1 (/v1/v1/messages). The AI SDK's Anthropic provider adds /messages alone: to a base
+# URL given with /v1, as its default has it, or to the root (/messages).
+MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages", "/messages")
 
 
 def shape_for_path(path: str) -> ErrorShape:

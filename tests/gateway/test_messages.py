@@ -247,7 +247,12 @@ def test_a_base_url_given_with_v1_works_too(gw: Gateway, key: KeyHandle) -> None
     assert counted.input_tokens == message.usage.input_tokens
     # Its errors are Anthropic's too, as under /v1/messages.
     with gw.client(key.key) as http:
-        for path in ("/v1/v1/messages", "/v1/v1/messages/count_tokens"):
+        for path in (
+            "/v1/v1/messages",
+            "/v1/v1/messages/count_tokens",
+            "/messages",
+            "/messages/count_tokens",
+        ):
             refused = http.post(path, json={"model": MODEL, "messages": []})
             assert refused.status_code == 400 and refused.json()["type"] == "error", path
             assert refused.json()["error"]["type"] == "invalid_request_error"

@@ -25,6 +25,8 @@ MODEL_PATHS = {
     "/v1/messages/count_tokens",
     "/v1/v1/messages",  # the anthropic client or LiteLLM on a base URL that ends in /v1
     "/v1/v1/messages/count_tokens",
+    "/messages",  # the AI SDK's Anthropic provider on the gateway's root
+    "/messages/count_tokens",
     "/v1/responses",
     "/v1/embeddings",
     "/v1/moderations",

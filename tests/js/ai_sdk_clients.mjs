@@ -21,6 +21,8 @@ const RESPONSES = "openai/gpt-4.1-mini";
 const openai = createOpenAI({ baseURL: `${base}/v1`, apiKey: key });
 const anthropic = createAnthropic({ baseURL: `${base}/v1`, apiKey: key });
 const badKeyAnthropic = createAnthropic({ baseURL: `${base}/v1`, apiKey: "sk-not-a-key" });
+// ... or to the root, as spec 1.2 gives Shape B clients (served as /messages too).
+const anthropicAtRoot = createAnthropic({ baseURL: base, apiKey: key });
 
 // Enough kinds to show a value built for the schema: nested object, array, enum, integer bounds.
 const Forecast = z.object({
@@ -197,6 +199,8 @@ await check("responses->claude tool loop and next turn", () => toolLoopAndNextTu
 // Messages: the anthropic provider (output_config.format for structured output).
 await check("messages generateText", () => plainText(anthropic(CLAUDE)));
 await check("messages streamText", () => streamedText(anthropic(CLAUDE)));
+await check("messages at the root generateText", () => plainText(anthropicAtRoot(CLAUDE)));
+await check("messages at the root streamText", () => streamedText(anthropicAtRoot(CLAUDE)));
 await check("messages generateObject", () => plainObject(anthropic(CLAUDE)));
 await check("messages streamObject", () => streamedObject(anthropic(CLAUDE)));
 await check("messages mid-stream error", () => midStreamError(anthropic(CLAUDE)));

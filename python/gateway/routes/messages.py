@@ -17,7 +17,7 @@ from ..core import (
     count_prompt_tokens,
     count_tokens,
 )
-from ..errors import invalid_request
+from ..errors import MESSAGES_PATHS, invalid_request
 from ..ids import response_id
 from ..pricing import Usage
 from ..state import GatewayState
@@ -89,14 +89,9 @@ def routes(state: GatewayState) -> list[Route]:
     served = model_endpoint(state, messages)
     counted = model_endpoint(state, count_message_tokens)
     return [
-        *(Route(base + "/messages", served, methods=["POST"]) for base in BASES),
-        *(Route(base + "/messages/count_tokens", counted, methods=["POST"]) for base in BASES),
+        *(Route(path, served, methods=["POST"]) for path in MESSAGES_PATHS),
+        *(Route(path + "/count_tokens", counted, methods=["POST"]) for path in MESSAGES_PATHS),
     ]
-
-
-# {base}/v1/messages from the root, as the anthropic client and LiteLLM's `anthropic/` models call
-# it; the same under /v1 for a base URL given with /v1 (they add /v1/messages to whatever they get).
-BASES = ("/v1", "/v1/v1")
 
 
 async def _check_and_hold(
