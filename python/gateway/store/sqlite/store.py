@@ -322,6 +322,11 @@ class SqliteStore(SqliteConsole):
         self._journal.append(settlement)  # durable against a killed process from here on
         # The log entry's bodies (not journaled) go into the store with it, in the same row.
         self._writer.settle(settlement)
+        if answer is not None:
+            # Durable, the answer its Idempotency-Key keeps is not yet where other processes look for
+            # it: committed before the request answers, else a retry another worker takes at once
+            # would find the key still running (409 idempotency_key_in_progress, review).
+            await self._writer.write(_after_queued)
 
     def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
         if self._journal is None:
@@ -1048,3 +1053,7 @@ def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
 
 def _marks(ids: Sequence[str]) -> str:
     return ", ".join("?" * len(ids))
+
+
+def _after_queued(conn: sqlite3.Connection) -> None:
+    """Nothing: awaited, it returns once what was queued before it is committed (one batch, FIFO)."""
