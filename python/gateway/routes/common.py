@@ -126,6 +126,13 @@ class ClientWatch:
         if self._waiter is not None:
             self._waiter.cancel()
 
+    def give_up(self) -> None:
+        """The client has read nothing of its answer for too long (HeldStream): it is taken as gone,
+        as when it leaves, and the request ends."""
+        if self._active and self._cancels() and self.task is not None:
+            self.left = True
+            self.task.cancel()
+
     def cancelled_for_client(self) -> bool:
         """Inside `except CancelledError`: whether the cancellation was this watch's, the client
         having left (it is then taken back); else it came from elsewhere (the server stopping)."""
@@ -161,6 +168,8 @@ class HeldStream(StreamingResponse):
         self.sent = 0
         self.finished = False  # the body was read to its end (else the client left mid-way)
         self.watch: ClientWatch | None = None
+        # A client that takes nothing of the stream for this long is given up (SendStall).
+        self.send_idle_seconds = SEND_IDLE_SECONDS
 
     def when_done(self, hook: Callable[[], Awaitable[None] | None]) -> None:
         self._on_end.append(hook)
@@ -188,16 +197,27 @@ class HeldStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = self.watch if self.watch is not None else ClientWatch(receive)
+        stall = SendStall(watch, self.send_idle_seconds)
         try:
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
             first = True
             async for chunk in self._tee:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                stall.sending = True
+                if len(chunk) <= MAX_FRAME_BYTES:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                else:
+                    for at in range(0, len(chunk), MAX_FRAME_BYTES):
+                        piece = chunk[at : at + MAX_FRAME_BYTES]
+                        await send({"type": "http.response.body", "body": piece, "more_body": True})
+                        stall.sends += 1
+                stall.sending = False
+                stall.sends += 1
                 if first:  # the first token goes out before the stream's next work (its progress)
                     first = False
                     hand_over_now()
+            stall.sending = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not watch.cancelled_for_client():
@@ -206,6 +226,7 @@ class HeldStream(StreamingResponse):
             pass  # the connection broke under a write: the client is gone
         finally:
             # Stopped before the hooks: the request's close (its charge) must never be cancelled.
+            stall.stop()
             watch.stop()
             await self._end()
 
@@ -219,6 +240,49 @@ class HeldStream(StreamingResponse):
             done = hook()
             if done is not None:
                 await done
+
+
+# The most of a stream handed to the server in one message. Granian lets four messages wait for a
+# client that does not read before a write waits too: four in count, not in bytes, and one chunk of
+# a stream can be a whole upstream read (a megabyte, more once translated), so a client that stopped
+# reading would leave megabytes in the worker, counted as delivered (review).
+MAX_FRAME_BYTES: Final = 64 * 1024
+# How long a stream's client may take nothing of it before it is given up ([limits]
+# send_idle_timeout_seconds, as nginx's send_timeout).
+SEND_IDLE_SECONDS: Final = 60.0
+
+
+class SendStall:
+    """Gives a stream's client up (ClientWatch.give_up) when one write has waited for it to read
+    through two looks `seconds` apart (so for `seconds` to twice that): a client that holds its connection open and reads
+    nothing would otherwise hold the request, its upstream connection and its buffers for ever. One
+    timer a stream, looked at every `seconds`; the stream counts its writes (`sends`) and says when
+    one waits (`sending`)."""
+
+    __slots__ = ("_handle", "_seconds", "_seen", "_watch", "sending", "sends")
+
+    def __init__(self, watch: ClientWatch, seconds: float) -> None:
+        self._watch = watch
+        self._seconds = seconds
+        self.sending = False
+        self.sends = 0
+        self._seen = -1
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(seconds, self._look)
+
+    def _look(self) -> None:
+        # `_seen` is the count of writes at the last look if one was waiting then, else -1.
+        if self.sending and self.sends == self._seen:
+            self._handle = None
+            log.warning("a stream's client read nothing for %.0f s: given up", self._seconds)
+            self._watch.give_up()
+            return
+        self._seen = self.sends if self.sending else -1
+        self._handle = asyncio.get_running_loop().call_later(self._seconds, self._look)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 ModelHandler = Callable[[Request, Call], Awaitable[Response]]
@@ -336,6 +400,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             raise
         if isinstance(response, HeldStream):  # a stream closes when it ends
             stream = response
+            stream.send_idle_seconds = state.settings.send_idle_timeout_seconds
             if stream.summary is None:
                 stream.capture = request_log.BodyCapture(state.settings.log_max_body_bytes)
 

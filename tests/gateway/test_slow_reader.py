@@ -1,0 +1,102 @@
+"""A stream whose client stays connected but stops reading: the gateway's buffers stay bounded, what
+it bills is what the connection could take, and after [limits] send_idle_timeout_seconds the client
+is given up as one that left (docs/behaviour.md, "Early ends")."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import Gateway, chat_model, gateway
+
+TOKENS = 70_000  # about 14 MB of chat chunks: far more than a connection's buffers
+KEY_ENV = "TEST_GEMINI_API_KEY"
+
+
+def _models(sim_url: str) -> str:
+    gemini = f"""
+[[models]]
+name = "google/gemini-2.5-flash"
+type = "chat"
+[models.prices]
+input = "0.30"
+output = "2.50"
+[[models.channels]]
+provider = "gemini"
+base_url = "{sim_url}"
+model = "gemini-2.5-flash"
+api_key_env = "{KEY_ENV}"
+"""
+    return chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url) + gemini
+
+
+@pytest.fixture(scope="module")
+def stalls(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Gateway:
+    with gateway(
+        tmp_path_factory.mktemp("stalls"),
+        _models(sim_url),
+        limits_toml="send_idle_timeout_seconds = 1",
+        env={KEY_ENV: "gemini-key"},
+    ) as g:
+        yield g
+
+
+def _stalled_stream(gw: Gateway, key: str, model: str) -> tuple[socket.socket, str]:
+    """A stream request on a socket with a small receive buffer, its answer's head read, and then
+    nothing more; returns the socket (still open) and the request id."""
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"x [sim tokens={TOKENS}]"}],
+        }
+    ).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((host, int(port)))
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    head = s.recv(2048)
+    assert head.startswith(b"HTTP/1.1 200"), head[:300]
+    request_id = head.split(b"x-service-request-id: ", 1)[1].split(b"\r\n", 1)[0].decode()
+    return s, request_id
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "google/gemini-2.5-flash"])
+def test_a_client_that_stops_reading_is_given_up_and_billed_what_could_reach_it(
+    stalls: Gateway, model: str
+) -> None:
+    """Review: through a translated upstream (Gemini's), each chunk handed to the server was a whole
+    upstream read translated (1.7 MB), and the server takes four before a write waits: a client
+    that read nothing had the whole 14 MB stream read, held in the worker and billed, for as long
+    as it kept its connection open. Now 64 KB at a time, and given up after the idle time."""
+    handle = stalls.new_key(balance="10")
+    s, request_id = _stalled_stream(stalls, handle.key, model)
+    try:
+        deadline = time.monotonic() + 15
+        rows: list[tuple[object, ...]] = []
+        while time.monotonic() < deadline and not rows:
+            time.sleep(0.25)
+            rows = stalls.query("SELECT status, response_bytes FROM request_logs WHERE id = ?", request_id)
+        # Ended by the gateway while the client still holds its connection: logged as one that left.
+        assert rows, "the stalled stream was never given up"
+        ((status, sent),) = rows
+        assert status == 499
+        # The log entry and the charge are settled together (one settlement, one commit).
+        ((completion, outcome),) = stalls.query(
+            "SELECT completion_tokens, status FROM usage_records WHERE account_id = ?", handle.account_id
+        )
+        assert outcome == "incomplete"
+        # Billed for what the connection's buffers could take: a small part of the stream.
+        assert 0 < completion < TOKENS // 3, (completion, sent)
+        assert isinstance(sent, int) and sent < 6 * 1024 * 1024
+    finally:
+        s.close()
