@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -35,7 +35,7 @@ api_key_env = "{KEY_ENV}"
 
 
 @pytest.fixture(scope="module")
-def stalls(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Gateway:
+def stalls(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with gateway(
         tmp_path_factory.mktemp("stalls"),
         _models(sim_url),

@@ -254,10 +254,10 @@ SEND_IDLE_SECONDS: Final = 60.0
 
 class SendStall:
     """Gives a stream's client up (ClientWatch.give_up) when one write has waited for it to read
-    through two looks `seconds` apart (so for `seconds` to twice that): a client that holds its connection open and reads
-    nothing would otherwise hold the request, its upstream connection and its buffers for ever. One
-    timer a stream, looked at every `seconds`; the stream counts its writes (`sends`) and says when
-    one waits (`sending`)."""
+    through two looks `seconds` apart (so for `seconds` to twice that): a client that holds its
+    connection open and reads nothing would otherwise hold the request, its upstream connection and
+    its buffers for ever. One timer a stream, looked at every `seconds`; the stream counts its
+    writes (`sends`) and says when one waits (`sending`)."""
 
     __slots__ = ("_handle", "_seconds", "_seen", "_watch", "sending", "sends")
 
