@@ -432,6 +432,9 @@ def main(argv: list[str]) -> None:
         workers=options["workers"],
         interface=Interfaces.ASGI,
         loop=Loops.uvloop,
+        # No endpoint speaks WebSocket: an upgrade request is an HTTP request like any other,
+        # answered by its path (with websockets on, Granian answered it an empty 403).
+        websockets=False,
         log_access=False,
         backlog=4096,
         respawn_failed_workers=True,

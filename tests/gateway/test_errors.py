@@ -116,6 +116,22 @@ def test_unknown_path_and_wrong_method(gw: Gateway, key: KeyHandle) -> None:
     assert videos.headers["allow"] == "GET, HEAD, POST"
 
 
+def test_a_websocket_upgrade_is_answered_as_plain_http(gw: Gateway, key: KeyHandle) -> None:
+    """Review: no endpoint speaks WebSocket, and an upgrade request got the server's empty 403.
+    It is an HTTP request like any other now: its path answers it, errors in the spec's format."""
+    upgrade = {
+        "connection": "Upgrade",
+        "upgrade": "websocket",
+        "sec-websocket-version": "13",
+        "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    with gw.client(key.key) as c:
+        models = c.get("/v1/models", headers=upgrade)
+        nowhere = c.get("/v1/nothing/here", headers=upgrade)
+    assert models.status_code == 200 and models.json()["object"] == "list"
+    assert_error(nowhere, 404, "not_found", "not_found_error")
+
+
 @pytest.mark.parametrize(
     ("content", "param"),
     [

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from starlette.requests import Request
@@ -274,6 +274,13 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
         if value is not None and not isinstance(value, str):  # priced by name: a number names none
             example = "1024x1024" if name == "size" else "high"
             raise invalid_request(f"`{name}` must be a string (e.g. {example}).", name)
+    sides = _SIZE.match(size) if isinstance(size, str) else None
+    if sides is not None and not all(1 <= int(side) <= MAX_IMAGE_SIDE for side in sides.groups()):
+        # No model makes such an image: a value it does not accept, not a hold no balance covers.
+        raise invalid_request(
+            f"`size` must be WIDTHxHEIGHT with each side from 1 to {MAX_IMAGE_SIDE} pixels (e.g. 1024x1024).",
+            "size",
+        )
     return ImageOrder(n or 1, named(size), named(quality))
 
 
@@ -335,6 +342,8 @@ def _largest_area(images: Iterable[bytes]) -> int | None:
 
 
 _SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
+# The largest side an image request may ask for, well past what image models make.
+MAX_IMAGE_SIDE: Final = 16384
 _BASE_AREA = 1024 * 1024
 
 
