@@ -375,16 +375,19 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 await idempotency.keep_error(state, call, err)
             raise
         except ClientGone:
-            await _close(state, request, call, request_log.CLIENT_CLOSED, None)
-            await idempotency.forget(state, call)
             if call.client_gone:
+                await _close(state, request, call, request_log.CLIENT_CLOSED, None)
+                await idempotency.forget(state, call)
                 return Response(status_code=request_log.CLIENT_CLOSED)  # nobody is there to read it
             # The body ended early: the client left, or (the server says the same of both) sent a
-            # malformed chunked body and waits for an answer, which it gets in the spec's format.
+            # malformed chunked body and waits for an answer, which it gets in the spec's format,
+            # and which its log entry shows (spec 7.5.3), not a 499 the client never saw.
             cut = invalid_request(
                 "The request's body ended before it was whole (or its chunked encoding is malformed)."
             )
             cut.headers[REQUEST_ID_HEADER] = call.request_id
+            await _close(state, request, call, cut.status, cut.body(request.url.path), error_code=cut.code)
+            await idempotency.forget(state, call)
             return error_response(cut, path=request.url.path)
         except Exception as exc:
             # Logged with its traceback for operators; the client gets the spec's 500 with the
