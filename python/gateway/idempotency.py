@@ -65,11 +65,24 @@ def requested_key(request: Request) -> str | None:
             "The Idempotency-Key header is given more than once: send one.", "Idempotency-Key"
         )
     key = given[0] if given else None
-    if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
+    if key is not None and not 0 < _characters(key) <= MAX_KEY_CHARS:
         raise invalid_request(
             f"The Idempotency-Key header must have 1 to {MAX_KEY_CHARS} characters.", "Idempotency-Key"
         )
     return key
+
+
+def _characters(value: str) -> int:
+    """A header value's length in characters: the server hands its bytes over as Latin-1, so a key
+    of 255 Cyrillic letters (510 bytes of UTF-8) would count 510 (review); bytes that are no UTF-8
+    count one each."""
+    if value.isascii():
+        return len(value)
+    raw = value.encode("latin-1", errors="replace")
+    try:
+        return len(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return len(raw)
 
 
 async def claim(state: GatewayState, request: Request, call: Call, key: str, body: bytes) -> Response | None:

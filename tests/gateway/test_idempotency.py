@@ -198,6 +198,11 @@ def test_ignored_elsewhere_and_bad_keys_refused(gw: Gateway, key: KeyHandle) -> 
         r = post(gw, key.key, IMAGES, body, bad)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
     assert post(gw, key.key, IMAGES, body, "x" * 255).status_code == 200
+    # Characters, not bytes (review: 255 Cyrillic letters, 510 bytes of UTF-8, were refused).
+    with gw.client(key.key) as c:
+        for letters, status in ((255, 200), (256, 400)):
+            r = c.post(IMAGES, json=body, headers={b"idempotency-key": ("я" * letters).encode()})
+            assert r.status_code == status, (letters, r.text)
     # Sent twice: refused, as a duplicated Authorization is (which copy a proxy read is unknown).
     with gw.client(key.key) as c:
         r = c.post(IMAGES, json=body, headers=[("Idempotency-Key", "one"), ("Idempotency-Key", "two")])
