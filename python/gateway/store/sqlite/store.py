@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -84,6 +85,11 @@ from .rows import (
 )
 from .schema import MIGRATIONS, migrate
 from .writer import WriteOp, Writer
+
+log = logging.getLogger("gateway.store")
+# How long a settlement that keeps an Idempotency-Key's answer waits for the commit that shows it
+# to other processes (SqliteStore.settle).
+ANSWER_VISIBLE_SECONDS = 1.0
 
 
 class SqliteStore(SqliteConsole):
@@ -324,9 +330,16 @@ class SqliteStore(SqliteConsole):
         self._writer.settle(settlement)
         if answer is not None:
             # Durable, the answer its Idempotency-Key keeps is not yet where other processes look for
-            # it: committed before the request answers, else a retry another worker takes at once
-            # would find the key still running (409 idempotency_key_in_progress, review).
-            await self._writer.write(_after_queued)
+            # it: committed before the request answers (a few ms), else a retry another worker takes
+            # at once would find the key still running (409 idempotency_key_in_progress, review).
+            # Not waited on past ANSWER_VISIBLE_SECONDS: a store that is locked or failing must not
+            # hold up an answer whose charge is durable; the others then see it once it commits.
+            try:
+                await asyncio.wait_for(
+                    self._writer.write(_after_queued, on_commit=_outcome_taken), ANSWER_VISIBLE_SECONDS
+                )
+            except Exception:  # TimeoutError, or the batch failed (it is retried)
+                log.info("an idempotent answer is journaled; the store has it at its next commit")
 
     def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
         if self._journal is None:
@@ -1057,3 +1070,9 @@ def _marks(ids: Sequence[str]) -> str:
 
 def _after_queued(conn: sqlite3.Connection) -> None:
     """Nothing: awaited, it returns once what was queued before it is committed (one batch, FIFO)."""
+
+
+def _outcome_taken(done: asyncio.Future[Any]) -> None:
+    """Takes a write's outcome that nobody may await any more (its waiter timed out)."""
+    if not done.cancelled():
+        done.exception()
