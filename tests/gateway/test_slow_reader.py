@@ -1,6 +1,6 @@
 """A stream whose client stays connected but stops reading: the gateway's buffers stay bounded, what
 it bills is what the connection could take, and after [limits] send_idle_timeout_seconds the client
-is given up as one that left (docs/behaviour.md, "Early ends")."""
+is given up as one that left (docs/behaviour.md, "A client that leaves")."""
 
 from __future__ import annotations
 
