@@ -18,20 +18,9 @@ KEY_ENV = "TEST_GEMINI_API_KEY"
 
 
 def _models(sim_url: str) -> str:
-    gemini = f"""
-[[models]]
-name = "google/gemini-2.5-flash"
-type = "chat"
-[models.prices]
-input = "0.30"
-output = "2.50"
-[[models.channels]]
-provider = "gemini"
-base_url = "{sim_url}"
-model = "gemini-2.5-flash"
-api_key_env = "{KEY_ENV}"
-"""
-    return chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url) + gemini
+    # Its channel's key follows the channel's table, which chat_model ends with.
+    gemini = chat_model("google/gemini-2.5-flash", "gemini-2.5-flash", sim_url, provider="gemini")
+    return chat_model("openai/gpt-4o-mini", "gpt-4o-mini", sim_url) + gemini + f'api_key_env = "{KEY_ENV}"\n'
 
 
 @pytest.fixture(scope="module")
