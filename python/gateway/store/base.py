@@ -172,7 +172,9 @@ class Ledger(Protocol):
         exactly once, taking the cost off this process's leases on the account and the key as well;
         and keep `answer` for its Idempotency-Key in the same step. Returns once the charge and its
         records are durable: they survive a killed process (the log entry's bodies excepted). The
-        record (and the kept answer) may become readable moments later."""
+        record may become readable moments later; a kept answer is readable by every process on
+        return (an Idempotency-Key's retry may reach another at once), unless the store is too slow
+        to show it soon, when it waits no more than a moment."""
 
     def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
         """A running stream's settlement so far (what it delivered): applied, with its log entry,
