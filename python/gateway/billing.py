@@ -99,52 +99,64 @@ def estimate_usage(
     )
 
 
-def cap_output(received: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str) -> None:
+def cap_output(
+    received: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str
+) -> tuple[str, ...]:
     """Make the request `body` ask for no more output than its hold will cover, before the hold is
     estimated from it (estimate_usage reads the first of `limits` that is set), in fields the
     model receives (`received`), since the others are dropped on the way to it:
     - a limit above the model's max_output_tokens is lowered to it;
-    - a limit set under a name the model does not take moves to the first one it takes (a client's
-      max_completion_tokens goes as max_tokens to a model that takes only that), and every limit
-      the request set says the same, the one the hold is estimated with;
+    - a limit set under a name the model does not take goes under the first one it takes as well (a
+      client's max_completion_tokens goes as max_tokens to a model that takes only that), and every
+      limit the request set says the same, the one the hold is estimated with;
     - a model that takes none of `limits` cannot be limited: the request's limits go, and the hold
       is its max_output_tokens.
+    Returns `limits` with the one the client set first: the order to estimate the hold in, so that
+    a refusal names the field the client sent (the name it used stays in `body` until
+    send_output_limit).
     A request that sets no limit is left as it is here: the hold and a tokens-per-minute limit read
     it as the client sent it (gateway.ratelimits.reserved_tokens reserves a default output for it,
     where a limit the client chose is reserved whole). send_output_limit completes it afterwards."""
-    given = None
+    given, named = None, None
     for name in limits:  # a loop, not next(generator): this runs on every text request
         given = body.get(name)
         if given is not None:
+            named = name
             break
-    if given is None or positive_int(given) is None:
-        return  # none set (send_output_limit), or refused by estimate_usage (400)
+    asked = positive_int(given)
+    if named is None or asked is None:
+        return limits  # none set (send_output_limit), or refused by estimate_usage (400)
     taken = next((name for name in limits if name in received), None)
-    value = given if given < model.max_output_tokens else model.max_output_tokens
+    value = asked if asked < model.max_output_tokens else model.max_output_tokens
     for name in limits:
         if body.get(name) is not None:
-            if name in received:
-                body[name] = value
-            else:
+            if taken is None:
                 del body[name]
-    if taken is not None and not any(body.get(name) is not None for name in limits):
+            else:
+                body[name] = value
+    if taken is not None:
         body[taken] = value
+    return limits if named == limits[0] else (named, *(name for name in limits if name != named))
 
 
 def send_output_limit(
     received: frozenset[str], model: ModelConfig, body: dict[str, Any], *limits: str
 ) -> None:
-    """When the configuration names max_output_tokens, a request `body` that sets none of `limits`
-    is sent it, in the first of them the model takes (`received`): else the model's own most, or its
-    default, which may be larger, would decide how much it produces and is charged for, past what
-    was held. Made once the request is held (cap_output says why not before). The default
+    """The request `body`'s output limits as its upstream takes them, once it is held (cap_output):
+    the names the model does not take go (their value is under one it takes). When the
+    configuration names max_output_tokens, a request that sets none of `limits` is sent it, in the
+    first of them the model takes: else the model's own most, or its default, which may be
+    larger, would decide how much it produces and is charged for, past what was held. (The default
     max_output_tokens is not sent unasked: it may be more than the model takes, and its upstream
-    would refuse every such request."""
-    if not model.max_output_tokens_set:
-        return
+    would refuse every such request.)"""
+    given = False
     for name in limits:
         if body.get(name) is not None:
-            return
+            given = True
+            if name not in received:
+                del body[name]
+    if given or not model.max_output_tokens_set:
+        return
     for name in limits:
         if name in received:
             body[name] = model.max_output_tokens

@@ -321,7 +321,7 @@ class Settings:
     body_idle_timeout_seconds: float = 60.0
     # A stream whose client reads nothing of it for this long is ended (its connection and upstream
     # released, billed for what it was handed): routes/common.py, SendStall.
-    send_idle_timeout_seconds: float = 60.0
+    send_idle_timeout_seconds: float = 300.0
     image_url_ttl_seconds: float = 86400.0
     # Where the URLs the gateway hands out (images, videos) point. None: a request's own scheme and
     # Host when that host is in `allowed_hosts`, else the listen address (host, port); never an
@@ -701,7 +701,7 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
             lambda: _seconds(limits, "limits.stream_idle_timeout_seconds", 120.0)
         ),
         body_idle_timeout_seconds=part(lambda: _seconds(limits, "limits.body_idle_timeout_seconds", 60.0)),
-        send_idle_timeout_seconds=part(lambda: _seconds(limits, "limits.send_idle_timeout_seconds", 60.0)),
+        send_idle_timeout_seconds=part(lambda: _seconds(limits, "limits.send_idle_timeout_seconds", 300.0)),
         image_url_ttl_seconds=part(lambda: _seconds(limits, "limits.image_url_ttl_seconds", 86400.0)),
         public_base_url=part(lambda: _base_url(server)),
         allowed_hosts=part(lambda: _allowed_hosts(server)),

@@ -318,7 +318,14 @@ def test_edit_body_must_be_multipart(gw: Gateway, key: KeyHandle) -> None:
         # Review: sizes no model makes were refused as insufficient_credits ("up to $6250000000").
         *(
             ({"model": GPT_IMAGE, "prompt": "a cat", "size": size}, "size")
-            for size in ("99999999x99999999", "100000x100000", "1024x0", "16385x1024")
+            for size in (
+                "99999999x99999999",
+                "100000x100000",
+                "1024x0",
+                "16385x1024",
+                "9999999999x1",
+                "1x" + "9" * 5000,
+            )
         ),
     ],
 )

@@ -145,6 +145,25 @@ def test_a_limit_the_model_does_not_take_goes_under_one_it_does(narrow: Gateway,
     assert narrow.balance(handle.account_id) >= 0
 
 
+def test_a_refusal_names_the_limit_the_client_sent(narrow: Gateway) -> None:
+    """Review: a client's max_completion_tokens, sent as max_tokens to a model that takes only
+    that, was refused naming max_tokens, a field the client never sent ("Set max_tokens to at
+    most ..."): by the tokens-per-minute limit and for money alike."""
+    limited = narrow.new_key(tpm_limit=1500)
+    poor = narrow.new_key(balance="0.001")  # its prompt, not its output
+    body = {
+        "model": "openai/one",
+        "max_completion_tokens": 2000,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    for handle, code in ((limited, "invalid_request"), (poor, "insufficient_credits")):
+        refused = _post(narrow, handle.key, "/v1/chat/completions", body)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["param"]) == (code, "max_completion_tokens"), error
+        assert "max_tokens" not in error["message"].replace("max_completion_tokens", ""), error
+
+
 def test_a_model_that_takes_no_limit_is_held_at_its_most(narrow: Gateway, sim: httpx.Client) -> None:
     """Its output cannot be limited: a request's small limit does not shrink the hold (16,384
     tokens at $10 a million, $0.16), so a balance of $0.10 is refused before the model runs."""

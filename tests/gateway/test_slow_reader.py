@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.core import count_tokens
 from harness import Gateway, chat_model, gateway
 
 TOKENS = 70_000  # about 14 MB of chat chunks: far more than a connection's buffers
@@ -34,9 +35,9 @@ def stalls(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[G
         yield g
 
 
-def _stalled_stream(gw: Gateway, key: str, model: str) -> tuple[socket.socket, str]:
+def _stalled_stream(gw: Gateway, key: str, model: str) -> tuple[socket.socket, str, bytes]:
     """A stream request on a socket with a small receive buffer, its answer's head read, and then
-    nothing more; returns the socket (still open) and the request id."""
+    nothing more; returns the socket (still open), the request id and what came of the body."""
     body = json.dumps(
         {
             "model": model,
@@ -56,7 +57,36 @@ def _stalled_stream(gw: Gateway, key: str, model: str) -> tuple[socket.socket, s
     head = s.recv(2048)
     assert head.startswith(b"HTTP/1.1 200"), head[:300]
     request_id = head.split(b"x-service-request-id: ", 1)[1].split(b"\r\n", 1)[0].decode()
-    return s, request_id
+    return s, request_id, head.split(b"\r\n\r\n", 1)[1]
+
+
+def _rest(s: socket.socket, got: bytes) -> bytes:
+    """Everything the connection still delivers, after `got`, until it ends or falls silent."""
+    s.settimeout(5)
+    parts = [got]
+    try:
+        while data := s.recv(1 << 16):
+            parts.append(data)
+    except TimeoutError:
+        pass
+    return b"".join(parts)
+
+
+def _said(chunked: bytes) -> str:
+    """The text of a chat stream's content deltas in a chunked body, as far as it is whole."""
+    body, at = [], 0
+    while (end := chunked.find(b"\r\n", at)) >= 0:
+        size = int(chunked[at:end], 16)
+        if size == 0 or end + 2 + size > len(chunked):
+            break
+        body.append(chunked[end + 2 : end + 2 + size])
+        at = end + 4 + size
+    text = []
+    for line in b"".join(body).split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:]).get("choices", []):
+                text.append(choice.get("delta", {}).get("content") or "")
+    return "".join(text)
 
 
 @pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "google/gemini-2.5-flash"])
@@ -68,7 +98,7 @@ def test_a_client_that_stops_reading_is_given_up_and_billed_what_could_reach_it(
     that read nothing had the whole 14 MB stream read, held in the worker and billed, for as long
     as it kept its connection open. Now 64 KB at a time, and given up after the idle time."""
     handle = stalls.new_key(balance="10")
-    s, request_id = _stalled_stream(stalls, handle.key, model)
+    s, request_id, got = _stalled_stream(stalls, handle.key, model)
     try:
         deadline = time.monotonic() + 15
         rows: list[tuple[object, ...]] = []
@@ -87,5 +117,9 @@ def test_a_client_that_stops_reading_is_given_up_and_billed_what_could_reach_it(
         # Billed for what the connection's buffers could take: a small part of the stream.
         assert 0 < completion < TOKENS // 3, (completion, sent)
         assert isinstance(sent, int) and sent < 6 * 1024 * 1024
+        # ... and no less than the client can still read of it (review: a chunk cut short when the
+        # client was given up went unbilled, up to 8,000 tokens).
+        received = count_tokens(_said(_rest(s, got)))
+        assert received <= completion <= received + 200, (received, completion)
     finally:
         s.close()

@@ -36,6 +36,11 @@ KEEPALIVE_SECONDS: Final = 30.0
 MAX_HEAD_BYTES: Final = 64 * 1024  # status line and headers of an answer
 # A streamed body waiting for its reader pauses the socket past this, and resumes below a quarter.
 PAUSE_BYTES: Final = 1024 * 1024
+RESUME_BYTES: Final = PAUSE_BYTES // 4
+# The most of a body one read hands on (iter_any). A stream's reader turns each into one chunk for
+# its client, and what it bills advances a chunk at a time: a chunk cut short when its client is
+# given up (routes/common.py, SendStall) goes unbilled, so a backlog of a megabyte must not be one.
+READ_PIECE_BYTES: Final = 32 * 1024
 
 
 class UpstreamConnectError(ConnectionError):
@@ -659,7 +664,8 @@ class UpstreamResponse:
     # -- read by the caller
 
     async def iter_any(self) -> AsyncIterator[bytes]:
-        """The body in the pieces it arrives in (several joined when they wait together)."""
+        """The body in the pieces it arrives in (several joined when they wait together, up to
+        READ_PIECE_BYTES)."""
         while True:
             chunk = await self._next()
             if not chunk:
@@ -668,11 +674,13 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         parts: list[bytes] = []
-        while chunk := await self._next():
+        while chunk := await self._next(whole=True):
             parts.append(chunk)
         return b"".join(parts)
 
-    async def _next(self) -> bytes:
+    async def _next(self, whole: bool = False) -> bytes:
+        """What waits, joined; at most READ_PIECE_BYTES of it unless `whole` (read(): the body is
+        joined anyway)."""
         while not self._parts:
             if self._eof:
                 if self._error is not None:
@@ -680,12 +688,30 @@ class UpstreamResponse:
                 return b""
             self._waiter = self._loop.create_future()
             await self._waiter
-        chunk = self._parts.popleft() if len(self._parts) == 1 else b"".join(self._parts)
-        self._parts.clear()
-        self._buffered = 0
-        if self._connection is not None:
+        if self._buffered > READ_PIECE_BYTES and not whole:
+            chunk = self._piece()
+        else:
+            chunk = self._parts.popleft() if len(self._parts) == 1 else b"".join(self._parts)
+            self._parts.clear()
+            self._buffered = 0
+        if self._connection is not None and self._buffered < RESUME_BYTES:
             self._connection.pause(False)
         return chunk
+
+    def _piece(self) -> bytes:
+        """READ_PIECE_BYTES from the start of what waits (a backlog goes on in pieces)."""
+        taken: list[bytes] = []
+        room = READ_PIECE_BYTES
+        parts = self._parts
+        while room > 0 and parts:
+            part = parts.popleft()
+            if len(part) > room:
+                parts.appendleft(part[room:])
+                part = part[:room]
+            taken.append(part)
+            room -= len(part)
+        self._buffered -= READ_PIECE_BYTES - room
+        return taken[0] if len(taken) == 1 else b"".join(taken)
 
     def release(self) -> None:
         """Done with it: a body read to its end left its connection in the pool already; one that

@@ -46,7 +46,7 @@ def routes(state: GatewayState) -> list[Route]:
         _validate(payload)
         forwarded = state.registry.forwarded_params(model)
         received = state.registry.received_fields(model)
-        billing.cap_output(received, model, payload, "max_completion_tokens", "max_tokens")
+        limits = billing.cap_output(received, model, payload, "max_completion_tokens", "max_tokens")
         # A messages-family model gets the request as a message request, translated before the
         # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.
         translated = (
@@ -66,8 +66,7 @@ def routes(state: GatewayState) -> list[Route]:
             payload,
             "chat",
             lambda: count_prompt_tokens(raw, model.tokenizer, model.image_tokens, model.max_output_tokens),
-            "max_completion_tokens",
-            "max_tokens",
+            *limits,  # the one the client set first: a refusal names it
         )
         if translated is not None:
             return await _from_messages_model(state, request, call, model, prompt, payload, translated)

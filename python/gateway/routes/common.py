@@ -247,9 +247,12 @@ class HeldStream(StreamingResponse):
 # a stream can be a whole upstream read (a megabyte, more once translated), so a client that stopped
 # reading would leave megabytes in the worker, counted as delivered (review).
 MAX_FRAME_BYTES: Final = 64 * 1024
-# How long a stream's client may take nothing of it before it is given up ([limits]
-# send_idle_timeout_seconds, as nginx's send_timeout).
-SEND_IDLE_SECONDS: Final = 60.0
+# How long one write of a stream may wait for its client before the client is given up ([limits]
+# send_idle_timeout_seconds, nginx's send_timeout). Not nginx's 60 s: a write waits until the
+# kernel's send buffer (megabytes) has drained by half, so a client that reads steadily but slowly
+# sees writes wait for minutes (review: 16 KB/s was cut at 20 s); at 300 s, one that reads under
+# about 5 KB/s of a stream faster than that.
+SEND_IDLE_SECONDS: Final = 300.0
 
 
 class SendStall:

@@ -274,8 +274,9 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
         if value is not None and not isinstance(value, str):  # priced by name: a number names none
             example = "1024x1024" if name == "size" else "high"
             raise invalid_request(f"`{name}` must be a string (e.g. {example}).", name)
-    sides = _SIZE.match(size) if isinstance(size, str) else None
-    if sides is not None and not all(1 <= int(side) <= MAX_IMAGE_SIDE for side in sides.groups()):
+    sides = _SIZE_WRITTEN.match(size) if isinstance(size, str) else None
+    # Its length first: int() refuses a number of thousands of digits (ValueError, a 500).
+    if sides is not None and not all(len(s) <= 5 and 1 <= int(s) <= MAX_IMAGE_SIDE for s in sides.groups()):
         # No model makes such an image: a value it does not accept, not a hold no balance covers.
         raise invalid_request(
             f"`size` must be WIDTHxHEIGHT with each side from 1 to {MAX_IMAGE_SIDE} pixels (e.g. 1024x1024).",
@@ -342,6 +343,7 @@ def _largest_area(images: Iterable[bytes]) -> int | None:
 
 
 _SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
+_SIZE_WRITTEN = re.compile(r"^([0-9]+)x([0-9]+)$")  # any number of digits (ASCII): checked whole
 # The largest side an image request may ask for, well past what image models make.
 MAX_IMAGE_SIDE: Final = 16384
 _BASE_AREA = 1024 * 1024
