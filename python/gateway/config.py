@@ -319,7 +319,7 @@ class Settings:
     # A request whose body stops arriving for this long is answered 408 timeout (a client that
     # declares more than it sends would otherwise hold its request open for ever).
     body_idle_timeout_seconds: float = 60.0
-    # A stream whose client reads nothing of it for this long is ended (its connection and upstream
+    # A stream one of whose writes waits this long for its client to read is ended (its upstream
     # released, billed for what it was handed): routes/common.py, SendStall.
     send_idle_timeout_seconds: float = 300.0
     image_url_ttl_seconds: float = 86400.0
