@@ -274,7 +274,7 @@ def _order(n: Any, size: Any, quality: Any) -> ImageOrder:
         if value is not None and not isinstance(value, str):  # priced by name: a number names none
             example = "1024x1024" if name == "size" else "high"
             raise invalid_request(f"`{name}` must be a string (e.g. {example}).", name)
-    sides = _SIZE_WRITTEN.match(size) if isinstance(size, str) else None
+    sides = _SIZE.match(size) if isinstance(size, str) else None
     # Its length first: int() refuses a number of thousands of digits (ValueError, a 500).
     if sides is not None and not all(len(s) <= 5 and 1 <= int(s) <= MAX_IMAGE_SIDE for s in sides.groups()):
         # No model makes such an image: a value it does not accept, not a hold no balance covers.
@@ -342,8 +342,9 @@ def _largest_area(images: Iterable[bytes]) -> int | None:
     return max(areas, default=None)
 
 
-_SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
-_SIZE_WRITTEN = re.compile(r"^([0-9]+)x([0-9]+)$")  # any number of digits (ASCII): checked whole
+# WIDTHxHEIGHT, any number of (ASCII) digits: _order refuses sides past MAX_IMAGE_SIDE, so the
+# sizes _output_bound reads are small numbers.
+_SIZE = re.compile(r"^([0-9]+)x([0-9]+)$")
 # The largest side an image request may ask for, well past what image models make.
 MAX_IMAGE_SIDE: Final = 16384
 _BASE_AREA = 1024 * 1024
