@@ -145,8 +145,21 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
         return worker
 
     def _stop_workers(self) -> None:
+        """Granian's stop (SIGTERM to each worker, SIGKILL to one still running after
+        workers_kill_timeout), each worker's end seen on its sentinel as a reload's is
+        (_ends_within): Granian's join raced the worker's watcher thread for the reaping, and a
+        worker that had drained and ended was logged as refusing to stop and sent a SIGKILL
+        (review: once in four stops with a stream running)."""
         self._give_notice(self.wrks)
-        super()._stop_workers()
+        for worker in self.wrks:
+            worker.terminate()
+        deadline = time.monotonic() + self.workers_kill_timeout
+        for worker in self.wrks:
+            if not _ends_within(worker, max(0.001, deadline - time.monotonic())):
+                logger.warning("killing worker-%d: it outlived its drain", worker.idx + 1)
+                worker.kill()
+                _ends_within(worker, None)
+            logger.info("Stopped worker-%d", worker.idx + 1)
 
     def _give_notice(self, workers: list[Any]) -> None:
         """Tell `workers` their SIGTERM comes in notice_seconds, and wait that long."""
@@ -270,7 +283,7 @@ def _forget_serving(pid: int) -> bool:
     return True
 
 
-def _ends_within(worker: Any, seconds: float) -> bool:
+def _ends_within(worker: Any, seconds: float | None) -> bool:
     """Whether `worker` has ended or ends within `seconds`. Its sentinel, not join and is_alive:
     Granian's watcher thread reaps the process too, and the one of the two that loses the race
     (waitpid: ECHILD) would take a finished worker for a live one and log that it was killed."""

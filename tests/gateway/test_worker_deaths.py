@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -329,3 +330,81 @@ def test_an_idempotency_key_held_by_a_killed_worker_is_free_once_it_is_replaced(
         retried = httpx.post(url, json=body, headers=headers, timeout=30)
         assert retried.status_code == 200, retried.text
         assert "idempotency-replayed" not in retried.headers
+
+
+# The stop's handling of workers (GatewayGranian._stop_workers), run in a process of its own: the
+# supervisor's module makes its run directory as it is imported. Each worker is the surface of
+# Granian's WorkerProcess a stop uses; `reaped` has another thread reap the process as it ends, as
+# Granian's watcher thread does (multiprocessing's join and is_alive then see ECHILD, not an exit).
+_STOP_SCRIPT = """
+import json, multiprocessing, os, signal, sys, time
+from gateway.supervisor import GatewayGranian
+
+IGNORE_TERM = sys.argv[1] == "ignore-term"
+
+def serve(ready):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if IGNORE_TERM else (lambda *_: os._exit(0)))
+    ready.set()
+    time.sleep(60)
+
+class Worker:
+    def __init__(self, idx):
+        self.idx = idx
+        self.killed = False
+        context = multiprocessing.get_context("fork")
+        ready = context.Event()
+        self.inner = context.Process(target=serve, args=(ready,))
+        self.inner.start()
+        ready.wait(30)
+    def terminate(self):
+        self.inner.terminate()
+        if not IGNORE_TERM:
+            os.waitpid(self.inner.pid, 0)  # the watcher thread wins the race for the reaping
+    def kill(self):
+        self.killed = True
+        self.inner.kill()
+    def join(self, timeout=None):
+        self.inner.join(timeout)
+    def is_alive(self):
+        return self.inner.is_alive()
+    def _id(self):
+        return self.inner.pid
+
+server = GatewayGranian.__new__(GatewayGranian)
+server.wrks = [Worker(0), Worker(1)]
+server.notice_seconds = 0
+server.workers_kill_timeout = 1
+started = time.monotonic()
+server._stop_workers()
+print(json.dumps({
+    "killed": [w.killed for w in server.wrks],
+    "seconds": time.monotonic() - started,
+    "exits": [w.inner.join(5) or w.inner.exitcode for w in server.wrks] if IGNORE_TERM else None,
+}))
+"""
+
+
+def _stop(mode: str) -> tuple[dict[str, Any], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_SCRIPT, mode], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_a_worker_that_ended_is_not_killed_when_another_thread_reaped_it() -> None:
+    """Review: a stop with a stream running logged "Killing worker-1 after it refused to gracefully
+    stop" 16 ms after the worker had drained and ended, and sent SIGKILL to its pid: Granian's join
+    had lost the reaping to the worker's watcher thread and took ECHILD for a live worker. The stop
+    reads each worker's end on its sentinel."""
+    result, log = _stop("end-on-term")
+    assert result["killed"] == [False, False], log
+    assert "refused" not in log and "outlived" not in log, log
+    assert result["seconds"] < 1, result
+
+
+def test_a_worker_that_ignores_its_sigterm_is_killed_at_the_timeout() -> None:
+    result, log = _stop("ignore-term")
+    assert result["killed"] == [True, True], log
+    assert result["exits"] == [-signal.SIGKILL, -signal.SIGKILL], result
+    assert "killing worker-1: it outlived its drain" in log, log
+    assert 1 <= result["seconds"] < 5, result
