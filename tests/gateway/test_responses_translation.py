@@ -275,11 +275,30 @@ def test_mid_stream_error_ends_with_the_error_event_and_bills_what_came(gw: Gate
     assert record["status"] == "incomplete" and record["usage"]["completion_tokens"] == 2
 
 
+def test_background_is_dropped_and_the_response_answered_at_once(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI, sim: httpx.Client
+) -> None:
+    """Review: `background: true` to a chat model was 400. Nothing of a chat upstream runs in the
+    background, so the parameter is dropped (spec 1.3, as a responses model that does not take it
+    drops it): the answer is final at once, and retrieving it gives it again."""
+    tag = marker()
+    response = oai.responses.create(model=GPT, input=f"now {tag} [sim tokens=3]", background=True)
+    assert response.status == "completed" and len(response.output_text.split()) == 3
+    assert oai.responses.retrieve(response.id).status == "completed"
+    (sent,) = sim_requests(sim, tag)
+    assert "background" not in sent
+
+    def logged() -> bool:
+        rows = gw.query("SELECT attempts FROM request_logs WHERE usage_id = ?", response.id)
+        return bool(rows) and json.loads(rows[0][0])[-1].get("dropped_params") == ["background"]
+
+    eventually(logged, 5, what="the request's log entry naming background dropped")
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
         ({"input": "hi", "previous_response_id": "resp_123"}, "previous_response_id"),
-        ({"input": "hi", "background": True}, "background"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
         ({"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": 7}]}, "input[1].id"),
         (

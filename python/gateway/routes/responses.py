@@ -291,18 +291,15 @@ async def _from_chat_model(
     usage. A messages model the same way, its request and answer translated once more, between
     the chat shape and its own (routes/translated.py). Neither upstream holds a conversation, so
     the gateway keeps it (routes/kept_responses.py): the earlier turns a request names go upstream
-    with it, and its answer is kept for the next. It runs nothing in the background, so
-    `background` is refused rather than answered at once."""
-    if payload.get("background") is True:
-        raise invalid_request(
-            f"{model.name!r} is a {model.type} model, served here through translation: it cannot run"
-            " in the background. Leave out `background`.",
-            "background",
-        )
+    with it, and its answer is kept for the next. It runs nothing in the background: `background`
+    is dropped (spec 1.3, as a responses model that does not take it drops it) and the response
+    answered at once, `status` already final."""
     turn = await kept_responses.resolve(state, call, payload)
     upstream = chat_body(
         state, model, turn.payload, call, chat_request_from_responses, "max_output_tokens", "input"
     )
+    if "background" in payload:  # the chat shape has no counterpart: noted with what else dropped
+        call.dropped_params = tuple(sorted({*call.dropped_params, "background"}))
     prompt = await _check_and_hold(state, request, call, model, turn.payload, turn.brought)
     rid = response_id("resp_")
     keeps = payload.get("store") is not False
