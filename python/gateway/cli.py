@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, sim, demo and admin."""
+"""The `gateway` command: serve, sim, demo, admin and check-config."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     _server_args(serve)
 
     sim = sub.add_parser("sim", help="run the upstream simulator")
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=SIM_PORT)
+    sim.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    sim.add_argument("--port", type=int, default=SIM_PORT, help=f"the port to listen on (default {SIM_PORT})")
 
     demo = sub.add_parser("demo", help="run the simulator and the gateway, and print a demo key")
     _server_args(demo)
