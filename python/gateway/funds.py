@@ -56,9 +56,11 @@ from .pricing import Usage, cost, format_cost
 from .store import KeyContext, Store
 
 ZERO = Decimal(0)
-# What a free request (estimated at zero) needs to find unheld: spec 7.5.1 refuses free models too
-# when nothing is left.
-SMALLEST = Decimal("0.000000001")
+# What a free request (estimated at zero) leases when its pot has nothing unheld: any money at all
+# lets it run (spec 7.5.1 refuses free models only when nothing is left). The finest digit a charge
+# keeps in practice (pricing: four significant figures of per-token prices); review: at a
+# nano-dollar, a balance of $0.0000000005 refused every request.
+SMALLEST = Decimal("1E-18")
 # A lease untouched this long, with nothing held on it, goes back to its pot.
 LEASE_IDLE_SECONDS = 2.0
 # How long a request whose lease could not be refilled waits for the other processes to answer its
@@ -195,7 +197,9 @@ class Pot:
         return free >= amount and (amount > ZERO or free > ZERO)  # Decimal to Decimal: no conversion
 
     def shortfall(self, amount: Decimal) -> Decimal:
-        return max(amount - (self.lease - self.held), SMALLEST)
+        """What a refill leases for `amount`, which this pot does not cover: the rest of it exactly
+        (more would refuse a request the pot's last money covers), or SMALLEST for a free one."""
+        return amount - (self.lease - self.held) if amount > ZERO else SMALLEST
 
 
 @dataclass(slots=True)

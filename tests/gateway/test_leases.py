@@ -348,3 +348,45 @@ def test_every_backend_grants_by_the_one_rule(settings: Settings) -> None:
             await store.close()
 
     assert asyncio.run(go()) == [grant(free, need, share) for free, need, share in cases]
+
+
+def test_the_last_fraction_of_a_nano_dollar_is_still_money(settings: Settings) -> None:
+    """Review: a balance, or a key's limit, of $0.0000000005 refused every request, free ones too
+    (a refill asked the store for at least a nano-dollar). Spec 2.4 refuses only at or below 0:
+    a free request runs on any money left, and one that costs less than what is left runs."""
+
+    async def go() -> None:
+        store = open_store(settings)
+        await store.start()
+        funds = Funds(store, workers=2)
+        try:
+            ctx, _ = await funded_key(store, Decimal("0.0000000005"))
+            free = await funds.hold(ctx, Decimal(0))
+            tiny = await funds.hold(ctx, Decimal("1E-13"))
+            with pytest.raises(NotCovered) as refused:
+                await funds.hold(ctx, Decimal("0.0000000005"))  # 1E-13 of it is held
+            assert refused.value.kind == "account"
+            for hold in (free, tiny):
+                funds.release(hold, Decimal(0))
+            assert (await funds.hold(ctx, Decimal("0.0000000005"))).amount == Decimal("0.0000000005")
+
+            account = await store.create_account("acct-limited", Decimal(10))
+            secret = generate_key()
+            await store.create_key(
+                account.id, "k", hash_key(secret), display_prefix(secret), None, credit_limit=Decimal("1E-10")
+            )
+            limited = await store.find_key(hash_key(secret))
+            assert limited is not None
+            await funds.hold(limited, Decimal(0))
+            await funds.hold(limited, Decimal("1E-11"))
+            with pytest.raises(NotCovered) as refused:
+                await funds.hold(limited, Decimal("1E-10"))
+            assert refused.value.kind == "key"
+
+            empty, _ = await funded_key(store, Decimal(0))
+            with pytest.raises(NotCovered):
+                await funds.hold(empty, Decimal(0))
+        finally:
+            await store.close()
+
+    asyncio.run(go())
