@@ -153,7 +153,12 @@ class ChatStreamRewriter:
         """End of upstream input; flushes a last event that lacked its blank line."""
     @property
     def done(self) -> bool:
-        """`data: [DONE]` was seen (and forwarded)."""
+        """`data: [DONE]` was seen (and forwarded, unless `awaits_usage`)."""
+    @property
+    def awaits_usage(self) -> bool:
+        """The stream is done but its `[DONE]` was held back: `forward_usage` (the client asked for
+        usage) and the upstream sent none. The caller ends the stream with the gateway's own usage
+        chunk, then `data: [DONE]`."""
     @property
     def chunks(self) -> int:
         """JSON chunks forwarded so far."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import openai
 import pytest
@@ -169,3 +170,47 @@ def test_one_model_with_openai_client(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.models.retrieve("no/such-model")
     assert info.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_that_counts_nothing_still_gives_the_client_its_usage(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI, stream: bool
+) -> None:
+    """Review: an upstream that reports no usage (an OpenAI-compatible server that counts nothing,
+    or one that takes no stream_options) was billed the gateway's count, but the client got no
+    usage: spec 1.4.1 (every successful response includes usage) and 6.1.4 (include_usage's last
+    chunk). The client now sees the count it is billed."""
+    before = gw.balance(key.account_id)
+    messages: Any = [{"role": "user", "content": "uncounted [sim tokens=5 no_usage]"}]
+    completion: Any
+    if stream:
+        with oai.chat.completions.stream(
+            model="openai/gpt-4o-mini", messages=messages, stream_options={"include_usage": True}
+        ) as events:
+            chunks = [e.chunk for e in events if e.type == "chunk"]
+            completion = events.get_final_completion()
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert all(c.usage is None for c in chunks[:-1]) and {c.id for c in chunks} == {completion.id}
+    else:
+        completion = oai.chat.completions.create(model="openai/gpt-4o-mini", messages=messages)
+    usage = completion.usage
+    assert usage is not None and usage.completion_tokens == 5 and usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + 5
+    record = gw.usage_record(key.key, completion.id)
+    assert record["usage"]["prompt_tokens"] == usage.prompt_tokens
+    assert record["usage"]["completion_tokens"] == 5
+    expected = cost(PRICES, Usage(usage.prompt_tokens, 5))
+    assert gw.wait_balance(key.account_id, before - expected) == before - expected
+
+
+def test_a_stream_that_did_not_ask_for_usage_gets_none_from_an_upstream_that_counts_nothing(
+    gw: Gateway, key: KeyHandle
+) -> None:
+    body = {
+        "model": "openai/gpt-4o-mini",
+        "messages": [{"role": "user", "content": "x [sim tokens=3 no_usage]"}],
+        "stream": True,
+    }
+    with gw.client(key.key) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        events = [e for e in b"".join(r.iter_bytes()).split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and not any(b'"usage":{' in e for e in events)

@@ -46,6 +46,22 @@ def test_plain_message_with_the_anthropic_client(
     assert gw.wait_balance(key.account_id, before - charged) == before - charged
 
 
+def test_a_message_whose_upstream_counted_nothing_carries_the_gateways_count(
+    gw: Gateway, key: KeyHandle, claude: anthropic.Anthropic
+) -> None:
+    """Spec 1.4.1: every successful response includes usage; where the upstream reported none, the
+    gateway's count, the one billed."""
+    raw = claude.messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "x [sim tokens=4 no_usage]"}]
+    )
+    message = raw.parse()
+    assert message.usage.output_tokens == 4 and message.usage.input_tokens > 0
+    record = gw.usage_record(key.key, message.id)
+    assert record["usage"]["prompt_tokens"] == message.usage.input_tokens
+    assert record["usage"]["completion_tokens"] == 4
+    assert Decimal(raw.headers["x-service-cost"]) == cost(PRICES, Usage(message.usage.input_tokens, 4))
+
+
 def test_streamed_message_with_the_anthropic_client(
     gw: Gateway, key: KeyHandle, claude: anthropic.Anthropic
 ) -> None:

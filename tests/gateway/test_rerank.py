@@ -149,3 +149,44 @@ def test_long_documents_are_held_a_search_per_100_chunks(gw: Gateway) -> None:
     with gw.client(gw.new_key().key) as c:
         served = c.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": long_docs})
     assert served.status_code == 200 and served.json()["meta"]["billed_units"]["search_units"] == 2
+
+
+def test_object_documents_ranked_by_their_rank_fields(
+    gw: Gateway, key: KeyHandle, http: httpx.Client
+) -> None:
+    """Review: cohere's v1 client with object documents and `rank_fields` (a valid Cohere request)
+    was refused for documents without `text`. The fields it names are what is ranked and counted,
+    and `return_documents` gives each object back as it was sent."""
+    before = gw.balance(key.account_id)
+    documents = [{"title": f"Document {i}", "body": text, "id": str(i)} for i, text in enumerate(DOCS)]
+    co = cohere.Client(api_key=key.key, base_url=gw.url, httpx_client=http)
+    result = co.rerank(
+        model=MODEL, query=QUERY, documents=documents, rank_fields=["body"], return_documents=True, top_n=2
+    )
+    assert [r.index for r in result.results][:1] == [1]
+    first = result.results[0].document
+    assert first is not None and first.dict()["body"] == DOCS[1] and first.dict()["id"] == "1"
+    assert result.meta is not None and result.meta.billed_units is not None
+    assert result.meta.billed_units.search_units == 1
+    with gw.client(key.key) as c:
+        record = _usage_record(c, str(result.id))
+    charged = Decimal(str(record["cost"]))
+    assert charged > 0 and gw.wait_balance(key.account_id, before - charged) == before - charged
+
+
+@pytest.mark.parametrize(
+    ("documents", "fields", "param"),
+    [
+        ([{"title": "a"}], [], "rank_fields"),
+        ([{"title": "a"}], "title", "rank_fields"),
+        ([{"title": 7}], ["title"], "documents[0].title"),
+        ([{"title": "a"}, {"body": "b"}], ["title"], "documents[1]"),
+    ],
+)
+def test_rank_fields_refusals(
+    gw: Gateway, key: KeyHandle, documents: list[Any], fields: Any, param: str
+) -> None:
+    body = {"model": MODEL, "query": "q", "documents": documents, "rank_fields": fields}
+    with gw.client(key.key) as c:
+        r = c.post("/v1/rerank", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -30,10 +31,11 @@ from ..translate import (
     message_output_text,
     messages_request_from_chat,
 )
+from ..translate.usage import chat_usage
 from .common import model_endpoint, parse_object, read_body, resolve_model
-from .streaming import forward_stream
+from .streaming import forward_stream, stream_outcome
 from .text import check_and_hold
-from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, forward_plain
+from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, answer_with_usage, forward_plain
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -84,6 +86,7 @@ def routes(state: GatewayState) -> list[Route]:
                 rid,
                 CHAT_ANSWER,
                 lambda body: _counted_usage(model, prompt, chat_output_text(body), call.prompt_audio),
+                add_usage=answer_with_usage(chat_usage),
             )
 
         options = payload.get("stream_options")
@@ -104,9 +107,35 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             lambda: ChatStreamRewriter(rid, client_wants_usage),
             prompt,
+            on_end=_usage_end(model, call, rid, prompt) if client_wants_usage else None,
         )
 
     return [Route("/v1/chat/completions", model_endpoint(state, chat_completions), methods=["POST"])]
+
+
+def _usage_end(
+    model: ModelConfig, call: Call, rid: str, prompt: int
+) -> Callable[[ChatStreamRewriter], Awaitable[bytes]]:
+    """The end of a stream whose client asked for usage (include_usage, spec 6.1.4) and whose
+    upstream sent none (it takes no `stream_options`, or never counts): a last chunk with the
+    gateway's own count, the one the stream is billed (spec 1.4.1), then the `[DONE]` the rewriter
+    held back. Nothing when the upstream's usage came."""
+
+    async def end(rewriter: ChatStreamRewriter) -> bytes:
+        if not rewriter.awaits_usage:
+            return b""
+        outcome = stream_outcome(rewriter, call, prompt, rewriter.output_len, True)
+        chunk = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": rewriter.model or model.name,
+            "choices": [],
+            "usage": chat_usage(billing.stream_usage(model, outcome)),
+        }
+        return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+    return end
 
 
 async def _from_messages_model(

@@ -28,11 +28,12 @@ from ..translate import (
     message_from_chat_completion,
     message_output_text,
 )
+from ..translate.usage import messages_usage
 from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream
 from .text import check_and_hold, count_prompt
 from .translated import chat_body, forward_to_chat_model
-from .upstream import MESSAGES_ANSWER, forward_plain
+from .upstream import MESSAGES_ANSWER, answer_with_usage, forward_plain
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -69,6 +70,7 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             MESSAGES_ANSWER,
             lambda body: Usage(prompt, count_tokens(message_output_text(body), model.tokenizer)),
+            add_usage=answer_with_usage(messages_usage),
         )
 
     async def count_message_tokens(request: Request, call: Call) -> Response:

@@ -64,18 +64,49 @@ def _validate(payload: dict[str, Any]) -> list[str]:
     documents = payload.get("documents")
     if not isinstance(documents, list) or not documents:
         raise invalid_request("`documents` must be a non-empty array.", "documents")
+    fields = payload.get("rank_fields")
+    if fields is not None and (
+        not isinstance(fields, list) or not fields or not all(isinstance(f, str) and f for f in fields)
+    ):
+        raise invalid_request("`rank_fields` must be a non-empty array of field names.", "rank_fields")
     texts = []
-    for doc in documents:
+    for index, doc in enumerate(documents):
         if isinstance(doc, str):
             texts.append(doc)
+        elif isinstance(doc, dict) and fields is not None:
+            texts.append(_ranked_text(doc, fields, index))
         elif isinstance(doc, dict) and isinstance(doc.get("text"), str):
             texts.append(doc["text"])
         else:
-            raise invalid_request("Each document must be a string or an object with `text`.", "documents")
+            raise invalid_request(
+                "Each document must be a string, an object with `text`, or an object with the"
+                " fields `rank_fields` names.",
+                "documents",
+            )
     top_n = payload.get("top_n")
     if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
         raise invalid_request("`top_n` must be a positive integer.", "top_n")
     return texts
+
+
+def _ranked_text(document: dict[str, Any], fields: list[str], index: int) -> str:
+    """What Cohere ranks of an object document given `rank_fields` (its v1 API): the values of
+    those fields in their order, each a string; a field the document lacks is left out. Counted
+    as `name: value` lines, about what the model reads."""
+    lines = []
+    for field in fields:
+        value = document.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise invalid_request(
+                f"The field {field!r} of a document that `rank_fields` names must be a string.",
+                f"documents[{index}].{field}",
+            )
+        lines.append(f"{field}: {value}")
+    if not lines:
+        raise invalid_request("A document has none of the fields `rank_fields` names.", f"documents[{index}]")
+    return "\n".join(lines)
 
 
 def _reported_usage(body: bytes) -> Usage | None:

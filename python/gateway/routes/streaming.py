@@ -149,15 +149,7 @@ async def forward_stream(
             raise
 
     def outcome(delivered: int, complete: bool) -> billing.StreamOutcome:
-        return billing.StreamOutcome(
-            complete,
-            rewriter.usage,
-            rewriter.output_upto(delivered),
-            counted_prompt,
-            rewriter.reasoning_upto(delivered),
-            call.prompt_audio,
-            rewriter.spoken,
-        )
+        return stream_outcome(rewriter, call, counted_prompt, delivered, complete)
 
     async def body() -> AsyncGenerator[bytes, None]:
         # The error that ends the stream, as (code, message), once the model fails mid-way.
@@ -284,6 +276,22 @@ async def forward_stream(
         headers=headers,
     )
     return held
+
+
+def stream_outcome(
+    rewriter: StreamRewriter, call: Call, counted_prompt: int, delivered: int, complete: bool
+) -> billing.StreamOutcome:
+    """What billing reads of a stream whose client was sent the output up to `delivered` (a mark
+    of `rewriter.output_len`)."""
+    return billing.StreamOutcome(
+        complete,
+        rewriter.usage,
+        rewriter.output_upto(delivered),
+        counted_prompt,
+        rewriter.reasoning_upto(delivered),
+        call.prompt_audio,
+        rewriter.spoken,
+    )
 
 
 def _in_shape(response: UpstreamResponse, translator: StreamTranslator | None) -> AsyncIterator[bytes]:

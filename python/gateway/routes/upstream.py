@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import orjson
 from starlette.requests import Request
@@ -47,6 +47,21 @@ def _core_reader(shape: Literal["chat", "messages"]) -> AnswerReader:
 # (messages): stamped and their usage read in one pass of the core over the body.
 CHAT_ANSWER: Final = _core_reader("chat")
 MESSAGES_ANSWER: Final = _core_reader("messages")
+
+
+def answer_with_usage(shape: Callable[[Usage], dict[str, Any]]) -> Callable[[bytes, Usage], bytes]:
+    """forward_plain's `add_usage` for an answer whose usage is `shape(usage)` (chat_usage,
+    messages_usage): every successful answer carries its usage (spec 1.4.1), the gateway's count,
+    as billed, where the upstream reported none."""
+
+    def add(body: bytes, usage: Usage) -> bytes:
+        answer = orjson.loads(body)
+        if not isinstance(answer, dict) or answer.get("usage") is not None:
+            return body
+        answer["usage"] = shape(usage)
+        return orjson.dumps(answer)
+
+    return add
 
 
 def stamped_answer(parse_usage: Callable[[bytes], Usage | None]) -> AnswerReader:
@@ -201,19 +216,23 @@ async def forward_plain(
     count_usage: Callable[[bytes], Usage],
     to_client: Callable[[bytes, Usage], bytes] | None = None,
     on_answer: Callable[[bytes], Awaitable[bytes]] | None = None,
+    add_usage: Callable[[bytes, Usage], bytes] | None = None,
 ) -> Response:
     """`read_answer(answer, rid)` stamps the gateway's id on the upstream's answer and reads the
     usage it reports in its shape (CHAT_ANSWER, MESSAGES_ANSWER, stamped_answer);
     `count_usage(answer)` is the gateway's own count, used only when the upstream reports none.
     `to_client(answer, usage)` turns an answer of the other text shape into the endpoint's
-    (gateway.translate). `on_answer(body)` runs once the answer is charged, and what it returns is
-    the answer the client gets."""
+    (gateway.translate); else `add_usage(answer, usage)` gives an answer whose upstream reported
+    no usage the gateway's count (answer_with_usage). `on_answer(body)` runs once the answer is
+    charged, and what it returns is the answer the client gets."""
     content = (await call_upstream(state, request, call, model, upstream_body)).content
     try:
         body, reported = read_answer(content, rid)
         usage = reported or count_usage(body)
         if to_client is not None:
             body = to_client(body, usage)
+        elif reported is None and add_usage is not None:
+            body = add_usage(body, usage)
     except (InvalidJsonError, orjson.JSONDecodeError) as exc:
         raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
     charged = billing.settle(state, call, model, rid, "completed", usage)

@@ -90,9 +90,11 @@ async def create(sim: Simulator, request: web.Request, *, azure: bool = False) -
         turn.words, turn.finish = turn.words[: d.filter_after], "content_filter"
     if req.get("stream") is True:
         opts = req.get("stream_options")
-        with_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+        with_usage = isinstance(opts, dict) and opts.get("include_usage") is True and not d.no_usage
         return await _stream(request, turn, with_usage, d, azure)
     completion = _completion(turn)
+    if d.no_usage:
+        del completion["usage"]
     if azure:
         completion["prompt_filter_results"] = AZURE_PROMPT_RESULTS
         completion["choices"][0]["content_filter_results"] = _azure_results(turn.finish)

@@ -27,6 +27,9 @@ configured model through the gateway, which forwards neither headers nor anythin
                   RESOURCE_EXHAUSTED (without a value)
   filter_after=N  (chat) the provider's content filter cuts the answer after N words: it ends there
                   with finish_reason "content_filter", usage counting what was produced
+  no_usage        count nothing: no `usage` in a chat answer nor a usage chunk in a chat stream that
+                  asked for one, as some OpenAI-compatible servers answer; no `usage` in a plain
+                  message (without a value)
   tool            call the first tool the request offers (without a value; a tool_choice that forces
                   a call does the same without it, see sim/tools.py)
   render=D        a video job or a background response takes D from creation to its end (default
@@ -43,7 +46,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 _MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
-_FLAGS = ("tool", "render_fail", "overloaded")  # the directives without a value
+_FLAGS = ("tool", "render_fail", "overloaded", "no_usage")  # the directives without a value
 
 
 @dataclass(slots=True)
@@ -60,6 +63,7 @@ class Directives:
     overloaded: bool = False  # the error_after error says the provider is at capacity
     filter_after: int | None = None
     tool: bool = False
+    no_usage: bool = False
     render: float = 2.0
     render_fail: bool = False
     refuse: bool = False  # fail=content_policy

@@ -110,6 +110,8 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         message["content"].append(
             {"type": "text", "text": "".join(words)} if call is None else call.tool_use_block()
         )
+        if d.no_usage:
+            del message["usage"]
         return reply(200, orjson.dumps(message))
     answer: Block = (
         ({"type": "text", "text": ""}, "text_delta", "text", words)

@@ -28,9 +28,8 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     if not isinstance(query, str) or not isinstance(documents, list) or not documents:
         return openai_error(400, "query and documents are required")
     sim.record({"path": "/v1/rerank", "body": req})
-    texts = [
-        d if isinstance(d, str) else str(d.get("text", "")) if isinstance(d, dict) else "" for d in documents
-    ]
+    fields = req.get("rank_fields")
+    texts = [_ranked(d, fields if isinstance(fields, list) and fields else None) for d in documents]
     words = set(_WORD.findall(query.lower()))
     scored = []
     for index, text in enumerate(texts):
@@ -44,8 +43,9 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     results = []
     for score, index in scored:
         result: dict[str, Any] = {"index": index, "relevance_score": score}
-        if req.get("return_documents"):
-            result["document"] = {"text": texts[index]}
+        if req.get("return_documents"):  # as it was sent: an object whole
+            sent = documents[index]
+            result["document"] = sent if isinstance(sent, dict) else {"text": sent}
         results.append(result)
     each = [count_tokens(query) + count_tokens(t) for t in texts]
     # As Cohere bills: a search per 100 documents, a document longer than 500 tokens with the query
@@ -58,3 +58,15 @@ async def create(sim: Simulator, request: web.Request) -> web.StreamResponse:
     }
     rid = "rerank-sim" + hashlib.blake2b(body, digest_size=8).hexdigest()
     return reply(200, orjson.dumps({"id": rid, "results": results, "meta": meta}))
+
+
+def _ranked(document: Any, fields: list[Any] | None) -> str:
+    """What is ranked of a document: itself, its `text`, or the `rank_fields` it has, one
+    `name: value` line each (Cohere's v1 API)."""
+    if isinstance(document, str):
+        return document
+    if not isinstance(document, dict):
+        return ""
+    if fields is None:
+        return str(document.get("text", ""))
+    return "\n".join(f"{f}: {document[f]}" for f in fields if isinstance(f, str) and f in document)

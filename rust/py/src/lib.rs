@@ -322,7 +322,8 @@ stream_rewriter!(
     ChatStreamRewriter(chat::ChatStreamRewriter),
     fn new(response_id: &str, forward_usage: bool) -> Self {
         Self(chat::ChatStreamRewriter::new(response_id, forward_usage))
-    }
+    },
+    getter awaits_usage: bool
 );
 
 stream_rewriter!(

@@ -185,11 +185,19 @@ pub struct ChatStreamRewriter {
     state: StreamState,
     forward_usage: bool,
     usage: Option<TokenUsage>,
+    awaits_usage: bool,
 }
 
 impl ChatStreamRewriter {
     pub fn new(response_id: &str, forward_usage: bool) -> Self {
-        Self { state: StreamState::new(response_id), forward_usage, usage: None }
+        Self { state: StreamState::new(response_id), forward_usage, usage: None, awaits_usage: false }
+    }
+
+    /// The stream is done, but its `[DONE]` was held back: the client asked for usage
+    /// (`forward_usage`) and the upstream sent none (one that takes no `stream_options`, or never
+    /// counts). The caller ends the stream with the gateway's own usage chunk, then `[DONE]`.
+    pub fn awaits_usage(&self) -> bool {
+        self.awaits_usage
     }
 
     /// Takes what the chunk says; true when the chunk is to be withheld from the client.
@@ -247,6 +255,11 @@ impl StreamRewriter for ChatStreamRewriter {
         }
         let data = event.data;
         if data.trim_matches(is_json_ws) == "[DONE]" {
+            if self.forward_usage && self.usage.is_none() {
+                self.state.done = true;
+                self.awaits_usage = true;
+                return;
+            }
             self.state.end(out);
             return;
         }
@@ -292,6 +305,28 @@ mod tests {
 
     fn events(bytes: &[u8]) -> Vec<String> {
         parse_all(&[bytes]).into_iter().map(|e| e.data).collect()
+    }
+
+    #[test]
+    fn done_waits_for_usage_the_client_asked_for_and_none_came() {
+        let body = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+        let mut asked = ChatStreamRewriter::new("chatcmpl-gw", true);
+        let out = asked.feed(body);
+        assert_eq!(events(&out).len(), 1, "the content chunk, not [DONE]");
+        assert!(asked.state().done && asked.awaits_usage());
+        assert!(asked.feed(b"data: {\"choices\":[]}\n\n").is_empty(), "nothing after the end");
+
+        let mut not_asked = ChatStreamRewriter::new("chatcmpl-gw", false);
+        let out = not_asked.feed(body);
+        assert_eq!(events(&out).last().map(String::as_str), Some("[DONE]"));
+        assert!(not_asked.state().done && !not_asked.awaits_usage());
+
+        let mut counted = ChatStreamRewriter::new("chatcmpl-gw", true);
+        let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n";
+        counted.feed(usage);
+        let out = counted.feed(b"data: [DONE]\n\n");
+        assert_eq!(out, b"data: [DONE]\n\n");
+        assert!(!counted.awaits_usage());
     }
 
     #[test]
@@ -484,7 +519,7 @@ mod tests {
 
     #[test]
     fn nothing_after_done_and_done_with_spaces() {
-        let mut rw = ChatStreamRewriter::new("gw", true);
+        let mut rw = ChatStreamRewriter::new("gw", false);
         let out = run(&mut rw, b"data:  [DONE] \n\ndata: {\"choices\":[]}\n\n");
         assert_eq!(out, b"data: [DONE]\n\n");
         assert!(rw.state().done);
