@@ -7,7 +7,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -17,8 +17,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
-from starlette.types import ASGIApp
+from starlette.routing import BaseRoute, Match, Mount, Route
+from starlette.types import ASGIApp, Scope
 
 from . import background as background_responses
 from . import console, jobs, request_log
@@ -26,6 +26,8 @@ from . import videos as video_jobs
 from .auth import presented_context
 from .buckets import BucketStore, FileBuckets
 from .config import ConfigError, Settings, settings_from_env
+from .console.render import with_security_headers
+from .console.security import COOKIE_PATH as CONSOLE_PATH
 from .core import count_tokens
 from .deadline import expire_all
 from .drain import Drain, end_with_supervisor, mark_serving
@@ -311,11 +313,24 @@ async def _log_failure_for_its_key(request: Request, answer: Response, err: Gate
 
 def _allowed_methods(request: Request) -> set[str]:
     """Every method some route serves on the request's path: Starlette's 405 names only the first
-    route's, and a path may have several (POST /v1/videos creates, GET lists)."""
+    route's, and a path may have several (POST /v1/videos creates, GET lists), within mounts too
+    (the console's: review, its forms' POST was left out)."""
+    scope = request.scope
+    # From the app's own root: a mount that routed the request has moved root_path to itself.
+    return _methods_on(
+        request.app.routes, {**scope, "root_path": scope.get("app_root_path", scope.get("root_path", ""))}
+    )
+
+
+def _methods_on(routes: Sequence[BaseRoute], scope: Scope) -> set[str]:
     methods: set[str] = set()
-    for route in request.app.routes:
-        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.matches(scope)[0] != Match.NONE:
             methods |= route.methods
+        elif isinstance(route, Mount):
+            match, child = route.matches(scope)
+            if match != Match.NONE:
+                methods |= _methods_on(route.routes, {**scope, **child})
     return methods
 
 
@@ -343,6 +358,11 @@ async def answer_exception(request: Request, exc: Exception) -> Response:
 
 
 def _answer(request: Request, err: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
-    """The error's answer, its code noted for the request's metrics (gateway.telemetry)."""
+    """The error's answer, its code noted for the request's metrics (gateway.telemetry); under
+    the console, with the console's security headers, as every answer there has them."""
     request.scope[ERROR_CODE] = err.code
-    return error_response(err, headers, request.url.path)
+    answer = error_response(err, headers, request.url.path)
+    path = request.scope["path"]
+    if path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/"):
+        with_security_headers(answer)
+    return answer

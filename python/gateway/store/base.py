@@ -401,9 +401,10 @@ class Console(Protocol):
     async def set_console_password(
         self, user_id: str, password_hash: str, invite: tuple[bytes, int] | None = None
     ) -> bool:
-        """Set the password and close the invitation (single use); False if there is no such user,
-        or, with `invite` (token hash, now_ms), if that invitation is no longer open (used, replaced
-        or expired): two uses of one link cannot both succeed."""
+        """Set the password, close the invitation (single use) and end every session of the user
+        (one signed in with the old password, as a demo's new run sets a new one); False if there
+        is no such user, or, with `invite` (token hash, now_ms), if that invitation is no longer
+        open (used, replaced or expired): two uses of one link cannot both succeed."""
 
     async def set_console_invite(self, user_id: str, invite_hash: bytes, expires_at_ms: int) -> bool:
         """Open a new invitation (a password reset by the operator): the old password stops working

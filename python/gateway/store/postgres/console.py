@@ -115,12 +115,18 @@ class PostgresConsole:
             "UPDATE console_users SET password_hash = $2, invite_hash = NULL, invite_expires_at_ms = NULL"
             " WHERE id = $1"
         )
-        if invite is None:
-            status = await self._execute(sql, user_id, password_hash)
-        else:  # only while this invitation is open
+        args: tuple[object, ...] = (user_id, password_hash)
+        if invite is not None:  # only while this invitation is open
             sql += " AND invite_hash = $3 AND (invite_expires_at_ms IS NULL OR invite_expires_at_ms > $4)"
-            status = await self._execute(sql, user_id, password_hash, *invite)
-        return rows.count(status) == 1
+            args += invite
+
+        async def change(conn: asyncpg.Connection) -> bool:
+            if rows.count(await conn.execute(sql, *args)) != 1:
+                return False
+            await conn.execute("DELETE FROM console_sessions WHERE user_id = $1", user_id)
+            return True
+
+        return await self._tx(change)
 
     async def set_console_invite(self, user_id: str, invite_hash: bytes, expires_at_ms: int) -> bool:
         async def invite(conn: asyncpg.Connection) -> bool:

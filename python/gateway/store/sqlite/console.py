@@ -157,7 +157,10 @@ class SqliteConsole:
             if invite is not None:  # only while this invitation is open
                 sql += " AND invite_hash = ? AND (invite_expires_at_ms IS NULL OR invite_expires_at_ms > ?)"
                 args += invite
-            return bool(conn.execute(sql, args).rowcount == 1)
+            if conn.execute(sql, args).rowcount != 1:
+                return False
+            conn.execute("DELETE FROM console_sessions WHERE user_id = ?", (user_id,))
+            return True
 
         done: bool = await self._write(op)
         return done
