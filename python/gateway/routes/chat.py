@@ -37,7 +37,7 @@ from .streaming import forward_stream, stream_outcome
 from .text import check_and_hold
 from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, answer_with_usage, forward_plain
 
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+WITH_CHAT_USAGE = answer_with_usage(chat_usage)
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -86,7 +86,7 @@ def routes(state: GatewayState) -> list[Route]:
                 rid,
                 CHAT_ANSWER,
                 lambda body: _counted_usage(model, prompt, chat_output_text(body), call.prompt_audio),
-                add_usage=answer_with_usage(chat_usage),
+                add_usage=WITH_CHAT_USAGE,
             )
 
         options = payload.get("stream_options")

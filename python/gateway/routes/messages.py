@@ -35,6 +35,8 @@ from .text import check_and_hold, count_prompt
 from .translated import chat_body, forward_to_chat_model
 from .upstream import MESSAGES_ANSWER, answer_with_usage, forward_plain
 
+WITH_MESSAGES_USAGE = answer_with_usage(messages_usage)
+
 
 def routes(state: GatewayState) -> list[Route]:
     async def messages(request: Request, call: Call) -> Response:
@@ -70,7 +72,7 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             MESSAGES_ANSWER,
             lambda body: Usage(prompt, count_tokens(message_output_text(body), model.tokenizer)),
-            add_usage=answer_with_usage(messages_usage),
+            add_usage=WITH_MESSAGES_USAGE,
         )
 
     async def count_message_tokens(request: Request, call: Call) -> Response:
