@@ -203,9 +203,9 @@ def note_dropped(call: Call, names: Iterable[str], keep: frozenset[str]) -> None
     """Note on the request the names among `names` (its fields or form parts) that are not kept:
     the parameters dropped because the model does not take them (spec 1.3), for its log entry.
     Called only when something was dropped, so a request that drops nothing pays nothing."""
-    dropped = sorted({name for name in names if name not in keep})
-    if dropped:
-        call.dropped_params = tuple(dropped)
+    dropped = {name for name in names if name not in keep}
+    if dropped:  # with what an earlier step dropped (a translation's, then the model's own)
+        call.dropped_params = tuple(sorted(dropped.union(call.dropped_params)))
 
 
 def _a(word: str) -> str:

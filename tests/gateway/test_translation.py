@@ -677,3 +677,78 @@ def test_requests_that_cannot_be_translated_are_400(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "invalid_request" and r.json()["error"]["param"] == param
     assert gw.balance(key.account_id) == Decimal("0.000001")
+
+
+def _dropped(gw: Gateway, response_id: str) -> list[str]:
+    """The dropped parameters the request's log entry names (its tries', gateway.request_log)."""
+    found: list[list[str]] = []
+
+    def logged() -> bool:
+        rows = gw.query("SELECT attempts FROM request_logs WHERE usage_id = ?", response_id)
+        if rows and rows[0][0]:
+            found.append(json.loads(rows[0][0])[-1].get("dropped_params", []))
+        return bool(found)
+
+    eventually(logged, 5, what=f"the log entry of {response_id}")
+    return found[-1]
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "body", "dropped"),
+    [
+        (
+            "/v1/chat/completions",
+            CLAUDE,
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "logit_bias": {"1": 2},
+                "top_k": 3,
+                "n": 1,
+                "seed": 7,
+            },
+            ["logit_bias", "n", "seed"],
+        ),
+        (
+            "/v1/messages",
+            GPT,
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 9,
+                "top_k": 3,
+                "service_tier": "auto",
+            },
+            ["service_tier", "top_k"],  # carried into the chat shape, where GPT does not take it
+        ),
+        (
+            "/v1/responses",
+            GPT,
+            {"input": "hi", "include": ["x"], "truncation": "auto"},
+            ["include", "truncation"],
+        ),
+    ],
+)
+def test_what_a_translation_cannot_carry_is_logged_as_dropped(
+    gw: Gateway,
+    key: KeyHandle,
+    sim: httpx.Client,
+    path: str,
+    model: str,
+    body: dict[str, Any],
+    dropped: list[str],
+) -> None:
+    """Review: a chat request to a messages model carrying logit_bias and unknown parameters was
+    logged with no dropped parameters, where the same request to a chat model names them. What the
+    translation leaves out is dropped (spec 1.3) and named in the log; what it carries, and the
+    model takes, reaches the model (top_k, to Claude)."""
+    tag = marker()
+    if "messages" in body:
+        body["messages"][0]["content"] += f" {tag}"
+    else:
+        body["input"] += f" {tag}"
+    with gw.client(key.key) as c:
+        r = c.post(path, json={"model": model, **body})
+    assert r.status_code == 200, r.text
+    assert _dropped(gw, r.json()["id"]) == dropped
+    if model == CLAUDE:
+        (received,) = sim_requests(sim, tag)
+        assert received["top_k"] == 3 and "logit_bias" not in received

@@ -22,6 +22,7 @@ from ..core import (
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
+from ..registry import note_dropped
 from ..routing import ChannelBody, json_body
 from ..state import GatewayState
 from ..translate import (
@@ -31,6 +32,7 @@ from ..translate import (
     message_output_text,
     messages_request_from_chat,
 )
+from ..translate.messages_request import READ_FROM_CHAT
 from ..translate.usage import chat_usage
 from .common import model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream, stream_outcome
@@ -51,13 +53,12 @@ def routes(state: GatewayState) -> list[Route]:
         limits = billing.cap_output(received, model, payload, "max_completion_tokens", "max_tokens")
         # A messages-family model gets the request as a message request, translated before the
         # safety check and the hold: one that cannot be translated is a 400 that has cost nothing.
-        translated = (
-            state.registry.channel_body(
+        translated = None
+        if model.type == "messages":
+            translated = state.registry.channel_body(
                 model, messages_request_from_chat(payload, model.max_output_tokens), call
             )
-            if model.type == "messages"
-            else None
-        )
+            note_dropped(call, payload, READ_FROM_CHAT)
         if model.name in state.registry.checked:  # said in another API (Bedrock, Gemini): checked now
             state.registry.check(model, payload)
         prompt = await check_and_hold(

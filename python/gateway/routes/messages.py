@@ -28,6 +28,7 @@ from ..translate import (
     message_from_chat_completion,
     message_output_text,
 )
+from ..translate.chat_request import READ_FROM_MESSAGES
 from ..translate.usage import messages_usage
 from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream
@@ -85,7 +86,16 @@ def routes(state: GatewayState) -> list[Route]:
         _validate_messages(payload)
         if model.type != "messages":  # what /v1/messages would refuse to translate is refused here too
             asked = {**payload, "max_tokens": payload.get("max_tokens") or 1}  # counting needs none
-            chat_body(state, model, asked, call, chat_request_from_messages, "max_tokens", "messages")
+            chat_body(
+                state,
+                model,
+                asked,
+                call,
+                chat_request_from_messages,
+                "max_tokens",
+                "messages",
+                READ_FROM_MESSAGES,
+            )
         await billing.hold(state, call, model, Usage())  # nothing set aside; names the model too
         tokens, _ = await count_prompt(request, lambda: _prompt_tokens(model, payload))
         return json_response({"input_tokens": tokens}, headers={REQUEST_ID_HEADER: call.request_id})
@@ -110,7 +120,9 @@ async def _from_chat_model(
     state: GatewayState, request: Request, call: Call, model: ModelConfig, payload: dict[str, Any]
 ) -> Response:
     """A chat model in the message shape (routes/translated.py)."""
-    upstream = chat_body(state, model, payload, call, chat_request_from_messages, "max_tokens", "messages")
+    upstream = chat_body(
+        state, model, payload, call, chat_request_from_messages, "max_tokens", "messages", READ_FROM_MESSAGES
+    )
     prompt = await _check_and_hold(state, request, call, model, payload)
     rid = response_id("msg_")
     return await forward_to_chat_model(

@@ -41,6 +41,7 @@ from ..translate import (
     response_from_chat_completion,
     response_output_text,
 )
+from ..translate.responses_request import READ_FROM_RESPONSES
 from ..translate.stream_base import FromChatStream
 from . import kept_responses
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body, resolve_model
@@ -296,10 +297,15 @@ async def _from_chat_model(
     answered at once, `status` already final."""
     turn = await kept_responses.resolve(state, call, payload)
     upstream = chat_body(
-        state, model, turn.payload, call, chat_request_from_responses, "max_output_tokens", "input"
+        state,
+        model,
+        turn.payload,
+        call,
+        chat_request_from_responses,
+        "max_output_tokens",
+        "input",
+        READ_FROM_RESPONSES,
     )
-    if "background" in payload:  # the chat shape has no counterpart: noted with what else dropped
-        call.dropped_params = tuple(sorted({*call.dropped_params, "background"}))
     prompt = await _check_and_hold(state, request, call, model, turn.payload, turn.brought)
     rid = response_id("resp_")
     keeps = payload.get("store") is not False

@@ -19,6 +19,7 @@ from ..context import Call
 from ..core import count_tokens
 from ..errors import GatewayError
 from ..pricing import Usage
+from ..registry import note_dropped
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..stream_errors import StreamErrorRenderer
@@ -30,6 +31,7 @@ from ..translate import (
     messages_request_from_chat,
 )
 from ..translate.chained import MessagesThroughChat
+from ..translate.messages_request import READ_FROM_CHAT
 from ..translate.stream_base import FromChatStream
 from .streaming import forward_stream
 from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, forward_plain
@@ -50,21 +52,25 @@ def chat_body(
     to_chat: ToChat,
     source_limit: str,
     conversation: str,
+    read: frozenset[str],
 ) -> ChannelBody:
     """The request as a chat completions request for `model`. Made before the safety check and the
     hold: a request that cannot be translated is a 400 that has cost nothing. `source_limit` is
     the request shape's output limit, which the hold reads from `payload`; `conversation` the
-    field that holds its turns, which a refusal of what they hold names."""
+    field that holds its turns, which a refusal of what they hold names; `read` the fields of
+    `payload` that `to_chat` carries (the rest are noted as dropped, with what the model drops)."""
     # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
     received = state.registry.received_fields(model)
     limit = "max_completion_tokens" if "max_completion_tokens" in received else "max_tokens"
     chat = to_chat(payload, limit)
+    note_dropped(call, payload, read)
     billing.cap_output(received, model, chat, limit, "max_tokens")
     billing.send_output_limit(received, model, chat, limit, "max_tokens")  # the hold reads `payload`
     if limit not in received:  # the model takes no output limit: it is held at its most
         payload.pop(source_limit, None)
     try:
         if model.type == "messages":  # once more, into the model's own shape
+            note_dropped(call, chat, READ_FROM_CHAT)
             return state.registry.channel_body(
                 model, messages_request_from_chat(chat, model.max_output_tokens), call
             )

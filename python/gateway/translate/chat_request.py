@@ -18,6 +18,24 @@ from .files import PDF_TYPE
 
 # Same name and meaning in both shapes; top_k is kept for the chat models that know it (spec 1.3).
 SAME_PARAMS = ("temperature", "top_p", "top_k")
+# The fields of a messages request that chat_request_from_messages carries; the rest are dropped
+# (spec 1.3), and noted as such (registry.note_dropped).
+READ_FROM_MESSAGES = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "stop_sequences",
+        "tools",
+        "tool_choice",
+        "metadata",
+        "stream",
+        "output_config",
+        "output_format",
+        *SAME_PARAMS,
+    }
+)
 # Content the chat shape has no place for, from earlier turns: dropped from the history.
 UNSAID_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 

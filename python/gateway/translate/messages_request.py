@@ -24,6 +24,24 @@ TEXT_TYPE = "text/plain"
 # Same name and meaning in both shapes; top_k and thinking are the family's own, which a chat client
 # may send to it (spec 1.3 example: top_k reaches the family it means something to).
 SAME_PARAMS = ("temperature", "top_p", "top_k", "thinking", "stream")
+# The fields of a chat request that messages_request_from_chat carries; the rest are dropped
+# (spec 1.3), and noted as such (registry.note_dropped).
+READ_FROM_CHAT = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "response_format",
+        "stop",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "user",
+        "stream_options",
+        *SAME_PARAMS,
+    }
+)
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
 # What `response_format: {type: json_object}` becomes: the family has no schema-less JSON mode (its
 # structured output needs a schema, and an object schema there must close additionalProperties, which
