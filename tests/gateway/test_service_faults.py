@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster import Cluster, Key, ThrowawayPostgres, ThrowawayRedis, database, postgres_bin
+from cluster import Cluster, Key, ThrowawayPostgres, ThrowawayRedis, database, postgres_bin, query
 from gateway.config import Settings
 from gateway.funds import Funds
 from gateway.store import open_store
@@ -241,6 +241,46 @@ def test_postgres_restarted_mid_traffic(services: Services, sim: httpx.Client) -
         services.postgres.start()
         up = time.monotonic()
         eventually(lambda: recovered(traffic, up), 20, 0.1, what="served again")
+    assert_outage_lost_nothing(cluster, key, deposit, traffic, sim, marker)
+
+
+def test_a_database_that_stops_accepting_connections_loses_no_charge(
+    services: Services, sim: httpx.Client
+) -> None:
+    """Review: `ALTER DATABASE ... ALLOW_CONNECTIONS false` (a maintenance step) with the gateway's
+    connections ended: PostgreSQL answers every new connection with 55000 "not currently accepting
+    connections", which was taken for a refused statement: the first requests got an unlogged 500,
+    their settlements were dropped and their holds stayed leased. Failing to connect is the
+    database being away, whatever the server says (store/postgres/errors.connects_refused)."""
+    cluster = services.cluster
+    deposit = Decimal(100)
+    key = cluster.new_key(deposit)
+    marker = "pg-closed-" + uuid.uuid4().hex
+    name = cluster.database_url.rsplit("/", 1)[-1]
+    server = services.postgres.url
+    with Traffic(cluster, key, marker) as traffic:
+        time.sleep(1.0)
+        try:
+            query(server, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            query(
+                server,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = $1 AND pid <> pg_backend_pid()",
+                name,
+            )
+            time.sleep(7.0)  # longer than a settlement waits for the database (5 s)
+        finally:
+            query(server, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        up = time.monotonic()
+        eventually(lambda: recovered(traffic, up), 20, 0.1, what="served again")
+    assert_outage_lost_nothing(cluster, key, deposit, traffic, sim, marker)
+
+
+def assert_outage_lost_nothing(
+    cluster: Cluster, key: Key, deposit: Decimal, traffic: Traffic, sim: httpx.Client, marker: str
+) -> None:
+    """After PostgreSQL was away under `traffic`: every answer clear, the outage met, no charge lost
+    or made twice, every hold back."""
     assert_clear(traffic.answers)
     unavailable = [a for a in traffic.answers if a.status == 503]
     assert unavailable, "no request met the outage"

@@ -398,8 +398,13 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
             failure = unexpected_failure()
             failure.headers[REQUEST_ID_HEADER] = call.request_id
-            await _close(state, request, call, 500, failure.body(request.url.path), error_code=failure.code)
-            await idempotency.forget(state, call)
+            try:
+                await _close(
+                    state, request, call, 500, failure.body(request.url.path), error_code=failure.code
+                )
+                await idempotency.forget(state, call)
+            except Exception:  # the store failing too: the client still gets its 500 with its id
+                log.exception("request %s: closing it after an unexpected error failed", call.request_id)
             raise failure from None
         except BaseException:  # cancelled: the server is stopping
             await _close(state, request, call, request_log.CLIENT_CLOSED, None)

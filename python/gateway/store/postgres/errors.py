@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar
+
 import asyncpg
 
 from ...errors import ServiceUnavailable
@@ -40,3 +43,19 @@ def unavailable(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.exceptions._base.InternalClientError):
         return True
     return isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc)
+
+
+T = TypeVar("T")
+
+
+async def connects_refused(connecting: Awaitable[T]) -> T:
+    """A new connection; any failure to make one is StoreUnavailable, whatever the server said:
+    down, starting, out of connections, or a database not accepting connections (55000, during
+    maintenance: review, it was taken for a refused statement and the settlements it carried were
+    dropped). No statement ran, so waiting and trying again is always right."""
+    try:
+        return await connecting
+    except StoreUnavailable:
+        raise
+    except Exception as exc:
+        raise StoreUnavailable(f"PostgreSQL refused a connection: {exc}") from exc

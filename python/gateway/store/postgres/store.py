@@ -96,7 +96,7 @@ from ..records import (
 )
 from . import rows
 from .console import PostgresConsole
-from .errors import StoreUnavailable, unavailable
+from .errors import StoreUnavailable, connects_refused, unavailable
 from .keys import CHANNEL, KeyCache
 from .migrate import migrate, migrations
 from .writer import Writer
@@ -165,7 +165,7 @@ class PostgresStore(PostgresConsole):
         try:
             # Migrated on a connection of its own: waiting for another instance's migration must
             # not be cut short by the pool's statement timeout.
-            conn = await asyncpg.connect(self.url, server_settings=_SERVER_SETTINGS)
+            conn = await connects_refused(asyncpg.connect(self.url, server_settings=_SERVER_SETTINGS))
             try:
                 await migrate(conn)
                 settings = dict(_SERVER_SETTINGS)
@@ -242,11 +242,14 @@ class PostgresStore(PostgresConsole):
 
     @contextlib.asynccontextmanager
     async def _acquire(self) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection; the driver's connection errors become StoreUnavailable."""
+        """A pooled connection; the driver's connection errors become StoreUnavailable, and so does
+        any failure to get one (connects_refused)."""
         if self._pool is None:
             raise RuntimeError("store is not started")
+        connected = False
         try:
             async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
+                connected = True
                 try:
                     yield cast(asyncpg.Connection, conn)  # a proxy with a connection's methods
                 except asyncpg.exceptions._base.InternalClientError:
@@ -256,7 +259,7 @@ class PostgresStore(PostgresConsole):
         except StoreUnavailable:
             raise
         except Exception as exc:
-            if unavailable(exc):
+            if not connected or unavailable(exc):
                 raise StoreUnavailable(f"PostgreSQL is out of reach: {exc}") from exc
             raise
 
@@ -325,12 +328,12 @@ class PostgresStore(PostgresConsole):
     async def _open_control(self) -> None:
         """The dedicated connection that listens for key changes and carries the heartbeat."""
         try:
-            conn = await asyncpg.connect(
-                self.url, server_settings=_SERVER_SETTINGS, command_timeout=HEARTBEAT_SECONDS * 2
+            conn = await connects_refused(
+                asyncpg.connect(
+                    self.url, server_settings=_SERVER_SETTINGS, command_timeout=HEARTBEAT_SECONDS * 2
+                )
             )
-        except Exception as exc:
-            if not unavailable(exc):
-                raise
+        except StoreUnavailable as exc:
             log.warning("cannot open the key-change listener (%s); polling instead", exc)
             return
         try:

@@ -51,7 +51,7 @@ import asyncpg
 from .. import RequestLog, Settlement
 from ..log_backlog import LogBodyBacklog
 from . import rows
-from .errors import unavailable
+from .errors import connects_refused, unavailable
 
 log = logging.getLogger("gateway.store")
 
@@ -420,7 +420,7 @@ class Writer:
                 self._open += 1
                 conn: asyncpg.Connection | None = None
                 try:
-                    conn = await self._connect()
+                    conn = await connects_refused(self._connect())
                     return _Line(conn, await conn.prepare(rows.SETTLE))
                 except BaseException:
                     self._open -= 1
