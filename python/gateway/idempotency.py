@@ -88,12 +88,13 @@ def _characters(value: str) -> int:
 async def claim(state: GatewayState, request: Request, call: Call, key: str, body: bytes) -> Response | None:
     """Take the key for this request (None: run it), or the answer to give instead."""
     digest = fingerprint(request.method, request.url.path, body, request.headers.get("content-type"))
-    call.idempotency = (key, digest)
     lease_ms = int(state.settings.sync_timeout_seconds * 1000) + LEASE_MARGIN_MS
     outcome = await state.store.claim_idempotency(call.ctx.key.id, key, digest, now_ms(), lease_ms, TTL_MS)
     if outcome.outcome == "run":
+        # Held only once taken (review: a claim the store could not take left the request holding
+        # the key, and letting it go failed again, in place of the request's own answer).
+        call.idempotency = (key, digest)
         return None
-    call.idempotency = None  # this request does not hold the key
     call.model = _named_model(state, request, call, body)  # for its log entry: nothing else reads it
     if outcome.outcome == "reused":
         raise GatewayError(

@@ -46,6 +46,16 @@ provider = "openai"
 base_url = "{sim_url}/v1"
 model = "gpt-4o-mini"
 max_concurrency = 50
+
+[[models]]
+name = "test/image"
+type = "image"
+[models.prices]
+image = "0.04"
+[[models.channels]]
+provider = "openai"
+base_url = "{sim_url}/v1"
+model = "dall-e-3"
 """
 
 
@@ -268,6 +278,18 @@ def test_a_database_that_stops_accepting_connections_loses_no_charge(
                 " WHERE datname = $1 AND pid <> pg_backend_pid()",
                 name,
             )
+            # A request with an Idempotency-Key needs the database for its claim: 503 with its id
+            # (review: the claim's failure left it holding the key, and letting the key go failed
+            # again, in place of its answer, which then had no request id).
+            for i, url in enumerate(cluster.urls * 2):
+                r = httpx.post(
+                    url + "/v1/images/generations",
+                    json={"model": "test/image", "prompt": "closed"},
+                    headers={"authorization": f"Bearer {key.key}", "idempotency-key": f"{marker}-{i}"},
+                    timeout=30,
+                )
+                assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable", r.text
+                assert r.headers["x-service-request-id"].startswith("req_"), r.headers
             time.sleep(7.0)  # longer than a settlement waits for the database (5 s)
         finally:
             query(server, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
@@ -289,6 +311,10 @@ def assert_outage_lost_nothing(
     # charged once, when the database is back (docs/behaviour.md, "Faults"). Both carry the request id.
     queued = [a for a in unavailable if "charge is queued" in a.body["error"]["message"]]
     assert all(a.headers and a.headers.get("x-service-request-id") for a in unavailable)
+    # The id its usage record will have, which /v1/usage takes (the request id it does not).
+    usage_ids = [a.headers.get("x-service-response-id") for a in queued if a.headers]
+    assert len(usage_ids) == len(queued) and all(usage_ids)
+    assert all(str(i) in a.body["error"]["message"] for i, a in zip(usage_ids, queued, strict=True))
     ids = [a.headers["x-service-request-id"] for a in unavailable if a.headers]
 
     def late() -> int:
@@ -302,6 +328,8 @@ def assert_outage_lost_nothing(
     successes = sum(a.status == 200 for a in traffic.answers)
     assert successes <= charged <= len(calls)
     assert late() == len(queued)
+    found = cluster.query("SELECT count(*) FROM usage_records WHERE id = ANY($1::text[])", usage_ids)
+    assert int(found[0][0]) == len(queued)
     assert charged == successes + len(queued)
     # (Before the fix in gateway.funds.return_idle, a lease whose return failed during the outage
     # was forgotten by its process and stayed set aside in the store for as long as it lived.)

@@ -21,13 +21,19 @@ from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
 from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
 from ..state import GatewayState
-from .common import REQUEST_ID_HEADER, HeldStream, model_endpoint, parse_object, read_body, resolve_model
+from .common import (
+    REQUEST_ID_HEADER,
+    RESPONSE_ID_HEADER,
+    HeldStream,
+    model_endpoint,
+    parse_object,
+    read_body,
+    resolve_model,
+)
 from .text import count_input
 from .upstream import open_stream, window_closed, window_left
 
 MAX_INPUT_CHARACTERS = 4096  # OpenAI's limit for one speech request
-# Audio has no body to carry the id that /v1/usage/{id} takes, so it travels in this header.
-RESPONSE_ID_HEADER = "x-service-response-id"
 
 
 def routes(state: GatewayState) -> list[Route]:

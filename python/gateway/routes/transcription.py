@@ -34,9 +34,8 @@ from ..pricing import Usage, format_cost
 from ..registry import REQUIRED_FIELDS
 from ..state import GatewayState
 from ..translate.usage import token_count
-from .common import REQUEST_ID_HEADER, model_endpoint, read_body, resolve_model
+from .common import REQUEST_ID_HEADER, RESPONSE_ID_HEADER, model_endpoint, read_body, resolve_model
 from .multipart import FormPart, channel_form, form_parts
-from .speech import RESPONSE_ID_HEADER
 from .upstream import call_upstream
 
 
