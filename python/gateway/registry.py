@@ -208,6 +208,13 @@ def note_dropped(call: Call, names: Iterable[str], keep: frozenset[str]) -> None
         call.dropped_params = tuple(sorted(dropped.union(call.dropped_params)))
 
 
+def name_as_sent(call: Call, field_of: Mapping[str, str]) -> None:
+    """The dropped parameters by the request's own names, where a translation renamed a field that
+    the model then did not take (a Messages request's metadata.user_id, sent as `user`)."""
+    if call.dropped_params:
+        call.dropped_params = tuple(sorted({field_of.get(name, name) for name in call.dropped_params}))
+
+
 def _a(word: str) -> str:
     """The article before `word` (an image model, a chat model)."""
     return "an" if word[:1] in "aeiou" else "a"

@@ -725,6 +725,20 @@ def _dropped(gw: Gateway, response_id: str) -> list[str]:
             {"input": "hi", "include": ["x"], "truncation": "auto"},
             ["include", "truncation"],
         ),
+        # Review: named by the request's own fields, not the translated ones the model did not take.
+        (
+            "/v1/messages",
+            LLAMA,
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "metadata": {"user_id": "u"}},
+            ["metadata"],
+        ),
+        ("/v1/responses", CLAUDE, {"input": "hi", "reasoning": {"effort": "low"}}, ["reasoning"]),
+        (
+            "/v1/chat/completions",
+            CLAUDE,
+            {"messages": [{"role": "user", "content": "hi"}], "metadata": {"a": "b"}, "user": "u"},
+            ["metadata"],  # the chat request's own metadata; its user goes as the family's metadata
+        ),
     ],
 )
 def test_what_a_translation_cannot_carry_is_logged_as_dropped(
@@ -749,6 +763,6 @@ def test_what_a_translation_cannot_carry_is_logged_as_dropped(
         r = c.post(path, json={"model": model, **body})
     assert r.status_code == 200, r.text
     assert _dropped(gw, r.json()["id"]) == dropped
-    if model == CLAUDE:
+    if "top_k" in body and model == CLAUDE:
         (received,) = sim_requests(sim, tag)
         assert received["top_k"] == 3 and "logit_bias" not in received

@@ -22,7 +22,7 @@ from ..core import (
 from ..errors import invalid_request
 from ..ids import response_id
 from ..pricing import Usage
-from ..registry import note_dropped
+from ..registry import name_as_sent, note_dropped
 from ..routing import ChannelBody, json_body
 from ..state import GatewayState
 from ..translate import (
@@ -32,7 +32,7 @@ from ..translate import (
     message_output_text,
     messages_request_from_chat,
 )
-from ..translate.messages_request import READ_FROM_CHAT
+from ..translate.messages_request import FROM_CHAT
 from ..translate.usage import chat_usage
 from .common import model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream, stream_outcome
@@ -58,7 +58,8 @@ def routes(state: GatewayState) -> list[Route]:
             translated = state.registry.channel_body(
                 model, messages_request_from_chat(payload, model.max_output_tokens), call
             )
-            note_dropped(call, payload, READ_FROM_CHAT)
+            name_as_sent(call, FROM_CHAT.field_of)  # the model's drops, then the translation's
+            note_dropped(call, payload, FROM_CHAT.read)
         if model.name in state.registry.checked:  # said in another API (Bedrock, Gemini): checked now
             state.registry.check(model, payload)
         prompt = await check_and_hold(

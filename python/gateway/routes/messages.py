@@ -28,7 +28,7 @@ from ..translate import (
     message_from_chat_completion,
     message_output_text,
 )
-from ..translate.chat_request import READ_FROM_MESSAGES
+from ..translate.chat_request import FROM_MESSAGES
 from ..translate.usage import messages_usage
 from .common import REQUEST_ID_HEADER, json_response, model_endpoint, parse_object, read_body, resolve_model
 from .streaming import forward_stream
@@ -94,7 +94,7 @@ def routes(state: GatewayState) -> list[Route]:
                 chat_request_from_messages,
                 "max_tokens",
                 "messages",
-                READ_FROM_MESSAGES,
+                FROM_MESSAGES,
             )
         await billing.hold(state, call, model, Usage())  # nothing set aside; names the model too
         tokens, _ = await count_prompt(request, lambda: _prompt_tokens(model, payload))
@@ -121,7 +121,7 @@ async def _from_chat_model(
 ) -> Response:
     """A chat model in the message shape (routes/translated.py)."""
     upstream = chat_body(
-        state, model, payload, call, chat_request_from_messages, "max_tokens", "messages", READ_FROM_MESSAGES
+        state, model, payload, call, chat_request_from_messages, "max_tokens", "messages", FROM_MESSAGES
     )
     prompt = await _check_and_hold(state, request, call, model, payload)
     rid = response_id("msg_")

@@ -41,7 +41,7 @@ from ..translate import (
     response_from_chat_completion,
     response_output_text,
 )
-from ..translate.responses_request import READ_FROM_RESPONSES
+from ..translate.responses_request import FROM_RESPONSES
 from ..translate.stream_base import FromChatStream
 from . import kept_responses
 from .common import REQUEST_ID_HEADER, model_endpoint, owned_job, parse_object, read_body, resolve_model
@@ -304,7 +304,7 @@ async def _from_chat_model(
         chat_request_from_responses,
         "max_output_tokens",
         "input",
-        READ_FROM_RESPONSES,
+        FROM_RESPONSES,
     )
     prompt = await _check_and_hold(state, request, call, model, turn.payload, turn.brought)
     rid = response_id("resp_")

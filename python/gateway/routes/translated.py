@@ -19,7 +19,7 @@ from ..context import Call
 from ..core import count_tokens
 from ..errors import GatewayError
 from ..pricing import Usage
-from ..registry import note_dropped
+from ..registry import name_as_sent, note_dropped
 from ..routing import ChannelBody
 from ..state import GatewayState
 from ..stream_errors import StreamErrorRenderer
@@ -30,8 +30,9 @@ from ..translate import (
     message_output_text,
     messages_request_from_chat,
 )
+from ..translate.carried import Carried
 from ..translate.chained import MessagesThroughChat
-from ..translate.messages_request import READ_FROM_CHAT
+from ..translate.messages_request import FROM_CHAT
 from ..translate.stream_base import FromChatStream
 from .streaming import forward_stream
 from .upstream import CHAT_ANSWER, MESSAGES_ANSWER, forward_plain
@@ -52,28 +53,33 @@ def chat_body(
     to_chat: ToChat,
     source_limit: str,
     conversation: str,
-    read: frozenset[str],
+    carried: Carried,
 ) -> ChannelBody:
     """The request as a chat completions request for `model`. Made before the safety check and the
     hold: a request that cannot be translated is a 400 that has cost nothing. `source_limit` is
     the request shape's output limit, which the hold reads from `payload`; `conversation` the
-    field that holds its turns, which a refusal of what they hold names; `read` the fields of
-    `payload` that `to_chat` carries (the rest are noted as dropped, with what the model drops)."""
+    field that holds its turns, which a refusal of what they hold names; `carried` what `to_chat`
+    carries of `payload` (the rest is noted as dropped, with what the model drops, all by the
+    request's own names)."""
     # max_completion_tokens where the model takes it (OpenAI's reasoning models refuse max_tokens).
     received = state.registry.received_fields(model)
     limit = "max_completion_tokens" if "max_completion_tokens" in received else "max_tokens"
     chat = to_chat(payload, limit)
-    note_dropped(call, payload, read)
     billing.cap_output(received, model, chat, limit, "max_tokens")
     billing.send_output_limit(received, model, chat, limit, "max_tokens")  # the hold reads `payload`
     if limit not in received:  # the model takes no output limit: it is held at its most
         payload.pop(source_limit, None)
     try:
         if model.type == "messages":  # once more, into the model's own shape
-            note_dropped(call, chat, READ_FROM_CHAT)
-            return state.registry.channel_body(
+            body = state.registry.channel_body(
                 model, messages_request_from_chat(chat, model.max_output_tokens), call
             )
+            # What each step dropped, named back one shape at a time, the request's own last.
+            name_as_sent(call, FROM_CHAT.field_of)
+            note_dropped(call, chat, FROM_CHAT.read)
+            name_as_sent(call, carried.field_of)
+            note_dropped(call, payload, carried.read)
+            return body
         if model.name in state.registry.checked:  # said in another API (Bedrock, Gemini)
             state.registry.check(model, chat)
     except GatewayError as exc:
@@ -82,7 +88,10 @@ def chat_body(
             exc.param = conversation
             exc.message = _CHAT_PATH.sub("", exc.message, count=1)
         raise
-    return state.registry.channel_body(model, chat, call)
+    body = state.registry.channel_body(model, chat, call)
+    name_as_sent(call, carried.field_of)
+    note_dropped(call, payload, carried.read)
+    return body
 
 
 # A refusal's leading "`messages[2].content[0]...`: ", the place in the chat request made in between.

@@ -14,27 +14,37 @@ from typing import Any
 import orjson
 
 from ..errors import invalid_request
+from .carried import Carried
 from .files import PDF_TYPE
 
 # Same name and meaning in both shapes; top_k is kept for the chat models that know it (spec 1.3).
 SAME_PARAMS = ("temperature", "top_p", "top_k")
-# The fields of a messages request that chat_request_from_messages carries; the rest are dropped
-# (spec 1.3), and noted as such (registry.note_dropped).
-READ_FROM_MESSAGES = frozenset(
+# What chat_request_from_messages carries of a messages request; the rest is dropped (spec 1.3),
+# and noted as such (registry.note_dropped).
+FROM_MESSAGES = Carried(
+    frozenset(
+        {
+            "model",
+            "messages",
+            "max_tokens",
+            "system",
+            "stop_sequences",
+            "tools",
+            "tool_choice",
+            "metadata",
+            "stream",
+            "output_config",
+            "output_format",
+            *SAME_PARAMS,
+        }
+    ),
     {
-        "model",
-        "messages",
-        "max_tokens",
-        "system",
-        "stop_sequences",
-        "tools",
-        "tool_choice",
-        "metadata",
-        "stream",
-        "output_config",
-        "output_format",
-        *SAME_PARAMS,
-    }
+        "user": "metadata",
+        "stop": "stop_sequences",
+        "response_format": "output_config",
+        "parallel_tool_calls": "tool_choice",
+        "max_completion_tokens": "max_tokens",
+    },
 )
 # Content the chat shape has no place for, from earlier turns: dropped from the history.
 UNSAID_BLOCKS = frozenset({"thinking", "redacted_thinking"})

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from ..errors import invalid_request
+from .carried import Carried
 from .files import PDF_TYPE, read_file_data
 
 # The image types the message family accepts as base64 data.
@@ -24,23 +25,26 @@ TEXT_TYPE = "text/plain"
 # Same name and meaning in both shapes; top_k and thinking are the family's own, which a chat client
 # may send to it (spec 1.3 example: top_k reaches the family it means something to).
 SAME_PARAMS = ("temperature", "top_p", "top_k", "thinking", "stream")
-# The fields of a chat request that messages_request_from_chat carries; the rest are dropped
-# (spec 1.3), and noted as such (registry.note_dropped).
-READ_FROM_CHAT = frozenset(
-    {
-        "model",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "response_format",
-        "stop",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "user",
-        "stream_options",
-        *SAME_PARAMS,
-    }
+# What messages_request_from_chat carries of a chat request; the rest is dropped (spec 1.3), and
+# noted as such (registry.note_dropped).
+FROM_CHAT = Carried(
+    frozenset(
+        {
+            "model",
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "response_format",
+            "stop",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "user",
+            "stream_options",
+            *SAME_PARAMS,
+        }
+    ),
+    {"stop_sequences": "stop", "metadata": "user", "output_config": "response_format", "system": "messages"},
 )
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
 # What `response_format: {type: json_object}` becomes: the family has no schema-less JSON mode (its

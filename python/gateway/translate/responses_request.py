@@ -14,30 +14,41 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import invalid_request
+from .carried import Carried
 from .chat_request import carry_over
 from .files import read_file_data
 
 # Same name and meaning in both shapes.
 SAME_PARAMS = ("temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs")
-# The fields of a responses request that chat_request_from_responses carries, or that the gateway
-# itself acts on for a chat model (store, previous_response_id: routes/kept_responses.py; metadata,
-# echoed on the Response); the rest are dropped (spec 1.3), and noted as such (registry.note_dropped).
-READ_FROM_RESPONSES = frozenset(
+# What chat_request_from_responses carries of a responses request, or the gateway itself acts on
+# for a chat model (store, previous_response_id: routes/kept_responses.py; metadata, echoed on the
+# Response); the rest is dropped (spec 1.3), and noted as such (registry.note_dropped).
+FROM_RESPONSES = Carried(
+    frozenset(
+        {
+            "model",
+            "input",
+            "instructions",
+            "max_output_tokens",
+            "reasoning",
+            "text",
+            "tools",
+            "tool_choice",
+            "stream",
+            "store",
+            "previous_response_id",
+            "metadata",
+            *SAME_PARAMS,
+        }
+    ),
     {
-        "model",
-        "input",
-        "instructions",
-        "max_output_tokens",
-        "reasoning",
-        "text",
-        "tools",
-        "tool_choice",
-        "stream",
-        "store",
-        "previous_response_id",
-        "metadata",
-        *SAME_PARAMS,
-    }
+        "reasoning_effort": "reasoning",
+        "response_format": "text",
+        "verbosity": "text",
+        "max_completion_tokens": "max_output_tokens",
+        "max_tokens": "max_output_tokens",
+        "messages": "input",
+    },
 )
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 # Input items that carry nothing the chat shape can say, from an earlier turn's output: left out.
