@@ -197,10 +197,22 @@ def test_reasoning_and_tool_calls_are_output_and_nothing_follows_done() -> None:
             b'"function":{"name":"get","arguments":"{\\"a\\":1}"}}]},"finish_reason":"tool_calls"}]}\n\n',
             b"data: [DONE]\n\n",
             b'data: {"choices":[{"delta":{"content":"late"}}]}\n\n',
-        ]
+        ],
+        forward_usage=False,
     )
     assert rw.output_text == 'think get{"a":1}' and rw.finish_reason == "tool_calls"
-    assert rw.done and rw.chunks == 1 and out.endswith(b"data: [DONE]\n\n")
+    assert rw.done and rw.chunks == 1 and out.endswith(b"data: [DONE]\n\n") and not rw.awaits_usage
+
+
+def test_done_waits_for_the_usage_the_client_asked_for_when_none_came() -> None:
+    """The client asked for usage (forward_usage) and the upstream sent none: [DONE] is held back
+    for the caller to end the stream with the gateway's own count (routes/chat.py)."""
+    chunks = [b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]
+    out, rw = run(chunks)
+    assert rw.done and rw.awaits_usage and b"[DONE]" not in out and rw.chunks == 1
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
+    out, rw = run([chunks[0], usage, chunks[1]])
+    assert rw.done and not rw.awaits_usage and out.endswith(b"data: [DONE]\n\n")
 
 
 def test_usage_details_and_model_from_first_chunk() -> None:
