@@ -25,7 +25,7 @@ from gateway.config import Settings
 from gateway.funds import Funds
 from gateway.store import open_store
 from gateway.store.postgres.errors import StoreUnavailable
-from harness import eventually, funded_key
+from harness import chat_model, eventually, funded_key
 
 CHAT = "/v1/chat/completions"
 # The longest an answer may take while a service is away: a settlement waits 5 s for the database
@@ -46,17 +46,7 @@ provider = "openai"
 base_url = "{sim_url}/v1"
 model = "gpt-4o-mini"
 max_concurrency = 50
-
-[[models]]
-name = "test/image"
-type = "image"
-[models.prices]
-image = "0.04"
-[[models.channels]]
-provider = "openai"
-base_url = "{sim_url}/v1"
-model = "dall-e-3"
-"""
+""" + chat_model("test/image", "dall-e-3", sim_url, type_="image")
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -19,7 +18,13 @@ from ..pricing import Usage
 from ..state import GatewayState
 from .common import model_endpoint, parse_object, read_body, resolve_model
 from .text import count_input
-from .upstream import CHAT_ANSWER, forward_plain
+from .upstream import CHAT_ANSWER, answer_with_usage, forward_plain
+
+# An answer without usage (Gemini's embeddings report none) gets OpenAI's embeddings usage with the
+# tokens the gateway counted and billed (spec 1.4.1).
+WITH_EMBEDDING_USAGE = answer_with_usage(
+    lambda usage: {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}
+)
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -41,7 +46,7 @@ def routes(state: GatewayState) -> list[Route]:
             rid,
             CHAT_ANSWER,
             lambda _: counted,
-            _with_usage,
+            add_usage=WITH_EMBEDDING_USAGE,
         )
 
     return [Route("/v1/embeddings", model_endpoint(state, embeddings), methods=["POST"])]
@@ -74,18 +79,6 @@ def _inputs(value: Any) -> list[str | list[int]]:
                 "Every `input` entry must be a non-empty string or array of tokens.", "input"
             )
     return items
-
-
-def _with_usage(body: bytes, usage: Usage) -> bytes:
-    """The answer with `usage` (spec 1.4.1): the upstream's own when it has one (left untouched,
-    unparsed), else OpenAI's embeddings usage with the tokens the gateway counted and billed."""
-    if b'"usage"' in body:
-        return body
-    data = orjson.loads(body)
-    if not isinstance(data, dict):
-        return body
-    data["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}
-    return orjson.dumps(data)
 
 
 def _counted_usage(model: ModelConfig, inputs: list[str | list[int]]) -> Usage:

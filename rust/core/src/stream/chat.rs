@@ -185,19 +185,19 @@ pub struct ChatStreamRewriter {
     state: StreamState,
     forward_usage: bool,
     usage: Option<TokenUsage>,
-    awaits_usage: bool,
 }
 
 impl ChatStreamRewriter {
     pub fn new(response_id: &str, forward_usage: bool) -> Self {
-        Self { state: StreamState::new(response_id), forward_usage, usage: None, awaits_usage: false }
+        Self { state: StreamState::new(response_id), forward_usage, usage: None }
     }
 
     /// The stream is done, but its `[DONE]` was held back: the client asked for usage
     /// (`forward_usage`) and the upstream sent none (one that takes no `stream_options`, or never
     /// counts). The caller ends the stream with the gateway's own usage chunk, then `[DONE]`.
     pub fn awaits_usage(&self) -> bool {
-        self.awaits_usage
+        // Done comes only from `[DONE]`, which these three conditions hold back.
+        self.state.done && self.forward_usage && self.usage.is_none()
     }
 
     /// Takes what the chunk says; true when the chunk is to be withheld from the client.
@@ -256,8 +256,7 @@ impl StreamRewriter for ChatStreamRewriter {
         let data = event.data;
         if data.trim_matches(is_json_ws) == "[DONE]" {
             if self.forward_usage && self.usage.is_none() {
-                self.state.done = true;
-                self.awaits_usage = true;
+                self.state.done = true; // awaits_usage
                 return;
             }
             self.state.end(out);
