@@ -165,6 +165,11 @@ class SqliteStore(SqliteConsole):
         # NORMAL in WAL mode: a commit survives a killed process (the WAL is in the OS), not a power cut.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
+        # The writer's savepoints (one a kind of item, gateway.store.sqlite.writer) keep the pages
+        # they change in a sub-journal; past 64 KiB SQLite spills it to a temporary file, a pwrite(2)
+        # a page on every group commit (more of the writer's system calls than the WAL's own). In
+        # memory it is a copy. Temporary tables and sorts of the console's queries live there too.
+        conn.execute("PRAGMA temp_store=MEMORY")
         conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
         return conn
 
