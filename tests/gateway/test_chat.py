@@ -203,6 +203,35 @@ def test_an_upstream_that_counts_nothing_still_gives_the_client_its_usage(
     assert gw.wait_balance(key.account_id, before - expected) == before - expected
 
 
+@pytest.mark.parametrize("counted", [True, False])
+def test_a_stream_that_ends_without_done_after_its_finish_chunk_is_whole(
+    gw: Gateway, key: KeyHandle, oai: openai.OpenAI, counted: bool
+) -> None:
+    """Review: an OpenAI-compatible upstream that ends its stream after the finish (and usage)
+    chunk without `data: [DONE]` got an error event after the whole answer, and was billed as
+    incomplete from the gateway's own count; through /v1/messages and /v1/responses the same
+    upstream was whole. The client gets its [DONE] (after the gateway's usage chunk when the
+    upstream counted nothing), and the upstream's usage is billed."""
+    before = gw.balance(key.account_id)
+    uncounted = "" if counted else " no_usage"
+    messages: Any = [{"role": "user", "content": f"x [sim tokens=4 no_done{uncounted}]"}]
+    with oai.chat.completions.stream(
+        model="openai/gpt-4o-mini", messages=messages, stream_options={"include_usage": True}
+    ) as events:
+        chunks = [e.chunk for e in events if e.type == "chunk"]
+        completion = events.get_final_completion()
+    assert completion.choices[0].finish_reason == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    record = gw.usage_record(key.key, completion.id)
+    assert record["status"] == "completed" and record["usage"]["completion_tokens"] == 4
+    expected = cost(PRICES, Usage(record["usage"]["prompt_tokens"], 4))
+    assert gw.wait_balance(key.account_id, before - expected) == before - expected
+    body = {"model": "openai/gpt-4o-mini", "messages": messages, "stream": True}
+    with gw.client(key.key) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        raw = [e for e in b"".join(r.iter_bytes()).split(b"\n\n") if e]
+    assert raw[-1] == b"data: [DONE]" and b'"error"' not in b"".join(raw)
+
+
 def test_a_stream_that_did_not_ask_for_usage_gets_none_from_an_upstream_that_counts_nothing(
     gw: Gateway, key: KeyHandle
 ) -> None:

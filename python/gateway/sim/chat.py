@@ -241,7 +241,8 @@ async def _stream(
         await chunk({}, turn.finish)
     if with_usage:
         await stream.data({**base, "choices": [], "usage": turn.usage()})
-    await stream.send(b"data: [DONE]\n\n")
+    if not d.no_done:
+        await stream.send(b"data: [DONE]\n\n")
     if d.linger:
         await asyncio.sleep(d.linger)
     return await stream.end()

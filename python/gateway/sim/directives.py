@@ -30,6 +30,8 @@ configured model through the gateway, which forwards neither headers nor anythin
   no_usage        count nothing: no `usage` in a chat answer nor a usage chunk in a chat stream that
                   asked for one, as some OpenAI-compatible servers answer; no `usage` in a plain
                   message (without a value)
+  no_done         (chat) end a stream after its finish (and usage) chunk without `data: [DONE]`, as
+                  some OpenAI-compatible servers do (without a value)
   tool            call the first tool the request offers (without a value; a tool_choice that forces
                   a call does the same without it, see sim/tools.py)
   render=D        a video job or a background response takes D from creation to its end (default
@@ -46,7 +48,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 _MARKER = re.compile(r"\[sim\s+([^\]]*)\]")
-_FLAGS = ("tool", "render_fail", "overloaded", "no_usage")  # the directives without a value
+_FLAGS = ("tool", "render_fail", "overloaded", "no_usage", "no_done")  # the directives without a value
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class Directives:
     filter_after: int | None = None
     tool: bool = False
     no_usage: bool = False
+    no_done: bool = False
     render: float = 2.0
     render_fail: bool = False
     refuse: bool = False  # fail=content_policy

@@ -81,6 +81,8 @@ struct ChunkView<'a> {
 
 #[derive(Deserialize)]
 struct ChoiceView<'a> {
+    #[serde(default)]
+    index: Count,
     #[serde(default, borrow)]
     delta: Option<DeltaView<'a>>,
     #[serde(default, borrow)]
@@ -185,18 +187,31 @@ pub struct ChatStreamRewriter {
     state: StreamState,
     forward_usage: bool,
     usage: Option<TokenUsage>,
+    /// The choices (by index) under way: begun, their finish_reason not yet said. An upstream
+    /// that ends once every choice has finished, without `data: [DONE]` (some OpenAI-compatible
+    /// servers never send it), has ended its answer whole.
+    unfinished: Vec<u64>,
 }
 
 impl ChatStreamRewriter {
     pub fn new(response_id: &str, forward_usage: bool) -> Self {
-        Self { state: StreamState::new(response_id), forward_usage, usage: None }
+        Self { state: StreamState::new(response_id), forward_usage, usage: None, unfinished: Vec::new() }
+    }
+
+    /// The answer is whole (`[DONE]`, or the upstream's end after every choice finished).
+    fn done(&mut self, out: &mut Vec<u8>) {
+        if self.forward_usage && self.usage.is_none() {
+            self.state.done = true; // awaits_usage
+            return;
+        }
+        self.state.end(out);
     }
 
     /// The stream is done, but its `[DONE]` was held back: the client asked for usage
     /// (`forward_usage`) and the upstream sent none (one that takes no `stream_options`, or never
     /// counts). The caller ends the stream with the gateway's own usage chunk, then `[DONE]`.
     pub fn awaits_usage(&self) -> bool {
-        // Done comes only from `[DONE]`, which these three conditions hold back.
+        // Done comes only from `done`, which holds `[DONE]` back on these three conditions.
         self.state.done && self.forward_usage && self.usage.is_none()
     }
 
@@ -210,8 +225,12 @@ impl ChatStreamRewriter {
         let mut no_choices = true;
         for choice in view.choices.into_iter().flatten() {
             no_choices = false;
+            let index = choice.index.0.unwrap_or(0);
             if let Some(reason) = choice.finish_reason.0 {
                 self.state.finish_reason = Some(reason.into_owned());
+                self.unfinished.retain(|&i| i != index);
+            } else if !self.unfinished.contains(&index) {
+                self.unfinished.push(index);
             }
             if let Some(delta) = choice.delta {
                 self.state.take_reasoning(&delta.reasoning_content);
@@ -249,17 +268,19 @@ impl StreamRewriter for ChatStreamRewriter {
         self.usage
     }
 
+    fn at_end(&mut self, out: &mut Vec<u8>) {
+        if !self.state.is_over() && self.state.finish_reason.is_some() && self.unfinished.is_empty() {
+            self.done(out);
+        }
+    }
+
     fn handle(&mut self, event: EventRef<'_>, out: &mut Vec<u8>) {
         if self.state.is_over() {
             return;
         }
         let data = event.data;
         if data.trim_matches(is_json_ws) == "[DONE]" {
-            if self.forward_usage && self.usage.is_none() {
-                self.state.done = true; // awaits_usage
-                return;
-            }
-            self.state.end(out);
+            self.done(out);
             return;
         }
         if !starts_object(data.as_bytes()) {
@@ -326,6 +347,42 @@ mod tests {
         let out = counted.feed(b"data: [DONE]\n\n");
         assert_eq!(out, b"data: [DONE]\n\n");
         assert!(!counted.awaits_usage());
+    }
+
+    #[test]
+    fn an_end_without_done_after_every_choice_finished_is_whole() {
+        // Some OpenAI-compatible servers end the stream after the finish (and usage) chunk.
+        let answer: &[u8] = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let usage: &[u8] = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n";
+        let mut rw = ChatStreamRewriter::new("chatcmpl-gw", true);
+        rw.feed(&[answer, usage].concat());
+        assert!(!rw.state().done);
+        assert_eq!(rw.finish(), b"data: [DONE]\n\n");
+        assert!(rw.state().done && !rw.awaits_usage());
+        assert_eq!(rw.usage().map(|u| u.completion_tokens), Some(2));
+
+        // Asked for usage, none came: done, the caller's usage chunk goes before [DONE].
+        let mut asked = ChatStreamRewriter::new("chatcmpl-gw", true);
+        asked.feed(answer);
+        assert!(asked.finish().is_empty());
+        assert!(asked.state().done && asked.awaits_usage());
+    }
+
+    #[test]
+    fn an_end_before_every_choice_finished_is_not_whole() {
+        let cut = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
+            data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"ho\"}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let mut two = ChatStreamRewriter::new("chatcmpl-gw", false);
+        two.feed(cut);
+        assert!(two.finish().is_empty());
+        assert!(!two.state().done, "choice 1 never finished");
+
+        let mut unfinished = ChatStreamRewriter::new("chatcmpl-gw", false);
+        unfinished.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n");
+        assert!(unfinished.finish().is_empty());
+        assert!(!unfinished.state().done);
     }
 
     #[test]

@@ -169,12 +169,17 @@ pub trait StreamRewriter {
         out
     }
 
+    /// The upstream ended (its last event handled): what the shape makes of an end without its
+    /// closing event.
+    fn at_end(&mut self, _out: &mut Vec<u8>) {}
+
     /// End of upstream input.
     fn finish(&mut self) -> Vec<u8> {
         let mut out = Vec::new();
         let mut parser = std::mem::take(&mut self.state_mut().parser);
         parser.finish_each(|e| self.handle(e, &mut out));
         self.state_mut().parser = parser;
+        self.at_end(&mut out);
         out
     }
 }
