@@ -220,6 +220,14 @@ def test_openai_client_tool_call_streamed_on_a_messages_model(oai: openai.OpenAI
     assert call.function.name == "get_weather" and call.id.startswith("toolu_")
     assert json.loads(call.function.arguments)["days"] == 1
     assert final.usage is not None and final.usage.completion_tokens > 0
+    # Review: a streamed answer of tool calls only ended with content "" where the same answer
+    # not streamed (and OpenAI's own stream) has null.
+    plain = oai.chat.completions.create(
+        model=CLAUDE,
+        messages=[{"role": "user", "content": "weather in Paris? [sim tool]"}],
+        tools=OPENAI_TOOLS,
+    )
+    assert choice.message.content == plain.choices[0].message.content
 
 
 def test_openai_client_images_and_a_tool_turn_reach_the_model_as_blocks(

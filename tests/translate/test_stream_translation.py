@@ -146,7 +146,7 @@ def test_tool_use_blocks_become_tool_call_deltas() -> None:
     chunks = [json.loads(data) for _, data in events(out)[:-1]]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert deltas == [
-        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": None},  # it begins with thinking, not text
         {"reasoning_content": "Hmm."},
         {"content": "Checking."},
         {
@@ -181,8 +181,24 @@ def test_a_whole_input_at_the_block_start_is_sent_as_the_arguments() -> None:
     )
     out, _ = to_chat([stream])
     deltas = [json.loads(d)["choices"][0]["delta"] for _, d in events(out)[:-1]]
-    assert deltas[1]["tool_calls"][0]["function"]["arguments"] == '{"a":1}'
-    assert len(deltas) == 3  # role, the call, finish: nothing added at the block's stop
+    # As OpenAI streams an answer of tool calls only: the role with null content and the first call.
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None
+    assert deltas[0]["tool_calls"][0]["function"]["arguments"] == '{"a":1}'
+    assert len(deltas) == 2  # the role with the call, finish: nothing added at the block's stop
+
+
+def test_the_role_chunk_says_empty_content_for_text_and_for_an_empty_answer() -> None:
+    for blocks, first in [
+        ((("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),), ""),
+        ((), ""),
+    ]:
+        stream = anthropic_sse(
+            ("message_start", {"message": {"usage": {"input_tokens": 1}}}), *blocks, ("message_stop", {})
+        )
+        out, _ = to_chat([stream])
+        deltas = [json.loads(d)["choices"][0]["delta"] for _, d in events(out)[:-1]]
+        assert deltas[0] == {"role": "assistant", "content": first}
+        assert sum("role" in d for d in deltas) == 1
 
 
 def test_an_upstream_error_event_is_kept_back() -> None:

@@ -41,6 +41,10 @@ class ChatStreamFromMessages(TranslatedStream):
         self._tool_arguments_sent: dict[int, bool] = {}
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: Any = None
+        # The role chunk, not sent yet. OpenAI's says `content: ""` when the answer begins with
+        # text, and `content: null` (with the first tool call) when it begins otherwise: a streamed
+        # answer of tool calls only then ends with null content, as the same answer not streamed.
+        self._role_due = False
 
     @property
     def usage(self) -> Usage | None:
@@ -62,7 +66,7 @@ class ChatStreamFromMessages(TranslatedStream):
             if isinstance(message, dict):
                 self._model = message.get("model")
                 self._read_usage(message.get("usage"))
-            out.append(self._chunk({"role": "assistant", "content": ""}))
+            self._role_due = True  # sent with the first block: its content depends on that block
         elif kind == "content_block_start":
             self._block_start(data, out)
         elif kind == "content_block_delta":
@@ -94,6 +98,9 @@ class ChatStreamFromMessages(TranslatedStream):
         if not isinstance(block, dict) or not isinstance(index, int):
             return
         kind = block.get("type")
+        role_due, self._role_due = self._role_due, False
+        if role_due and kind != "tool_use":
+            out.append(self._chunk({"role": "assistant", "content": "" if kind == "text" else None}))
         if kind == "tool_use":
             self._tool_index[index] = len(self._tool_index)
             # Some upstreams give the whole input at the start rather than in deltas.
@@ -111,7 +118,8 @@ class ChatStreamFromMessages(TranslatedStream):
                 "type": "function",
                 "function": {"name": block.get("name"), "arguments": arguments},
             }
-            out.append(self._chunk({"tool_calls": [call]}))
+            first = {"role": "assistant", "content": None} if role_due else {}
+            out.append(self._chunk({**first, "tool_calls": [call]}))
         elif kind == "text" and self._take(block.get("text")):
             out.append(self._chunk({"content": block["text"]}))
         elif kind == "thinking" and self._take(block.get("thinking"), reasoning=True):
@@ -136,6 +144,9 @@ class ChatStreamFromMessages(TranslatedStream):
             out.append(self._arguments(index, delta["partial_json"]))
 
     def _end(self, out: list[bytes]) -> None:
+        if self._role_due:  # an answer without a block: empty text
+            self._role_due = False
+            out.append(self._chunk({"role": "assistant", "content": ""}))
         out.append(self._chunk({}, finish_reason(self._stop_reason)))
         if self._include_usage:
             usage = self.usage or self._counted_usage(self.output_text)
