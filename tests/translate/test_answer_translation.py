@@ -161,6 +161,16 @@ def test_stop_reasons_both_ways() -> None:
         "end_turn",
     ]
     assert finish_reason(None) == finish_reason("something new") == "stop"
+    # Review: some OpenAI-compatible servers end an answer of tool calls with "stop"; Anthropic's
+    # clients continue their tool loop only on "tool_use".
+    assert stop_reason("stop", called_tools=True) == stop_reason(None, called_tools=True) == "tool_use"
+    assert stop_reason("length", called_tools=True) == "max_tokens"
+    called = {
+        "choices": [
+            {"message": {"tool_calls": [{"id": "c", "function": {"name": "f"}}]}, "finish_reason": "stop"}
+        ]
+    }
+    assert message_from_chat_completion(called, Usage())["stop_reason"] == "tool_use"
 
 
 counts = st.integers(0, 10**9)
@@ -238,7 +248,9 @@ def test_message_to_chat_and_back(
         "usage": messages_usage(usage),
     }
     chat = chat_completion_from_message(message, usage, 0)
-    assert message_from_chat_completion(chat, usage_from_chat(chat["usage"])) == message
+    # An answer with tool calls that ended on its own comes back as tool_use (stop_reason()).
+    back = {**message, "stop_reason": "tool_use" if uses and stop == "end_turn" else stop}
+    assert message_from_chat_completion(chat, usage_from_chat(chat["usage"])) == back
 
 
 answer_trees = st.recursive(

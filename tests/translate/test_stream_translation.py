@@ -367,6 +367,15 @@ def test_tool_call_deltas_become_tool_use_blocks() -> None:
     assert translator.usage == Usage(prompt_tokens=12, completion_tokens=20, cached_tokens=2)
 
 
+def test_tool_calls_that_end_with_stop_end_with_tool_use() -> None:
+    """Some OpenAI-compatible servers (vLLM, Ollama builds) end an answer of tool calls with "stop"."""
+    stream = CHAT_TOOL_STREAM.replace(b'"finish_reason":"tool_calls"', b'"finish_reason":"stop"')
+    assert stream != CHAT_TOOL_STREAM
+    out, _ = to_messages([stream])
+    payloads = [json.loads(data) for _, data in events(out)[:-1]]
+    assert payloads[-2]["delta"]["stop_reason"] == "tool_use"
+
+
 def test_an_upstream_error_chunk_is_kept_back() -> None:
     error = b'data: {"error":{"message":"boom","type":"server_error"}}\n\n'
     head = chat_sse({"choices": [{"index": 0, "delta": {"content": "a"}}]})

@@ -98,7 +98,9 @@ def message_from_chat_completion(completion: dict[str, Any], usage: Usage) -> di
         "role": "assistant",
         "model": completion.get("model"),
         "content": content,
-        "stop_reason": stop_reason(choice.get("finish_reason")),
+        "stop_reason": stop_reason(
+            choice.get("finish_reason"), any(b["type"] == "tool_use" for b in content)
+        ),
         "stop_sequence": None,
         "usage": messages_usage(usage),
     }

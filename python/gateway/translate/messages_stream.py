@@ -130,7 +130,10 @@ class MessagesStreamFromChat(FromChatStream):
         self._event(
             "message_delta",
             {
-                "delta": {"stop_reason": stop_reason(self._finish_reason), "stop_sequence": None},
+                "delta": {
+                    "stop_reason": stop_reason(self._finish_reason, bool(self._tool_calls)),
+                    "stop_sequence": None,
+                },
                 "usage": messages_usage(usage),
             },
             out,

@@ -29,8 +29,14 @@ def finish_reason(stop_reason: Any) -> str:
     return FINISH_REASON_FOR_STOP_REASON.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def stop_reason(finish_reason: Any) -> str:
-    """The message shape's stop_reason for a chat finish_reason ("end_turn" when unknown)."""
-    if isinstance(finish_reason, str):
-        return STOP_REASON_FOR_FINISH_REASON.get(finish_reason, "end_turn")
-    return "end_turn"
+def stop_reason(finish_reason: Any, called_tools: bool = False) -> str:
+    """The message shape's stop_reason for a chat finish_reason ("end_turn" when unknown).
+    `called_tools`: the answer has tool calls. Some OpenAI-compatible servers (vLLM and Ollama
+    builds) end such an answer with "stop"; Anthropic's clients go on with a tool loop only on
+    "tool_use", so an answer that called tools and stopped on its own is "tool_use"."""
+    found = (
+        STOP_REASON_FOR_FINISH_REASON.get(finish_reason, "end_turn")
+        if isinstance(finish_reason, str)
+        else "end_turn"
+    )
+    return "tool_use" if called_tools and found == "end_turn" else found
