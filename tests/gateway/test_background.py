@@ -169,10 +169,11 @@ def test_cancel_while_queued_charges_nothing(bgw: Gateway) -> None:
         oai.responses.delete(created.id)
     assert oai.responses.retrieve(created.id).status == "cancelled"
     # Nor by another key of the account, which may continue its state (review: it deleted a
-    # running one upstream, and the job was lost, never charged).
+    # running one upstream, and the job was lost, never charged): not found for it.
     other = client(bgw, bgw.another_key(handle.account_id).key)
-    with pytest.raises(openai.BadRequestError, match="background"):
+    with pytest.raises(openai.NotFoundError):
         other.responses.delete(created.id)
+    assert oai.responses.retrieve(created.id).status == "cancelled"
 
 
 def test_k_background_responses_accepted_when_the_balance_allows_k_holds(bgw: Gateway) -> None:
@@ -188,13 +189,18 @@ def test_k_background_responses_accepted_when_the_balance_allows_k_holds(bgw: Ga
 
 
 def test_another_keys_response_is_not_found(bgw: Gateway) -> None:
+    """Another account's key, and another key of the same account (review: it was shown the whole
+    response, and its cancel was a 400 saying the response had not run in the background)."""
     owner, stranger = bgw.new_key(), bgw.new_key()
+    colleague = bgw.another_key(owner.account_id)
     created = client(bgw, owner.key).responses.create(model=DEEP, input="mine", background=True)
-    with bgw.client(stranger.key) as c:
-        for method, path in (("GET", ""), ("POST", "/cancel")):
-            r = c.request(method, f"/v1/responses/{created.id}{path}")
-            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-        assert c.get("/v1/responses/resp_unknown").status_code == 404
+    for other in (stranger, colleague):
+        with bgw.client(other.key) as c:
+            for method, path in (("GET", ""), ("POST", "/cancel"), ("DELETE", "")):
+                r = c.request(method, f"/v1/responses/{created.id}{path}")
+                assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (method, path)
+            assert c.get("/v1/responses/resp_unknown").status_code == 404
+    assert client(bgw, owner.key).responses.retrieve(created.id).id == created.id
     with bgw.client(None) as c:
         assert c.get(f"/v1/responses/{created.id}").status_code == 401
 

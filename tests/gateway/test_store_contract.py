@@ -251,6 +251,24 @@ def _job(account_id: str, key_id: str, hold: str) -> Job:
     )
 
 
+def test_a_jobs_key_is_found_within_its_account_only(new_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            account_id, key_id = await account_and_key(store, "100")
+            other_account, _ = await account_and_key(store, "100")
+            await store.lease("account", account_id, Decimal(1), 1, now_ms())
+            job = _job(account_id, key_id, "1")
+            await store.create_job(job, [("account", account_id)])
+            assert await store.job_key(job.id, account_id, "video") == key_id
+            assert await store.job_key(job.id, other_account, "video") is None
+            assert await store.job_key(job.id, account_id, "response") is None
+            assert await store.job_key("video_unknown", account_id, "video") is None
+            # Ended, so that no other test's claim finds it (the PostgreSQL database is shared).
+            assert await store.finish_job(job.id, "failed", error=None, record=None, now_ms=now_ms())
+
+    asyncio.run(main())
+
+
 def test_job_claims_are_exclusive_and_finishing_charges_once(new_store: StoreFactory) -> None:
     async def main() -> None:
         async with started(new_store, 2) as stores:

@@ -177,8 +177,11 @@ def routes(state: GatewayState) -> list[Route]:
         kept = await state.store.find_kept_response(rid, ctx.account.id, now_ms())
         if kept is not None:
             return Response(kept.body, media_type="application/json")
-        job = await state.store.get_job(rid, ctx.key.id, "response")
-        if job is not None:
+        owner = await state.store.job_key(rid, ctx.account.id, "response")
+        if owner is not None:
+            job = await state.store.get_job(rid, owner, "response") if owner == ctx.key.id else None
+            if job is None:  # another key's background response (review: its whole answer was shown)
+                raise not_found_response(rid)
             return _job_response(job)
         held = await state.store.find_response(rid, ctx.account.id, now_ms())
         if held is None:  # in OpenAI's words, as DELETE says it
@@ -194,7 +197,10 @@ def routes(state: GatewayState) -> list[Route]:
         response_id = request.path_params["response_id"]
         account = ctx.account.id
         if not await state.store.delete_kept_response(response_id, account):
-            if await _a_background_response(state, account, response_id):
+            owner = await state.store.job_key(response_id, account, "response")
+            if owner is not None and owner != ctx.key.id:  # another key's: not this key's to see
+                raise not_found_response(response_id)
+            if owner is not None:
                 raise invalid_request(
                     f"Response {quoted_id(response_id)} ran in the background: its record is kept with"
                     " its charge, and this gateway does not delete it.",
@@ -216,6 +222,8 @@ def routes(state: GatewayState) -> list[Route]:
             # A response that ran in the foreground exists all the same: 400, as OpenAI answers it.
             rid = request.path_params["response_id"]
             account = (await authenticate(request, state.store)).account.id
+            if await state.store.job_key(rid, account, "response") is not None:
+                raise  # another key's background response (review: a 400 said it was none)
             if (
                 await state.store.find_kept_response(rid, account, now_ms()) is not None
                 or await state.store.find_response(rid, account, now_ms()) is not None
@@ -370,16 +378,6 @@ def _validate(payload: dict[str, Any]) -> None:
 
 def not_found_response(response_id: str) -> GatewayError:
     return GatewayError("not_found", f"Response with id {quoted_id(response_id)} not found.")
-
-
-async def _a_background_response(state: GatewayState, account_id: str, response_id: str) -> bool:
-    """Whether any key of the account ran this response in the background (a job is its key's;
-    another key of the account, which may continue its state, must not delete it under it: review,
-    the job was then lost and never charged). Rare enough (a DELETE) to ask key by key."""
-    for key in await state.store.list_keys(account_id):
-        if await state.store.get_job(response_id, key.id, "response") is not None:
-            return True
-    return False
 
 
 async def _kept_upstream(state: GatewayState, held: ResponseState, query: str) -> Response:

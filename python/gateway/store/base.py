@@ -342,6 +342,9 @@ class Jobs(Protocol):
     async def get_job(self, job_id: str, key_id: str, kind: str) -> Job | None:
         """The job of this kind, if this key made it."""
 
+    async def job_key(self, job_id: str, account_id: str, kind: str) -> str | None:
+        """The key of this account that made the job of this kind, if one did."""
+
     async def list_jobs(
         self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool
     ) -> list[Job]:

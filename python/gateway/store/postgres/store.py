@@ -919,6 +919,15 @@ class PostgresStore(PostgresConsole):
         )
         return None if row is None else rows.job(row)
 
+    async def job_key(self, job_id: str, account_id: str, kind: str) -> str | None:
+        row = await self._fetchrow(
+            "SELECT key_id FROM jobs WHERE id = $1 AND account_id = $2 AND kind = $3",
+            job_id,
+            account_id,
+            kind,
+        )
+        return None if row is None else str(row[0])
+
     async def job_counts(self) -> dict[tuple[str, str], int]:
         found = await self._fetch("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status")
         return {(row[0], row[1]): row[2] for row in found}

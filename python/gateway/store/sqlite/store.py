@@ -705,6 +705,17 @@ class SqliteStore(SqliteConsole):
         )
         return None if row is None else _job(row)
 
+    async def job_key(self, job_id: str, account_id: str, kind: str) -> str | None:
+        row = (
+            self._read()
+            .execute(
+                "SELECT key_id FROM jobs WHERE id = ? AND account_id = ? AND kind = ?",
+                (job_id, account_id, kind),
+            )
+            .fetchone()
+        )
+        return None if row is None else str(row[0])
+
     async def job_counts(self) -> dict[tuple[str, str], int]:
         rows = self._read().execute("SELECT kind, status, count(*) FROM jobs GROUP BY kind, status")
         return {(kind, status): n for kind, status, n in rows}
