@@ -13,6 +13,8 @@ entry, beside the model's own attempts, with its verdict (docs/behaviour.md, "Sa
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import time
 from collections.abc import Iterable
@@ -31,16 +33,47 @@ from .state import GatewayState
 
 log = logging.getLogger("gateway.safety")
 
-# The request fields that carry the text a model of each type is given: checked, and the first one
-# is the `param` of the refusal.
+# The request fields whose text a model of each type reads: its prompt, and the tools, output
+# formats and predictions it is told of (their names, descriptions and schemas are read as prompt
+# too; review: text hidden there, in a text document or file, or in a tool call's arguments, went
+# unchecked). The first one is the `param` of the refusal.
 CHECKED_FIELDS: Final = {
-    "chat": ("messages",),
-    "messages": ("messages", "system"),
-    "responses": ("input", "instructions"),
+    "chat": ("messages", "tools", "functions", "response_format", "prediction"),
+    "messages": ("messages", "system", "tools"),
+    "responses": ("input", "instructions", "tools", "text", "prompt"),
     "image": ("prompt",),
     "video": ("prompt",),
     "speech": ("input",),
 }
+# Keys whose string values are not words the model reads: kinds, ids, roles, references to media
+# (URLs, file ids, data URLs), signatures and opaque state, settings. Objects under them are still
+# read (a Responses `text.format` holds a schema).
+_NOT_TEXT: Final = frozenset(
+    {
+        "type",
+        "id",
+        "role",
+        "status",
+        "tool_call_id",
+        "tool_use_id",
+        "call_id",
+        "url",
+        "image_url",
+        "file_url",
+        "file_id",
+        "media_type",
+        "mime_type",
+        "detail",
+        "format",
+        "signature",
+        "encrypted_content",
+        "$ref",
+    }
+)
+# Keys whose value is skipped whole: settings that hold no prompt.
+_SKIPPED: Final = frozenset({"cache_control"})
+# Plain-text documents and files are read as text; other media (images, audio, PDFs) are not.
+_TEXT_MEDIA: Final = ("text/",)
 # What the model's answer (errors, failures) keeps of the moderation model's own failure codes; any
 # other failure of the check (a malformed answer, the moderation upstream refusing our request) is
 # reported as provider_error: the gateway's own set-up is at fault, not the caller.
@@ -69,11 +102,19 @@ class SafetyAttempt(Attempt):
 
 
 def request_texts(payload: dict[str, Any], fields: Iterable[str]) -> list[str]:
-    """Every text of the request's `fields`: strings, and the text of message content parts,
-    content blocks, input items and tool results, each a separate input of the check."""
+    """The texts of the request's `fields`, one input of the check each: a string field, or one
+    element of a list field (a message, an input item, a tool) with every text in it, content
+    parts and blocks, tool calls and their arguments, tool results, thinking, names, descriptions
+    and schemas, and the text of plain-text documents and files, one per line."""
     out: list[str] = []
     for name in fields:
-        _collect(payload.get(name), out)
+        value = payload.get(name)
+        for item in value if isinstance(value, list) else [value]:
+            found: list[str] = []
+            _collect(item, found)
+            text = "\n".join(found)
+            if text.strip():
+                out.append(text)
     return out
 
 
@@ -85,10 +126,39 @@ def _collect(value: Any, out: list[str]) -> None:
         for item in value:
             _collect(item, out)
     elif isinstance(value, dict):
-        # a message, a content part or block, an input item, a tool result: their text lives here
-        for key in ("text", "content", "output"):
-            if key in value:
-                _collect(value[key], out)
+        for key, item in value.items():
+            if key in _SKIPPED or (key in _NOT_TEXT and isinstance(item, str)):
+                continue
+            if key in ("data", "file_data"):
+                text = _media_text(value, item, typed=key == "data")
+                if text:
+                    out.append(text)
+                continue
+            _collect(item, out)
+
+
+def _media_text(holder: dict[str, Any], data: Any, *, typed: bool) -> str | None:
+    """The text of a document's or file's data when it is plain text: Anthropic's text source
+    (`{type: text, data}`) or base64 source of a text/* media type, a data URL of a text/* type, or
+    (a file's `file_data`, which need not say its type) base64 of UTF-8 text; None for other media.
+    `typed`: data that is text only when its holder says so (audio's and images' `data`)."""
+    if not isinstance(data, str):
+        return None
+    if holder.get("type") == "text":
+        return data
+    media = holder.get("media_type") or holder.get("mime_type")
+    if data.startswith("data:"):
+        head, _, data = data.partition(",")
+        media = head[5:].split(";", 1)[0]
+    if not isinstance(media, str) and typed:
+        return None
+    if isinstance(media, str) and not media.startswith(_TEXT_MEDIA):
+        return None
+    try:
+        text = base64.b64decode(data, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    return text if "\x00" not in text else None
 
 
 async def check(

@@ -4,6 +4,8 @@ safety check run by a moderation model through its channels before the model run
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 import tomllib
 import uuid
@@ -21,6 +23,7 @@ import pytest
 from gateway.config import ConfigError, parse_settings
 from gateway.errors import GatewayError
 from gateway.providers.base import upstream_error
+from gateway.safety import CHECKED_FIELDS, request_texts
 from harness import Gateway, KeyHandle, chat_model, gateway, request_logs
 
 TOKEN_ENV = "GATEWAY_TEST_ADMIN_TOKEN"
@@ -383,6 +386,199 @@ def test_same_input_gets_the_same_answer(sgw: Gateway, handle: KeyHandle) -> Non
     assert first.status_code == second.status_code == 400
     assert first.json() == second.json()
     assert first.json()["error"]["code"] == "content_filtered"
+
+
+FLAG = "[sim flag=hate]"
+TEXT_FILE = "data:text/plain;base64," + base64.b64encode(f"notes {FLAG}".encode()).decode()
+ASKED: Any = {"role": "user", "content": "go on"}
+CALLED = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": FLAG})}}
+TOOL = {"type": "function", "function": {"name": "f", "description": FLAG, "parameters": {"type": "object"}}}
+PARAMETER = {"type": "object", "properties": {"q": {"type": "string", "description": FLAG}}}
+# Review: each of these reached the model unchecked, and was charged.
+HIDDEN: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "messages: a plain-text document",
+        "/v1/messages",
+        {
+            "model": MESSAGES,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "document",
+                            "source": {"type": "text", "media_type": "text/plain", "data": FLAG},
+                        },
+                        {"type": "text", "text": "summarise"},
+                    ],
+                }
+            ],
+        },
+    ),
+    (
+        "chat: a text file part",
+        "/v1/chat/completions",
+        {
+            "model": CHAT,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "summarise"},
+                        {"type": "file", "file": {"filename": "a.txt", "file_data": TEXT_FILE}},
+                    ],
+                }
+            ],
+        },
+    ),
+    (
+        "responses: a text input_file",
+        "/v1/responses",
+        {
+            "model": RESPONSES,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "summarise"},
+                        {"type": "input_file", "filename": "a.txt", "file_data": TEXT_FILE},
+                    ],
+                }
+            ],
+        },
+    ),
+    (
+        "chat: a tool's description",
+        "/v1/chat/completions",
+        {"model": CHAT, "messages": [ASKED], "tools": [TOOL]},
+    ),
+    (
+        "chat: a parameter's description",
+        "/v1/chat/completions",
+        {
+            "model": CHAT,
+            "messages": [ASKED],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": PARAMETER}}],
+        },
+    ),
+    (
+        "messages: a tool's description",
+        "/v1/messages",
+        {
+            "model": MESSAGES,
+            "messages": [ASKED],
+            "tools": [{"name": "f", "description": FLAG, "input_schema": {"type": "object"}}],
+        },
+    ),
+    (
+        "chat: a tool call's arguments",
+        "/v1/chat/completions",
+        {
+            "model": CHAT,
+            "messages": [
+                ASKED,
+                {"role": "assistant", "content": None, "tool_calls": [CALLED]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+        },
+    ),
+    (
+        "messages: a tool_use's input",
+        "/v1/messages",
+        {
+            "model": MESSAGES,
+            "messages": [
+                ASKED,
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": FLAG}}],
+                },
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "done"}]},
+            ],
+        },
+    ),
+    (
+        "responses: a function_call's arguments",
+        "/v1/responses",
+        {
+            "model": RESPONSES,
+            "input": [
+                ASKED,
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": json.dumps({"q": FLAG})},
+                {"type": "function_call_output", "call_id": "c1", "output": "done"},
+            ],
+        },
+    ),
+    (
+        "chat: the prediction",
+        "/v1/chat/completions",
+        {"model": CHAT, "messages": [ASKED], "prediction": {"type": "content", "content": FLAG}},
+    ),
+    (
+        "chat: the response format's description",
+        "/v1/chat/completions",
+        {
+            "model": CHAT,
+            "messages": [ASKED],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "description": FLAG, "schema": {"type": "object"}},
+            },
+        },
+    ),
+    (
+        "messages: a thinking block",
+        "/v1/messages",
+        {
+            "model": MESSAGES,
+            "messages": [
+                ASKED,
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": FLAG, "signature": "s"}]},
+                ASKED,
+            ],
+        },
+    ),
+    (
+        "chat: a refusal and a name",
+        "/v1/chat/completions",
+        {
+            "model": CHAT,
+            "messages": [ASKED, {"role": "assistant", "name": FLAG, "content": None, "refusal": FLAG}, ASKED],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), [h[1:] for h in HIDDEN], ids=[h[0] for h in HIDDEN])
+def test_text_the_model_reads_anywhere_in_the_request_is_checked(
+    sgw: Gateway, handle: KeyHandle, path: str, body: dict[str, Any]
+) -> None:
+    if path == "/v1/messages":
+        body = {"max_tokens": 20, **body}
+    before = sgw.balance(handle.account_id)
+    with sgw.client(handle.key) as c:
+        r = c.post(path, json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "content_filtered", r.text
+    assert sgw.wait_balance(handle.account_id, before) == before
+
+
+def test_media_is_not_read_as_text() -> None:
+    """Images, audio and PDFs are not sent to the moderation model, even as base64 that decodes."""
+    wav = base64.b64encode(b"RIFF").decode()
+    payload = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "image_url", "image_url": {"url": "data:text/plain;base64," + wav}},
+                    {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+                    {"type": "file", "file": {"file_data": "data:application/pdf;base64," + wav}},
+                ],
+            }
+        ]
+    }
+    assert request_texts(payload, CHECKED_FIELDS["chat"]) == ["hi"]
 
 
 def test_image_generation_prompt_is_checked(
