@@ -228,6 +228,12 @@ def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.
     assert received["body"] == {"model": "gpt-image-1", "prompt": prompt + " url"}
 
 
+# Review: headers whose sides are past what an image can be made the hold trillions of dollars, and
+# the answer insufficient_credits.
+HUGE_PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR" + b"\xff" * 8 + b"\x08\x02\x00\x00\x00" + bytes(16)
+HUGE_JPEG = b"\xff\xd8\xff\xc0\x00\x11\x08\xff\xff\xff\xff\x03" + bytes(20)
+
+
 @pytest.mark.parametrize(
     ("files", "data", "param"),
     [
@@ -235,6 +241,13 @@ def test_unsupported_parameters_dropped(gw: Gateway, key: KeyHandle, sim: httpx.
         ({"image": ("empty.png", b"", "image/png")}, {"prompt": "p"}, "image"),
         (
             {"image": ("a.png", PNG, "image/png"), "mask": ("m.png", b"GIF89a...", "image/png")},
+            {"prompt": "p"},
+            "mask",
+        ),
+        ({"image": ("a.png", HUGE_PNG, "image/png")}, {"prompt": "p"}, "image"),
+        ({"image": ("a.jpg", HUGE_JPEG, "image/jpeg")}, {"prompt": "p"}, "image"),
+        (
+            {"image": ("a.png", PNG, "image/png"), "mask": ("m.png", HUGE_PNG, "image/png")},
             {"prompt": "p"},
             "mask",
         ),
@@ -479,10 +492,11 @@ def test_an_image_left_to_the_model_is_held_at_the_dearest_variant_of_what_it_na
 
 def test_an_edit_without_a_size_is_held_at_its_source_images_size(gw: Gateway) -> None:
     """Left to the model, an edit's output may follow its source image: one whose header says
-    20000x20000 holds 381 times a 1024x1024 image's output, and a small balance cannot pay it
-    (hostile review: it was held as 1024x1024 and charged $16 on a $1 balance)."""
+    16000x16000 holds 245 times a 1024x1024 image's output, and a small balance cannot pay it
+    (hostile review: it was held as 1024x1024 and charged $16 on a $1 balance). Past 16384 a side
+    the image is refused (test_bad_edits_are_invalid_request)."""
     handle = gw.new_key(balance="1")
-    huge = PNG[:16] + (20000).to_bytes(4, "big") + (20000).to_bytes(4, "big") + PNG[24:]
+    huge = PNG[:16] + (16000).to_bytes(4, "big") + (16000).to_bytes(4, "big") + PNG[24:]
     with gw.client(handle.key) as c:
         refused = c.post(
             "/v1/images/edits",

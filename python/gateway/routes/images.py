@@ -91,6 +91,7 @@ def routes(state: GatewayState) -> list[Route]:
         _not_streamed(fields.get("stream"))
         if not any(p.name in IMAGE_FIELDS for p in parts):
             raise invalid_request("`image` is required: the image to edit (PNG, JPEG or WEBP).", "image")
+        _check_sides(p for p in parts if p.name in UPLOADS)
         order = _order(_int(fields.get("n")), fields.get("size"), fields.get("quality"))
         # Its source images are input too (GPT image models bill them as image tokens).
         order = replace(order, sources=sum(p.name in IMAGE_FIELDS for p in parts))
@@ -334,6 +335,21 @@ def _output_bound(model: ModelConfig, order: ImageOrder) -> int:
     if area is not None and area > _BASE_AREA:
         per_image = -(-per_image * area // _BASE_AREA)
     return order.n * per_image
+
+
+def _check_sides(uploads: Iterable[MultipartPart]) -> None:
+    """Refuse an image or mask whose header gives a side of 0 or past MAX_IMAGE_SIDE: a corrupt or
+    crafted header (review: PNG's 2^32-1, past even what PNG allows, made the hold trillions of
+    dollars, and the answer insufficient_credits, where a bad image is invalid_request)."""
+    for part in uploads:
+        sides = image_files.dimensions(part.data)
+        if sides is not None and not all(0 < side <= MAX_IMAGE_SIDE for side in sides):
+            width, height = sides
+            raise invalid_request(
+                f"The `{part.name}` file's header says it is {width}x{height} pixels: each side must be"
+                f" 1 to {MAX_IMAGE_SIDE} (the file is corrupt, or not an image an image model takes).",
+                "image" if part.name in IMAGE_FIELDS else part.name,
+            )
 
 
 def _largest_area(images: Iterable[bytes]) -> int | None:
