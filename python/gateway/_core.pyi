@@ -472,7 +472,8 @@ class AppendFile:
 
     def __new__(cls, path: str | os.PathLike[str]) -> Self: ...
     def append(self, data: bytes) -> None:
-        """Append `data` whole (continued after a short write, or OSError)."""
+        """Append `data` whole (continued after a short write), or OSError with the file left as
+        it was (a full disk: what was written of `data` is cut off again)."""
     def truncate(self) -> None:
         """Empty the file."""
     def close(self) -> None:

@@ -21,11 +21,13 @@ from hypothesis import strategies as st
 
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.core import AppendFile
+from gateway.errors import ServiceUnavailable
 from gateway.store import RequestLog, Settlement, UsageRecord
 from gateway.store.sqlite import SqliteStore
 from gateway.store.sqlite import journal as journal_module
 from gateway.store.sqlite.journal import Journal, decode, encode, live_count, orphans, owners, staging_name
 from harness import chat_model, free_port, process_tree, running
+from test_store_contract import log_entry
 
 
 def record(account_id: str, i: int, cost: str = "0.001") -> UsageRecord:
@@ -392,3 +394,86 @@ def test_a_journal_line_reads_back_as_written_without_its_bodies(log: RequestLog
     read, was_progress = decode(line)
     assert was_progress == progress
     assert read == Settlement(settlement.record, replace(log, request_body=None, response_body=None))
+
+
+def test_a_failed_append_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    """A write that fails part-way (a full disk; here the file-size limit) is cut back, so that the
+    next line is not glued to a torn one, which the replay would have to drop."""
+    path = tmp_path / "j.jsonl"
+    child = "\n".join(
+        [
+            "import resource, signal",
+            "from gateway.core import AppendFile",
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
+            f"f = AppendFile({str(path)!r})",
+            "f.append(b'first\\n')",
+            "hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]",
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))",
+            "try:",
+            "    f.append(b'x' * 500 + b'\\n')",
+            "except OSError as exc:",
+            "    print('failed', exc)",
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))",
+            "f.append(b'second\\n')",
+        ]
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "failed" in out.stdout, out.stderr
+    assert path.read_bytes() == b"first\nsecond\n"
+
+
+def test_a_journal_that_cannot_be_written_keeps_the_charge_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: on a full disk a plain request got a 500 and its charge was lost, and a stream
+    broke at its first progress mark and was never charged. The settlement is committed all the
+    same once the store can write, the request is told its charge is queued (503), a stream's
+    progress marks are skipped, and /ready says so."""
+    db = tmp_path / "g.db"
+    account_id = new_account(db)
+
+    class FullDisk:
+        def __init__(self, file: AppendFile) -> None:
+            self.file, self.full = file, True
+
+        def append(self, data: bytes) -> None:
+            if self.full:
+                raise OSError(28, "No space left on device")
+            self.file.append(data)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.file, name)
+
+    async def main() -> None:
+        store = await open_store(db)
+        try:
+            assert store._journal is not None
+            disk = FullDisk(store._journal._file)
+            monkeypatch.setattr(store._journal, "_file", disk)
+            store.note_progress(record(account_id, 0), log_entry(record(account_id, 0)))  # no raise
+            with pytest.raises(ServiceUnavailable) as queued:
+                await store.settle(record(account_id, 1))
+            assert queued.value.status == 503
+            assert "journal cannot be written" in (await store.ready() or "")
+            for _ in range(200):
+                if await store.get_usage("chatcmpl-1", "key_x") is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert await store.get_usage("chatcmpl-1", "key_x") is not None
+            disk.full = False
+            await store.settle(record(account_id, 2))
+            assert await store.ready() is None
+            for _ in range(200):
+                if store._journal._applied == store._journal._written == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert store._journal._applied == store._journal._written == 2
+            assert store._journal.path.stat().st_size == 0  # emptied: everything is in the store
+            account = await store.find_account("a")
+            assert account is not None and account.balance == Decimal(10) - 2 * Decimal("0.001")
+        finally:
+            await store.close()
+
+    asyncio.run(main())

@@ -21,6 +21,9 @@ fn io_error(what: &str, path: &Path, err: std::io::Error) -> CoreError {
 #[derive(Debug)]
 pub struct AppendFile {
     file: File,
+    /// The file's length after the last whole append (or truncation): a failed append's partial
+    /// bytes are cut back to it, so that the next line does not land glued to a torn one.
+    len: u64,
 }
 
 impl AppendFile {
@@ -34,7 +37,10 @@ impl AppendFile {
             .open(path)
             .map_err(|e| io_error("cannot open", path, e))?;
         match file.try_lock() {
-            Ok(()) => Ok(Self { file }),
+            Ok(()) => {
+                let len = file.metadata().map_err(|e| io_error("cannot stat", path, e))?.len();
+                Ok(Self { file, len })
+            }
             Err(TryLockError::WouldBlock) => {
                 Err(CoreError::Io(format!("{} is locked by another owner", path.display())))
             }
@@ -43,14 +49,26 @@ impl AppendFile {
     }
 
     /// Append `data` whole: with O_APPEND each write lands at the end, and a short write (a full
-    /// disk) is continued or reported, never silently cut.
+    /// disk) is continued or reported, never silently cut; a failed one leaves the file as it was
+    /// (what it wrote of `data` is cut off again).
     pub fn append(&mut self, data: &[u8]) -> Result<()> {
-        self.file.write_all(data).map_err(|e| CoreError::Io(format!("journal write failed: {e}")))
+        match self.file.write_all(data) {
+            Ok(()) => {
+                self.len += data.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len); // cutting needs no new block: best effort
+                Err(CoreError::Io(format!("journal write failed: {e}")))
+            }
+        }
     }
 
     /// Empty the file (appends then start again at offset 0).
-    pub fn truncate(&self) -> Result<()> {
-        self.file.set_len(0).map_err(|e| CoreError::Io(format!("journal truncate failed: {e}")))
+    pub fn truncate(&mut self) -> Result<()> {
+        self.file.set_len(0).map_err(|e| CoreError::Io(format!("journal truncate failed: {e}")))?;
+        self.len = 0;
+        Ok(())
     }
 }
 

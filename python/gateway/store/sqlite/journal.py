@@ -162,6 +162,13 @@ class Journal:
             self._written += 1
             self._running.pop(settlement.record.id, None)
 
+    def unwritten(self, settlement: Settlement) -> None:
+        """A settlement that could not be appended (a full disk), handed to the store all the same:
+        counted as written, so that the file is emptied once the store has applied everything."""
+        with self._lock:
+            self._written += 1
+            self._running.pop(settlement.record.id, None)
+
     def progress(self, settlement: Settlement) -> None:
         """A running stream's settlement so far: replayed only if its process dies before it ends."""
         line = encode(settlement, progress=True)

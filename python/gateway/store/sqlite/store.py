@@ -30,6 +30,7 @@ import orjson
 
 from ...budget import period_start_ms
 from ...clock import now_ms
+from ...errors import ServiceUnavailable
 from .. import leasing
 from ..records import (
     JOB_LEASE_PREFIX,
@@ -87,6 +88,9 @@ from .schema import MIGRATIONS, migrate
 from .writer import WriteOp, Writer
 
 log = logging.getLogger("gateway.store")
+# How long /ready says the journal failed after its last failure (a full disk): no request may have
+# tried it since, so the failure stands until a write succeeds or this much time has passed.
+DISK_FAILURE_SECONDS = 30.0
 # How long a settlement that keeps an Idempotency-Key's answer waits for the commit that shows it
 # to other processes (SqliteStore.settle).
 ANSWER_VISIBLE_SECONDS = 1.0
@@ -97,6 +101,9 @@ class SqliteStore(SqliteConsole):
         self.path = Path(path)
         self._reader: sqlite3.Connection | None = None
         self._journal: journal.Journal | None = None
+        # When the journal last failed to be written (a full disk), and why; None once it is again.
+        self._disk_failed_at: float | None = None
+        self._disk_error = ""
         self._writer = Writer(lambda: self._owner, self._applied)
         self._keys = KeyCache(self.path.parent / (self.path.name + ".generation"))
         self._scans = Scans(lambda: self._connect(check_same_thread=False))
@@ -330,7 +337,17 @@ class SqliteStore(SqliteConsole):
         if self._journal is None:
             raise RuntimeError("store is not started")
         settlement = Settlement(record, entry, answer)
-        self._journal.append(settlement)  # durable against a killed process from here on
+        try:
+            self._journal.append(settlement)  # durable against a killed process from here on
+        except OSError as exc:
+            # A full (or failing) disk: the charge is kept in memory and committed once the disk
+            # has room, as PostgreSQL's queued settlements are (review: it was lost, and the client
+            # got a 500); the request is told its charge is queued (503), not that nothing ran.
+            self._journal.unwritten(settlement)
+            self._writer.settle(settlement)
+            self._disk_failed(exc)
+            raise ServiceUnavailable("store (its disk cannot be written)") from exc
+        self._disk_failed_at = None
         # The log entry's bodies (not journaled) go into the store with it, in the same row.
         self._writer.settle(settlement)
         if answer is not None:
@@ -349,7 +366,16 @@ class SqliteStore(SqliteConsole):
     def note_progress(self, record: UsageRecord, entry: RequestLog) -> None:
         if self._journal is None:
             raise RuntimeError("store is not started")
-        self._journal.progress(Settlement(record, entry))
+        try:
+            self._journal.progress(Settlement(record, entry))
+        except OSError as exc:  # a full disk: the stream runs on, its settlement made at its end
+            self._disk_failed(exc)
+
+    def _disk_failed(self, exc: OSError) -> None:
+        """The journal could not be written: said once an episode, and by /ready for a while."""
+        if self._disk_failed_at is None:
+            log.error("the settlement journal cannot be written (%s): charges are kept in memory", exc)
+        self._disk_failed_at, self._disk_error = time.monotonic(), str(exc)
 
     def forget_progress(self, usage_id: str) -> None:
         if self._journal is not None:
@@ -730,6 +756,8 @@ class SqliteStore(SqliteConsole):
         failing = self._writer.failing
         if failing is not None:
             return f"writes to the SQLite database have failed for {failing:.0f} s: {self._writer.last_error}"
+        if self._disk_failed_at is not None and time.monotonic() - self._disk_failed_at < DISK_FAILURE_SECONDS:
+            return f"the settlement journal cannot be written: {self._disk_error}"
         return None
 
     async def list_jobs(
