@@ -756,7 +756,10 @@ class SqliteStore(SqliteConsole):
         failing = self._writer.failing
         if failing is not None:
             return f"writes to the SQLite database have failed for {failing:.0f} s: {self._writer.last_error}"
-        if self._disk_failed_at is not None and time.monotonic() - self._disk_failed_at < DISK_FAILURE_SECONDS:
+        if (
+            self._disk_failed_at is not None
+            and time.monotonic() - self._disk_failed_at < DISK_FAILURE_SECONDS
+        ):
             return f"the settlement journal cannot be written: {self._disk_error}"
         return None
 
