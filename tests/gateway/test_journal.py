@@ -18,6 +18,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_store_contract import log_entry
 
 from gateway.auth import display_prefix, generate_key, hash_key
 from gateway.core import AppendFile
@@ -27,7 +28,6 @@ from gateway.store.sqlite import SqliteStore
 from gateway.store.sqlite import journal as journal_module
 from gateway.store.sqlite.journal import Journal, decode, encode, live_count, orphans, owners, staging_name
 from harness import chat_model, free_port, process_tree, running
-from test_store_contract import log_entry
 
 
 def record(account_id: str, i: int, cost: str = "0.001") -> UsageRecord:
