@@ -39,7 +39,7 @@ from .store import (
     Store,
     open_store,
 )
-from .store.records import CONSOLE_ROLES
+from .store.records import ACCOUNT_ID_PREFIX, CONSOLE_ROLES
 from .telemetry import otlp
 
 T = TypeVar("T")
@@ -955,10 +955,11 @@ async def _delete_console_user(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _account(store: Store, ref: str) -> Account:
-    """The account of that name, or of that id."""
-    account = await store.find_account(ref)
-    if account is None and ref.startswith("acct_"):
-        account = await store.get_account(ref)
+    """The account of that id, or of that name (ids first: a name cannot take an id's shape now,
+    but one given before may have it)."""
+    account = await store.get_account(ref) if ref.startswith(ACCOUNT_ID_PREFIX) else None
+    if account is None:
+        account = await store.find_account(ref)
     if account is None:
         raise AdminError(f"no account named {ref!r}")
     return account

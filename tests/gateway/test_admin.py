@@ -123,6 +123,21 @@ def test_account_name_is_unique(admin: httpx.Client) -> None:
     assert err["param"] == "name"
 
 
+def test_an_account_name_cannot_look_like_an_id(agw: Gateway, admin: httpx.Client) -> None:
+    """Review: an account named after another's id took the CLI's top-up meant for that id."""
+    other = new_account(admin)
+    for attempt in (
+        admin.post("/accounts", json={"name": other["id"]}),
+        admin.patch(f"/accounts/{new_account(admin)['id']}", json={"name": "acct_mine"}),
+    ):
+        assert error(attempt, 400, "invalid_request")["param"] == "name"
+    # The CLI takes an id as the id it is.
+    cli(agw, "top-up", "--account", other["id"], "--amount", "1.25")
+    assert Decimal(ok(admin.get(f"/accounts/{other['id']}"))["balance"]) == Decimal(
+        other["balance"]
+    ) + Decimal("1.25")
+
+
 def test_json_numbers_are_read_exactly(admin: httpx.Client) -> None:
     # 0.1 has no exact binary float; read from its digits it stays 0.1, and it comes back a string.
     raw = b'{"name": "exact-%d", "balance": 0.10}' % time.monotonic_ns()

@@ -468,6 +468,9 @@ def new_id(prefix: str) -> str:
     return prefix + os.urandom(12).hex()
 
 
+ACCOUNT_ID_PREFIX = "acct_"
+
+
 def new_account(
     name: str,
     balance: Decimal,
@@ -477,7 +480,7 @@ def new_account(
 ) -> Account:
     """An account as every backend creates it (Accounts.create_account)."""
     return Account(
-        id=new_id("acct_"),
+        id=new_id(ACCOUNT_ID_PREFIX),
         name=name,
         balance=balance,
         allowed_models=allowed_models,
