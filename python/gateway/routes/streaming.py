@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -16,6 +16,7 @@ from starlette.responses import Response
 from .. import billing, request_log
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
+from ..deadline import within
 from ..drain import CUT_MESSAGE
 from ..errors import ErrorCode, GatewayError, unexpected_failure
 from ..pricing import ReportedUsage
@@ -73,6 +74,9 @@ class StreamRewriter(Protocol):
 
 
 R = TypeVar("R", bound=StreamRewriter)
+# The bound of a stream's wait for its first token as a block the drain can end (drain.waits): far
+# past any upstream's idle time, which ends a silent wait first.
+FIRST_TOKEN_BOUND_SECONDS: Final = 86_400.0
 
 
 async def forward_stream(
@@ -135,9 +139,26 @@ async def forward_stream(
 
     started = time.perf_counter_ns()
     try:
-        (response, upstream, rewriter, first), slot = await state.router.run(
-            model, attempt, call.attempts, only
-        )
+        # Until its first token a stream has sent nothing: at the drain's deadline it is answered
+        # the 503 a plain request gets (review: its worker was stopped with it, and the client got
+        # an empty reply, never logged). The block's own bound is never reached: the upstream's
+        # idle time ends a silent wait first.
+        with within(FIRST_TOKEN_BOUND_SECONDS) as waiting:
+            state.drain.waits.add(waiting)
+            try:
+                (response, upstream, rewriter, first), slot = await state.router.run(
+                    model, attempt, call.attempts, only
+                )
+            finally:
+                state.drain.waits.discard(waiting)
+    except TimeoutError:
+        if not waiting.expired:
+            raise
+        raise GatewayError(
+            "service_unavailable",
+            "The gateway is shutting down and the stream had not started (no token yet). Retry.",
+            headers={"Retry-After": "1"},
+        ) from None
     finally:
         call.upstream_ns += time.perf_counter_ns() - started
     if on_start is not None:
