@@ -13,6 +13,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sqlite3
 import sys
 import tempfile
 import time
@@ -105,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {exc.message}", file=sys.stderr)
         return 1
     except Exception as exc:
-        # A store that cannot be opened (no such file or database, refused, wrong user): its
-        # reason in one line, not a traceback. asyncpg is not imported before it is needed.
-        if not isinstance(exc, OSError) and not type(exc).__module__.startswith("asyncpg"):
+        # A store that cannot be opened or written (no such file or database, refused, wrong
+        # user, a read-only or full disk): its reason in one line, not a traceback (operator
+        # review). asyncpg is not imported before it is needed.
+        if not isinstance(exc, OSError | sqlite3.Error) and not type(exc).__module__.startswith("asyncpg"):
             raise
-        print(f"gateway: cannot open the store: {exc}", file=sys.stderr)
+        print(f"gateway: the store cannot be used: {exc}", file=sys.stderr)
         return 1
 
 

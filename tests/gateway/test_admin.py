@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -509,6 +510,23 @@ def cli(agw: Gateway, *args: str) -> str:
     done = run_cli(agw, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_cli_on_a_store_it_cannot_open_says_why_in_one_line(tmp_path: Path, sim_url: str) -> None:
+    """Operator review: a store SQLite cannot open (here a directory; a read-only or full disk
+    alike) printed a traceback."""
+    (tmp_path / "db").mkdir()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[store]\npath = "{tmp_path / "db"}"\n' + chat_model("test/chat", "sim-chat", sim_url))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "admin", "list-accounts", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("gateway: the store cannot be used: ") and done.stderr.count("\n") == 1
 
 
 def test_cli_readme_commands(agw: Gateway, admin: httpx.Client) -> None:

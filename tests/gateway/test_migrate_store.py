@@ -227,5 +227,5 @@ def test_stores_that_cannot_be_opened_are_one_line_and_admin_files_are_private(
     base = postgres_url.rsplit("/", 1)[0]
     for target in (f"{base}/gw_no_such_db", "postgresql://postgres@127.0.0.1:1/x"):
         moved = migrate_store(tmp_path / "new" / "dir" / "gateway.db", target)
-        assert moved.returncode == 1 and moved.stderr.startswith("gateway: cannot open the store: ")
+        assert moved.returncode == 1 and moved.stderr.startswith("gateway: the store cannot be used: ")
         assert "Traceback" not in moved.stderr and len(moved.stderr.splitlines()) == 1
