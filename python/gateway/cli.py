@@ -12,8 +12,8 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
