@@ -1275,6 +1275,8 @@ def _money(value: Any, where: str) -> Decimal:
         raise ConfigError(f"{where}: {value!r} is not a number") from exc
     if not d.is_finite() or d < 0:
         raise ConfigError(f"{where}: must be a finite, non-negative number")
+    if d > MAX_PRICE:  # review: 1e400 was taken, and requests refused with a 400-digit cost
+        raise ConfigError(f"{where}: must be at most {MAX_PRICE} (US dollars)")
     return d
 
 
@@ -1375,6 +1377,13 @@ def _count(
     return _non_negative(value, where) if zero else _positive(value, where)
 
 
+# The most any duration setting may say (in its unit): far past any real one, and small enough
+# for every timer and signal it is given to.
+MAX_DURATION: Final = 10_000_000
+# The most a price may say (US dollars per its unit: a million tokens, an image, a second).
+MAX_PRICE: Final = Decimal(1_000_000)
+
+
 def _seconds(
     raw: Mapping[str, Any], where: str, default: float, unit: str = "seconds", zero: bool = False
 ) -> float:
@@ -1384,4 +1393,6 @@ def _seconds(
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not (value >= 0 if zero else value > 0):  # NaN is neither
         raise ConfigError(f"{where}: must be {'zero or ' if zero else ''}a positive number of {unit}")
+    if value > MAX_DURATION:  # review: inf and 1e300 were taken, and the server could not stop
+        raise ConfigError(f"{where}: must be at most {MAX_DURATION:,} {unit}")
     return float(value)

@@ -58,6 +58,13 @@ def model(**overrides: object) -> dict[str, object]:
         ),
         ({"models": [model(prices={"input": "abc"})]}, "models[0].prices.input"),
         ({"models": [model(prices={"input": "-1"})]}, "models[0].prices.input"),
+        # Operator review: these were taken; the server then could not stop, or refused requests
+        # with a 400-digit cost.
+        ({"models": [model(prices={"output": "1e400"})]}, "models[0].prices.output: must be at most"),
+        *(
+            ({"models": [model()], "server": {"drain_seconds": big}}, "server.drain_seconds: must be at most")
+            for big in (float("inf"), 1e300)
+        ),
         ({"models": [model(prices={"inptu": "1"})]}, "unknown setting models[0].prices.inptu"),
         ({"models": [model(prices={"images": {"1024x1024/": "1"}})]}, "models[0].prices.images"),
         ({"models": [model(prices={"images": {"1024x1024": "x"}})]}, "models[0].prices.images.1024x1024"),
