@@ -507,6 +507,10 @@ class CheckedConfig:
     text: str = ""
     settings: Settings | None = None
     problems: tuple[str, ...] = ()
+    # Environment variables it names that are unset here (check-config's warnings): an upstream
+    # key's channel then sends no key. Said, not refused (the demo's channels name keys the
+    # simulator does not need).
+    warnings: tuple[str, ...] = ()
 
 
 def check_and_load(path: str | os.PathLike[str]) -> CheckedConfig:
@@ -516,11 +520,11 @@ def check_and_load(path: str | os.PathLike[str]) -> CheckedConfig:
         text = read_config_text(path)
     except ConfigError as exc:
         return CheckedConfig(problems=(str(exc),))
-    problems = check_config_text(text, path).problems
-    if problems:
-        return CheckedConfig(text, problems=problems)
+    report = check_config_text(text, path)
+    if report.problems:
+        return CheckedConfig(text, problems=report.problems)
     try:
-        return CheckedConfig(text, settings_from_text(text, path))
+        return CheckedConfig(text, settings_from_text(text, path), warnings=report.warnings)
     except Exception as exc:  # e.g. an environment variable it names, unset here
         return CheckedConfig(text, problems=(f"{type(exc).__name__}: {exc}",))
 

@@ -123,6 +123,8 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
             )
             return
         logger.info("reload: %s is valid; replacing the workers one by one", path)
+        for warning in _WARNINGS:
+            logger.warning("configuration: %s", warning)
         if _RUNNING:  # the drain settings of the new configuration govern the old workers' stop
             self.notice_seconds = _RUNNING[0].drain_notice_seconds
             self.workers_kill_timeout = _kill_timeout(_RUNNING[0].drain_seconds, self.kill_grace_seconds)
@@ -296,6 +298,7 @@ def _kill_timeout(drain_seconds: float, kill_grace_seconds: float) -> int:
 
 
 _RUNNING: list[Any] = []  # the accepted configuration's settings (gateway.config.Settings)
+_WARNINGS: list[str] = []  # the last file checked: its unset environment variables (check-config's warnings)
 
 
 def _accept(path: str) -> list[str]:
@@ -308,6 +311,7 @@ def _accept(path: str) -> list[str]:
     checked = check_and_load(path)
     if checked.settings is None:
         return list(checked.problems)
+    _WARNINGS[:] = checked.warnings
     new = checked.settings
     problems = fixed_changes(_RUNNING[0], new, command_line_flags()) if _RUNNING else []
     if not problems:
@@ -433,7 +437,7 @@ def main(argv: list[str]) -> None:
     if _RUNNING:
         from gateway.config import advisories
 
-        for advice in advisories(_RUNNING[0]):
+        for advice in (*advisories(_RUNNING[0]), *_WARNINGS):
             logger.warning("configuration: %s", advice)
     if options.get("metrics_listen"):
         _serve_metrics(options["metrics_listen"])

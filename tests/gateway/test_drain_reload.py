@@ -293,10 +293,12 @@ def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Pat
             )
             proc.send_signal(signal.SIGHUP)
             _wait_for_models(url, key.key, {"test/a", "test/b"})
-            # And through the admin endpoint, taking it away again.
-            _config(tmp_path, port, sim_url, 2, old)
+            # And through the admin endpoint, taking it away again. Its channel now names an upstream
+            # key that is unset here: taken, and said (operator review: silently).
+            _config(tmp_path, port, sim_url, 2, old + 'api_key_env = "GW_RELOAD_UNSET_KEY"\n')
             accepted = httpx.post(url + "/admin/v1/config/reload", headers=admin)
             assert accepted.status_code == 202 and accepted.json()["status"] == "reloading"
+            assert any("GW_RELOAD_UNSET_KEY" in w for w in accepted.json()["warnings"]), accepted.text
             _wait_for_models(url, key.key, {"test/a"})
         finally:
             stop.set()

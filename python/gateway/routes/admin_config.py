@@ -49,7 +49,8 @@ def routes(state: GatewayState) -> list[Route]:
                 "This gateway was not started by `gateway serve`: there is no supervisor to reload it.",
             )
         os.kill(supervisor, signal.SIGHUP)
-        return json_response({"status": "reloading", "config": os.path.basename(path)}, 202)
+        answer = {"status": "reloading", "config": os.path.basename(path), "warnings": list(checked.warnings)}
+        return json_response(answer, 202)
 
     return [Route("/admin/v1/config/reload", reload, methods=["POST"])]
 

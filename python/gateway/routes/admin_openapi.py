@@ -361,6 +361,12 @@ def _schemas(configured: Collection[str]) -> dict[str, Schema]:
             {
                 "status": {"const": "reloading"},
                 "config": {"type": "string", "description": "The file's name."},
+                "warnings": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "What the file leaves unset here (an upstream key's environment"
+                    " variable): taken, but said.",
+                },
             },
         ),
         "OpenApiDocument": {"type": "object", "description": "This document."},
