@@ -68,6 +68,8 @@ def test_ready_says_503_and_why_when_redis_is_out_of_reach(tmp_path: Path, sim_u
         body = ready.json()
         assert body["status"] == "unavailable"
         assert any("Redis is out of reach" in r for r in body["reasons"])
+        # Operator review: the unauthenticated probe named Redis's address.
+        assert str(dead) not in ready.text and "127.0.0.1" not in ready.text, ready.text
         assert httpx.get(url + "/health").status_code == 200  # the process itself answers
 
 
