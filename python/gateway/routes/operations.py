@@ -6,9 +6,9 @@ None of them takes an API key or shows anything secret."""
 from __future__ import annotations
 
 import asyncio
-import re
 import hmac
 import os
+import re
 
 import orjson
 from starlette.requests import Request
