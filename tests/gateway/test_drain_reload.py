@@ -296,6 +296,8 @@ def test_reload_swaps_the_configuration_without_refusing_a_request(tmp_path: Pat
             # And through the admin endpoint, taking it away again. Its channel now names an upstream
             # key that is unset here: taken, and said (operator review: silently).
             _config(tmp_path, port, sim_url, 2, old + 'api_key_env = "GW_RELOAD_UNSET_KEY"\n')
+            unknown = httpx.post(url + "/admin/v1/config/reload", headers=admin, json={"x": 1})
+            assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "x"  # operator review
             accepted = httpx.post(url + "/admin/v1/config/reload", headers=admin)
             assert accepted.status_code == 202 and accepted.json()["status"] == "reloading"
             assert any("GW_RELOAD_UNSET_KEY" in w for w in accepted.json()["warnings"]), accepted.text

@@ -64,7 +64,7 @@ def routes(state: GatewayState) -> list[Route]:
         return run
 
     async def body(request: Request) -> dict[str, Any]:
-        return _decode(await read_body(request, body_limit, state.settings.body_idle_timeout_seconds))
+        return object_body(await read_body(request, body_limit, state.settings.body_idle_timeout_seconds))
 
     async def account_of(request: Request) -> Account:
         return await management.account(store, request.path_params["account_id"])
@@ -216,7 +216,7 @@ def routes(state: GatewayState) -> list[Route]:
 # ---------------------------------------------------------------- reading requests
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def object_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object ({} when empty). Numbers with a fraction or exponent become Decimal
     from their own digits, so "amount": 0.1 is exactly 0.1; NaN and Infinity are refused."""
     if not raw.strip():

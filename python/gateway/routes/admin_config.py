@@ -16,11 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..admin_fields import read_fields
 from ..auth import admin_token, authenticate_admin
 from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
 from ..reload import accepted_settings, command_line_flags, fixed_changes
 from ..state import GatewayState
+from .admin import object_body
 from .common import json_response
 
 SUPERVISOR_MODULE = "gateway.supervisor"
@@ -31,6 +33,9 @@ def routes(state: GatewayState) -> list[Route]:
 
     async def reload(request: Request) -> Response:
         authenticate_admin(request, token)
+        # It takes no field: one given is refused as every admin endpoint refuses an unknown one
+        # (operator review: {"x": 1} was taken), a body that is not a JSON object too.
+        read_fields(object_body(await request.body()), {})
         path = os.environ.get(CONFIG_ENV, "")
         checked = await asyncio.to_thread(check_and_load, path)
         problems = list(checked.problems)
