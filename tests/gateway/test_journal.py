@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from test_store_contract import log_entry
 
 from gateway.auth import display_prefix, generate_key, hash_key
+from gateway.clock import now_ms
 from gateway.core import AppendFile
 from gateway.errors import ServiceUnavailable
-from gateway.store import RequestLog, Settlement, UsageRecord
+from gateway.store import RequestLog, Settlement, StoredImage, UsageRecord
 from gateway.store.sqlite import SqliteStore
 from gateway.store.sqlite import journal as journal_module
 from gateway.store.sqlite.journal import Journal, decode, encode, live_count, orphans, owners, staging_name
@@ -456,7 +457,7 @@ def test_a_journal_that_cannot_be_written_keeps_the_charge_in_memory(
             with pytest.raises(ServiceUnavailable) as queued:
                 await store.settle(record(account_id, 1))
             assert queued.value.status == 503
-            assert "journal cannot be written" in (await store.ready() or "")
+            assert "disk cannot be written" in (await store.ready() or "")
             for _ in range(200):
                 if await store.get_usage("chatcmpl-1", "key_x") is not None:
                     break
@@ -473,6 +474,31 @@ def test_a_journal_that_cannot_be_written_keeps_the_charge_in_memory(
             assert store._journal.path.stat().st_size == 0  # emptied: everything is in the store
             account = await store.find_account("a")
             assert account is not None and account.balance == Decimal(10) - 2 * Decimal("0.001")
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_full_database_is_the_store_away_not_an_unexpected_failure(tmp_path: Path) -> None:
+    """Verification review: on a full disk the awaited writes (a response's state, images, a lease,
+    an Idempotency-Key claim) failed with sqlite3.OperationalError, answered as an unexpected 500
+    without a log entry. They are the store away: ServiceUnavailable, the 503 the routes answer.
+    SQLite's max_page_count makes the database full here without a full disk."""
+    db = tmp_path / "g.db"
+    new_account(db)
+
+    async def main() -> None:
+        store = await open_store(db)
+        try:
+            pages = await store._write(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+            await store._write(lambda c: c.execute(f"PRAGMA max_page_count = {pages}"))
+            image = StoredImage("t" * 20, os.urandom(200_000), "image/png", now_ms() + 60_000, "key_x")
+            with pytest.raises(ServiceUnavailable):
+                await store.put_images([image])
+            assert "disk is full" in (await store.ready() or "")
+            await store._write(lambda c: c.execute("PRAGMA max_page_count = 1073741823"))
+            await store.put_images([image])  # room again
         finally:
             await store.close()
 

@@ -370,7 +370,13 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                             "provider_error", "The model's provider broke off its answer before it was whole."
                         ) from None
                     response = Response(whole, response.status_code, headers)
-        except GatewayError as err:
+        except GatewayError as failed:
+            err = failed
+            if isinstance(err, ServiceUnavailable) and call.settlement is not None:
+                # The model ran and its charge stands (made, or queued, at the close below): the
+                # 503 must not say nothing was charged (review: a response whose state could not
+                # be kept on a full disk).
+                err = _charge_queued(err, call, call.settlement.id)
             err.headers[REQUEST_ID_HEADER] = call.request_id
             kept = idempotency.kept_error(call, err) if call.idempotency is not None else None
             try:
@@ -391,6 +397,8 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                 # the request's id, replaced it): what is queued commits later, and a claim it
                 # could not let go of lapses with its lease.
                 log.warning("request %s: its close waits for the %s", call.request_id, away.service)
+            if err is not failed:
+                raise err from failed
             raise
         except ClientGone:
             if call.client_gone:

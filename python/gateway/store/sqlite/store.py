@@ -91,6 +91,9 @@ log = logging.getLogger("gateway.store")
 # How long /ready says the journal failed after its last failure (a full disk): no request may have
 # tried it since, so the failure stands until a write succeeds or this much time has passed.
 DISK_FAILURE_SECONDS = 30.0
+DISK_AWAY = "store (its disk cannot be written)"
+# SQLite's primary result codes of a disk that cannot take a write: full, failing, read-only.
+_DISK_FAILURES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY})
 # How long a settlement that keeps an Idempotency-Key's answer waits for the commit that shows it
 # to other processes (SqliteStore.settle).
 ANSWER_VISIBLE_SECONDS = 1.0
@@ -185,7 +188,15 @@ class SqliteStore(SqliteConsole):
     async def _write(self, op: WriteOp, *, changes_keys: bool = False) -> Any:
         """Run `op` in the writer's next transaction; with `changes_keys`, every process's key cache
         is invalidated after the commit, even when the caller is cancelled meanwhile."""
-        return await self._writer.write(op, self._keys_changed if changes_keys else None)
+        try:
+            return await self._writer.write(op, self._keys_changed if changes_keys else None)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in _DISK_FAILURES:
+                raise
+            # A full, failing or read-only disk is the store away, as PostgreSQL's outage is: a
+            # 503 that says so, not an unexpected 500 (review).
+            self._disk_failed(exc)
+            raise ServiceUnavailable(DISK_AWAY) from exc
 
     def _applied(self, count: int) -> None:
         if self._journal is not None:
@@ -346,7 +357,7 @@ class SqliteStore(SqliteConsole):
             self._journal.unwritten(settlement)
             self._writer.settle(settlement)
             self._disk_failed(exc)
-            raise ServiceUnavailable("store (its disk cannot be written)") from exc
+            raise ServiceUnavailable(DISK_AWAY) from exc
         self._disk_failed_at = None
         # The log entry's bodies (not journaled) go into the store with it, in the same row.
         self._writer.settle(settlement)
@@ -371,10 +382,11 @@ class SqliteStore(SqliteConsole):
         except OSError as exc:  # a full disk: the stream runs on, its settlement made at its end
             self._disk_failed(exc)
 
-    def _disk_failed(self, exc: OSError) -> None:
-        """The journal could not be written: said once an episode, and by /ready for a while."""
+    def _disk_failed(self, exc: OSError | sqlite3.Error) -> None:
+        """The journal or the database could not be written: said once an episode, and by /ready
+        for a while."""
         if self._disk_failed_at is None:
-            log.error("the settlement journal cannot be written (%s): charges are kept in memory", exc)
+            log.error("the store's disk cannot be written (%s): charges are kept in memory", exc)
         self._disk_failed_at, self._disk_error = time.monotonic(), str(exc)
 
     def forget_progress(self, usage_id: str) -> None:
@@ -760,7 +772,7 @@ class SqliteStore(SqliteConsole):
             self._disk_failed_at is not None
             and time.monotonic() - self._disk_failed_at < DISK_FAILURE_SECONDS
         ):
-            return f"the settlement journal cannot be written: {self._disk_error}"
+            return f"the store's disk cannot be written: {self._disk_error}"
         return None
 
     async def list_jobs(

@@ -237,6 +237,10 @@ def _attempt(conn: sqlite3.Connection, op: WriteOp) -> tuple[bool, Any]:
     try:
         result = op(conn)
     except Exception as exc:
+        if not conn.in_transaction:
+            # SQLite rolled the whole transaction back (a full disk, an I/O error): the batch fails,
+            # with this cause (not "no such savepoint"), and its settlements are tried again.
+            raise
         conn.execute("ROLLBACK TO item")
         conn.execute("RELEASE item")
         return False, exc
