@@ -371,34 +371,34 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                         ) from None
                     response = Response(whole, response.status_code, headers)
         except GatewayError as failed:
-            err = failed
-            if isinstance(err, ServiceUnavailable) and call.settlement is not None:
+            answered = failed
+            if isinstance(answered, ServiceUnavailable) and call.settlement is not None:
                 # The model ran and its charge stands (made, or queued, at the close below): the
                 # 503 must not say nothing was charged (review: a response whose state could not
                 # be kept on a full disk).
-                err = _charge_queued(err, call, call.settlement.id)
-            err.headers[REQUEST_ID_HEADER] = call.request_id
-            kept = idempotency.kept_error(call, err) if call.idempotency is not None else None
+                answered = _charge_queued(answered, call, call.settlement.id)
+            answered.headers[REQUEST_ID_HEADER] = call.request_id
+            kept = idempotency.kept_error(call, answered) if call.idempotency is not None else None
             try:
                 if await _close(
                     state,
                     request,
                     call,
-                    err.status,
-                    err.body(request.url.path),
-                    error_code=err.code,
+                    answered.status,
+                    answered.body(request.url.path),
+                    error_code=answered.code,
                     answer=kept,
                 ):
                     idempotency.taken(call)
                 elif call.idempotency is not None:
-                    await idempotency.keep_error(state, call, err)
+                    await idempotency.keep_error(state, call, answered)
             except ServiceUnavailable as away:
                 # The store away as this error is answered (review: the store's own 503, without
                 # the request's id, replaced it): what is queued commits later, and a claim it
                 # could not let go of lapses with its lease.
                 log.warning("request %s: its close waits for the %s", call.request_id, away.service)
-            if err is not failed:
-                raise err from failed
+            if answered is not failed:
+                raise answered from failed
             raise
         except ClientGone:
             if call.client_gone:
