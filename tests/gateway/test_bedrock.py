@@ -182,6 +182,11 @@ def test_tool_calls_plain_and_streamed(bgw: Gateway, sim: httpx.Client) -> None:
     )
     assert "city" in arguments
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
+    # As OpenAI streams an answer of tool calls only: the role with null content beside the first
+    # call (verification review: content "" first, so the streamed answer's content was "").
+    first = next(c.choices[0].delta for c in streamed if c.choices)
+    assert first.role == "assistant" and first.content is None and first.tool_calls
+    assert plain.choices[0].message.content is None
 
 
 def tool_loop(marker: str, tool: str, result: str) -> list[Any]:

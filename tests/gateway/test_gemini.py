@@ -176,6 +176,11 @@ def test_function_calls_plain_and_streamed(ggw: Gateway, sim: httpx.Client) -> N
     deltas = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
     assert deltas and "city" in (deltas[0][0].function.arguments or "")  # type: ignore[union-attr]
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
+    # As OpenAI streams an answer of tool calls only: the role with null content beside the first
+    # call (verification review: content "" first, so the streamed answer's content was "").
+    first = next(c.choices[0].delta for c in streamed if c.choices)
+    assert first.role == "assistant" and first.content is None and first.tool_calls
+    assert plain.choices[0].message.content is None
 
 
 def test_the_messages_shape_through_gemini(ggw: Gateway) -> None:
