@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from .errors import GatewayError, invalid_request
 from .store import LIMIT_RESETS
+from .store.records import ACCOUNT_ID_PREFIX
 
 # Bounds that keep every balance inside Decimal's 28 significant digits, so additions stay exact.
 MAX_MONEY: Final = Decimal(10) ** 12
@@ -122,6 +123,18 @@ def name(value: object, param: str) -> str:
     return value
 
 
+def account_name(value: object, param: str) -> str:
+    """An account's name: may not look like an account's id. Where either names an account (the
+    CLI's --account), one account's name would stand for another's id (review: a top-up went to
+    the account named after another's id)."""
+    text = name(value, param)
+    if text.startswith(ACCOUNT_ID_PREFIX):
+        raise invalid_request(
+            f"`{param}` may not begin with {ACCOUNT_ID_PREFIX!r}, as account ids do.", param
+        )
+    return text
+
+
 def note(value: object, param: str) -> str | None:
     if value is None:
         return None
@@ -156,7 +169,7 @@ Reader = Callable[[Any, str], Any]
 def account_fields(configured: Collection[str]) -> dict[str, Reader]:
     """An account's settable fields (create and update; create also takes `balance`)."""
     return {
-        "name": name,
+        "name": account_name,
         "allowed_models": lambda value, param: model_names(value, param, configured),
         "rpm_limit": rate_limit,
         "tpm_limit": rate_limit,

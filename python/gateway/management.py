@@ -32,7 +32,6 @@ from .store import (
     RequestLog,
     TopUp,
 )
-from .store.records import ACCOUNT_ID_PREFIX
 
 STREAM_SUMMARY_PREFIX = b'{"object":"' + STREAM_SUMMARY.encode() + b'"'
 
@@ -63,7 +62,6 @@ async def create_account(store: Accounts, configured: Collection[str], given: Ma
         given, {**field.account_fields(configured), "balance": field.money}, required=("name",)
     )
     name = fields.pop("name")
-    refuse_id_shaped_name(name)
     balance = fields.pop("balance", Decimal(0))
     try:
         return await store.create_account(name, balance, **fields)
@@ -71,23 +69,11 @@ async def create_account(store: Accounts, configured: Collection[str], given: Ma
         raise invalid_request(f"An account named {name!r} exists already.", "name") from exc
 
 
-def refuse_id_shaped_name(name: object) -> None:
-    """An account's name may not look like an account's id: where either names an account (the
-    CLI's --account), one account's name would stand for another's id (review: a top-up went to
-    the account named after another's id)."""
-    if isinstance(name, str) and name.startswith(ACCOUNT_ID_PREFIX):
-        raise invalid_request(
-            f"An account's name may not begin with {ACCOUNT_ID_PREFIX!r}, as account ids do.", "name"
-        )
-
-
 async def update_account(
     store: Accounts, configured: Collection[str], account_id: str, given: Mapping[str, Any]
 ) -> Account:
     """The account after changing the given fields (a field left out stays as it is)."""
     changes = cast(AccountChanges, field.read_fields(given, field.account_fields(configured)))
-    if "name" in changes:
-        refuse_id_shaped_name(changes["name"])
     try:
         account = await store.update_account(account_id, changes)
     except NameTaken as exc:

@@ -132,7 +132,11 @@ def test_an_account_name_cannot_look_like_an_id(agw: Gateway, admin: httpx.Clien
         admin.patch(f"/accounts/{new_account(admin)['id']}", json={"name": "acct_mine"}),
     ):
         assert error(attempt, 400, "invalid_request")["param"] == "name"
-    # The CLI takes an id as the id it is.
+    # The CLI refuses such a name too (verification review), and takes an id as the id it is.
+    refused = run_cli(agw, "create-account", "--name", "acct_cli")
+    assert refused.returncode == 1 and "--name" in refused.stderr and "acct_" in refused.stderr, (
+        refused.stderr
+    )
     cli(agw, "top-up", "--account", other["id"], "--amount", "1.25")
     assert Decimal(ok(admin.get(f"/accounts/{other['id']}"))["balance"]) == Decimal(
         other["balance"]

@@ -89,6 +89,13 @@ READER_SCHEMAS: Final[Mapping[object, Schema]] = {
         "maxLength": field.MAX_NAME_CHARS,
         "description": "Printable characters, not only spaces.",
     },
+    field.account_name: {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": field.MAX_NAME_CHARS,
+        "pattern": "^(?!acct_)",
+        "description": "Printable characters, not only spaces; not beginning with acct_ (as account ids do).",
+    },
     field.note: {"type": ["string", "null"], "maxLength": field.MAX_NOTE_CHARS},
     field.money: MONEY_IN,
     field.optional_money: {
