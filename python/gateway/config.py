@@ -733,8 +733,10 @@ def _parse(raw: Mapping[str, Any], base_dir: Path, check: _Check) -> Settings:
         videos=_job_settings(tables["videos"], "videos", check),
         background=_job_settings(tables["background"], "background", check),
         safety=safety,
-        drain_seconds=part(lambda: _seconds(server, "server.drain_seconds", 30.0)),
-        drain_notice_seconds=part(lambda: _seconds(server, "server.drain_notice_seconds", 1.0, zero=True)),
+        drain_seconds=part(lambda: _seconds(server, "server.drain_seconds", 30.0, most=MAX_DRAIN_SECONDS)),
+        drain_notice_seconds=part(
+            lambda: _seconds(server, "server.drain_notice_seconds", 1.0, zero=True, most=MAX_DRAIN_SECONDS)
+        ),
         metrics_enabled=part(lambda: _get(metrics, "enabled", bool, "metrics.enabled", True)),
         metrics_token_env=metrics_token_env,
         metrics_listen=part(lambda: _listen(metrics, "listen", "metrics.listen")),
@@ -1384,19 +1386,27 @@ def _count(
 # The most any duration setting may say (in its unit): far past any real one, and small enough
 # for every timer and signal it is given to.
 MAX_DURATION: Final = 10_000_000
+# The most a drain may last: a day. The supervisor waits for its workers' end in one poll(2), whose
+# timeout is milliseconds in 32 bits (review: 3,000,000 s made the stop fail with a traceback).
+MAX_DRAIN_SECONDS: Final = 86_400
 # The most a price may say (US dollars per its unit: a million tokens, an image, a second).
 MAX_PRICE: Final = Decimal(1_000_000)
 
 
 def _seconds(
-    raw: Mapping[str, Any], where: str, default: float, unit: str = "seconds", zero: bool = False
+    raw: Mapping[str, Any],
+    where: str,
+    default: float,
+    unit: str = "seconds",
+    zero: bool = False,
+    most: int = MAX_DURATION,
 ) -> float:
     """The setting at `where` ("limits.sync_timeout_seconds", its last part the key in `raw`): a
-    positive number of seconds (or of `unit`), or zero where `zero` allows it."""
+    positive number of seconds (or of `unit`), or zero where `zero` allows it; at most `most`."""
     value = raw.get(where.rpartition(".")[2], default)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not (value >= 0 if zero else value > 0):  # NaN is neither
         raise ConfigError(f"{where}: must be {'zero or ' if zero else ''}a positive number of {unit}")
-    if value > MAX_DURATION:  # review: inf and 1e300 were taken, and the server could not stop
-        raise ConfigError(f"{where}: must be at most {MAX_DURATION:,} {unit}")
+    if value > most:  # review: inf and 1e300 were taken, and the server could not stop
+        raise ConfigError(f"{where}: must be at most {most:,} {unit}")
     return float(value)

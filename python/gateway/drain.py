@@ -137,7 +137,8 @@ class Drain:
         self.cut = True
         if self._streams or self.waits:
             log.warning(
-                "drain deadline: ending %d streams and %d requests whose bodies are arriving",
+                "drain deadline: ending %d streams, and %d requests still waiting (for their body or"
+                " their model's first token)",
                 len(self._streams),
                 len(self.waits),
             )

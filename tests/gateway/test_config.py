@@ -63,7 +63,7 @@ def model(**overrides: object) -> dict[str, object]:
         ({"models": [model(prices={"output": "1e400"})]}, "models[0].prices.output: must be at most"),
         *(
             ({"models": [model()], "server": {"drain_seconds": big}}, "server.drain_seconds: must be at most")
-            for big in (float("inf"), 1e300)
+            for big in (float("inf"), 1e300, 3_000_000)
         ),
         ({"models": [model(prices={"inptu": "1"})]}, "unknown setting models[0].prices.inptu"),
         ({"models": [model(prices={"images": {"1024x1024/": "1"}})]}, "models[0].prices.images"),

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..admin_fields import read_fields
 from ..auth import admin_token, authenticate_admin
 from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
@@ -35,7 +34,12 @@ def routes(state: GatewayState) -> list[Route]:
         authenticate_admin(request, token)
         # It takes no field: one given is refused as every admin endpoint refuses an unknown one
         # (operator review: {"x": 1} was taken), a body that is not a JSON object too.
-        read_fields(object_body(await request.body()), {})
+        given = object_body(await request.body())
+        if given:
+            first = sorted(given)[0]
+            raise GatewayError(
+                "invalid_request", f"Unknown field `{first}`: this endpoint takes none.", param=first
+            )
         path = os.environ.get(CONFIG_ENV, "")
         checked = await asyncio.to_thread(check_and_load, path)
         problems = list(checked.problems)
