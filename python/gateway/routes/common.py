@@ -371,35 +371,34 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
                         ) from None
                     response = Response(whole, response.status_code, headers)
         except GatewayError as failed:
-            answered = failed
-            if isinstance(answered, ServiceUnavailable) and call.settlement is not None:
+            if isinstance(failed, ServiceUnavailable) and call.settlement is not None:
                 # The model ran and its charge stands (made, or queued, at the close below): the
                 # 503 must not say nothing was charged (review: a response whose state could not
-                # be kept on a full disk).
-                answered = _charge_queued(answered, call, call.settlement.id)
-            answered.headers[REQUEST_ID_HEADER] = call.request_id
-            kept = idempotency.kept_error(call, answered) if call.idempotency is not None else None
+                # be kept on a full disk). The store's own error stays its context. Rebound, not
+                # kept in another name: the except clause deletes this one, and a local holding
+                # the exception would make a reference cycle of the frame (test_model_dispatch).
+                failed = _charge_queued(failed, call, call.settlement.id)
+            failed.headers[REQUEST_ID_HEADER] = call.request_id
+            kept = idempotency.kept_error(call, failed) if call.idempotency is not None else None
             try:
                 if await _close(
                     state,
                     request,
                     call,
-                    answered.status,
-                    answered.body(request.url.path),
-                    error_code=answered.code,
+                    failed.status,
+                    failed.body(request.url.path),
+                    error_code=failed.code,
                     answer=kept,
                 ):
                     idempotency.taken(call)
                 elif call.idempotency is not None:
-                    await idempotency.keep_error(state, call, answered)
+                    await idempotency.keep_error(state, call, failed)
             except ServiceUnavailable as away:
                 # The store away as this error is answered (review: the store's own 503, without
                 # the request's id, replaced it): what is queued commits later, and a claim it
                 # could not let go of lapses with its lease.
                 log.warning("request %s: its close waits for the %s", call.request_id, away.service)
-            if answered is not failed:
-                raise answered from failed
-            raise
+            raise failed
         except ClientGone:
             if call.client_gone:
                 await _close(state, request, call, request_log.CLIENT_CLOSED, None)
