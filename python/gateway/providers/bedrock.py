@@ -355,7 +355,6 @@ class ConverseStreamToChat:
         self.out = ChatChunks(model)
         self.tools: dict[int, int] = {}  # content block index -> tool call index
         self.broken = False
-        self.role_due = False  # the stream began, its role not sent yet (_with_role)
 
     def feed(self, chunk: bytes) -> bytes:
         if self.broken:
@@ -381,18 +380,6 @@ class ConverseStreamToChat:
             return self.out.error(str(exc), "streamError")
         return b""
 
-    def _with_role(self, delta: dict[str, Any], content: str | None, finish: str | None = None) -> bytes:
-        """`delta` as a chunk, after the role's first one while it is due: the role chunk says
-        `content` (OpenAI's "" before text or no output, null before thinking); before a tool
-        call the role goes in the call's own chunk, with null content."""
-        if not self.role_due:
-            return self.out.delta(delta, finish)
-        self.role_due = False
-        role = {"role": "assistant", "content": content}
-        if "tool_calls" in delta:
-            return self.out.delta({**role, **delta}, finish)
-        return self.out.delta(role) + self.out.delta(delta, finish)
-
     def _tool(self, block: Any) -> int:
         """The tool call index of a content block."""
         return self.tools.setdefault(block if isinstance(block, int) else 0, len(self.tools))
@@ -410,10 +397,7 @@ class ConverseStreamToChat:
             said = data.get("message")
             message = said if isinstance(said, str) else "The model failed."
             return self.out.error(message, exception or "modelStreamErrorException")
-        if event == "messageStart":
-            # The role goes with the first output, as OpenAI's does (review: a streamed answer of
-            # tool calls only ended with content "", not null): _with_role.
-            self.role_due = True
+        if event == "messageStart":  # the role goes with the first output (ChatChunks.delta)
             return b""
         if event == "contentBlockStart":
             use = (data.get("start") or {}).get("toolUse")
@@ -424,25 +408,25 @@ class ConverseStreamToChat:
                 "id": use.get("toolUseId"),
                 "type": "function",
             }
-            return self._with_role(
-                {"tool_calls": [{**call, "function": {"name": use.get("name"), "arguments": ""}}]}, None
+            return self.out.delta(
+                {"tool_calls": [{**call, "function": {"name": use.get("name"), "arguments": ""}}]}
             )
         if event == "contentBlockDelta":
             delta = data.get("delta") or {}
             if isinstance(delta.get("text"), str):
-                return self._with_role({"content": delta["text"]}, "")
+                return self.out.delta({"content": delta["text"]})
             use = delta.get("toolUse")
             if isinstance(use, dict) and isinstance(use.get("input"), str):
                 index = self._tool(data.get("contentBlockIndex"))
-                return self._with_role(
-                    {"tool_calls": [{"index": index, "function": {"arguments": use["input"]}}]}, None
+                return self.out.delta(
+                    {"tool_calls": [{"index": index, "function": {"arguments": use["input"]}}]}
                 )
             thought = delta.get("reasoningContent")
             if isinstance(thought, dict) and isinstance(thought.get("text"), str):
-                return self._with_role({"reasoning_content": thought["text"]}, None)
+                return self.out.delta({"reasoning_content": thought["text"]})
             return b""
         if event == "messageStop":
-            return self._with_role({}, "", finish=_finish(data.get("stopReason")))
+            return self.out.delta({}, _finish(data.get("stopReason")))
         if event == "metadata":
             return self.out.usage_and_done(_usage(data.get("usage")))
         return b""  # contentBlockStop, and events this gateway does not read

@@ -32,8 +32,23 @@ class ChatChunks:
 
     def __init__(self, model: str) -> None:
         self.base = {"id": "", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        self._role_due = True  # the role goes with the first delta (`delta`)
 
     def delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        """One chunk; the first also says the role, as OpenAI's does: a chunk of its own with
+        `content: ""` before text (or no output), `content: null` before reasoning, and beside the
+        first tool call with `content: null` (review: a streamed answer of tool calls only ended
+        with content "", where the same answer not streamed has null)."""
+        if self._role_due:
+            self._role_due = False
+            if "tool_calls" in delta:
+                delta = {"role": "assistant", "content": None, **delta}
+            else:
+                first = None if "reasoning_content" in delta else ""
+                return self._chunk({"role": "assistant", "content": first}) + self._chunk(delta, finish)
+        return self._chunk(delta, finish)
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return b"data: " + orjson.dumps({**self.base, "choices": [choice]}) + b"\n\n"
 

@@ -422,7 +422,6 @@ class GeminiStreamToChat:
     def __init__(self, model: str) -> None:
         self.parser = SseParser()
         self.out = ChatChunks(model)
-        self.started = False
         self.calls = 0
         self.done = False
 
@@ -458,23 +457,12 @@ class GeminiStreamToChat:
         candidate = candidates[0] if isinstance(candidates[0], dict) else {}
         text, thoughts, calls = _parts(candidate)
         finish = _finish(candidate.get("finishReason"), self.calls + len(calls) > 0)
-        # The role goes with the first output, as OpenAI's does: content "" before text (or no
-        # output at all), null before thinking, null beside the first tool call (review: a
-        # streamed answer of tool calls only ended with content "", not null).
-        role: dict[str, Any] = {}
-        if not self.started and (thoughts or text or calls or finish is not None):
-            self.started = True
-            role = {"role": "assistant", "content": None if thoughts or (calls and not text) else ""}
-            if thoughts or text or not calls:
-                out += self.out.delta(role)
-                role = {}
         for thought in thoughts:
             out += self.out.delta({"reasoning_content": thought})
         for piece in text:
             out += self.out.delta({"content": piece})
         for call in calls:
-            out += self.out.delta({**role, "tool_calls": [{"index": self.calls, **call}]})
-            role = {}
+            out += self.out.delta({"tool_calls": [{"index": self.calls, **call}]})
             self.calls += 1
         if finish is not None:
             out += self.out.delta({}, finish) + self.out.usage_and_done(_usage(answer.get("usageMetadata")))
