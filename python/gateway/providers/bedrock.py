@@ -32,9 +32,9 @@ from ..config import ChannelConfig
 from ..core import EventStreamParser, InvalidEventStreamError
 from ..errors import GatewayError, invalid_request
 from ..translate import messages_request_from_chat
+from ..translate.chat_wire import ChatChunks, usage_object
 from ..translate.usage import token_count
 from . import sigv4
-from .chat_wire import ChatChunks, usage_object
 from .http import UpstreamClient
 
 # The chat completions parameters Converse has a counterpart for (spec 1.3 default list).

@@ -37,8 +37,8 @@ from ..config import ChannelConfig
 from ..core import SseParser
 from ..errors import GatewayError, invalid_request
 from ..translate import messages_request_from_chat
+from ..translate.chat_wire import ChatChunks, usage_object
 from ..translate.usage import token_count
-from .chat_wire import ChatChunks, usage_object
 from .embeddings_wire import embedding_list, input_texts
 from .http import UpstreamClient
 

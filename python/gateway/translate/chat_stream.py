@@ -15,6 +15,7 @@ import orjson
 
 from ..core import SseEvent
 from ..pricing import Usage
+from .chat_wire import DONE, ChatChunks
 from .stop_reasons import finish_reason
 from .stream_base import TranslatedStream
 from .usage import chat_usage, usage_from_messages
@@ -30,21 +31,16 @@ class ChatStreamFromMessages(TranslatedStream):
         self, response_id: str, include_usage: bool, created: int, counted_usage: Callable[[str], Usage]
     ) -> None:
         super().__init__()
-        self._id = response_id
+        # The model is named by message_start; the first delta says the role (ChatChunks.delta).
+        self._chunks = ChatChunks(None, response_id, created)
         self._include_usage = include_usage
-        self._created = created
         self._counted_usage = counted_usage
-        self._model: Any = None
         # Anthropic block index -> the tool call's index in the chat shape, and whether any of its
         # arguments went out yet.
         self._tool_index: dict[int, int] = {}
         self._tool_arguments_sent: dict[int, bool] = {}
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: Any = None
-        # The role chunk, not sent yet. OpenAI's says `content: ""` when the answer begins with
-        # text, and `content: null` (with the first tool call) when it begins otherwise: a streamed
-        # answer of tool calls only then ends with null content, as the same answer not streamed.
-        self._role_due = False
 
     @property
     def usage(self) -> Usage | None:
@@ -64,9 +60,8 @@ class ChatStreamFromMessages(TranslatedStream):
         if kind == "message_start":
             message = data.get("message")
             if isinstance(message, dict):
-                self._model = message.get("model")
+                self._chunks.base["model"] = message.get("model")
                 self._read_usage(message.get("usage"))
-            self._role_due = True  # sent with the first block: its content depends on that block
         elif kind == "content_block_start":
             self._block_start(data, out)
         elif kind == "content_block_delta":
@@ -98,9 +93,6 @@ class ChatStreamFromMessages(TranslatedStream):
         if not isinstance(block, dict) or not isinstance(index, int):
             return
         kind = block.get("type")
-        role_due, self._role_due = self._role_due, False
-        if role_due and kind != "tool_use":
-            out.append(self._chunk({"role": "assistant", "content": "" if kind == "text" else None}))
         if kind == "tool_use":
             self._tool_index[index] = len(self._tool_index)
             # Some upstreams give the whole input at the start rather than in deltas.
@@ -118,12 +110,11 @@ class ChatStreamFromMessages(TranslatedStream):
                 "type": "function",
                 "function": {"name": block.get("name"), "arguments": arguments},
             }
-            first = {"role": "assistant", "content": None} if role_due else {}
-            out.append(self._chunk({**first, "tool_calls": [call]}))
+            out.append(self._chunks.delta({"tool_calls": [call]}))
         elif kind == "text" and self._take(block.get("text")):
-            out.append(self._chunk({"content": block["text"]}))
+            out.append(self._chunks.delta({"content": block["text"]}))
         elif kind == "thinking" and self._take(block.get("thinking"), reasoning=True):
-            out.append(self._chunk({"reasoning_content": block["thinking"]}))
+            out.append(self._chunks.delta({"reasoning_content": block["thinking"]}))
 
     def _block_delta(self, data: dict[str, Any], out: list[bytes]) -> None:
         delta, index = data.get("delta"), data.get("index")
@@ -131,9 +122,9 @@ class ChatStreamFromMessages(TranslatedStream):
             return
         kind = delta.get("type")
         if kind == "text_delta" and self._take(delta.get("text")):
-            out.append(self._chunk({"content": delta["text"]}))
+            out.append(self._chunks.delta({"content": delta["text"]}))
         elif kind == "thinking_delta" and self._take(delta.get("thinking"), reasoning=True):
-            out.append(self._chunk({"reasoning_content": delta["thinking"]}))
+            out.append(self._chunks.delta({"reasoning_content": delta["thinking"]}))
         elif (
             kind == "input_json_delta"
             and isinstance(index, int)
@@ -144,32 +135,16 @@ class ChatStreamFromMessages(TranslatedStream):
             out.append(self._arguments(index, delta["partial_json"]))
 
     def _end(self, out: list[bytes]) -> None:
-        if self._role_due:  # an answer without a block: empty text
-            self._role_due = False
-            out.append(self._chunk({"role": "assistant", "content": ""}))
-        out.append(self._chunk({}, finish_reason(self._stop_reason)))
+        # An answer without a block still says the role (empty text) before its finish.
+        out.append(self._chunks.delta({}, finish_reason(self._stop_reason)))
         if self._include_usage:
             usage = self.usage or self._counted_usage(self.output_text)
-            out.append(self._data({"choices": [], "usage": chat_usage(usage)}))
-        out.append(b"data: [DONE]\n\n")
+            out.append(self._chunks.usage_and_done(chat_usage(usage)))
+        else:
+            out.append(DONE)
         self.done = True
 
     def _arguments(self, index: int, fragment: str) -> bytes:
-        return self._chunk(
+        return self._chunks.delta(
             {"tool_calls": [{"index": self._tool_index[index], "function": {"arguments": fragment}}]}
         )
-
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return self._data(
-            {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        )
-
-    def _data(self, fields: dict[str, Any]) -> bytes:
-        chunk = {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": self._model,
-            **fields,
-        }
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"

@@ -1,5 +1,5 @@
-"""The chat completions wire format as providers of another format write it (bedrock.py,
-gemini.py): the usage object, and the chunks of a stream, for the chat shape's own rewriter."""
+"""The chat completions wire format as writers of another format write it (providers.bedrock,
+providers.gemini, chat_stream.py): the usage object, and the chunks of a stream."""
 
 from __future__ import annotations
 
@@ -27,11 +27,21 @@ def usage_object(
     }
 
 
-class ChatChunks:
-    """Chunks of one chat completion stream (the gateway's rewriter sets their id)."""
+DONE = b"data: [DONE]\n\n"
 
-    def __init__(self, model: str) -> None:
-        self.base = {"id": "", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+class ChatChunks:
+    """Chunks of one chat completion stream: with the gateway's `id` and `created` when a
+    translator sets them itself, else the rewriter sets their id. `base["model"]` may be set later
+    (an upstream that names its model in its first event)."""
+
+    def __init__(self, model: str | None, id: str = "", created: int | None = None) -> None:
+        self.base = {
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()) if created is None else created,
+            "model": model,
+        }
         self._role_due = True  # the role goes with the first delta (`delta`)
 
     def delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -54,9 +64,7 @@ class ChatChunks:
 
     def usage_and_done(self, usage: dict[str, Any] | None) -> bytes:
         """The usage chunk (no choices) and the stream's end."""
-        return (
-            b"data: " + orjson.dumps({**self.base, "choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n"
-        )
+        return b"data: " + orjson.dumps({**self.base, "choices": [], "usage": usage}) + b"\n\n" + DONE
 
     @staticmethod
     def error(message: str, kind: str = "server_error", code: str | None = None) -> bytes:
