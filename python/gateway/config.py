@@ -1283,6 +1283,9 @@ def _money(value: Any, where: str) -> Decimal:
         raise ConfigError(f"{where}: must be a finite, non-negative number")
     if d > MAX_PRICE:  # review: 1e400 was taken, and requests refused with a 400-digit cost
         raise ConfigError(f"{where}: must be at most {MAX_PRICE} (US dollars)")
+    if d and d.normalize().as_tuple().exponent < -PRICE_PLACES:  # type: ignore[operator]
+        # 1e-30 was taken, and gave costs and balances 30 digits long.
+        raise ConfigError(f"{where}: must have at most {PRICE_PLACES} decimal places")
     return d
 
 
@@ -1391,6 +1394,8 @@ MAX_DURATION: Final = 10_000_000
 MAX_DRAIN_SECONDS: Final = 86_400
 # The most a price may say (US dollars per its unit: a million tokens, an image, a second).
 MAX_PRICE: Final = Decimal(1_000_000)
+# The finest a price may say: a millionth of a millionth of a dollar (per its unit).
+PRICE_PLACES: Final = 12
 
 
 def _seconds(

@@ -61,6 +61,9 @@ def model(**overrides: object) -> dict[str, object]:
         # Operator review: these were taken; the server then could not stop, or refused requests
         # with a 400-digit cost.
         ({"models": [model(prices={"output": "1e400"})]}, "models[0].prices.output: must be at most"),
+        # ... and 1e-30, which gave costs and balances 30 digits long.
+        ({"models": [model(prices={"input": "1e-30"})]}, "models[0].prices.input: must have at most 12"),
+        ({"models": [model(prices={"images": {"hd": "0.0000000000001"}})]}, "prices.images.hd: must have"),
         *(
             ({"models": [model()], "server": {"drain_seconds": big}}, "server.drain_seconds: must be at most")
             for big in (float("inf"), 1e300, 3_000_000)
