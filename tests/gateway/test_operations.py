@@ -59,16 +59,19 @@ def test_health_and_ready_need_no_key_and_show_nothing_secret(tmp_path: Path, si
         assert httpx.post(url + "/ready").status_code == 405
 
 
-def test_ready_says_503_and_why_when_redis_is_out_of_reach(tmp_path: Path, sim_url: str) -> None:
+@pytest.mark.parametrize("over", ["tcp", "unix"])
+def test_ready_says_503_and_why_when_redis_is_out_of_reach(tmp_path: Path, sim_url: str, over: str) -> None:
     dead = free_port()  # nothing listens there
-    with serving(tmp_path, sim_url, f'[redis]\nurl = "redis://127.0.0.1:{dead}/0"\n') as (url, _, _):
+    where = f"127.0.0.1:{dead}/0" if over == "tcp" else f"{tmp_path}/redis-{dead}.sock"
+    redis_url = f"redis://{where}" if over == "tcp" else f"unix://{where}"
+    with serving(tmp_path, sim_url, f'[redis]\nurl = "{redis_url}"\n') as (url, _, _):
         ready = httpx.get(url + "/ready")
         assert ready.status_code == 503
         assert ready.headers["retry-after"]
         body = ready.json()
         assert body["status"] == "unavailable"
         assert any("Redis is out of reach" in r for r in body["reasons"])
-        # Operator review: the unauthenticated probe named Redis's address.
+        # Operator review: the unauthenticated probe named Redis's address (its socket's path too).
         assert str(dead) not in ready.text and "127.0.0.1" not in ready.text, ready.text
         assert httpx.get(url + "/health").status_code == 200  # the process itself answers
 

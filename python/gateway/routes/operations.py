@@ -68,8 +68,12 @@ def routes(state: GatewayState) -> list[BaseRoute]:
     ]
 
 
-# Where a service lives, as errors name it: a URL, a host and port, or asyncpg's ('host', port).
-_ADDRESS = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\(\s*'[^']*',\s*\d+\s*\)|\[?[\w.:-]*[\w\]]:\d{1,5}\b")
+# Where a service lives, as errors name it: a URL, a host and port, asyncpg's ('host', port), or a
+# socket's or file's absolute path (not the "/" inside a word, as in "I/O").
+_ADDRESS = re.compile(
+    r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\(\s*'[^']*',\s*\d+\s*\)|\[?[\w.:-]*[\w\]]:\d{1,5}\b"
+    r"|(?<![\w./])/[^\s:'\")]+"
+)
 
 
 def without_addresses(reason: str) -> str:
