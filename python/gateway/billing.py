@@ -106,9 +106,10 @@ def cap_output(
     estimated from it (estimate_usage reads the first of `limits` that is set), in fields the
     model receives (`received`), since the others are dropped on the way to it:
     - a limit above the model's max_output_tokens is lowered to it;
-    - a limit set under a name the model does not take goes under the first one it takes as well (a
-      client's max_completion_tokens goes as max_tokens to a model that takes only that), and every
-      limit the request set says the same, the one the hold is estimated with;
+    - a limit set only under names the model does not take goes under the first one it takes (a
+      client's max_completion_tokens goes as max_tokens to a model that takes only that; one set
+      under a name the model takes gets no second name), and every limit the request set says the
+      same, the one the hold is estimated with;
     - a model that takes none of `limits` cannot be limited: the request's limits go, and the hold
       is its max_output_tokens.
     Returns `limits` with the one the client set first: the order to estimate the hold in, so that
@@ -128,13 +129,17 @@ def cap_output(
         return limits  # none set (send_output_limit), or refused by estimate_usage (400)
     taken = next((name for name in limits if name in received), None)
     value = asked if asked < model.max_output_tokens else model.max_output_tokens
+    sent = False  # a limit the client set goes under a name the model takes
     for name in limits:
         if body.get(name) is not None:
             if taken is None:
                 del body[name]
             else:
                 body[name] = value
-    if taken is not None:
+                sent = sent or name in received
+    if taken is not None and not sent:
+        # Only then: OpenAI refuses max_tokens and max_completion_tokens together (review: a
+        # client's max_tokens went to gpt-4o with a max_completion_tokens added beside it).
         body[taken] = value
     return limits if named == limits[0] else (named, *(name for name in limits if name != named))
 

@@ -53,6 +53,25 @@ def test_a_limit_above_the_models_most_is_lowered_and_the_balance_holds(
     assert gw.wait_balance(handle.account_id, Decimal("0.2") - charged) >= 0
 
 
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
+def test_a_limit_under_a_name_the_model_takes_gets_no_second_name(
+    gw: Gateway, key: KeyHandle, sim: httpx.Client, name: str
+) -> None:
+    """Spec review: a client's max_tokens went to gpt-4o (which takes both names) with
+    max_completion_tokens added beside it, which OpenAI's API refuses (400, as the simulator now
+    does): every such request would fail behind the real upstream."""
+    for stream in (False, True):
+        marker = uuid.uuid4().hex
+        body = {"model": CHAT, name: 1_000_000, "stream": stream}
+        answer = _post(
+            gw, key.key, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": marker}]}
+        )
+        assert answer.status_code == 200, answer.text
+        received = _received(sim, marker)
+        assert received[name] == CAP
+        assert {"max_tokens", "max_completion_tokens"} - {name} & received.keys() == set(), received
+
+
 @pytest.fixture(scope="module")
 def capped(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """Models whose configuration names their max_output_tokens."""

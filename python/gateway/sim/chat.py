@@ -43,6 +43,14 @@ async def create(sim: Simulator, request: web.Request, *, azure: bool = False) -
             "traceparent": headers.get("traceparent"),
         }
     )
+    if req.get("max_tokens") is not None and req.get("max_completion_tokens") is not None:
+        # As OpenAI's API (and Azure's) refuses the two together.
+        return openai_error(
+            400,
+            "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+            code="invalid_parameter_combination",
+            param="max_tokens",
+        )
     try:
         model, d = directives.parse(req["model"], headers.get("x-sim"), last_text(req["messages"]))
     except DirectiveError as exc:
