@@ -382,6 +382,11 @@ class _Connection(asyncio.Protocol):
         self._transport.write(request)
         return await self._head_waiter
 
+    def allow_silence(self, seconds: float) -> None:
+        """The longest silence allowed from now until the answer is read (send's read_timeout)."""
+        self._read_timeout = seconds
+        self._touch()
+
     def abort(self) -> None:
         self._keep_alive = False
         if self._transport is not None and not self._closed:
@@ -542,6 +547,12 @@ class UpstreamResponse:
         self._eof = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+
+    def allow_silence(self, seconds: float) -> None:
+        """The longest silence allowed between reads of the rest of the body (the request's
+        read_timeout until now: one for its head, another for its body)."""
+        if self._connection is not None:
+            self._connection.allow_silence(seconds)
 
     @property
     def content(self) -> UpstreamResponse:

@@ -19,7 +19,7 @@ from ..deadline import within
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
 from ..pricing import Usage, cost, format_cost
-from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse
+from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse, is_timeout
 from ..state import GatewayState
 from .common import (
     REQUEST_ID_HEADER,
@@ -53,7 +53,9 @@ def routes(state: GatewayState) -> list[Route]:
         body = state.registry.channel_body(model, payload, call)
 
         async def attempt(channel: ChannelConfig) -> UpstreamResponse:
-            answer = await open_stream(state, request, model, channel, body)
+            # The head within the synchronous window, whose end (below) comes first: 504 then.
+            window = state.settings.sync_timeout_seconds
+            answer = await open_stream(state, request, model, channel, body, head_within=window)
             if answer.headers.get("content-type", "").startswith("application/json"):
                 # Audio or its events, never JSON: a 2xx JSON body is a failure said as success.
                 answer.release()
@@ -90,9 +92,11 @@ def routes(state: GatewayState) -> list[Route]:
                     if not call.first_byte_ns:
                         call.first_byte_ns = time.time_ns()
                     yield chunk
-            except UPSTREAM_FAILURES:
+            except UPSTREAM_FAILURES as exc:
                 broke = True
-                call.error_code = "provider_error"  # logged as the model's failure, not a client gone
+                # Logged as the model's failure, not a client gone: silent past the stream idle
+                # window (timeout, as a text stream's), or broken off.
+                call.error_code = "timeout" if is_timeout(exc) else "provider_error"
                 raise
             finally:
                 upstream.release()

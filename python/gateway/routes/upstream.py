@@ -75,23 +75,35 @@ def stamped_answer(parse_usage: Callable[[bytes], Usage | None]) -> AnswerReader
 
 
 async def open_stream(
-    state: GatewayState, request: Request, model: ModelConfig, channel: ChannelConfig, body: ChannelBody
+    state: GatewayState,
+    request: Request,
+    model: ModelConfig,
+    channel: ChannelConfig,
+    body: ChannelBody,
+    *,
+    head_within: float | None = None,
 ) -> UpstreamResponse:
     """Send to one channel for an answer read as it arrives (a text stream, audio): the stream idle
-    window applies between reads, not the synchronous window."""
+    window applies between reads, not the synchronous window. With `head_within`, the answer's head
+    is waited for that long instead (a synchronous answer whose body flows: speech), the idle
+    window applying from the head on."""
     provider = PROVIDERS[channel.provider]
     url = provider.url(channel, model.type, stream=True)
     payload = provider.encode(channel, model.type, body(channel))
     headers = await provider.headers(channel, request.headers, state.upstream, url=url, body=payload)
     headers["traceparent"] = upstream_traceparent(request.scope)
-    return await send(
+    idle = state.settings.stream_idle_timeout_seconds
+    answer = await send(
         state.upstream,
         url,
         payload,
         headers,
         stream=True,
-        read_timeout=state.settings.stream_idle_timeout_seconds,
+        read_timeout=idle if head_within is None else head_within,
     )
+    if head_within is not None:
+        answer.allow_silence(idle)
+    return answer
 
 
 def window_left(state: GatewayState, call: Call) -> float:
