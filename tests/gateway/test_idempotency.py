@@ -5,6 +5,7 @@ answers not kept; a crashed request's lease runs out; ignored on other endpoints
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections import Counter
@@ -101,6 +102,14 @@ def test_replay_is_free_and_marked_then_other_body_is_409(
     assert again.content == first.content and again.headers["content-type"] == first.headers["content-type"]
     assert again.headers["x-service-cost"] == "0"
     assert again.headers["x-service-request-id"] != first.headers["x-service-request-id"]
+    # So is the same JSON under another Content-Type, which the gateway reads as JSON all the same
+    # (spec review: curl's -d sends form-urlencoded, and got idempotency_key_reused).
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        with gw.client(key.key) as c:
+            raw = json.dumps(body).encode()
+            headers = {"idempotency-key": "k1", "content-type": content_type}
+            typed = c.post(IMAGES, content=raw, headers=headers)
+        assert typed.status_code == 200 and typed.headers["idempotency-replayed"] == "true", typed.text
     time.sleep(0.2)  # a charge for the replay, if there were one, would have landed by now
     assert gw.balance(key.account_id) == balance and sim_calls(sim, IMAGES, prompt) == 1
     other = post(gw, key.key, IMAGES, {**body, "n": 1}, "k1")

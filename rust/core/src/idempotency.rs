@@ -1,7 +1,8 @@
 //! Idempotency fingerprints: a stable digest of method, path and body.
 //!
 //! Two requests that mean the same thing must get the same fingerprint, so JSON bodies are
-//! canonicalised (keys sorted, whitespace dropped) and multipart bodies are reduced to their parts,
+//! canonicalised (keys sorted, whitespace dropped; under any Content-Type but multipart's, as the
+//! gateway reads them) and multipart bodies are reduced to their parts,
 //! sorted by name (the boundary is random per request in every client library, and clients order
 //! fields differently; repeated fields keep their order). Anything else is hashed byte for
 //! byte. Each piece is length-prefixed so that no two different inputs can run together.
@@ -59,14 +60,14 @@ pub fn fingerprint(
             return Ok(w.0.finalize().to_hex().to_string());
         }
     }
-    if ct.is_empty() || ct.contains("json") {
-        if let Ok(value) = serde_json::from_slice::<Value>(body) {
-            let mut canonical = Vec::with_capacity(body.len());
-            write_canonical(&value, &mut canonical);
-            w.field(b"json");
-            w.field(&canonical);
-            return Ok(w.0.finalize().to_hex().to_string());
-        }
+    // Whatever else its Content-Type says: the gateway reads a JSON body as JSON under any type
+    // (review: the same body sent again as text/plain, as curl's -d does, got idempotency_key_reused).
+    if let Ok(value) = serde_json::from_slice::<Value>(body) {
+        let mut canonical = Vec::with_capacity(body.len());
+        write_canonical(&value, &mut canonical);
+        w.field(b"json");
+        w.field(&canonical);
+        return Ok(w.0.finalize().to_hex().to_string());
     }
     w.field(b"bytes");
     w.field(body);
@@ -145,8 +146,11 @@ mod tests {
     fn raw_bodies_by_bytes() {
         assert_ne!(fp(b"abc", Some("audio/wav")), fp(b"abd", Some("audio/wav")));
         assert_eq!(fp(b"{not json", Some("application/json")), fp(b"{not json", Some("application/json")));
-        // A JSON-looking body sent as text/plain is bytes, so whitespace matters there.
-        assert_ne!(fp(b"{\"a\":1}", Some("text/plain")), fp(b"{\"a\": 1}", Some("text/plain")));
+        // JSON is JSON under any type but multipart's: the gateway reads it so.
+        let json = fp(b"{\"a\":1}", Some("application/json"));
+        for ct in [None, Some("text/plain"), Some("application/x-www-form-urlencoded")] {
+            assert_eq!(fp(b"{\"a\": 1}", ct), json);
+        }
     }
 
     fn form(boundary: &str, fields: &[(&str, Option<&str>, &[u8])]) -> Vec<u8> {
