@@ -46,7 +46,7 @@ TRANSLATED_TYPE: Final[Mapping[str, frozenset[str]]] = {
 # Whose model a name without a vendor prefix is, by the endpoint's model type (ModelRegistry.resolve):
 # the vendor whose API the endpoint speaks; every other endpoint speaks OpenAI's.
 BARE_NAME_VENDOR: Final[Mapping[str, str]] = {"messages": "anthropic", "rerank": "cohere"}
-# Fields of a request body that are the request itself, not parameters: always forwarded.
+# Fields of a request body that every request of a type carries: always forwarded.
 REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "chat": frozenset({"model", "messages"}),
     "embedding": frozenset({"model", "input"}),
@@ -59,6 +59,9 @@ REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "transcription": frozenset({"model", "file"}),
     "video": frozenset({"model", "prompt", "seconds"}),
 }
+# Of those, the ones that are the request itself (the model and what it is asked about), not
+# parameters: every other field forwarded is listed as a parameter (`forwarded_params`).
+CONTENT_FIELDS: Final = frozenset({"model", "messages", "input", "prompt", "query", "documents", "file"})
 
 
 class ModelRefused(GatewayError):
@@ -87,6 +90,7 @@ class ModelRegistry:
             m.name: self._params[m.name] | REQUIRED_FIELDS.get(m.type, frozenset({"model"}))
             for m in self._by_name.values()
         }
+        self._forwarded = {name: fields - CONTENT_FIELDS for name, fields in self._upstream_fields.items()}
         # The models whose provider says their requests in another API and checks them first
         # (`check`): a set, so that the others' requests pay one membership test.
         self.checked = frozenset(
@@ -160,8 +164,10 @@ class ModelRegistry:
         PROVIDERS[model.channels[0].provider].check(model.type, payload)
 
     def forwarded_params(self, model: ModelConfig) -> frozenset[str]:
-        """Exactly the parameters this model receives; the rest are dropped (spec 1.3)."""
-        return self._params[model.name]
+        """Exactly the parameters this model receives, the ones its type requires among them
+        (`max_tokens` of a message request, a video's `seconds`; spec review: they were left out of
+        /model_group/info's list); the rest are dropped (spec 1.3)."""
+        return self._forwarded[model.name]
 
     def received_fields(self, model: ModelConfig) -> frozenset[str]:
         """Every field of a request this model receives: its parameters and the request itself

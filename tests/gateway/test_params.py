@@ -57,6 +57,27 @@ def test_model_group_info_lists_exactly_what_is_forwarded(
     assert set(received) - {"model", "messages"} == {"max_tokens", "top_k", "top_p"}
 
 
+@pytest.mark.parametrize(
+    ("model", "required", "not_listed"),
+    [
+        ("anthropic/claude-sonnet-4-5", "max_tokens", "messages"),
+        ("openai/gpt-4.1-mini", "previous_response_id", "input"),
+        ("openai/tts-1", "voice", "input"),
+        ("cohere/rerank-v3.5", "top_n", "documents"),
+    ],
+)
+def test_model_group_info_lists_the_parameters_a_type_requires(
+    gw: Gateway, key: KeyHandle, model: str, required: str, not_listed: str
+) -> None:
+    """Spec review: a parameter every request of the type carries, forwarded as it came (a message
+    request's max_tokens, previous_response_id), was missing from the list; the request itself (the
+    model, its messages, input or documents) is not a parameter."""
+    with gw.client(key.key) as c:
+        info = c.get("/model_group/info", params={"model_group": model}).json()
+    params = info["data"][0]["supported_openai_params"]
+    assert required in params and not_listed not in params and "model" not in params, params
+
+
 def test_model_group_info_unknown_model(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         r = c.get("/model_group/info", params={"model_group": "no/such"})
