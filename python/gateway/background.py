@@ -22,7 +22,7 @@ from .config import ChannelConfig, ModelConfig
 from .context import Call
 from .core import InvalidJsonError, RewrittenResponse, count_tokens, rewrite_response
 from .errors import GatewayError
-from .pricing import Usage, reported_usage
+from .pricing import Usage, prices_text, reported_usage
 from .state import GatewayState
 from .store import JOB_RUNNING, Job
 from .translate import response_output_text
@@ -61,6 +61,7 @@ async def start(
             progress=0,
             hold=call.hold.amount if call.hold is not None else Decimal(0),
             created_at_ms=now_ms(),
+            prices=prices_text(model.prices),  # what the hold was made at
             body=answer.body,
             previous_id=previous_id,
             prompt_tokens=prompt_tokens,

@@ -24,7 +24,7 @@ from .errors import GatewayError, invalid_request
 from .estimates import TextEstimate
 from .frozen import frozen
 from .funds import ZERO, NotCovered
-from .pricing import ReportedUsage, Usage, cost, reported_usage
+from .pricing import ReportedUsage, Usage, cost, prices_of_text, reported_usage
 from .state import GatewayState
 from .store import Job, KeptAnswer, RequestLog, UsageRecord
 
@@ -380,8 +380,10 @@ def hand_over_to_job(state: GatewayState, call: Call) -> list[tuple[str, str]]:
 
 
 def job_usage_record(job: Job, model: ModelConfig, status: str, usage: Usage, ended_ms: int) -> UsageRecord:
-    """The charge of a job that has ended, under the job's id (GET /v1/usage/{id}); the store
-    applies it as it ends the job and releases the job's hold (Store.finish_job)."""
+    """The charge of a job that has ended, under the job's id (GET /v1/usage/{id}), at the prices
+    it was held at; the store applies it as it ends the job and releases the job's hold
+    (Store.finish_job)."""
+    prices = model.prices if job.prices is None else prices_of_text(job.prices)
     return UsageRecord(
         id=job.id,
         request_id=job.request_id,
@@ -391,7 +393,7 @@ def job_usage_record(job: Job, model: ModelConfig, status: str, usage: Usage, en
         status=status,
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
-        cost=cost(model.prices, usage),
+        cost=cost(prices, usage),
         started_at_ms=job.created_at_ms,
         ended_at_ms=ended_ms,
     )

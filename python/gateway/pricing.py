@@ -6,6 +6,7 @@ balance loses (spec 1.4, 4 note 3).
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import ROUND_HALF_UP, Context, Decimal
 from typing import TypeAlias
 
@@ -117,6 +118,22 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
     if usage.images:
         raw += usage.images * prices.image_price(usage.image_size, usage.image_quality)
     return round_significant(raw)
+
+
+def prices_text(prices: Prices) -> str:
+    """`prices` as JSON text (money as decimal strings), as a job keeps the prices it was held at."""
+    fields = {f.name: str(getattr(prices, f.name)) for f in dataclasses.fields(prices) if f.name != "images"}
+    return orjson.dumps(
+        {**fields, "images": [[variant, str(price)] for variant, price in prices.images]}
+    ).decode()
+
+
+def prices_of_text(text: str) -> Prices:
+    """The Prices prices_text wrote (a field it does not know, of a later version, is left out)."""
+    data = orjson.loads(text)
+    known = {f.name for f in dataclasses.fields(Prices)} - {"images"}
+    images = tuple((str(variant), Decimal(price)) for variant, price in data.get("images", ()))
+    return Prices(**{k: Decimal(v) for k, v in data.items() if k in known}, images=images)
 
 
 def round_significant(value: Decimal) -> Decimal:

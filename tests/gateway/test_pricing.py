@@ -8,7 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gateway.config import Prices
-from gateway.pricing import Usage, cost, format_cost, round_significant
+from gateway.pricing import Usage, cost, format_cost, prices_of_text, prices_text, round_significant
 
 PRICES = Prices(
     input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal("10"), reasoning=Decimal("12")
@@ -162,3 +162,23 @@ def test_cache_reads_and_writes_each_at_their_price() -> None:
     # Counts beyond the prompt are the prompt's: written tokens are at most what was not read
     # (600 * 0.30 + 400 * 3.75 = 1680 per million).
     assert cost(prices, Usage(1000, 0, cached_tokens=600, cache_write_tokens=5000)) == Decimal("0.00168")
+
+
+_money = st.decimals(min_value=0, max_value=1_000_000, places=12, allow_nan=False, allow_infinity=False)
+
+
+@given(
+    st.builds(
+        Prices,
+        input=_money,
+        output=_money,
+        second=_money,
+        reasoning=_money,
+        images=st.lists(st.tuples(st.sampled_from(["1024x1024", "1024x1024/hd", "512x512"]), _money)).map(
+            tuple
+        ),
+    )
+)
+def test_prices_kept_as_text_come_back_exactly(prices: Prices) -> None:
+    """A job keeps the prices it was held at as text (Job.prices) and is charged at them."""
+    assert prices_of_text(prices_text(prices)) == prices

@@ -147,6 +147,38 @@ def test_a_failed_render_releases_the_hold_and_charges_nothing(vgw: Gateway) -> 
     assert oai.videos.create(model=SORA, prompt="all of it", seconds="10").status == "queued"  # type: ignore[arg-type]
 
 
+def test_a_job_is_charged_at_the_prices_it_was_held_at(sim_url: str, tmp_path: Path, backend: str) -> None:
+    """Money review: a reload that raised the price during a render charged the job at the new
+    price (8 s at $1 on a hold of $0.80 at $0.10), past its hold, the key's limit and the balance.
+    A job is charged at the configuration it began under, as a request is."""
+    with gateway(tmp_path, video_models(sim_url, render="4s"), backend=backend) as g:
+        handle = g.new_key(balance="1")
+        with g.client(handle.key) as c:
+            created = c.post(VIDEOS, json={"model": SORA, "prompt": "a reload meanwhile", "seconds": "8"})
+            assert created.status_code == 200, created.text
+            video_id = created.json()["id"]
+            assert g.config_path is not None
+            g.config_path.write_text(
+                g.config_path.read_text().replace(f'second = "{PRICE_PER_SECOND}"', 'second = "1.00"')
+            )
+            g.proc.send_signal(signal.SIGHUP)
+
+            def repriced() -> bool:
+                info = c.get("/model_group/info", params={"model_group": SORA}).json()
+                return Decimal(info["data"][0]["cost_per_second"]) == Decimal(1)
+
+            eventually(repriced, 10, 0.1, what="the reload")
+            assert c.get(f"{VIDEOS}/{video_id}").json()["status"] != "completed"  # reloaded mid-render
+            assert wait_for(g, handle.key, video_id)["status"] == "completed"
+            usage = c.get(f"/v1/usage/{video_id}").json()
+        assert Decimal(str(usage["cost"])) == 8 * PRICE_PER_SECOND, usage
+        assert g.wait_balance(handle.account_id, Decimal("0.2")) == Decimal("0.2")
+        # A job made after the reload is held and charged at the new price.
+        with g.client(handle.key) as c:
+            refused = c.post(VIDEOS, json={"model": SORA, "prompt": "now dearer", "seconds": "1"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "insufficient_credits"
+
+
 def test_json_creation_and_the_content_before_completion(vgw: Gateway, key: KeyHandle) -> None:
     with vgw.client(key.key) as c:
         r = c.post(VIDEOS, json={"model": SORA, "prompt": "slow one", "seconds": "4", "size": "1280x720"})

@@ -25,6 +25,7 @@ from ..context import Call
 from ..core import MultipartPart
 from ..errors import GatewayError, invalid_request
 from ..ids import response_id
+from ..pricing import prices_text
 from ..registry import REQUIRED_FIELDS
 from ..routing import ChannelBody
 from ..state import GatewayState
@@ -90,6 +91,7 @@ def routes(state: GatewayState) -> list[Route]:
             progress=0,
             hold=call.hold.amount if call.hold is not None else Decimal(0),
             created_at_ms=now_ms(),
+            prices=prices_text(model.prices),  # what the hold was made at
             prompt=prompt,
             seconds=seconds,
             size=size or rendered_size,  # a request without one shows the upstream's default

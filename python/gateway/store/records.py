@@ -295,6 +295,11 @@ class Job:
     body: bytes | None = None
     previous_id: str | None = None
     prompt_tokens: int = 0
+    # The model's prices when the job was held (pricing.prices_text): it is charged at them, as a
+    # request is at the configuration it began under, whatever a reload changed meanwhile (money
+    # review: a price raised during a render charged it past its hold and the balance). None in a
+    # job recorded before they were kept: the model's prices now.
+    prices: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,7 @@ _JOB_COLUMNS = (
     "body",
     "previous_id",
     "prompt_tokens",
+    "prices",
 )
 _JOB = ", ".join(_JOB_COLUMNS)
 _HOLD, _COST = _JOB_COLUMNS.index("hold"), _JOB_COLUMNS.index("cost")

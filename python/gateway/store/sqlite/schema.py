@@ -349,6 +349,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE response_states ADD COLUMN context_tokens INTEGER NOT NULL DEFAULT 0;
     """,
+    # The prices a job was held at, which it is charged at (Job.prices).
+    """
+    ALTER TABLE jobs ADD COLUMN prices TEXT;
+    """,
 )
 
 
