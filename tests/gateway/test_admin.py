@@ -150,6 +150,10 @@ def test_json_numbers_are_read_exactly(admin: httpx.Client) -> None:
     assert account["balance"] == "0.10"
     top_up = ok(admin.post(f"/accounts/{account['id']}/top-ups", content=b'{"amount": 1e-2}'), 201)
     assert (top_up["amount"], top_up["balance_after"]) == ("0.01", "0.11")
+    # Trailing zeros are no decimal places (money review: these were refused past 12 places).
+    for amount, added in ((b'"0.5000000000000000"', "0.5"), (b"2.0e-12", "0.000000000002")):
+        top_up = ok(admin.post(f"/accounts/{account['id']}/top-ups", content=b'{"amount": %s}' % amount), 201)
+        assert Decimal(top_up["amount"]) == Decimal(added), top_up
 
 
 def test_allowed_models_apply_to_the_accounts_keys(agw: Gateway, admin: httpx.Client) -> None:
