@@ -15,6 +15,8 @@ MAX_EVENT_BYTES: Final[int]
 """The largest SSE event or line a parser holds (16 MiB); past it the stream is treated as broken."""
 OVERSIZED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
+MALFORMED_EVENT_ERROR: Final[bytes]
+"""The upstream error a rewriter reports (in `error`) when an event's data is not a JSON object."""
 IMAGE_PART_TOKENS: Final[int]
 """The prompt tokens count_chat_tokens holds an image part at unless told otherwise (1,600)."""
 AUDIO_TOKENS_PER_SECOND: Final[int]
@@ -25,6 +27,7 @@ then bounds its length."""
 __all__ = [
     "AUDIO_TOKENS_PER_SECOND",
     "IMAGE_PART_TOKENS",
+    "MALFORMED_EVENT_ERROR",
     "MAX_EVENT_BYTES",
     "MIN_AUDIO_BYTES_PER_SECOND",
     "OVERSIZED_EVENT_ERROR",
@@ -142,7 +145,8 @@ class ChatStreamRewriter:
     (the include_usage chunk the gateway asked for on its own) is consumed, not forwarded.
     An upstream chunk with a top-level "error" member is not forwarded: its raw JSON lands in `error`;
     an event past MAX_EVENT_BYTES ends the stream the same way, with OVERSIZED_EVENT_ERROR.
-    Data that is not a JSON object is forwarded unchanged. Fields of an unexpected type are ignored
+    Data that is not a JSON object (white space aside) ends the stream the same way, with
+    MALFORMED_EVENT_ERROR. Fields of an unexpected type are ignored
     rather than fatal, and a valid JSON object of an unexpected shape still gets the id.
     """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._core import (
     AUDIO_TOKENS_PER_SECOND,
     IMAGE_PART_TOKENS,
+    MALFORMED_EVENT_ERROR,
     MAX_EVENT_BYTES,
     MIN_AUDIO_BYTES_PER_SECOND,
     OVERSIZED_EVENT_ERROR,
@@ -85,6 +86,7 @@ class InvalidHttpError(CoreError):
 __all__ = [
     "AUDIO_TOKENS_PER_SECOND",
     "IMAGE_PART_TOKENS",
+    "MALFORMED_EVENT_ERROR",
     "MAX_EVENT_BYTES",
     "MIN_AUDIO_BYTES_PER_SECOND",
     "OVERSIZED_EVENT_ERROR",

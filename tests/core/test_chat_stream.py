@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.core import (
+    MALFORMED_EVENT_ERROR,
     ChatStreamRewriter,
     InvalidJsonError,
     StreamUsage,
@@ -170,10 +171,14 @@ def test_set_json_id_replaces_escaped_and_duplicate_keys() -> None:
     assert set_json_id(b'{"\\u0069d":1,"b":2,"id":null}', "gw") == b'{"\\u0069d":"gw","b":2,"id":"gw"}'
 
 
-def test_data_that_is_not_an_object_passes_unchanged() -> None:
-    out, rw = run([b"data: hello\n\ndata: [1, 2]\n\ndata: {broken\n\n"])
-    assert out == b"data: hello\n\ndata: [1, 2]\n\ndata: {broken\n\n"
-    assert rw.chunks == 0 and not rw.done
+@pytest.mark.parametrize("bad", [b"hello", b"[1, 2]", b'{"choices":[{"delta":{"content":"bro'])
+def test_data_that_is_not_an_object_breaks_the_stream(bad: bytes) -> None:
+    """Stream review: forwarded as it came (with the upstream's id), it broke the openai client's
+    parser with a JSONDecodeError instead of the shape's error event (spec 6.1.2, 6.1.7)."""
+    hello = b'data: {"choices":[{"delta":{"content":"Hello"}}]}\n\n'
+    out, rw = run([hello, b"data: " + bad + b"\n\n", b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n'])
+    assert out == hello.replace(b"{", b'{"id":"chatcmpl-gw",', 1)
+    assert rw.error == MALFORMED_EVENT_ERROR and rw.chunks == 1 and not rw.done
 
 
 def test_unexpected_field_types_do_not_stop_the_rewrite() -> None:

@@ -11,7 +11,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core import SseParser
+from gateway.core import MALFORMED_EVENT_ERROR, SseParser
 from gateway.pricing import Usage
 from gateway.translate import (
     ChatStreamFromMessages,
@@ -690,3 +690,40 @@ def test_any_upstream_events_translate(upstream: list[tuple[str, Any]]) -> None:
     for out in (to_chat([stream], include_usage=True)[0], to_messages([stream])[0]):
         for _, data in events(out):
             assert data == "[DONE]" or isinstance(json.loads(data), dict)
+
+
+def test_an_event_that_is_not_a_json_object_breaks_a_translated_stream() -> None:
+    """Stream review: a truncated upstream chunk was skipped, and the translated answer lost its
+    text yet ended whole (end_turn, completed); it is the upstream's failure, as the Rust rewriters
+    of same-shape streams take it."""
+    head = chat_sse({"choices": [{"index": 0, "delta": {"content": "Hello"}}]})
+    broken = b'data: {"id":"up","choices":[{"index":0,"delta":{"content":"bro\n\n'
+    out, messages = to_messages([head + broken + OPENAI_FIXTURE])
+    assert messages.error == MALFORMED_EVENT_ERROR and not messages.done
+    assert b"message_stop" not in out
+    block = anthropic_sse(
+        ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    )
+    out, chat = to_chat(
+        [ANTHROPIC_FIXTURE.split(b"event: content_block_stop")[0] + b"data: text\n\n" + block]
+    )
+    assert chat.error == MALFORMED_EVENT_ERROR and not chat.done and b"[DONE]" not in out
+    # White space alone is no event, not a break.
+    _, whole = to_messages([b"data: \n\n" + OPENAI_FIXTURE])
+    assert whole.error is None and whole.done
+
+
+def test_only_the_first_choice_makes_a_translated_answer() -> None:
+    """Stream review: an upstream streaming two choices (each chunk one of them) had both merged
+    into one answer, with the second's finish reason."""
+    stream = chat_sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "AAA"}}]},
+        {"choices": [{"index": 1, "delta": {"role": "assistant", "content": "BBB"}}]},
+        {"choices": [{"index": 0, "delta": {"content": " aaa"}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 1, "delta": {"content": " bbb"}, "finish_reason": "length"}]},
+        "[DONE]",
+    )
+    out, translator = to_messages([stream])
+    assert translator.output_text == "AAA aaa" and translator.done
+    deltas = [json.loads(d) for name, d in events(out) if name in ("content_block_delta", "message_delta")]
+    assert deltas[-1]["delta"]["stop_reason"] == "end_turn"

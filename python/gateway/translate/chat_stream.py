@@ -17,7 +17,7 @@ from ..core import SseEvent
 from ..pricing import Usage
 from .chat_wire import DONE, ChatChunks
 from .stop_reasons import finish_reason
-from .stream_base import TranslatedStream
+from .stream_base import TranslatedStream, json_event
 from .usage import chat_usage, usage_from_messages
 
 
@@ -47,11 +47,9 @@ class ChatStreamFromMessages(TranslatedStream):
         return usage_from_messages(self._usage_fields) if self._usage_fields else None
 
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:
-        try:
-            data = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return  # not an event of the message shape
-        if not isinstance(data, dict):
+        data = json_event(event.data)
+        if data is None:
+            self.malformed(event.data)
             return
         kind = event.event or data.get("type")
         if kind == "error" or data.get("error") is not None:

@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from ..core import OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+from ..core import MALFORMED_EVENT_ERROR, OVERSIZED_EVENT_ERROR, SseEvent, SseParser
 from ..pricing import Usage
 from .usage import usage_from_chat
 
@@ -76,6 +76,32 @@ class TranslatedStream:
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:
         raise NotImplementedError
 
+    def malformed(self, data: str) -> None:
+        """An event whose data is not a JSON object: the stream is broken there, as the Rust
+        rewriters take it (review: skipped, a translated answer lost text and still ended whole).
+        Data of only white space is nothing."""
+        if data.strip() and self.error is None:
+            self.error = MALFORMED_EVENT_ERROR
+
+
+def _first_choice(choices: Any) -> dict[str, Any] | None:
+    """A chunk's part of the first choice (index 0), the one a translated answer is made of
+    (review: an upstream that streamed two choices had both merged into one answer)."""
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                return choice
+    return None
+
+
+def json_event(data: str) -> dict[str, Any] | None:
+    """An event's data as the JSON object it should be; None when it is not one."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
 
 class FromChatStream(TranslatedStream):
     """A translator of an upstream chat completions stream: reads each chunk (the first one starts
@@ -106,11 +132,9 @@ class FromChatStream(TranslatedStream):
         if event.data.strip() == "[DONE]":
             self._end(out)
             return
-        try:
-            data = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return  # not a chunk of the chat shape
-        if not isinstance(data, dict):
+        data = json_event(event.data)
+        if data is None:
+            self.malformed(event.data)
             return
         if data.get("error") is not None:
             self.error = event.data.encode()
@@ -120,9 +144,8 @@ class FromChatStream(TranslatedStream):
         usage = data.get("usage")
         if isinstance(usage, dict):
             self._usage = usage_from_chat(usage)
-        choices = data.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if not isinstance(choice, dict):
+        choice = _first_choice(data.get("choices"))
+        if choice is None:
             return
         delta = choice.get("delta")
         if isinstance(delta, dict):

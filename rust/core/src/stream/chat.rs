@@ -6,7 +6,7 @@
 //! are lenient ([`Text`], [`Count`]): a field of an unexpected type is ignored, not fatal, and a
 //! valid JSON object of an unexpected shape is still forwarded with the gateway's id.
 
-use super::events::{is_json_ws, push_event, push_with_id};
+use super::events::{is_json_ws, push_with_id};
 use super::sse::EventRef;
 use super::{encode_id, StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
@@ -284,7 +284,7 @@ impl StreamRewriter for ChatStreamRewriter {
             return;
         }
         if !starts_object(data.as_bytes()) {
-            push_event(out, data.as_bytes()); // not a JSON object: the client gets it as it came
+            self.state.malformed(data);
             return;
         }
         match serde_json::from_str::<ChunkView<'_>>(data) {
@@ -305,7 +305,7 @@ impl StreamRewriter for ChatStreamRewriter {
                 }
             }
             Err(_) => {
-                push_event(out, data.as_bytes());
+                self.state.malformed(data);
                 return;
             }
         }
@@ -481,10 +481,20 @@ mod tests {
     }
 
     #[test]
-    fn non_json_data_passes_through() {
+    fn data_that_is_not_a_json_object_breaks_the_stream() {
+        for bad in ["hello", r#"{"choices":[{"delta":{"content":"bro"#, "[1]", "null"] {
+            let mut rw = ChatStreamRewriter::new("x", true);
+            let first = rw.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n");
+            assert!(!first.is_empty());
+            assert_eq!(rw.feed(format!("data: {bad}\n\n").as_bytes()), b"", "{bad}");
+            assert_eq!(rw.state().error.as_deref(), Some(crate::stream::sse::MALFORMED_EVENT_ERROR), "{bad}");
+            // Nothing after the break is the client's.
+            assert_eq!(rw.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\" world\"}}]}\n\n"), b"");
+            assert_eq!((rw.state().chunks, rw.state().output_text.as_str()), (1, "Hi"));
+        }
         let mut rw = ChatStreamRewriter::new("x", true);
-        assert_eq!(rw.feed(b"data: hello\n\n"), b"data: hello\n\n");
-        assert_eq!(rw.state().chunks, 0);
+        assert_eq!(rw.feed(b"data: \n\ndata:  \n\n"), b""); // white space only: nothing
+        assert!(rw.state().error.is_none());
     }
 
     #[test]
@@ -523,13 +533,13 @@ mod tests {
     }
 
     #[test]
-    fn non_objects_pass_through_and_odd_objects_still_get_the_id() {
+    fn non_objects_break_the_stream_and_odd_objects_still_get_the_id() {
+        for bad in [&b"data: [1,2]\n\n"[..], b"data: \"s\"\n\n", b"data: {broken\n\n"] {
+            let mut rw = ChatStreamRewriter::new("gw", true);
+            assert_eq!(run(&mut rw, bad), b"");
+            assert!(rw.state().error.is_some() && rw.state().chunks == 0);
+        }
         let mut rw = ChatStreamRewriter::new("gw", true);
-        assert_eq!(
-            run(&mut rw, b"data: [1,2]\n\ndata: \"s\"\n\ndata: {broken\n\n"),
-            b"data: [1,2]\n\ndata: \"s\"\n\ndata: {broken\n\n"
-        );
-        assert_eq!(rw.state().chunks, 0);
         let out = run(&mut rw, b"data: {\"id\":\"up\",\"choices\":{\"weird\":1}}\n\n");
         assert_eq!(out, b"data: {\"id\":\"gw\",\"choices\":{\"weird\":1}}\n\n");
         assert_eq!(rw.state().chunks, 1);

@@ -2,6 +2,7 @@
 
 use crate::json::{starts_object, write_with_member};
 use crate::stream::sse::EventRef;
+use crate::stream::StreamState;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -16,17 +17,19 @@ pub(crate) fn push_event(out: &mut Vec<u8>, data: &[u8]) {
 }
 
 /// An event of a named-event shape (messages, responses) read through the view `V`. Data that is
-/// not a JSON object, or not valid JSON, is forwarded as it came (an upstream `[DONE]` is dropped:
-/// the rewriter sends its own) and None is returned; valid JSON the view cannot read is Some(None).
-pub(crate) fn read_named_event<'a, V: Deserialize<'a>>(event: EventRef<'a>, out: &mut Vec<u8>) -> Option<Option<V>> {
+/// not a JSON object, or not valid JSON, breaks the stream (`StreamState::malformed`; an upstream
+/// `[DONE]` is dropped: the rewriter sends its own) and None is returned; valid JSON the view
+/// cannot read is Some(None).
+pub(crate) fn read_named_event<'a, V: Deserialize<'a>>(
+    event: EventRef<'a>,
+    state: &mut StreamState,
+) -> Option<Option<V>> {
     let data = event.data;
     let is_json = starts_object(data.as_bytes());
     let view = if is_json { serde_json::from_str::<V>(data).ok() } else { None };
     if !is_json || (view.is_none() && serde_json::from_str::<IgnoredAny>(data).is_err()) {
         if data.trim() != "[DONE]" {
-            push_name(out, event.event);
-            out.extend_from_slice(b"data: ");
-            push_data_lines(out, data.as_bytes());
+            state.malformed(data);
         }
         return None;
     }

@@ -230,7 +230,7 @@ impl StreamRewriter for MessagesStreamRewriter {
         }
         let data = event.data;
         // Valid JSON of a shape the view does not know (None) is still forwarded with the id.
-        let Some(view) = read_named_event::<EventView<'_>>(event, out) else {
+        let Some(view) = read_named_event::<EventView<'_>>(event, &mut self.state) else {
             return;
         };
         let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());
@@ -360,20 +360,31 @@ mod tests {
         let mut rw = MessagesStreamRewriter::new("gw");
         let out = run(
             &mut rw,
-            b"data: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":2}}}\n\ndata: [DONE]\n\ndata: hello\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\nevent: ping\ndata: {}\n\n",
+            b"data: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":2}}}\n\ndata: [DONE]\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\nevent: ping\ndata: {}\n\n",
         );
         let events = parse(&out);
-        assert_eq!(events.len(), 4);
+        assert_eq!(events.len(), 3);
         let start: serde_json::Value = serde_json::from_str(&events[0].data).unwrap();
         assert_eq!((&start["id"], &start["message"]["id"]), (&"gw".into(), &"gw".into()));
-        assert_eq!(events[1].data, "hello");
-        assert_eq!(events[2].event.as_deref(), Some("message_stop"));
-        assert_eq!(events[3].data, "[DONE]");
+        assert_eq!(events[1].event.as_deref(), Some("message_stop"));
+        assert_eq!(events[2].data, "[DONE]");
         let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (7, 2, 0));
         assert_eq!(rw.state().model.as_deref(), Some("m"));
         assert!(rw.state().done && !rw.state().saw_output);
         assert_eq!(rw.state().chunks, 2);
+    }
+
+    #[test]
+    fn data_that_is_not_a_json_object_breaks_the_stream() {
+        let mut rw = MessagesStreamRewriter::new("gw");
+        let out = run(
+            &mut rw,
+            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m\"}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"bro\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        assert_eq!(parse(&out).len(), 1); // message_start only
+        assert_eq!(rw.state().error.as_deref(), Some(crate::stream::sse::MALFORMED_EVENT_ERROR));
+        assert!(!rw.state().done);
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub mod responses;
 pub mod sse;
 
 use crate::json::{write_json_string, Text};
-use sse::{EventRef, SseParser, OVERSIZED_EVENT_ERROR};
+use sse::{EventRef, SseParser, MALFORMED_EVENT_ERROR, OVERSIZED_EVENT_ERROR};
 
 /// Token counts as the gateway bills them, whatever the shape called them upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -87,6 +87,15 @@ impl StreamState {
     /// Done or failed: anything the upstream sends after is not the client's.
     pub fn is_over(&self) -> bool {
         self.done || self.error.is_some()
+    }
+
+    /// An event whose data is not a JSON object: the stream is broken there (review: forwarded as
+    /// it came, it broke the clients' parsers with a JSONDecodeError, not the shape's error event).
+    /// Data of only white space is nothing, not a break.
+    pub(crate) fn malformed(&mut self, data: &str) {
+        if !data.trim_matches(events::is_json_ws).is_empty() {
+            self.error.get_or_insert_with(|| MALFORMED_EVENT_ERROR.to_vec());
+        }
     }
 
     /// The stream ended as its shape ends it; the client gets the gateway's `[DONE]` after it.

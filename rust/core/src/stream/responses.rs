@@ -210,7 +210,7 @@ impl StreamRewriter for ResponsesStreamRewriter {
         }
         let data = event.data;
         // Valid JSON of a shape the view does not know (None) is still forwarded with the id.
-        let Some(view) = read_named_event::<EventView<'_>>(event, out) else {
+        let Some(view) = read_named_event::<EventView<'_>>(event, &mut self.state) else {
             return;
         };
         let kind = view.as_ref().and_then(|v| v.kind.0.as_deref());

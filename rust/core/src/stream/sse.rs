@@ -65,6 +65,10 @@ pub const MAX_EVENT_BYTES: usize = 16 << 20;
 /// What a stream rewriter reports as the upstream's error when an event overflowed.
 pub const OVERSIZED_EVENT_ERROR: &[u8] =
     br#"{"error":{"message":"The upstream sent an event larger than 16 MiB.","type":"server_error"}}"#;
+/// What a stream rewriter reports as the upstream's error when an event's data is not a JSON object
+/// (a truncated chunk, text): the stream is broken there, as the clients' parsers would find it.
+pub const MALFORMED_EVENT_ERROR: &[u8] =
+    br#"{"error":{"message":"The upstream sent an event that is not a JSON object.","type":"server_error"}}"#;
 
 impl SseParser {
     pub fn new() -> Self {
