@@ -238,3 +238,37 @@ def test_what_cannot_be_said_is_refused_naming_it(payload: dict[str, Any], param
     with pytest.raises(GatewayError) as caught:
         chat_request_from_responses({"model": "m", **payload}, "max_tokens")
     assert caught.value.code == "invalid_request" and caught.value.param == param
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_call_without_arguments_is_the_empty_object_and_a_cut_call_is_incomplete(stream: bool) -> None:
+    """Stream review: a chat upstream's tool call without argument fragments (zero-argument tools
+    on vLLM, Ollama) reached Responses clients as `"arguments": ""`, which the openai client's
+    helper cannot parse; and a call cut by the token limit was `completed`, its JSON broken."""
+    bare = {"index": 0, "id": "a", "type": "function", "function": {"name": "now", "arguments": ""}}
+    cut = {
+        "index": 1,
+        "id": "b",
+        "type": "function",
+        "function": {"name": "weather", "arguments": '{"city":"Pa'},
+    }
+    if stream:
+        out, _ = to_responses(
+            [
+                chat_sse(
+                    {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [bare]}}]},
+                    {"choices": [{"index": 0, "delta": {"tool_calls": [cut]}}]},
+                    {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                    "[DONE]",
+                )
+            ]
+        )
+        output, final = accumulate(out)
+        assert output == final["output"]
+    else:
+        reply = {"role": "assistant", "content": None, "tool_calls": [bare, cut]}
+        body = {"id": "x", "model": "gpt", "choices": [{"message": reply, "finish_reason": "length"}]}
+        final = response_from_chat_completion(body, usage_from_chat({}), "resp_gw", REQUEST)
+    calls = [(i["arguments"], i["status"]) for i in final["output"] if i["type"] == "function_call"]
+    assert calls == [("{}", "completed"), ('{"city":"Pa', "incomplete")]
+    assert final["status"] == "incomplete"

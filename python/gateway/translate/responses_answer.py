@@ -47,7 +47,9 @@ def response_from_chat_completion(
                     i,
                     call.get("id"),
                     function.get("name"),
-                    arguments if isinstance(arguments, str) else "",
+                    call_arguments(arguments),
+                    # The last call is the one a cut answer was cut in.
+                    status if i == len(calls) - 1 else "completed",
                 )
             )
     return response_object(
@@ -143,15 +145,26 @@ def reasoning_item(rid: str, summary: str | None) -> dict[str, Any]:
     return {"id": "rs_" + _suffix(rid), "type": "reasoning", "summary": parts}
 
 
-def function_call_item(rid: str, index: int, call_id: Any, name: Any, arguments: str) -> dict[str, Any]:
+def function_call_item(
+    rid: str, index: int, call_id: Any, name: Any, arguments: str, status: str = "completed"
+) -> dict[str, Any]:
+    """A tool call as a function_call item: `status` incomplete when the answer was cut short
+    within it (its arguments may be broken JSON, as OpenAI marks such an item)."""
     return {
         "id": f"fc_{_suffix(rid)}_{index}",
         "type": "function_call",
-        "status": "completed",
+        "status": status,
         "call_id": call_id if isinstance(call_id, str) else f"call_{_suffix(rid)}_{index}",
         "name": name if isinstance(name, str) else "",
         "arguments": arguments,
     }
+
+
+def call_arguments(arguments: Any) -> str:
+    """A tool call's arguments as a Responses client parses them: a call without any (zero-argument
+    tools on vLLM and Ollama stream none) is the empty object, as messages' `input: {}` (review:
+    `""` made the openai client's streaming helper raise JSONDecodeError)."""
+    return arguments if isinstance(arguments, str) and arguments else "{}"
 
 
 def _suffix(rid: str) -> str:

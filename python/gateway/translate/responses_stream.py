@@ -25,6 +25,7 @@ import orjson
 from ..pricing import Usage
 from .answers import reasoning_text
 from .responses_answer import (
+    call_arguments,
     finished_status,
     function_call_item,
     message_item,
@@ -190,8 +191,15 @@ class ResponsesStreamFromChat(FromChatStream):
         item.part, item.text = "", []
 
     def _close_calls(self, out: list[bytes]) -> None:
-        for item in self._calls.values():
-            arguments = "".join(item.text)
+        last = max(self._calls, default=None)
+        for index, item in self._calls.items():
+            arguments = call_arguments("".join(item.text))
+            # The last call is the one a cut answer was cut in.
+            cut = index == last and self._finish_reason is not None
+            status = finished_status(self._finish_reason) if cut else "completed"
+            where = {"item_id": item.item["id"], "output_index": item.output_index}
+            if not item.text:  # the empty object its deltas, too, add up to
+                self._event("response.function_call_arguments.delta", {**where, "delta": arguments}, out)
             self._event(
                 "response.function_call_arguments.done",
                 {
@@ -202,7 +210,7 @@ class ResponsesStreamFromChat(FromChatStream):
                 },
                 out,
             )
-            self._finish_item(item, {**item.item, "status": "completed", "arguments": arguments}, out)
+            self._finish_item(item, {**item.item, "status": status, "arguments": arguments}, out)
         self._calls.clear()
 
     def _finish_item(self, item: OpenItem, finished: dict[str, Any], out: list[bytes]) -> None:
