@@ -37,7 +37,8 @@ def response_from_chat_completion(
         output.append(message_item(rid, output_text_part(text), said))
     elif isinstance(refusal, str) and refusal:
         output.append(message_item(rid, refusal_part(refusal), said))
-    for i, call in enumerate(calls if isinstance(calls, list) else []):
+    listed: list[Any] = calls if isinstance(calls, list) else []
+    for i, call in enumerate(listed):
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             arguments = function.get("arguments")
@@ -49,7 +50,7 @@ def response_from_chat_completion(
                     function.get("name"),
                     call_arguments(arguments),
                     # The last call is the one a cut answer was cut in.
-                    status if i == len(calls) - 1 else "completed",
+                    status if i == len(listed) - 1 else "completed",
                 )
             )
     return response_object(
