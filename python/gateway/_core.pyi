@@ -17,6 +17,8 @@ OVERSIZED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event passed MAX_EVENT_BYTES."""
 MALFORMED_EVENT_ERROR: Final[bytes]
 """The upstream error a rewriter reports (in `error`) when an event's data is not a JSON object."""
+EMPTY_STREAM_ERROR: Final[bytes]
+"""The upstream error a chat rewriter reports (in `error`) when `[DONE]` came before any chunk."""
 IMAGE_PART_TOKENS: Final[int]
 """The prompt tokens count_chat_tokens holds an image part at unless told otherwise (1,600)."""
 AUDIO_TOKENS_PER_SECOND: Final[int]
@@ -26,6 +28,7 @@ MIN_AUDIO_BYTES_PER_SECOND: Final[int]
 then bounds its length."""
 __all__ = [
     "AUDIO_TOKENS_PER_SECOND",
+    "EMPTY_STREAM_ERROR",
     "IMAGE_PART_TOKENS",
     "MALFORMED_EVENT_ERROR",
     "MAX_EVENT_BYTES",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ._core import (
     AUDIO_TOKENS_PER_SECOND,
+    EMPTY_STREAM_ERROR,
     IMAGE_PART_TOKENS,
     MALFORMED_EVENT_ERROR,
     MAX_EVENT_BYTES,
@@ -85,6 +86,7 @@ class InvalidHttpError(CoreError):
 
 __all__ = [
     "AUDIO_TOKENS_PER_SECOND",
+    "EMPTY_STREAM_ERROR",
     "IMAGE_PART_TOKENS",
     "MALFORMED_EVENT_ERROR",
     "MAX_EVENT_BYTES",

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.core import (
+    EMPTY_STREAM_ERROR,
     MALFORMED_EVENT_ERROR,
     ChatStreamRewriter,
     InvalidJsonError,
@@ -267,3 +268,11 @@ def test_finish_flushes_an_event_without_its_blank_line() -> None:
     assert rw.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}') == b""
     assert rw.finish() == b'data: {"id":"gw","choices":[{"delta":{"content":"x"}}]}\n\n'
     assert rw.output_text == "x" and rw.chunks == 1 and not rw.done
+
+
+def test_done_before_any_chunk_is_no_answer() -> None:
+    """Stream review: passed on, it gave a client that asked for usage no usage chunk (the openai
+    client's stream helper raised IndexError); it is the upstream's failure, as an error event is."""
+    for forward_usage in (True, False):
+        out, rw = run([b"data: [DONE]\n\n"], forward_usage)
+        assert out == b"" and rw.error == EMPTY_STREAM_ERROR and not rw.done

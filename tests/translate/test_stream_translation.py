@@ -11,7 +11,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core import MALFORMED_EVENT_ERROR, SseParser
+from gateway.core import EMPTY_STREAM_ERROR, MALFORMED_EVENT_ERROR, SseParser
 from gateway.pricing import Usage
 from gateway.translate import (
     ChatStreamFromMessages,
@@ -727,3 +727,11 @@ def test_only_the_first_choice_makes_a_translated_answer() -> None:
     assert translator.output_text == "AAA aaa" and translator.done
     deltas = [json.loads(d) for name, d in events(out) if name in ("content_block_delta", "message_delta")]
     assert deltas[-1]["delta"]["stop_reason"] == "end_turn"
+
+
+def test_an_upstream_stream_of_done_alone_is_no_answer() -> None:
+    """Stream review: an upstream stream that was only `data: [DONE]` became a completed, empty
+    answer with no usage; it is the upstream's failure (EMPTY_STREAM_ERROR), as in the Rust
+    rewriter of a native chat stream, so another attempt runs and nothing is billed."""
+    out, translator = to_messages([b"data: [DONE]\n\n"])
+    assert translator.error == EMPTY_STREAM_ERROR and not translator.done and out == b""

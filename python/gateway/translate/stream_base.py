@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from ..core import MALFORMED_EVENT_ERROR, OVERSIZED_EVENT_ERROR, SseEvent, SseParser
+from ..core import EMPTY_STREAM_ERROR, MALFORMED_EVENT_ERROR, OVERSIZED_EVENT_ERROR, SseEvent, SseParser
 from ..pricing import Usage
 from .usage import usage_from_chat
 
@@ -130,6 +130,10 @@ class FromChatStream(TranslatedStream):
 
     def _handle(self, event: SseEvent, out: list[bytes]) -> None:
         if event.data.strip() == "[DONE]":
+            if not self._started and self._usage is None:
+                # No chunk at all: no answer, not an empty one (review: it was a completed one).
+                self.error = EMPTY_STREAM_ERROR
+                return
             self._end(out)
             return
         data = json_event(event.data)

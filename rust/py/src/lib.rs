@@ -895,6 +895,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("AUDIO_TOKENS_PER_SECOND", media::AUDIO_TOKENS_PER_SECOND)?;
     m.add("OVERSIZED_EVENT_ERROR", PyBytes::new(py, sse::OVERSIZED_EVENT_ERROR))?;
     m.add("MALFORMED_EVENT_ERROR", PyBytes::new(py, sse::MALFORMED_EVENT_ERROR))?;
+    m.add("EMPTY_STREAM_ERROR", PyBytes::new(py, sse::EMPTY_STREAM_ERROR))?;
     m.add_class::<SseEvent>()?;
     m.add_class::<SseParser>()?;
     m.add_class::<EventStreamMessage>()?;

@@ -7,7 +7,7 @@
 //! valid JSON object of an unexpected shape is still forwarded with the gateway's id.
 
 use super::events::{is_json_ws, push_with_id};
-use super::sse::EventRef;
+use super::sse::{EventRef, EMPTY_STREAM_ERROR};
 use super::{encode_id, StreamRewriter, StreamState, TokenUsage};
 use crate::error::{CoreError, Result};
 use crate::json::{member_is_set, starts_object, write_with_member, Count, Lenient, Text};
@@ -280,6 +280,11 @@ impl StreamRewriter for ChatStreamRewriter {
         }
         let data = event.data;
         if data.trim_matches(is_json_ws) == "[DONE]" {
+            if self.state.chunks == 0 && self.usage.is_none() {
+                // Review: passed on as an answer, it gave a client that asked for usage none.
+                self.state.error = Some(EMPTY_STREAM_ERROR.to_vec());
+                return;
+            }
             self.done(out);
             return;
         }
@@ -347,6 +352,21 @@ mod tests {
         let out = counted.feed(b"data: [DONE]\n\n");
         assert_eq!(out, b"data: [DONE]\n\n");
         assert!(!counted.awaits_usage());
+    }
+
+    #[test]
+    fn done_without_a_single_chunk_is_no_answer() {
+        for forward in [true, false] {
+            let mut rw = ChatStreamRewriter::new("gw", forward);
+            assert_eq!(rw.feed(b"data: [DONE]\n\n"), b"");
+            assert_eq!(rw.state().error.as_deref(), Some(EMPTY_STREAM_ERROR));
+            assert!(!rw.state().done);
+        }
+        // The usage chunk the gateway asked for on its own, alone: an answer of nothing, counted.
+        let mut rw = ChatStreamRewriter::new("gw", false);
+        rw.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":0}}\n\n");
+        rw.feed(b"data: [DONE]\n\n");
+        assert!(rw.state().done && rw.state().error.is_none());
     }
 
     #[test]
@@ -586,10 +606,11 @@ mod tests {
     #[test]
     fn nothing_after_done_and_done_with_spaces() {
         let mut rw = ChatStreamRewriter::new("gw", false);
-        let out = run(&mut rw, b"data:  [DONE] \n\ndata: {\"choices\":[]}\n\n");
-        assert_eq!(out, b"data: [DONE]\n\n");
+        let hi = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let out = run(&mut rw, &[&hi[..], b"data:  [DONE] \n\ndata: {\"choices\":[]}\n\n"].concat());
+        assert!(out.ends_with(b"}\n\ndata: [DONE]\n\n"));
         assert!(rw.state().done);
-        assert_eq!(rw.state().chunks, 0);
+        assert_eq!(rw.state().chunks, 1);
     }
 
     #[test]

@@ -69,6 +69,10 @@ pub const OVERSIZED_EVENT_ERROR: &[u8] =
 /// (a truncated chunk, text): the stream is broken there, as the clients' parsers would find it.
 pub const MALFORMED_EVENT_ERROR: &[u8] =
     br#"{"error":{"message":"The upstream sent an event that is not a JSON object.","type":"server_error"}}"#;
+/// What a stream rewriter reports as the upstream's error when its stream ended (`[DONE]`) without
+/// a single chunk: no answer at all, not an empty one (which has its role and finish chunks).
+pub const EMPTY_STREAM_ERROR: &[u8] =
+    br#"{"error":{"message":"The upstream ended its stream without an answer.","type":"server_error"}}"#;
 
 impl SseParser {
     pub fn new() -> Self {
