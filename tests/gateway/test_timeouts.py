@@ -101,3 +101,25 @@ def test_client_disconnect_mid_stream_bills_only_what_was_sent(quick: Gateway) -
     usage = record.json()
     assert usage["status"] == "incomplete"
     assert usage["usage"]["completion_tokens"] < 50
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_keepalives_are_no_output_for_the_idle_window(quick: Gateway, after: int) -> None:
+    """Spec 8: "120 seconds without model output". Stream review: an upstream that only sent
+    keep-alives (SSE comments) reset the idle window, so a stuck provider held the stream, and its
+    hold, without bound. Before the first token it is 408; after it, the stream's timeout chunk,
+    billed for what it delivered."""
+    handle = quick.new_key()
+    started = time.monotonic()
+    with (
+        quick.client(handle.key) as c,
+        c.stream("POST", CHAT, json=body(f"[sim tokens=9 stall_after={after} ping=200ms]", True)) as r,
+    ):
+        raw = b"".join(r.iter_bytes())
+    assert time.monotonic() - started < 4, "ended by the idle window (1 s), not by anything later"
+    if after == 0:
+        assert r.status_code == 408 and b'"code":"timeout"' in raw
+    else:
+        assert r.status_code == 200
+        events = [e for e in raw.split(b"\n\n") if e]
+        assert b'"code":"timeout"' in events[-1] and b"keep-alive" not in raw

@@ -4,6 +4,7 @@ fails mid-stream, and settle what was streamed (spec 6.1)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -45,6 +46,13 @@ class _EndFailed(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.failure = (code, message)
+
+
+class _IdleTimeout(Exception):
+    """The upstream sent bytes (keep-alives) but no output for the stream idle window."""
+
+
+IDLE_MESSAGE: Final = "The model sent nothing within the stream idle window."
 
 
 class StreamRewriter(Protocol):
@@ -104,6 +112,9 @@ async def forward_stream(
     Until the first token the stream is an attempt like any other (gateway.routing): retried, moved
     to another channel; from the first byte the client sees, never."""
 
+    idle = state.settings.stream_idle_timeout_seconds
+    clock = asyncio.get_running_loop().time
+
     async def attempt(channel: ChannelConfig) -> tuple[UpstreamResponse, AsyncIterator[bytes], R, bytes]:
         response = await open_stream(state, request, model, channel, upstream_body)
         chunks = _in_shape(response, PROVIDERS[channel.provider].stream_translator(channel, model.type))
@@ -111,6 +122,7 @@ async def forward_stream(
         # Hold the client's bytes back until the first token: an error before it is an ordinary
         # JSON error with its own status (spec 6.1.7), and nothing is billed (6.1.9).
         first = b""
+        since = clock()
         try:
             while not (rewriter.saw_output or rewriter.done or rewriter.error is not None):
                 chunk = await anext(chunks, b"")
@@ -118,12 +130,16 @@ async def forward_stream(
                     first += rewriter.finish()
                     break
                 first += rewriter.feed(chunk)
+                if clock() - since > idle and not (rewriter.saw_output or rewriter.done):
+                    # Keep-alives are no output (spec 8: "without model output"): an upstream that
+                    # only pings is as silent as one that sends nothing (review: it held on).
+                    raise _IdleTimeout
         except BaseException as exc:
             response.release()
-            if is_timeout(exc):
+            if is_timeout(exc) or isinstance(exc, _IdleTimeout):
                 raise GatewayError(
                     "timeout",
-                    "The model sent nothing within the stream idle window.",
+                    IDLE_MESSAGE,
                     status=408,
                     retry="other",  # a whole idle window again on this channel is too long a wait
                 ) from exc
@@ -178,6 +194,7 @@ async def forward_stream(
         # A `yield` returns once the client was sent its chunk (a client gone raises there
         # instead), so `delivered` marks the output the client was sent: what is billed.
         delivered = 0
+        idled = False  # ended by the idle window: the upstream sent bytes but no output
         sent_all = False
         progress = _Progress(time.monotonic())
         ended = False
@@ -207,6 +224,7 @@ async def forward_stream(
             billing.note_progress(
                 state, call, model, rid, outcome(delivered, False), progress.entry(state, request, call)
             )
+            quiet_since = clock()  # the last output's time: keep-alives are none (spec 8)
             if rewriter.error is None and not rewriter.done:
                 async for chunk in upstream:
                     out = rewriter.feed(chunk)
@@ -214,6 +232,8 @@ async def forward_stream(
                         out += await end(on_end)
                     if out:
                         yield out
+                        if rewriter.output_len != delivered:
+                            quiet_since = clock()
                         delivered = rewriter.output_len
                         if rewriter.done:
                             # The client has the whole answer: what remains is the upstream's
@@ -230,6 +250,9 @@ async def forward_stream(
                             )
                     if rewriter.error is not None:
                         break
+                    if clock() - quiet_since > idle and not rewriter.done:
+                        idled = True
+                        break
                 else:
                     tail = rewriter.finish()
                     if on_end is not None and rewriter.done:
@@ -242,6 +265,8 @@ async def forward_stream(
                 failure = ("service_unavailable", CUT_MESSAGE)
             elif rewriter.error is not None:
                 failure = ("provider_error", "The model failed during the stream.")
+            elif idled:
+                failure = ("timeout", IDLE_MESSAGE)
             elif not rewriter.done:
                 failure = ("provider_error", "The model's stream ended before it was complete.")
         except _EndFailed as failed:
@@ -253,7 +278,7 @@ async def forward_stream(
             elif state.drain.cut:
                 failure = ("service_unavailable", CUT_MESSAGE)
             elif is_timeout(exc):
-                failure = ("timeout", "The model sent nothing within the stream idle window.")
+                failure = ("timeout", IDLE_MESSAGE)
             else:
                 failure = ("provider_error", "The model's stream broke.")
         finally:

@@ -227,6 +227,9 @@ async def _stream(
         }
         await stream.data({"error": error})
 
+    async def keepalive() -> None:
+        await stream.send(b": keep-alive\n\n")
+
     call = turn.call
     await chunk({"role": "assistant", "content": "" if call is None else None, "refusal": None})
     content: list[dict[str, Any]]
@@ -238,7 +241,7 @@ async def _stream(
         content = [{"content": w} for w in turn.words] if call is None else call.chat_deltas()
     deltas: list[dict[str, Any]] = [{"reasoning_content": w} for w in turn.reasoning] + content
     for i, delta in enumerate(deltas):
-        if not await directives.before_piece(d, i, stream.drop, fail):
+        if not await directives.before_piece(d, i, stream.drop, fail, keepalive):
             return await stream.end()
         await chunk(delta)
     if azure:

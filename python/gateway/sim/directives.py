@@ -19,6 +19,8 @@ configured model through the gateway, which forwards neither headers nor anythin
   flag[=CATS]     the moderation model (/v1/moderations, sim/moderation.py) flags the input, for the
                   categories named (comma-separated, e.g. flag=hate,violence; default violence)
   stall_after=N   after N content chunks, send nothing more and keep the connection open
+  ping=D          (chat, messages; with stall_after) while stalled, send a keep-alive every D (an SSE
+                  comment; Anthropic's `ping` event): bytes, but no output
   linger=D        (chat) after the stream's last event (`data: [DONE]`), wait D before ending the body
   drop_after=N    after N content chunks, cut the connection without ending the stream
   error_after=N   after N content chunks, send an error chunk and end the stream
@@ -60,6 +62,7 @@ class Directives:
     fail: int | None = None
     stall_after: int | None = None
     linger: float = 0.0
+    ping: float = 0.0
     drop_after: int | None = None
     error_after: int | None = None
     overloaded: bool = False  # the error_after error says the provider is at capacity
@@ -103,7 +106,7 @@ def _apply(d: Directives, pairs: list[str]) -> None:
         if not sep:
             raise DirectiveError(f"directive {pair!r} has no value")
         try:
-            if name in ("ttft", "pace", "render", "linger"):
+            if name in ("ttft", "pace", "render", "linger", "ping"):
                 setattr(d, name, _duration(value))
             elif name in (
                 "tokens",
@@ -135,13 +138,22 @@ def parse(model: str, header: str | None, last_message: str | None) -> tuple[str
 
 
 async def before_piece(
-    d: Directives, sent: int, drop: Callable[[], None], fail: Callable[[], Awaitable[None]]
+    d: Directives,
+    sent: int,
+    drop: Callable[[], None],
+    fail: Callable[[], Awaitable[None]],
+    keepalive: Callable[[], Awaitable[None]] | None = None,
 ) -> bool:
     """What every simulated stream does before its piece number `sent` (0-based): wait `pace`, then
-    stall, drop the connection or send an error as the directives say. False: the stream is over."""
+    stall (sending `keepalive()` every `ping` meanwhile), drop the connection or send an error as
+    the directives say. False: the stream is over."""
     if d.pace:
         await asyncio.sleep(d.pace)
     if d.stall_after is not None and sent >= d.stall_after:
+        if d.ping and keepalive is not None:
+            for _ in range(int(3600 / d.ping)):
+                await asyncio.sleep(d.ping)
+                await keepalive()
         await asyncio.sleep(3600)
         return False
     if d.drop_after is not None and sent >= d.drop_after:

@@ -141,6 +141,9 @@ async def _stream(
         )
         await stream.event("error", {"type": "error", "error": error})
 
+    async def keepalive() -> None:
+        await stream.event("ping", {"type": "ping"})
+
     sent = 0
     for index, (start, delta_type, field, pieces) in enumerate(blocks):
         opening = {"type": "content_block_start", "index": index, "content_block": start}
@@ -148,7 +151,7 @@ async def _stream(
         if index == 0:
             await stream.event("ping", {"type": "ping"})
         for piece in pieces:
-            if not await directives.before_piece(d, sent, stream.drop, fail):
+            if not await directives.before_piece(d, sent, stream.drop, fail, keepalive):
                 return await stream.end()
             delta = {
                 "type": "content_block_delta",
