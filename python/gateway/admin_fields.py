@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from .config import decimal_places
 from .errors import GatewayError, invalid_request
 from .store import LIMIT_RESETS
 from .store.records import ACCOUNT_ID_PREFIX
@@ -44,10 +45,10 @@ def money(value: object, param: str, *, positive: bool = False) -> Decimal:
     exponent = amount.as_tuple().exponent
     if isinstance(exponent, int) and -exponent > MONEY_PLACES:
         # Trailing zeros are no places (money review: "10.5000000000000" and 1.0e-12 were refused).
-        places = amount.normalize().as_tuple().exponent
-        if not isinstance(places, int) or -places > MONEY_PLACES:
+        places = decimal_places(amount)
+        if places > MONEY_PLACES:
             raise invalid_request(f"`{param}` may have at most {MONEY_PLACES} decimal places.", param)
-        amount = amount.quantize(Decimal(1).scaleb(min(places, 0)))
+        amount = amount.quantize(Decimal(1).scaleb(-places))
     return abs(amount)  # abs: "-0" becomes 0
 
 

@@ -1283,10 +1283,19 @@ def _money(value: Any, where: str) -> Decimal:
         raise ConfigError(f"{where}: must be a finite, non-negative number")
     if d > MAX_PRICE:  # review: 1e400 was taken, and requests refused with a 400-digit cost
         raise ConfigError(f"{where}: must be at most {MAX_PRICE} (US dollars)")
-    if d and d.normalize().as_tuple().exponent < -PRICE_PLACES:  # type: ignore[operator]
+    if decimal_places(d) > PRICE_PLACES:
         # 1e-30 was taken, and gave costs and balances 30 digits long.
         raise ConfigError(f"{where}: must have at most {PRICE_PLACES} decimal places")
     return d
+
+
+def decimal_places(value: Decimal) -> int:
+    """The decimal places a finite amount needs: trailing zeros are none ("10.50" needs 1, "100"
+    none), as the bounds on prices and on the management API's amounts count them."""
+    exponent = value.normalize().as_tuple().exponent
+    if not isinstance(exponent, int):
+        raise ValueError(f"{value} is not a finite amount")
+    return max(-exponent, 0)
 
 
 def _entries(raw: Mapping[str, Any], key: str, missing: str) -> list[Any]:
