@@ -156,18 +156,16 @@ class Journal:
         self._running: dict[str, bytes] = {}
 
     def append(self, settlement: Settlement) -> None:
+        """Write the settlement's line. It is counted as written even when the write fails (a full
+        disk: OSError), since the store is handed it all the same, so that the file is emptied once
+        the store has applied everything."""
         line = encode(settlement)
         with self._lock:
-            self._file.append(line)
-            self._written += 1
-            self._running.pop(settlement.record.id, None)
-
-    def unwritten(self, settlement: Settlement) -> None:
-        """A settlement that could not be appended (a full disk), handed to the store all the same:
-        counted as written, so that the file is emptied once the store has applied everything."""
-        with self._lock:
-            self._written += 1
-            self._running.pop(settlement.record.id, None)
+            try:
+                self._file.append(line)
+            finally:
+                self._written += 1
+                self._running.pop(settlement.record.id, None)
 
     def progress(self, settlement: Settlement) -> None:
         """A running stream's settlement so far: replayed only if its process dies before it ends."""

@@ -354,7 +354,6 @@ class SqliteStore(SqliteConsole):
             # A full (or failing) disk: the charge is kept in memory and committed once the disk
             # has room, as PostgreSQL's queued settlements are (review: it was lost, and the client
             # got a 500); the request is told its charge is queued (503), not that nothing ran.
-            self._journal.unwritten(settlement)
             self._writer.settle(settlement)
             self._disk_failed(exc)
             raise ServiceUnavailable(DISK_AWAY) from exc
