@@ -177,12 +177,11 @@ def routes(state: GatewayState) -> list[Route]:
         kept = await state.store.find_kept_response(rid, ctx.account.id, now_ms())
         if kept is not None:
             return Response(kept.body, media_type="application/json")
-        owner = await state.store.job_key(rid, ctx.account.id, "response")
-        if owner is not None:
-            job = await state.store.get_job(rid, owner, "response") if owner == ctx.key.id else None
-            if job is None:  # another key's background response (review: its whole answer was shown)
-                raise not_found_response(rid)
+        job = await state.store.get_job(rid, ctx.key.id, "response")
+        if job is not None:
             return _job_response(job)
+        if await state.store.job_key(rid, ctx.account.id, "response") is not None:
+            raise not_found_response(rid)  # another key's background response (review: it was shown)
         held = await state.store.find_response(rid, ctx.account.id, now_ms())
         if held is None:  # in OpenAI's words, as DELETE says it
             raise not_found_response(rid)
