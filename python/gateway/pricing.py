@@ -122,10 +122,7 @@ def cost(prices: Prices, usage: Usage) -> Decimal:
 
 def prices_text(prices: Prices) -> str:
     """`prices` as JSON text (money as decimal strings), as a job keeps the prices it was held at."""
-    fields = {f.name: str(getattr(prices, f.name)) for f in dataclasses.fields(prices) if f.name != "images"}
-    return orjson.dumps(
-        {**fields, "images": [[variant, str(price)] for variant, price in prices.images]}
-    ).decode()
+    return orjson.dumps(prices, default=str).decode()  # orjson writes the dataclass; str the Decimals
 
 
 def prices_of_text(text: str) -> Prices:
