@@ -163,14 +163,20 @@ def test_a_job_is_charged_at_the_prices_it_was_held_at(sim_url: str, tmp_path: P
             )
             g.proc.send_signal(signal.SIGHUP)
 
-            def repriced() -> bool:
-                info = c.get("/model_group/info", params={"model_group": SORA}).json()
-                return Decimal(info["data"][0]["cost_per_second"]) == Decimal(1)
+        def get(path: str, **params: str) -> Any:
+            # A connection of its own each time: a kept-alive one may be the old worker's, which
+            # closes it as the reload stops it.
+            auth = {"authorization": f"Bearer {handle.key}"}
+            return httpx.get(g.url + path, params=params, headers=auth, timeout=10).json()
 
-            eventually(repriced, 10, 0.1, what="the reload")
-            assert c.get(f"{VIDEOS}/{video_id}").json()["status"] != "completed"  # reloaded mid-render
-            assert wait_for(g, handle.key, video_id)["status"] == "completed"
-            usage = c.get(f"/v1/usage/{video_id}").json()
+        def repriced() -> bool:
+            info = get("/model_group/info", model_group=SORA)
+            return Decimal(info["data"][0]["cost_per_second"]) == Decimal(1)
+
+        eventually(repriced, 10, 0.1, what="the reload")
+        assert get(f"{VIDEOS}/{video_id}")["status"] != "completed"  # reloaded mid-render
+        eventually(lambda: get(f"{VIDEOS}/{video_id}")["status"] == "completed", 15, 0.1, what="the render")
+        usage = get(f"/v1/usage/{video_id}")
         assert Decimal(str(usage["cost"])) == 8 * PRICE_PER_SECOND, usage
         assert g.wait_balance(handle.account_id, Decimal("0.2")) == Decimal("0.2")
         # A job made after the reload is held and charged at the new price.
