@@ -230,6 +230,52 @@ def test_openai_client_tool_call_streamed_on_a_messages_model(oai: openai.OpenAI
     assert choice.message.content == plain.choices[0].message.content
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+def test_a_tool_loop_with_thinking_on_gives_the_signed_thinking_back(
+    oai: openai.OpenAI, sim: httpx.Client, streamed: bool
+) -> None:
+    """Review (LangChain, litellm and the Agents SDK through the chat shape on Claude): the chat
+    answer dropped the thinking blocks' signatures, so the tool loop's next turn reached Anthropic
+    without them, which it refuses with thinking on (the simulator checks as Anthropic does: the
+    turn that called the tools starts with its thinking blocks, signature and text unchanged)."""
+    thinking = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
+    tag = marker()
+    asked: list[Any] = [{"role": "user", "content": f"weather in Paris? [sim tool reasoning=4] {tag}"}]
+    if streamed:
+        with oai.chat.completions.stream(
+            model=CLAUDE, messages=asked, tools=OPENAI_TOOLS, extra_body=thinking
+        ) as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_completion().choices[0].message
+        said = final.model_dump(exclude_none=True)
+    else:
+        plain = oai.chat.completions.create(
+            model=CLAUDE, messages=asked, tools=OPENAI_TOOLS, extra_body=thinking
+        )
+        said = plain.choices[0].message.model_dump(exclude_none=True)
+    # `said` is the message as LiteLLM and the Agents SDK send it back.
+    (block,) = said["thinking_blocks"]
+    assert block["type"] == "thinking" and block["thinking"] == said["reasoning_content"]
+    assert block["signature"]
+    (call,) = said["tool_calls"]
+    follow = [*asked, said, {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    answer = oai.chat.completions.create(
+        model=CLAUDE, messages=follow, tools=OPENAI_TOOLS, extra_body=thinking
+    )
+    assert answer.choices[0].finish_reason in ("stop", "tool_calls")
+    _, second = sim_requests(sim, tag)
+    assert second["messages"][1]["content"][0] == {
+        "type": "thinking",
+        "thinking": block["thinking"],
+        "signature": block["signature"],
+    }
+    # Without them, Anthropic's refusal, as the model's provider gave it (the simulator's check).
+    del follow[1]["thinking_blocks"]
+    with pytest.raises(openai.BadRequestError, match="must start with a thinking block"):
+        oai.chat.completions.create(model=CLAUDE, messages=follow, tools=OPENAI_TOOLS, extra_body=thinking)
+
+
 def test_openai_client_images_and_a_tool_turn_reach_the_model_as_blocks(
     oai: openai.OpenAI, sim: httpx.Client
 ) -> None:

@@ -83,6 +83,8 @@ def test_message_as_a_chat_completion() -> None:
                     "content": "Checking now.",
                     "refusal": None,
                     "reasoning_content": "Let me see.",
+                    # Whole and signed, for the client to send back (LiteLLM's field).
+                    "thinking_blocks": [{"type": "thinking", "thinking": "Let me see.", "signature": "sig"}],
                     "tool_calls": [
                         {
                             "id": "toolu_1",

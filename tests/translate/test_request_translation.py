@@ -352,6 +352,66 @@ def test_chat_requests_that_cannot_be_translated(chat: dict[str, Any], param: st
     assert (caught.value.code, caught.value.status, caught.value.param) == ("invalid_request", 400, param)
 
 
+SIGNED = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+REDACTED = {"type": "redacted_thinking", "data": "opaque"}
+
+
+def test_signed_thinking_blocks_start_the_assistant_turn_again() -> None:
+    """Review (LangChain, litellm, the Agents SDK on a Claude model with thinking and tools): the
+    chat answer's signed thinking was lost, and Anthropic refuses the tool loop's next turn unless
+    the turn that called the tools starts with it. `thinking_blocks` (translate.answers; streamed
+    entries carry an `index`, left out) goes back first, exactly its own fields."""
+    assistant = {
+        "role": "assistant",
+        "content": "Looking.",
+        "reasoning_content": "hmm",
+        "thinking_blocks": [{**SIGNED, "index": 0}, REDACTED],
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    chat = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            assistant,
+            {"role": "tool", "tool_call_id": "call_1", "content": "sun"},
+        ],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    turn = messages_request_from_chat(chat, 10)["messages"][1]
+    assert turn["content"] == [
+        SIGNED,
+        REDACTED,
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "call_1", "name": "f", "input": {}},
+    ]
+    # A provider that is not sent `thinking` (Bedrock, Gemini) is not sent the blocks either.
+    plain = messages_request_from_chat(chat, 10, thinking=False)["messages"][1]
+    assert [block["type"] for block in plain["content"]] == ["text", "tool_use"]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "sig",
+        [{"type": "thinking", "thinking": "hmm"}],
+        [{"type": "thinking", "thinking": "hmm", "signature": ""}],
+        [{"type": "thinking", "signature": "sig"}],
+        [{"type": "redacted_thinking"}],
+        [{"type": "text", "text": "hmm", "signature": "sig"}],
+        ["hmm"],
+    ],
+)
+def test_thinking_blocks_that_cannot_go_back_are_400(given: Any) -> None:
+    chat = {
+        "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "y", "thinking_blocks": given},
+        ]
+    }
+    with pytest.raises(GatewayError) as caught:
+        messages_request_from_chat(chat, 10)
+    assert caught.value.status == 400 and str(caught.value.param).startswith("messages[1].thinking_blocks")
+
+
 @pytest.mark.parametrize(
     ("messages", "param"),
     [

@@ -148,6 +148,8 @@ def test_tool_use_blocks_become_tool_call_deltas() -> None:
     assert deltas == [
         {"role": "assistant", "content": None},  # it begins with thinking, not text
         {"reasoning_content": "Hmm."},
+        # The signed block, whole, once it ends: the client gives it back with the tool results.
+        {"thinking_blocks": [{"index": 0, "type": "thinking", "thinking": "Hmm.", "signature": "sig"}]},
         {"content": "Checking."},
         {
             "tool_calls": [
@@ -167,6 +169,34 @@ def test_tool_use_blocks_become_tool_call_deltas() -> None:
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["usage"]["completion_tokens"] == 30 and chunks[-1]["usage"]["prompt_tokens"] == 9
     assert translator.output_text == 'Hmm.Checking.f{"city": "Paris"}g'  # the added {} is not the model's
+
+
+def test_thinking_blocks_go_out_whole_when_signed_or_redacted() -> None:
+    """Each in its own `thinking_blocks` entry, numbered: a redacted block, a signed one across
+    deltas; a thinking block that got no signature cannot be sent back, so it is not offered."""
+    stream = anthropic_sse(
+        ("message_start", {"message": {"usage": {"input_tokens": 1}}}),
+        ("content_block_start", {"index": 0, "content_block": {"type": "redacted_thinking", "data": "xyz"}}),
+        ("content_block_stop", {"index": 0}),
+        (
+            "content_block_start",
+            {"index": 1, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+        ),
+        ("content_block_delta", {"index": 1, "delta": {"type": "thinking_delta", "thinking": "a "}}),
+        ("content_block_delta", {"index": 1, "delta": {"type": "thinking_delta", "thinking": "b"}}),
+        ("content_block_delta", {"index": 1, "delta": {"type": "signature_delta", "signature": "s1"}}),
+        ("content_block_stop", {"index": 1}),
+        ("content_block_start", {"index": 2, "content_block": {"type": "thinking", "thinking": "c"}}),
+        ("content_block_stop", {"index": 2}),
+        ("message_stop", {}),
+    )
+    out, _ = to_chat([stream])
+    deltas = [json.loads(d)["choices"][0]["delta"] for _, d in events(out)[:-1]]
+    assert [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d] == [
+        [{"index": 0, "type": "redacted_thinking", "data": "xyz"}],
+        [{"index": 1, "type": "thinking", "thinking": "a b", "signature": "s1"}],
+    ]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "a bc"
 
 
 def test_a_whole_input_at_the_block_start_is_sent_as_the_arguments() -> None:

@@ -177,7 +177,7 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
 def _said(payload: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The chat request as a message request, and its turns as Converse's messages (a 400 for what
     Converse has no counterpart for)."""
-    said = messages_request_from_chat(payload, 0, image_links=False)
+    said = messages_request_from_chat(payload, 0, image_links=False, thinking=False)
     turns = [_turn(t, i) for i, t in enumerate(said["messages"])]
     _name_documents(turns)
     return said, turns

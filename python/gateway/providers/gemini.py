@@ -171,7 +171,7 @@ def encode(channel: ChannelConfig, operation: str, body: bytes) -> bytes:
 def _said(payload: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The chat request as a message request, and its turns as Gemini's contents (a 400 for what
     Gemini has no counterpart for)."""
-    said = messages_request_from_chat(payload, 0, image_links=False)
+    said = messages_request_from_chat(payload, 0, image_links=False, thinking=False)
     names: dict[str, str] = {}  # tool call id -> function name (a function response names it)
     signatures = _given_signatures(payload["messages"])
     return said, [_content(t, i, names, signatures) for i, t in enumerate(said["messages"])]

@@ -41,7 +41,7 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         return anthropic_error(400, "messages and max_tokens are required")
     if req.get("tools") is not None and not isinstance(req["tools"], list):
         return anthropic_error(400, "tools: Input should be a valid list")
-    refused = _document_refusal(messages)
+    refused = _document_refusal(messages) or _thinking_refusal(req)
     if refused is not None:
         return anthropic_error(400, refused)
     headers = request.headers
@@ -106,7 +106,8 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
     }
     if req.get("stream") is not True:
         if thinking:
-            message["content"].append({"type": "thinking", "thinking": "".join(thinking), "signature": "sim"})
+            text = "".join(thinking)
+            message["content"].append({"type": "thinking", "thinking": text, "signature": signature(text)})
         message["content"].append(
             {"type": "text", "text": "".join(words)} if call is None else call.tool_use_block()
         )
@@ -119,7 +120,9 @@ async def answer(sim: Simulator, request: web.Request, body: bytes, req: Any) ->
         else ({**call.tool_use_block(), "input": {}}, "input_json_delta", "partial_json", call.fragments())
     )
     thought: list[Block] = (
-        [({"type": "thinking", "thinking": ""}, "thinking_delta", "thinking", thinking)] if thinking else []
+        [({"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta", "thinking", thinking)]
+        if thinking
+        else []
     )
     return await _stream(request, message, [*thought, answer], d)
 
@@ -160,6 +163,11 @@ async def _stream(
             }
             await stream.event("content_block_delta", delta)
             sent += 1
+        if start["type"] == "thinking":  # the block's signature, last, as Anthropic sends it
+            sealed = {"type": "signature_delta", "signature": signature("".join(pieces))}
+            await stream.event(
+                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": sealed}
+            )
         await stream.event("content_block_stop", {"type": "content_block_stop", "index": index})
     await stream.event(
         "message_delta",
@@ -172,6 +180,47 @@ async def _stream(
     )
     await stream.event("message_stop", {"type": "message_stop"})
     return await stream.end()
+
+
+def signature(thinking: str) -> str:
+    """A thinking block's signature: the simulator's seal on its text, checked when it comes back
+    (Anthropic's is opaque; it refuses a block whose text or signature was changed)."""
+    return "sim" + hashlib.blake2b(thinking.encode(), digest_size=24).hexdigest()
+
+
+def _thinking_refusal(req: dict[str, Any]) -> str | None:
+    """Anthropic's rule for tool loops with thinking on: the last assistant turn, when it called
+    tools, starts with its thinking blocks, given back unchanged."""
+    thinking = req.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return None
+    turns = [
+        (i, m) for i, m in enumerate(req["messages"]) if isinstance(m, dict) and m.get("role") == "assistant"
+    ]
+    if not turns:
+        return None
+    i, last = turns[-1]
+    blocks = (
+        [b for b in last.get("content") or [] if isinstance(b, dict)]
+        if isinstance(last.get("content"), list)
+        else []
+    )
+    if not any(b.get("type") == "tool_use" for b in blocks):
+        return None
+    first = blocks[0].get("type")
+    if first not in ("thinking", "redacted_thinking"):
+        return (
+            f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`."
+            " When `thinking` is enabled, a final `assistant` message must start with a thinking block"
+            " (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you"
+            " include thinking blocks from previous turns. To avoid this requirement, disable `thinking`."
+        )
+    for j, block in enumerate(blocks):
+        if block.get("type") == "thinking" and block.get("signature") != signature(
+            str(block.get("thinking"))
+        ):
+            return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+    return None
 
 
 # What a document's source must say, as Anthropic validates it: base64 data is a PDF, text is plain.

@@ -18,17 +18,25 @@ from .usage import chat_usage, messages_usage
 
 def chat_completion_from_message(message: dict[str, Any], usage: Usage, created: int) -> dict[str, Any]:
     """An Anthropic message as a chat completion: text blocks are the content, thinking blocks the
-    reasoning_content, tool_use blocks the tool calls."""
+    reasoning_content, tool_use blocks the tool calls. The signed thinking blocks are also kept
+    whole in `thinking_blocks` (LiteLLM's field), which a client sends back on the assistant
+    message: Anthropic refuses a tool loop's next turn with thinking on unless the turn that called
+    the tools starts with them (messages_request_from_chat puts them back)."""
     texts: list[str] = []
     thinking: list[str] = []
+    signed: list[dict[str, Any]] = []
     tool_calls: list[dict[str, Any]] = []
     blocks = message.get("content")
     for block in blocks if isinstance(blocks, list) else []:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
-        elif kind == "thinking" and isinstance(block.get("thinking"), str):
-            thinking.append(block["thinking"])
+        elif kind in THINKING_BLOCKS:
+            if kind == "thinking" and isinstance(block.get("thinking"), str):
+                thinking.append(block["thinking"])
+            kept = thinking_block(block)
+            if kept is not None:
+                signed.append(kept)
         elif kind == "tool_use":
             tool_calls.append(
                 {
@@ -47,6 +55,8 @@ def chat_completion_from_message(message: dict[str, Any], usage: Usage, created:
     }
     if thinking:
         reply["reasoning_content"] = "".join(thinking)
+    if signed:
+        reply["thinking_blocks"] = signed
     if tool_calls:
         reply["tool_calls"] = tool_calls
     return {
@@ -64,6 +74,25 @@ def chat_completion_from_message(message: dict[str, Any], usage: Usage, created:
         ],
         "usage": chat_usage(usage),
     }
+
+
+# The content blocks of a messages model's reasoning: its thinking, signed, or a redacted part of it.
+THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def thinking_block(block: dict[str, Any]) -> dict[str, Any] | None:
+    """A thinking or redacted_thinking block as it must be sent back (exactly its own fields), or
+    None when it cannot be: a thinking block without a signature is refused upstream."""
+    kind = block.get("type")
+    if kind == "redacted_thinking":
+        data = block.get("data")
+        return {"type": "redacted_thinking", "data": data} if isinstance(data, str) and data else None
+    if kind != "thinking":
+        return None
+    text, signature = block.get("thinking"), block.get("signature")
+    if isinstance(text, str) and isinstance(signature, str) and signature:
+        return {"type": "thinking", "thinking": text, "signature": signature}
+    return None
 
 
 def message_from_chat_completion(completion: dict[str, Any], usage: Usage) -> dict[str, Any]:

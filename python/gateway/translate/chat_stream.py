@@ -3,7 +3,10 @@
 Every chunk is `data: {chat.completion.chunk}` with the gateway's id; text deltas become content,
 thinking deltas reasoning_content, a tool_use block a tool call (its id, name and empty arguments
 first, then the argument fragments as they come). message_stop ends it with the finish chunk, the
-usage chunk when the client asked for one (stream_options.include_usage) and `data: [DONE]`.
+usage chunk when the client asked for one (stream_options.include_usage) and `data: [DONE]`. A
+signed thinking block (or a redacted one) also goes out whole once it ends, as an entry of
+`thinking_blocks` with its `index` among them (the field non-streamed answers carry:
+translate.answers), for the client to send back.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import orjson
 
 from ..core import SseEvent
 from ..pricing import Usage
+from .answers import thinking_block
 from .chat_wire import DONE, ChatChunks
 from .stop_reasons import finish_reason
 from .stream_base import TranslatedStream, json_event
@@ -41,6 +45,9 @@ class ChatStreamFromMessages(TranslatedStream):
         self._tool_arguments_sent: dict[int, bool] = {}
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: Any = None
+        # Anthropic block index -> the thinking block it opened, as it grows (text, signature).
+        self._thinking: dict[int, dict[str, Any]] = {}
+        self._thinking_sent = 0
 
     @property
     def usage(self) -> Usage | None:
@@ -69,6 +76,8 @@ class ChatStreamFromMessages(TranslatedStream):
             if isinstance(index, int) and index in self._tool_index and not self._tool_arguments_sent[index]:
                 # A tool called without arguments: the chat shape still wants a JSON object.
                 out.append(self._arguments(index, "{}"))
+            elif isinstance(index, int) and index in self._thinking:
+                self._thinking_ends(self._thinking.pop(index), out)
         elif kind == "message_delta":
             delta = data.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason") is not None:
@@ -111,8 +120,17 @@ class ChatStreamFromMessages(TranslatedStream):
             out.append(self._chunks.delta({"tool_calls": [call]}))
         elif kind == "text" and self._take(block.get("text")):
             out.append(self._chunks.delta({"content": block["text"]}))
-        elif kind == "thinking" and self._take(block.get("thinking"), reasoning=True):
-            out.append(self._chunks.delta({"reasoning_content": block["thinking"]}))
+        elif kind in ("thinking", "redacted_thinking"):
+            text = block.get("thinking")
+            self._thinking[index] = {**block, "thinking": text if isinstance(text, str) else ""}
+            if kind == "thinking" and self._take(block.get("thinking"), reasoning=True):
+                out.append(self._chunks.delta({"reasoning_content": block["thinking"]}))
+
+    def _thinking_ends(self, block: dict[str, Any], out: list[bytes]) -> None:
+        kept = thinking_block(block)
+        if kept is not None:
+            out.append(self._chunks.delta({"thinking_blocks": [{"index": self._thinking_sent, **kept}]}))
+            self._thinking_sent += 1
 
     def _block_delta(self, data: dict[str, Any], out: list[bytes]) -> None:
         delta, index = data.get("delta"), data.get("index")
@@ -123,6 +141,12 @@ class ChatStreamFromMessages(TranslatedStream):
             out.append(self._chunks.delta({"content": delta["text"]}))
         elif kind == "thinking_delta" and self._take(delta.get("thinking"), reasoning=True):
             out.append(self._chunks.delta({"reasoning_content": delta["thinking"]}))
+            if isinstance(index, int) and index in self._thinking:
+                self._thinking[index]["thinking"] += delta["thinking"]
+        elif kind == "signature_delta" and isinstance(index, int) and index in self._thinking:
+            signature = delta.get("signature")
+            if isinstance(signature, str):
+                self._thinking[index]["signature"] = signature
         elif (
             kind == "input_json_delta"
             and isinstance(index, int)

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from ..errors import invalid_request
+from .answers import thinking_block
 from .carried import Carried
 from .files import PDF_TYPE, read_file_data
 
@@ -57,12 +58,14 @@ JSON_OBJECT_INSTRUCTION = (
 
 
 def messages_request_from_chat(
-    payload: dict[str, Any], default_max_tokens: int, *, image_links: bool = True
+    payload: dict[str, Any], default_max_tokens: int, *, image_links: bool = True, thinking: bool = True
 ) -> dict[str, Any]:
     """`payload` is a chat completions body whose `messages` is a list of objects (checked by the
     route); `default_max_tokens` stands in for the limit the chat shape may leave out. Without
-    `image_links` (a provider that takes images only as data), an image link is 400, naming it."""
-    system, turns = _conversation(payload["messages"], image_links)
+    `image_links` (a provider that takes images only as data), an image link is 400, naming it.
+    Without `thinking` (a provider that is not sent the family's `thinking`), an assistant's signed
+    thinking blocks are left out."""
+    system, turns = _conversation(payload["messages"], image_links, thinking)
     output_format = _output_format(payload.get("response_format"))
     if output_format == "json_object":
         system.append(JSON_OBJECT_INSTRUCTION)
@@ -141,7 +144,7 @@ def _stop_sequences(stop: Any) -> list[str]:
 
 
 def _conversation(
-    messages: list[dict[str, Any]], image_links: bool
+    messages: list[dict[str, Any]], image_links: bool, thinking: bool
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The system texts and the alternating user/assistant turns (consecutive messages of one role,
     such as the tool results of one turn, are merged into one turn as the message shape wants)."""
@@ -158,7 +161,7 @@ def _conversation(
         if role == "user":
             blocks = _user_blocks(message.get("content"), where, image_links)
         elif role == "assistant":
-            blocks = _assistant_blocks(message, where)
+            blocks = _assistant_blocks(message, where, thinking)
         elif role == "tool":
             role, blocks = "user", [_tool_result(message, where)]
         elif role == "function":
@@ -305,13 +308,13 @@ def _image(image_url: Any, where: str, links: bool) -> dict[str, Any]:
     )
 
 
-def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _assistant_blocks(message: dict[str, Any], where: str, thinking: bool) -> list[dict[str, Any]]:
     if message.get("function_call") is not None:
         raise invalid_request(
             f"`{where}.function_call`: legacy function calls cannot be sent to this model; use tool_calls.",
             f"{where}.function_call",
         )
-    blocks: list[dict[str, Any]] = []
+    blocks = _thinking_blocks(message.get("thinking_blocks"), f"{where}.thinking_blocks") if thinking else []
     content = message.get("content")
     if isinstance(content, list):
         # An assistant's parts are text or refusal parts; both are what it said.
@@ -334,6 +337,27 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
         if not isinstance(tool_calls, list):
             raise invalid_request(f"`{where}.tool_calls` must be an array.", f"{where}.tool_calls")
         blocks.extend(_tool_use(call, f"{where}.tool_calls[{k}]") for k, call in enumerate(tool_calls))
+    return blocks
+
+
+def _thinking_blocks(given: Any, where: str) -> list[dict[str, Any]]:
+    """The signed thinking blocks a chat answer of this family carried (`thinking_blocks`, as
+    translate.answers gives them and LiteLLM reads them), first in the assistant's turn, as the
+    family wants a tool loop's turns with thinking on."""
+    if given is None:
+        return []
+    if not isinstance(given, list):
+        raise invalid_request(f"`{where}` must be an array.", where)
+    blocks = []
+    for k, block in enumerate(given):
+        kept = thinking_block(block) if isinstance(block, dict) else None
+        if kept is None:
+            raise invalid_request(
+                f"`{where}[{k}]` must be a thinking block with its thinking and signature, or a "
+                "redacted_thinking block with its data, as the model gave it.",
+                f"{where}[{k}]",
+            )
+        blocks.append(kept)
     return blocks
 
 
