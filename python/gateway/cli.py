@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -79,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         os.umask(PRIVATE_FILES)  # a store `gateway admin` makes first is as private as serve's
     try:
         if args.command == "sim":
-            from .sim import run
-
-            run(args.host, args.port)
-            return 0
+            return _sim(args.host, args.port)
         if args.command == "admin" and args.action == "migrate-store":
             return _migrate_store(args)
         if args.command == "admin":
@@ -139,10 +137,22 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="overrides server.workers")
 
 
+def _listening(settings: Settings, args: argparse.Namespace) -> tuple[str, int, int]:
+    """Where the gateway listens and how many workers it runs: a flag given on the command line
+    over the file's value, checked as that is (review: `--workers 0` ran the file's count)."""
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port}: must be between 1 and 65535")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be positive")
+    port = settings.port if args.port is None else args.port
+    return args.host or settings.host, port, settings.workers if args.workers is None else args.workers
+
+
 def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
     # This process becomes Granian's supervisor (same pid, so signals reach it), holding nothing of
     # this command's imports: only the workers load the app.
-    _ready_to_serve(settings, args.host or settings.host, args.port or settings.port)
+    host, port, _ = _listening(settings, args)
+    _ready_to_serve(settings, host, port)
     command = _granian(config, settings, args)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -275,10 +285,11 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
         raise ConfigError(otlp.MISSING)
     # Worker processes load the settings themselves from this path.
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
+    host, port, workers = _listening(settings, args)
     options = {
-        "host": args.host or settings.host,
-        "port": args.port or settings.port,
-        "workers": args.workers or settings.workers,
+        "host": host,
+        "port": port,
+        "workers": workers,
         "drain_seconds": settings.drain_seconds,
         "drain_notice_seconds": settings.drain_notice_seconds,
         "kill_grace_seconds": KILL_GRACE_SECONDS,
@@ -289,7 +300,9 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
     # ... and builds the URLs it hands out from where it listens (routes/common.public_base).
     os.environ[LISTEN_ENV] = f"{options['host']}:{options['port']}"
     # ... and a reload knows which of those the file does not decide (gateway.reload).
-    os.environ[FLAGS_ENV] = ",".join(name for name in ("host", "port", "workers") if getattr(args, name))
+    os.environ[FLAGS_ENV] = ",".join(
+        name for name in ("host", "port", "workers") if getattr(args, name) not in (None, "")
+    )
     return [sys.executable, "-m", "gateway.supervisor", json.dumps(options)]
 
 
@@ -297,8 +310,9 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
 
 
 def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
-    host = args.host or settings.host
-    port = args.port or settings.port
+    host, port, _ = _listening(settings, args)
+    if args.sim_port == port:  # both would listen there: the gateway failed after the banner
+        raise ConfigError(f"--sim-port {port} is the gateway's own port: give the simulator another")
     # SIGTERM (or SIGHUP: the terminal went away) to this process alone stops the demo as Ctrl-C
     # does: the gateway drains, the simulator stops.
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -330,17 +344,19 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         # reaches both (one process group); the gateway then shuts down cleanly.
         gateway = subprocess.Popen(_granian(_on_sim_port(config, args.sim_port), settings, args))
         try:
-            gateway.wait()
+            ended = gateway.wait()
         except KeyboardInterrupt:
             # Ctrl-C reached the gateway too, unless only this process was interrupted.
             with contextlib.suppress(ProcessLookupError):
                 gateway.send_signal(signal.SIGINT)
             _stopped(gateway, seconds=30)
+            ended = 0
     finally:
         sim.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             sim.wait(5)
-    return 0
+    # A gateway that failed (not one stopped by a signal) fails the demo.
+    return ended if ended > 0 else 0
 
 
 def _demo_upstream_keys(settings: Settings, sim_port: int) -> None:
@@ -656,7 +672,41 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
     args.settings = settings
     args.configured = frozenset(m.name for m in settings.models)
     asyncio.run(_check_services(settings))  # a database out of reach: where, and why, in one line
-    _run(lambda store: actions[args.action](store, args), settings)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        _run(lambda store: actions[args.action](store, args), settings)
+    return _write_out(printed.getvalue(), f"admin {args.action}")
+
+
+def _write_out(text: str, command: str) -> int:
+    """What a command printed, written once it has run: an output that fails is then told apart
+    from the store (review: `rotate-key > /dev/full` said the store could not be used, and the
+    key had been rotated)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): it took what it wanted. Nothing more goes to the pipe,
+        # not even at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        raise AdminError(
+            f"{command} ran (a change it makes is made), but its output could not be written:"
+            f" {exc.strerror or exc}"
+        ) from None
+    return 0
+
+
+def _sim(host: str, port: int) -> int:
+    """`gateway sim`: the upstream simulator, until stopped."""
+    from .sim import run
+
+    try:
+        run(host, port)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        print(f"gateway: the simulator cannot listen on {host}:{port}: {reason}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -525,7 +525,9 @@ def check_and_load(path: str | os.PathLike[str]) -> CheckedConfig:
         return CheckedConfig(text, problems=report.problems)
     try:
         return CheckedConfig(text, settings_from_text(text, path), warnings=report.warnings)
-    except Exception as exc:  # e.g. an environment variable it names, unset here
+    except ConfigError as exc:  # e.g. an environment variable it names, unset here
+        return CheckedConfig(text, problems=(str(exc),))
+    except Exception as exc:  # not expected: named by its kind too, to be found
         return CheckedConfig(text, problems=(f"{type(exc).__name__}: {exc}",))
 
 

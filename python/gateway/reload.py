@@ -28,6 +28,9 @@ _DATA: Final = {
     "redis_url": "redis.url (or url_env)",
     "redis_prefix": "redis.prefix",
     "metrics_listen": "metrics.listen",
+    # The management API's token is read at start (docs/admin.md): a reload naming another (or a
+    # mistyped) variable would turn the API off, the reload endpoint with it (review).
+    "admin_token_env": "admin.token_env",
 }
 # ... and those `gateway serve --host/--port/--workers` may override.
 _LISTEN: Final = {"host": "server.host", "port": "server.port", "workers": "server.workers"}

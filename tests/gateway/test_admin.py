@@ -537,6 +537,62 @@ def test_cli_on_a_store_it_cannot_open_says_why_in_one_line(tmp_path: Path, sim_
     assert done.stderr.startswith("gateway: the store cannot be used: ") and done.stderr.count("\n") == 1
 
 
+def test_cli_output_that_cannot_be_written_is_not_blamed_on_the_store(agw: Gateway) -> None:
+    """Operator review: every OSError read "the store cannot be used": `list-accounts | head -1`
+    (a closed pipe), and `rotate-key > /dev/full` although the key had been rotated."""
+    config = str(agw.db_path.parent / "gateway.toml")
+    account = cli(agw, "create-account", "--name", "piped", "--balance", "1").strip()
+    cli(agw, "create-account", "--name", "piped too", "--balance", "1")
+    head = subprocess.run(
+        # `true` reads nothing and is gone long before the command writes: a closed pipe.
+        f"{sys.executable} -m gateway admin list-accounts --config {config} | true; "
+        'echo "status=${PIPESTATUS[0]}" >&2',
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert head.stderr == "status=0\n", head.stderr
+    made = run_cli(agw, "create-key", "--account", account, "--name", "k")
+    key_id = made.stderr.split()[2]  # "created key key_... for account ..."
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "admin", "rotate-key", "--config", config, "--key-id", key_id],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1 and "store" not in done.stderr, done.stderr
+    assert done.stderr == (
+        "gateway: admin rotate-key ran (a change it makes is made), but its output could not be written:"
+        " No space left on device\n"
+    )
+
+
+def test_command_line_listening_flags_are_checked_as_the_file_s_values(agw: Gateway) -> None:
+    """Operator review: `--workers 0` ran the file's worker count and `--port 0` its port (joining
+    a running gateway there); `demo --sim-port` equal to its port crashed after its banner, status
+    0; `gateway sim` on a taken port blamed the store."""
+    config = str(agw.db_path.parent / "gateway.toml")
+    port = str(httpx.URL(agw.url).port)
+    for args, said in (
+        (["serve", "--config", config, "--workers", "0"], "--workers 0: must be positive"),
+        (["serve", "--config", config, "--workers", "-1"], "--workers -1: must be positive"),
+        (["serve", "--config", config, "--port", "0"], "--port 0: must be between 1 and 65535"),
+        (["demo", "--config", config, "--port", port, "--sim-port", port], "is the gateway's own port"),
+        (["sim", "--port", port], f"the simulator cannot listen on 127.0.0.1:{port}"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode in (1, 2) and said in done.stderr, (args, done.stderr)
+        assert done.stderr.count("\n") == 1 and "store" not in done.stderr, done.stderr
+
+
 def test_cli_readme_commands(agw: Gateway, admin: httpx.Client) -> None:
     name = f"cli-{time.monotonic_ns()}"
     account_id = cli(agw, "create-account", "--name", name, "--balance", "50").strip()

@@ -356,6 +356,8 @@ def test_a_reload_that_moves_the_listener_or_the_data_is_refused(tmp_path: Path,
     with serving(config, port):
         text = config.read_text()
         moved = text.replace(f"port = {port}", f"port = {port + 1}").replace("workers = 1", "workers = 3")
+        # Review: a mistyped token_env was accepted with a warning and turned the management API off.
+        moved = moved.replace('token_env = "T_ADMIN"', 'token_env = "T_ADMIM"')
         config.write_text(moved.replace('gw.db"', 'other.db"') + '\n[metrics]\nlisten = "127.0.0.1:9"\n')
         refused = httpx.post(url + "/admin/v1/config/reload", headers=admin)
         assert refused.status_code == 400, refused.text
@@ -364,6 +366,7 @@ def test_a_reload_that_moves_the_listener_or_the_data_is_refused(tmp_path: Path,
         assert "server.workers changed from 1 to 3" in message
         assert "store.path differs from the running gateway's" in message
         assert "metrics.listen differs" in message
+        assert "admin.token_env differs" in message
         assert "store_path" not in message and "metrics_listen" not in message
         # Put back, the same file reloads.
         config.write_text(text)
