@@ -141,7 +141,7 @@ def _listening(settings: Settings, args: argparse.Namespace) -> tuple[str, int, 
     """Where the gateway listens and how many workers it runs: a flag given on the command line
     over the file's value, checked as that is (review: `--workers 0` ran the file's count)."""
     if args.port is not None and not 0 < args.port < 65536:
-        raise ConfigError(f"--port {args.port}: must be between 1 and 65535")
+        raise ConfigError(f"--port: cannot listen on port {args.port}: a port is a number from 1 to 65535")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: must be positive")
     port = settings.port if args.port is None else args.port

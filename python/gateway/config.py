@@ -802,11 +802,17 @@ def _store(
         store_path = base_dir / store_path
     if backend == "sqlite":
         return backend, store_path, None, 10
+    # Collecting, each is checked (a refused one stands in).
+    url = check.part(lambda: _postgres_url(store, check), "")
+    pool_size = check.part(lambda: _count(store, "store.pool_size", 10), 10)
+    return backend, store_path, url, pool_size
+
+
+def _postgres_url(store: Mapping[str, Any], check: _Check) -> str:
     url = _url(store, "store", check)
     if url is None:
         raise ConfigError('store: backend "postgres" needs url or url_env')
-    pool_size = _count(store, "store.pool_size", 10)
-    return backend, store_path, url, pool_size
+    return url
 
 
 def _url(table: Mapping[str, Any], where: str, check: _Check = _STRICT) -> str | None:
@@ -925,7 +931,7 @@ def _model(raw: Any, where: str, check: _Check = _STRICT, base_dir: Path = Path(
         name=name,
         type=type_,
         channels=channels,
-        prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices"), Prices()),
+        prices=part(lambda: _prices(_table(raw, "prices", where), f"{where}.prices", check), Prices()),
         tokenizer=cast(Tokenizer, tokenizer),
         max_output_tokens=part(
             lambda: _count(raw, f"{where}.max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS, most=MOST_TOKENS)
@@ -1176,26 +1182,30 @@ def _port(value: int, where: str) -> int:
     return value
 
 
-def _prices(raw: Mapping[str, Any], where: str) -> Prices:
-    input_ = _money(raw.get("input", 0), f"{where}.input")
-    output = _money(raw.get("output", 0), f"{where}.output")
-    cache_write = _money(raw.get("cache_write", input_), f"{where}.cache_write")
+def _prices(raw: Mapping[str, Any], where: str, check: _Check = _STRICT) -> Prices:
+    """[models.prices]; collecting, each price is checked (a refused one stands in as 0)."""
+
+    def price(name: str, default: Any = 0) -> Decimal:
+        return check.part(lambda: _money(raw.get(name, default), f"{where}.{name}"), Decimal(0))
+
+    input_, output = price("input"), price("output")
+    cache_write = price("cache_write", input_)
     return Prices(
         input=input_,
-        cached_input=_money(raw.get("cached_input", input_), f"{where}.cached_input"),
+        cached_input=price("cached_input", input_),
         cache_write=cache_write,
-        cache_write_1h=_money(raw.get("cache_write_1h", cache_write), f"{where}.cache_write_1h"),
-        audio_input=_money(raw.get("audio_input", input_), f"{where}.audio_input"),
-        image_input=_money(raw.get("image_input", input_), f"{where}.image_input"),
+        cache_write_1h=price("cache_write_1h", cache_write),
+        audio_input=price("audio_input", input_),
+        image_input=price("image_input", input_),
         output=output,
-        reasoning=_money(raw.get("reasoning", output), f"{where}.reasoning"),
-        audio_output=_money(raw.get("audio_output", output), f"{where}.audio_output"),
-        search=_money(raw.get("search", 0), f"{where}.search"),
-        character=_money(raw.get("character", 0), f"{where}.character"),
-        second=_money(raw.get("second", 0), f"{where}.second"),
-        minute=_money(raw.get("minute", 0), f"{where}.minute"),
-        image=_money(raw.get("image", 0), f"{where}.image"),
-        images=_image_prices(raw.get("images", {}), f"{where}.images"),
+        reasoning=price("reasoning", output),
+        audio_output=price("audio_output", output),
+        search=price("search"),
+        character=price("character"),
+        second=price("second"),
+        minute=price("minute"),
+        image=price("image"),
+        images=check.part(lambda: _image_prices(raw.get("images", {}), f"{where}.images"), ()),
     )
 
 

@@ -582,7 +582,10 @@ def test_command_line_listening_flags_are_checked_as_the_file_s_values(agw: Gate
     for args, said in (
         (["serve", "--config", config, "--workers", "0"], "--workers 0: must be positive"),
         (["serve", "--config", config, "--workers", "-1"], "--workers -1: must be positive"),
-        (["serve", "--config", config, "--port", "0"], "--port 0: must be between 1 and 65535"),
+        (
+            ["serve", "--config", config, "--port", "0"],
+            "cannot listen on port 0: a port is a number from 1 to 65535",
+        ),
         (["demo", "--config", config, "--port", port, "--sim-port", port], "is the gateway's own port"),
         (["sim", "--port", port], f"the simulator cannot listen on 127.0.0.1:{port}"),
     ):

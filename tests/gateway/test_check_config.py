@@ -105,6 +105,30 @@ def test_every_problem_is_named_with_its_place_in_file_order(tmp_path: Path) -> 
         load_settings(config)
 
 
+def test_every_problem_of_the_store_and_of_a_price_list_is_named(tmp_path: Path) -> None:
+    """Operator review: [store] and [models.prices] stopped at their first problem each."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[store]\nbackend = "postgres"\nurl = "mysql://x"\npool_size = 0\n'
+        '[redis]\nurl = "redis://127.0.0.1:6379/0"\n'
+        '[[models]]\nname = "a/b"\ntype = "chat"\n'
+        '[models.prices]\ninput = "abc"\noutput = "-1"\nimages = 5\n'
+        '[[models.channels]]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+    )
+    done = check(config)
+    assert done.returncode == 1
+    named = [line.removeprefix(f"{config}: ").split(":")[0] for line in done.stderr.splitlines()]
+    assert sorted(named) == sorted(
+        [
+            "store.url",
+            "store.pool_size",
+            "models[0].prices.input",
+            "models[0].prices.output",
+            "models[0].prices.images",
+        ]
+    ), done.stderr
+
+
 def test_a_file_that_is_not_toml_is_one_problem_with_its_line(tmp_path: Path) -> None:
     config = tmp_path / "broken.toml"
     config.write_text('[server]\nport = 8080\nhost = = "x"\n')
