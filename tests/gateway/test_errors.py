@@ -241,6 +241,22 @@ def test_nesting_past_the_limit_is_400_and_up_to_it_runs(gw: Gateway, key: KeyHa
     assert served.status_code == 200, served.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_key_given_twice_is_its_last_value(gw: Gateway, key: KeyHandle, stream: bool) -> None:
+    """Hostile review: `messages`, `tools`, `functions` or `response_format` given twice was a 500
+    (the prompt's count refused a duplicate field) where every other field's last value is taken,
+    as JSON readers generally take it."""
+    said = b'[{"role":"user","content":"twice"}]'
+    body = (
+        b'{"model":"openai/gpt-4o-mini","messages":[],"messages":' + said + b',"tools":[],"tools":[],'
+        b'"functions":null,"functions":null,"response_format":{"type":"text"},"response_format":null,'
+        b'"stream":' + (b"true" if stream else b"false") + b"}"
+    )
+    with gw.client(key.key) as c:
+        r = c.post(CHAT, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 def test_null_counts_are_unset(gw: Gateway, key: KeyHandle) -> None:
     with gw.client(key.key) as c:
         r = c.post(CHAT, json=chat_body(n=None, max_tokens=None, max_completion_tokens=None))

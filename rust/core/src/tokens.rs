@@ -106,18 +106,9 @@ pub const TOKENS_PER_MESSAGE: usize = 3;
 pub const TOKENS_PER_NAME: usize = 1;
 pub const REPLY_PRIMING: usize = 3;
 
-#[derive(Deserialize)]
-struct ChatBody {
-    messages: Vec<Value>,
-    // What else the model reads as prompt and the provider bills as input: tool definitions (and
-    // the legacy functions), and a structured output's schema. Counted as their JSON text.
-    #[serde(default)]
-    tools: Option<Value>,
-    #[serde(default)]
-    functions: Option<Value>,
-    #[serde(default)]
-    response_format: Option<Value>,
-}
+/// What else the model reads as prompt and the provider bills as input: tool definitions (and the
+/// legacy functions), and a structured output's schema. Counted as their JSON text.
+const PROMPT_FIELDS: [&str; 3] = ["tools", "functions", "response_format"];
 
 pub use crate::media::IMAGE_PART_TOKENS;
 
@@ -142,8 +133,16 @@ pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize, spoken
     if !crate::json::starts_object(body) {
         return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
     }
-    let parsed: ChatBody = serde_json::from_slice(body)
-        .map_err(|e| CoreError::InvalidJson(format!("expected an object with a \"messages\" array: {e}")))?;
+    // Read as a map, where a key given twice is its last value, as the gateway's own JSON reader
+    // (orjson) takes it: a derived struct refuses a duplicate field (hostile review: a 500).
+    let Value::Object(mut fields) = serde_json::from_slice(body)
+        .map_err(|e| CoreError::InvalidJson(format!("expected an object with a \"messages\" array: {e}")))?
+    else {
+        return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
+    };
+    let Some(Value::Array(messages)) = fields.remove("messages") else {
+        return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
+    };
     let mut total = REPLY_PRIMING;
     let parts = PartCounter {
         encoding,
@@ -151,7 +150,7 @@ pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize, spoken
         inflation: media::Inflation::new(media::MAX_INFLATED_BYTES),
         audio_tokens: Cell::new(0),
     };
-    for (i, message) in parsed.messages.iter().enumerate() {
+    for (i, message) in messages.iter().enumerate() {
         let Value::Object(fields) = message else {
             return Err(CoreError::InvalidJson(format!("messages[{i}] is not an object")));
         };
@@ -186,7 +185,7 @@ pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize, spoken
             }
         }
     }
-    for extra in [&parsed.tools, &parsed.functions, &parsed.response_format].into_iter().flatten() {
+    for extra in PROMPT_FIELDS.iter().filter_map(|name| fields.get(*name)) {
         total += count_json(extra, encoding)?;
     }
     Ok(PromptCount { tokens: total, audio_tokens: parts.audio_tokens.get() })
@@ -445,6 +444,24 @@ mod tests {
             count_chat_tokens(br#" {"messages":[]} "#, Encoding::O200kBase, IMAGE_PART_TOKENS),
             Ok(REPLY_PRIMING)
         );
+    }
+
+    #[test]
+    fn a_key_given_twice_counts_its_last_value() {
+        // As the gateway's JSON reader takes it (hostile review: a derived struct refused it, a 500).
+        let e = Encoding::O200kBase;
+        let last = count_chat_tokens(
+            br#"{"messages":[{"role":"user","content":"hello there"}],"tools":[{"type":"function"}]}"#,
+            e,
+            IMAGE_PART_TOKENS,
+        );
+        let twice = count_chat_tokens(
+            br#"{"messages":[],"tools":[],"messages":[{"role":"user","content":"hello there"}],"tools":[{"type":"function"}]}"#,
+            e,
+            IMAGE_PART_TOKENS,
+        );
+        assert_eq!(twice, last);
+        assert!(count_chat_tokens(br#"{"messages":[],"tools":null}"#, e, IMAGE_PART_TOKENS) == Ok(REPLY_PRIMING));
     }
 
     proptest! {
