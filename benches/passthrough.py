@@ -3,7 +3,7 @@ body to the upstream and its answer (plain or streamed) back, with no feature at
 limits, no billing, no logs. What a gateway on this stack could cost at the very least.
 
     PASSTHROUGH_UPSTREAM=http://127.0.0.1:PORT/v1 \\
-        granian --interface rsgi --workers 1 --port N --app-dir benches passthrough:app
+        granian --interface rsgi --http 1 --workers 1 --port N --app-dir benches passthrough:app
 """
 
 from __future__ import annotations

@@ -255,6 +255,8 @@ def _bare_app(
         str(port),
         "--workers",
         "1",
+        "--http",  # as the gateway serves (gateway.supervisor)
+        "1",
         "--backlog",
         "4096",
         "--no-log",

@@ -13,7 +13,7 @@ must be an ordinary JSON error): the anchor for the first token, whose cost that
 gateway's (the client reads the head and the token together, not the head while the model thinks).
 
     STACK_FLOOR_UPSTREAM=http://127.0.0.1:PORT/v1 \\
-        granian --interface asgi --loop uvloop --workers 1 --port N --app-dir benches stack_floor:app
+        granian --interface asgi --loop uvloop --http 1 --workers 1 --port N --app-dir benches stack_floor:app
 """
 
 from __future__ import annotations

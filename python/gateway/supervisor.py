@@ -66,7 +66,7 @@ os.mkdir(METRICS_DIR)
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 
 from granian import Granian  # noqa: E402
-from granian.constants import Interfaces, Loops  # noqa: E402
+from granian.constants import HTTPModes, Interfaces, Loops  # noqa: E402
 from granian.log import logger  # noqa: E402
 
 from gateway.drain import (  # noqa: E402  (stdlib only)
@@ -449,6 +449,10 @@ def main(argv: list[str]) -> None:
         workers=options["workers"],
         interface=Interfaces.ASGI,
         loop=Loops.uvloop,
+        # HTTP/1.1 only (HTTP/2 comes through a TLS-terminating proxy): Granian's automatic mode
+        # reads a connection's first bytes to tell the protocols apart with no deadline, so one that
+        # sent nothing stayed open forever (hostile review); HTTP/1's header read timeout cuts it.
+        http=HTTPModes.http1,
         # No endpoint speaks WebSocket: an upgrade request is an HTTP request like any other,
         # answered by its path (with websockets on, Granian answered it an empty 403).
         websockets=False,

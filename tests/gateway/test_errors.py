@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, get_args
@@ -37,6 +38,23 @@ def assert_error(r: httpx.Response, status: int, code: str, type_: str) -> dict[
     assert isinstance(error["message"], str) and error["message"]
     assert "param" in error
     return dict(error)
+
+
+@pytest.mark.slow
+def test_a_connection_that_sends_nothing_is_closed(gw: Gateway) -> None:
+    """Hostile review: one that never sent a byte stayed open for good (Granian's automatic
+    HTTP/1-or-2 mode waits for a first byte with no deadline), where headers that stop arriving
+    are cut after 30 s. It is cut the same way now; HTTP/2's preface is not an HTTP/1.1 request."""
+    url = httpx.URL(gw.url)
+    with socket.create_connection((url.host, url.port)) as silent:
+        silent.settimeout(45)
+        started = time.monotonic()
+        assert silent.recv(100) == b""
+        assert 25 < time.monotonic() - started < 45
+    with socket.create_connection((url.host, url.port)) as h2c:
+        h2c.settimeout(10)
+        h2c.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        assert not h2c.recv(100).startswith(b"\x00")  # no HTTP/2 frame: a refusal, or closed
 
 
 @pytest.mark.parametrize(
