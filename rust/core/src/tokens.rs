@@ -11,7 +11,6 @@ use crate::bpe::Vocab;
 use crate::error::{CoreError, Result};
 use crate::media;
 use crate::pretokenize::{Pattern, Splitter};
-use serde::Deserialize;
 use serde_json::Value;
 use std::cell::Cell;
 use std::str::FromStr;
