@@ -67,7 +67,7 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 
 from granian import Granian  # noqa: E402
 from granian.constants import HTTPModes, Interfaces, Loops  # noqa: E402
-from granian.log import logger  # noqa: E402
+from granian.log import configure_logging, logger  # noqa: E402
 
 from gateway.drain import (  # noqa: E402  (stdlib only)
     NOTICE_SIGNAL,
@@ -128,6 +128,10 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
         if _RUNNING:  # the drain settings of the new configuration govern the old workers' stop
             self.notice_seconds = _RUNNING[0].drain_notice_seconds
             self.workers_kill_timeout = _kill_timeout(_RUNNING[0].drain_seconds, self.kill_grace_seconds)
+            # ... and its log format Granian's records, here and in the workers started from now
+            # (operator review: the supervisor's stayed JSON after a reload to text).
+            self.log_config = _log_config(_RUNNING[0].log_format)
+            configure_logging(self.log_level, self.log_config, self.log_enabled)
         super().signal_handler_reload(*args, **kwargs)
 
     def _spawn_worker(self, idx: int, target: Any, callback_loader: Any) -> Any:

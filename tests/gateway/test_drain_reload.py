@@ -373,6 +373,28 @@ def test_a_reload_that_moves_the_listener_or_the_data_is_refused(tmp_path: Path,
         assert httpx.post(url + "/admin/v1/config/reload", headers=admin).status_code == 202
 
 
+def test_a_reload_to_text_logs_changes_the_supervisor_s_records_too(tmp_path: Path, sim_url: str) -> None:
+    """Operator review: after a reload from JSON logs to text, the workers wrote text and the
+    supervisor (Granian's records: workers started and stopped) went on in JSON."""
+    port = free_port()
+    config = _config(tmp_path, port, sim_url, 1, chat_model("test/a", "sim-chat", sim_url))
+    json_logs = config.read_text()
+    config.write_text('[logs]\nformat = "json"\n' + json_logs)
+    out = tmp_path / "out.log"
+    with running(["serve", "--config", str(config)], port, {"T_ADMIN": ADMIN_TOKEN}, output=out) as proc:
+        config.write_text('[logs]\nformat = "text"\n' + json_logs)
+        mark = len(out.read_bytes())
+        proc.send_signal(signal.SIGHUP)
+
+        def replaced() -> list[str] | None:
+            lines = out.read_bytes()[mark:].decode(errors="replace").splitlines()
+            said = [line for line in lines if "worker-1" in line]  # Granian's: the worker's replacement
+            return said if len(said) >= 2 else None
+
+        said = eventually(replaced, 20, 0.1, what="the worker replaced")
+    assert not any(line.lstrip().startswith("{") for line in said), said
+
+
 def test_a_flag_overrides_what_a_reload_may_edit() -> None:
     """Started with --port (or --host, --workers), the file's own value is not in use: editing it
     is no reason to refuse a reload."""
