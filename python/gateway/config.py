@@ -149,11 +149,18 @@ class Prices:
     images: tuple[tuple[str, Decimal], ...] = ()
 
     def image_price(self, size: str | None, quality: str | None) -> Decimal:
-        """One image's price: the most specific of "size/quality", "size", then `image`."""
+        """One image's price: the most specific of "size/quality", "size"; for an unknown size
+        (DALL-E's answers name none) the cheapest listed at the quality (its default size is its
+        smallest: dall-e-3 hd at 1024x1024; media review: `image` was charged, half the hd
+        price); then `image`."""
         table = dict(self.images)
         for variant in (f"{size}/{quality}", f"{size}"):
             if variant in table:
                 return table[variant]
+        if size is None and quality is not None:
+            at_quality = [price for variant, price in self.images if variant.endswith(f"/{quality}")]
+            if at_quality:
+                return min(at_quality)
         return self.image
 
 

@@ -352,9 +352,18 @@ def test_upstream_429_is_provider_overloaded_with_retry_after(gw: Gateway, key: 
 
 
 def test_upstream_400_is_invalid_request(gw: Gateway, key: KeyHandle) -> None:
+    """With the field the provider named (media review: `param` was dropped); not when the request
+    was translated for the model, whose field names are not the client's."""
     with gw.client(key.key) as c:
         r = c.post(CHAT, json=chat_body("[sim fail=400]"))
-    assert_error(r, 400, "invalid_request", "invalid_request_error")
+        translated = c.post("/v1/responses", json={"model": "openai/gpt-4o-mini", "input": "[sim fail=400]"})
+        images = c.post(
+            "/v1/images/generations",
+            json={"model": "openai/gpt-image-1", "prompt": "x", "output_format": "webp"},
+        )
+    assert assert_error(r, 400, "invalid_request", "invalid_request_error")["param"] == "messages"
+    assert assert_error(translated, 400, "invalid_request", "invalid_request_error")["param"] is None
+    assert assert_error(images, 400, "invalid_request", "invalid_request_error")["param"] == "output_format"
 
 
 def test_stream_error_before_first_token_is_plain_json(gw: Gateway, key: KeyHandle) -> None:

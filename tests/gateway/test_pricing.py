@@ -90,6 +90,9 @@ def test_images_priced_by_size_and_quality() -> None:
     assert prices.image_price("1024x1792", "standard") == Decimal("0.08")  # the size's entry
     assert prices.image_price("1024x1792", "hd") == Decimal("0.12")
     assert prices.image_price(None, None) == Decimal("0.04")
+    # No size (dall-e-3's answers name none): the quality's cheapest, its default size's.
+    assert prices.image_price(None, "hd") == Decimal("0.08")
+    assert prices.image_price(None, "standard") == Decimal("0.04")  # none listed: the default
     usage = Usage(images=2, image_size="1024x1792", image_quality="hd")
     assert cost(prices, usage) == Decimal("0.24")
 

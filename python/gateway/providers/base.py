@@ -3,6 +3,7 @@ spec's errors. An adapter module supplies the URL, the headers and the parameter
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
@@ -139,6 +140,12 @@ async def read_capped(response: UpstreamResponse, limit: int, what: str) -> byte
 OVERLOADED_STATUSES: Final = frozenset({429, 529})
 
 
+class UpstreamRefusal(GatewayError):
+    """A request the model's provider refused as invalid, with the field it named (OpenAI's
+    `error.param`; media review: it was dropped), as the provider received the request: a route
+    that translated the request clears it (routes/translated.py)."""
+
+
 def upstream_error(status: int, payload: bytes, retry_after: str | None) -> GatewayError:
     """An upstream failure in the spec's vocabulary. Upstream credentials never leak into it."""
     if status in OVERLOADED_STATUSES:
@@ -159,7 +166,8 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
             "provider_error", "The model's provider refused the gateway's key.", retry="other"
         )
     if status in (400, 413, 422):
-        return GatewayError("invalid_request", "The model rejected the request: " + _message(payload))
+        message = "The model rejected the request: " + _message(payload)
+        return UpstreamRefusal("invalid_request", message, param=_param(payload))
     if status >= 500:
         return GatewayError(
             "provider_error",
@@ -230,6 +238,21 @@ def _overload_kind(error: bytes) -> bool:
 def _key_refused(payload: bytes) -> bool:
     """Google's error for an API key it does not take (reason API_KEY_INVALID)."""
     return b"API_KEY_INVALID" in payload
+
+
+# What a provider's `param` may be to be passed on: a field's name or path, not free text.
+_PARAM: Final = re.compile(r"[A-Za-z0-9_.\[\]-]{1,200}")
+
+
+def _param(payload: bytes) -> str | None:
+    """error.param of an OpenAI-format error body, when it names a field."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    param = error.get("param") if isinstance(error, dict) else None
+    return param if isinstance(param, str) and _PARAM.fullmatch(param) else None
 
 
 def _message(payload: bytes) -> str:

@@ -19,6 +19,7 @@ from ..context import Call
 from ..core import count_tokens
 from ..errors import GatewayError
 from ..pricing import Usage
+from ..providers.base import UpstreamRefusal
 from ..registry import name_as_sent, note_dropped
 from ..routing import ChannelBody
 from ..state import GatewayState
@@ -119,52 +120,58 @@ async def forward_to_chat_model(
     `on_end` (forward_stream's) and `on_answer` (forward_plain's) run once the whole answer is
     known, before the client has all of it (the route keeps it: routes/kept_responses.py)."""
 
-    def counted_usage(output_text: str) -> Usage:
-        return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
+    try:
 
-    # A messages model answers in its own shape: through the chat shape into the endpoint's
-    # (its stream by a second translator; billed from its own usage, cache writes too).
-    messages = model.type == "messages"
-    created = int(time.time())
-    if payload.get("stream") is True:
+        def counted_usage(output_text: str) -> Usage:
+            return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
 
-        def translator() -> FromChatStream | MessagesThroughChat:
-            shape = new_stream(counted_usage)
-            if not messages:
-                return shape
-            return MessagesThroughChat(ChatStreamFromMessages(rid, True, created, counted_usage), shape)
+        # A messages model answers in its own shape: through the chat shape into the endpoint's
+        # (its stream by a second translator; billed from its own usage, cache writes too).
+        messages = model.type == "messages"
+        created = int(time.time())
+        if payload.get("stream") is True:
 
-        async def end(rewriter: FromChatStream | MessagesThroughChat) -> bytes:
-            assert on_end is not None
-            return await on_end(rewriter.shape if isinstance(rewriter, MessagesThroughChat) else rewriter)
+            def translator() -> FromChatStream | MessagesThroughChat:
+                shape = new_stream(counted_usage)
+                if not messages:
+                    return shape
+                return MessagesThroughChat(ChatStreamFromMessages(rid, True, created, counted_usage), shape)
 
-        return await forward_stream(
+            async def end(rewriter: FromChatStream | MessagesThroughChat) -> bytes:
+                assert on_end is not None
+                return await on_end(rewriter.shape if isinstance(rewriter, MessagesThroughChat) else rewriter)
+
+            return await forward_stream(
+                state,
+                request,
+                call,
+                model,
+                upstream,
+                rid,
+                translator,
+                counted_prompt,
+                error_event=error_event,
+                on_end=None if on_end is None else end,
+            )
+
+        def to_client(body: bytes, usage: Usage) -> bytes:
+            answer = orjson.loads(body)
+            completion = chat_completion_from_message(answer, usage, created) if messages else answer
+            return orjson.dumps(from_chat(completion, usage))
+
+        return await forward_plain(
             state,
             request,
             call,
             model,
             upstream,
             rid,
-            translator,
-            counted_prompt,
-            error_event=error_event,
-            on_end=None if on_end is None else end,
+            MESSAGES_ANSWER if messages else CHAT_ANSWER,
+            lambda body: counted_usage(message_output_text(body) if messages else chat_output_text(body)),
+            to_client=to_client,
+            on_answer=on_answer,
         )
-
-    def to_client(body: bytes, usage: Usage) -> bytes:
-        answer = orjson.loads(body)
-        completion = chat_completion_from_message(answer, usage, created) if messages else answer
-        return orjson.dumps(from_chat(completion, usage))
-
-    return await forward_plain(
-        state,
-        request,
-        call,
-        model,
-        upstream,
-        rid,
-        MESSAGES_ANSWER if messages else CHAT_ANSWER,
-        lambda body: counted_usage(message_output_text(body) if messages else chat_output_text(body)),
-        to_client=to_client,
-        on_answer=on_answer,
-    )
+    except UpstreamRefusal as refused:
+        # Its `param` names a field of the chat request made in between, not of the client's.
+        refused.param = None
+        raise

@@ -59,7 +59,9 @@ async def create(sim: Simulator, request: web.Request, *, azure: bool = False) -
         await asyncio.sleep(d.ttft)
     if d.fail is not None:
         kind = "rate_limit_error" if d.fail == 429 else "server_error"
-        return openai_error(d.fail, f"Simulated failure {d.fail}.", kind)
+        # A 400 names the field at fault, as OpenAI's do: here the messages, which hold the marker.
+        param = "messages" if d.fail == 400 else None
+        return openai_error(d.fail, f"Simulated failure {d.fail}.", kind, param=param)
     if d.refuse and azure:
         return reply(400, AZURE_PROMPT_FILTERED)
     if d.refuse:  # OpenAI's refusal under its content policy
