@@ -870,7 +870,7 @@ async def _show_key(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
-    from .management import PLAYGROUND_KEY, key_json, refuse_reserved_name
+    from .management import key_json, refuse_renaming
 
     given: dict[str, object] = {}
     if args.name is not None:
@@ -887,9 +887,7 @@ async def _set_key_limit(store: Store, args: argparse.Namespace) -> None:
     if "expires_at" in fields:
         fields["expires_at_ms"] = fields.pop("expires_at")
     if "name" in fields:
-        current = await store.get_key(args.key_id)
-        if current is not None and current.name != PLAYGROUND_KEY:
-            refuse_reserved_name(fields["name"])
+        refuse_renaming(await store.get_key(args.key_id), fields["name"])
     updated = await store.update_key(args.key_id, cast(KeyChanges, fields))
     if updated is None:
         raise AdminError(f"no live key with id {args.key_id!r}")

@@ -126,6 +126,20 @@ def refuse_reserved_name(name: object) -> None:
         )
 
 
+def refuse_renaming(current: ApiKey | None, name: object) -> None:
+    """400 for a key's new name that is the playground's, or for a new name of the playground's
+    own key: renamed, the playground would make itself a new key without the credit limit or
+    expiry its owner had set on this one (console review)."""
+    if current is None or current.name != PLAYGROUND_KEY:
+        refuse_reserved_name(name)
+    elif not isinstance(name, str) or name.strip() != PLAYGROUND_KEY:
+        raise invalid_request(
+            f"The console's playground key keeps its name ({PLAYGROUND_KEY!r}): cap it with a credit"
+            " limit or an expiry, or delete it.",
+            "name",
+        )
+
+
 async def create_key(
     store: Accounts, account_id: str, given: Mapping[str, Any], *, playground: bool = False
 ) -> tuple[ApiKey, str]:
@@ -171,9 +185,7 @@ async def update_key(
         fields["expires_at_ms"] = fields.pop("expires_at")
     current = await _owned(store, key_id, account_id)
     if "name" in fields:
-        current = current or await store.get_key(key_id)
-        if current is not None and current.name != PLAYGROUND_KEY:  # the playground's keeps its own
-            refuse_reserved_name(fields["name"])
+        refuse_renaming(current or await store.get_key(key_id), fields["name"])
     key = await store.update_key(key_id, cast(KeyChanges, fields))
     if key is None:
         raise no_live_key(key_id)

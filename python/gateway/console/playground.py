@@ -374,8 +374,13 @@ def pick_model(state: GatewayState, account: Account, name: Any) -> ModelConfig:
     for model in chat_models(state, account):
         if model.name == name:
             return model
-    if state.registry.get(name) is None:  # as /v1/chat/completions says of a name that is none
+    found = state.registry.get(name)
+    if found is None:  # as /v1/chat/completions says of a name that is none
         raise GatewayError("model_not_found", f"The model {name!r} does not exist.", param="model")
+    if found.type not in CHAT_TYPES:  # ... and of a model of another type (console review: 403)
+        raise invalid_request(
+            f"The model {name!r} is not a chat model: the playground chats with chat models.", "model"
+        )
     raise GatewayError(
         "model_not_allowed", f"This account may not chat with the model {name!r}.", param="model"
     )
