@@ -166,8 +166,8 @@ def upstream_error(status: int, payload: bytes, retry_after: str | None) -> Gate
             "provider_error", "The model's provider refused the gateway's key.", retry="other"
         )
     if status in (400, 413, 422):
-        message = "The model rejected the request: " + _message(payload)
-        return UpstreamRefusal("invalid_request", message, param=_param(payload))
+        message, param = _refusal(payload)
+        return UpstreamRefusal("invalid_request", "The model rejected the request: " + message, param=param)
     if status >= 500:
         return GatewayError(
             "provider_error",
@@ -244,29 +244,22 @@ def _key_refused(payload: bytes) -> bool:
 _PARAM: Final = re.compile(r"[A-Za-z0-9_.\[\]-]{1,200}")
 
 
-def _param(payload: bytes) -> str | None:
-    """error.param of an OpenAI-format error body, when it names a field."""
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    error = data.get("error") if isinstance(data, dict) else None
-    param = error.get("param") if isinstance(error, dict) else None
-    return param if isinstance(param, str) and _PARAM.fullmatch(param) else None
-
-
-def _message(payload: bytes) -> str:
-    """error.message of an OpenAI- or Anthropic-format error body, or a Cohere body's message."""
+def _refusal(payload: bytes) -> tuple[str, str | None]:
+    """error.message of an OpenAI- or Anthropic-format error body (or a Cohere body's message),
+    and error.param of an OpenAI-format one when it names a field."""
     try:
         data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         data = None
     error = data.get("error") if isinstance(data, dict) else None
+    message = "no details given."
     for holder in (error, data):
-        message = holder.get("message") if isinstance(holder, dict) else None
-        if isinstance(message, str) and message:
-            return message[:500]
-    return "no details given."
+        said = holder.get("message") if isinstance(holder, dict) else None
+        if isinstance(said, str) and said:
+            message = said[:500]
+            break
+    param = error.get("param") if isinstance(error, dict) else None
+    return message, param if isinstance(param, str) and _PARAM.fullmatch(param) else None
 
 
 # The upstream statuses a content-policy refusal comes with: 400 (OpenAI, Azure, Anthropic), 403
