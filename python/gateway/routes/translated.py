@@ -120,15 +120,14 @@ async def forward_to_chat_model(
     `on_end` (forward_stream's) and `on_answer` (forward_plain's) run once the whole answer is
     known, before the client has all of it (the route keeps it: routes/kept_responses.py)."""
 
+    def counted_usage(output_text: str) -> Usage:
+        return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
+
+    # A messages model answers in its own shape: through the chat shape into the endpoint's
+    # (its stream by a second translator; billed from its own usage, cache writes too).
+    messages = model.type == "messages"
+    created = int(time.time())
     try:
-
-        def counted_usage(output_text: str) -> Usage:
-            return Usage(counted_prompt, count_tokens(output_text, model.tokenizer))
-
-        # A messages model answers in its own shape: through the chat shape into the endpoint's
-        # (its stream by a second translator; billed from its own usage, cache writes too).
-        messages = model.type == "messages"
-        created = int(time.time())
         if payload.get("stream") is True:
 
             def translator() -> FromChatStream | MessagesThroughChat:
