@@ -128,19 +128,16 @@ pub fn count_chat_tokens(body: &[u8], encoding: Encoding, image_tokens: usize) -
 /// by id (an assistant message's `"audio": {"id": ...}`, billed again as audio input) is held at,
 /// its bytes never passing the gateway: the most audio the model answers with.
 pub fn count_prompt(body: &[u8], encoding: Encoding, image_tokens: usize, spoken_tokens: usize) -> Result<PromptCount> {
-    // serde would also read the struct from an array; only an object is a request body.
-    if !crate::json::starts_object(body) {
-        return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
-    }
+    const EXPECTED: &str = "expected an object with a \"messages\" array";
     // Read as a map, where a key given twice is its last value, as the gateway's own JSON reader
-    // (orjson) takes it: a derived struct refuses a duplicate field (hostile review: a 500).
-    let Value::Object(mut fields) = serde_json::from_slice(body)
-        .map_err(|e| CoreError::InvalidJson(format!("expected an object with a \"messages\" array: {e}")))?
-    else {
-        return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
+    // (orjson) takes it: a derived struct refuses a duplicate field (hostile review: a 500). Any
+    // other JSON value (an array, which a derived struct also read) is refused below.
+    let parsed: Value = serde_json::from_slice(body).map_err(|e| CoreError::InvalidJson(format!("{EXPECTED}: {e}")))?;
+    let Value::Object(mut fields) = parsed else {
+        return Err(CoreError::InvalidJson(EXPECTED.into()));
     };
     let Some(Value::Array(messages)) = fields.remove("messages") else {
-        return Err(CoreError::InvalidJson("expected an object with a \"messages\" array".into()));
+        return Err(CoreError::InvalidJson(EXPECTED.into()));
     };
     let mut total = REPLY_PRIMING;
     let parts = PartCounter {
