@@ -27,7 +27,17 @@ from . import admin_fields as field
 from . import deployment, management
 from .auth import admin_token, display_prefix, generate_key, hash_key
 from .clock import rfc3339
-from .config import CONFIG_ENV, FLAGS_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError, Settings, load_settings
+from .config import (
+    CONFIG_ENV,
+    DEMO_SIM_ADDRESS_ENV,
+    FLAGS_ENV,
+    LISTEN_ENV,
+    SIM_PORT,
+    WORKERS_ENV,
+    ConfigError,
+    Settings,
+    load_settings,
+)
 from .drain import KILL_GRACE_SECONDS
 from .errors import GatewayError
 from .store import (
@@ -46,7 +56,6 @@ from .telemetry import otlp
 
 T = TypeVar("T")
 DEMO_ACCOUNT = "demo"
-SIM_PORT = 9911  # where the demo configuration's channels find the simulator
 DEMO_BALANCE = Decimal(100)
 DEMO_MEMBER = "demo@example.com"  # the demo account's console member (`gateway demo`)
 
@@ -342,7 +351,8 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         sys.stdout.flush()
         # A child, not this process: the simulator is stopped when the gateway stops. Ctrl-C
         # reaches both (one process group); the gateway then shuts down cleanly.
-        gateway = subprocess.Popen(_granian(_on_sim_port(config, args.sim_port), settings, args))
+        _on_sim_port(args.sim_port)
+        gateway = subprocess.Popen(_granian(config, settings, args))
         try:
             ended = gateway.wait()
         except KeyboardInterrupt:
@@ -417,18 +427,12 @@ def _demo_admin_token(settings: Settings) -> str | None:
     return token
 
 
-def _on_sim_port(config: str, sim_port: int) -> str:
-    """The configuration whose channels reach the simulator on `sim_port`: the demo file as it is
-    for the default port, else a copy beside it (its relative paths resolve alike) on that port."""
-    if sim_port == SIM_PORT:
-        return config
-    original = Path(config)
-    copy = original.with_name(f".{original.stem}-sim-{sim_port}.toml")
-    copy.write_text(
-        original.read_text(encoding="utf-8").replace(f"127.0.0.1:{SIM_PORT}", f"127.0.0.1:{sim_port}"),
-        encoding="utf-8",
-    )
-    return str(copy)
+def _on_sim_port(sim_port: int) -> None:
+    """The demo's channels reach the simulator on `sim_port`: the configuration file, read by the
+    gateway at start and at each reload, takes that port for the simulator's default (config.py,
+    DEMO_SIM_ADDRESS_ENV)."""
+    if sim_port != SIM_PORT:
+        os.environ[DEMO_SIM_ADDRESS_ENV] = f"127.0.0.1:{sim_port}"
 
 
 def _interrupt(signum: int, frame: Any) -> None:

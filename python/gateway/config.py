@@ -76,6 +76,13 @@ LISTEN_ENV: Final = "GATEWAY_LISTEN"
 # ... and which of host, port and workers the command line set (comma-separated): the file's own
 # value of those is not in use, so a reload may edit it (gateway.reload).
 FLAGS_ENV: Final = "GATEWAY_FLAGS"
+# Where the demo configuration's channels find the simulator (`gateway sim`'s default port), and,
+# under `gateway demo --sim-port P`, the address that stands for it wherever a configuration file is
+# read (read_config_text): at start and at every reload, so that a reload takes the file as edited
+# (a rewritten copy made once at start was all a reload read: docs review).
+SIM_PORT: Final = 9911
+SIM_ADDRESS: Final = f"127.0.0.1:{SIM_PORT}"
+DEMO_SIM_ADDRESS_ENV: Final = "GATEWAY_DEMO_SIM_ADDRESS"
 STORE_BACKENDS: Final = ("sqlite", "postgres")
 LOG_FORMATS: Final = frozenset({"auto", "json", "text"})
 LOG_LEVELS: Final = frozenset({"debug", "info", "warning", "error"})
@@ -372,11 +379,14 @@ def load_settings(path: str | os.PathLike[str]) -> Settings:
 
 
 def read_config_text(path: str | os.PathLike[str]) -> str:
-    """A configuration file's text; ConfigError naming the file when it cannot be read."""
+    """A configuration file's text; ConfigError naming the file when it cannot be read. Under
+    `gateway demo --sim-port`, the simulator's default address in it reads as the demo's."""
     try:
-        return _read_text(Path(path))
+        text = _read_text(Path(path))
     except ConfigError as exc:
         raise ConfigError(f"config file {path}: {exc}") from exc.__cause__
+    moved = os.environ.get(DEMO_SIM_ADDRESS_ENV)
+    return text.replace(SIM_ADDRESS, moved) if moved else text
 
 
 def settings_from_text(text: str, path: str | os.PathLike[str]) -> Settings:

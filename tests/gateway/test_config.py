@@ -13,15 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import SIM_PORT, _granian, _on_sim_port
+from gateway.cli import _granian, _on_sim_port
 from gateway.config import (
     ACCEPTED_CONFIG_ENV,
     CONFIG_ENV,
+    DEMO_SIM_ADDRESS_ENV,
     FLAGS_ENV,
     KNOWN_SETTINGS,
     LISTEN_ENV,
+    SIM_PORT,
     WORKERS_ENV,
     ConfigError,
+    check_and_load,
     load_settings,
     parse_settings,
     settings_from_env,
@@ -170,16 +173,29 @@ def test_workers_load_the_accepted_text_with_paths_relative_to_the_file(
         settings_from_env()
 
 
-def test_the_demo_on_another_simulator_port_serves_a_copy_that_reaches_it(tmp_path: Path) -> None:
+def test_the_demo_on_another_simulator_port_reads_the_file_with_that_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gateway demo --sim-port P` serves the file itself, the simulator's address read as P's
+    wherever the file is read: a reload takes the file as edited (docs review: a copy made once at
+    start was all a reload read, and every edit answered 202 and changed nothing)."""
     original = tmp_path / "demo.toml"
     original.write_text((ROOT / "config" / "demo.toml").read_text())
-    assert _on_sim_port(str(original), SIM_PORT) == str(original)
-    copy = Path(_on_sim_port(str(original), 9934))
-    assert copy.parent == original.parent  # relative paths (the store) resolve alike
-    settings, moved = load_settings(original), load_settings(copy)
-    assert settings.store_path == moved.store_path
-    urls = [c.base_url for m in moved.models for c in m.channels]
-    assert urls and all(":9934" in url for url in urls)
+    monkeypatch.setenv(DEMO_SIM_ADDRESS_ENV, "")  # unset again after the test: _on_sim_port sets it
+    monkeypatch.delenv(DEMO_SIM_ADDRESS_ENV)
+    settings = load_settings(original)
+    _on_sim_port(SIM_PORT)
+    assert DEMO_SIM_ADDRESS_ENV not in os.environ
+    _on_sim_port(9934)
+    checked = check_and_load(original).settings
+    assert checked is not None
+    for moved in (load_settings(original).models, checked.models):
+        urls = [c.base_url for m in moved for c in m.channels]
+        assert urls and all(":9934" in url for url in urls)
+    assert load_settings(original).store_path == settings.store_path
+    original.write_text(original.read_text().replace('input = "0.05"', 'input = "7.77"', 1))
+    edited = check_and_load(original).settings
+    assert edited is not None and edited.models != settings.models
 
 
 PG = "postgresql://gw:secret@127.0.0.1:5432/test"

@@ -162,3 +162,37 @@ def test_a_second_run_prints_a_new_password_and_the_first_stops_working(tmp_path
     assert stored is not None
     assert asyncio.run(password_matches(stored, second))
     assert not asyncio.run(password_matches(stored, first))
+
+
+def test_a_reload_of_a_demo_on_another_simulator_port_takes_the_file_as_edited(tmp_path: Path) -> None:
+    """Docs review: `demo --sim-port` served a copy of the file made at start, so a reload read the
+    copy: an edit answered 202 and changed nothing, a change a reload must refuse too."""
+    with running_demo(tmp_path) as (_, lines, _, _):
+        base, key = lines[2], lines[4]
+        admin = {"authorization": f"Bearer {lines[6].partition('=')[2]}"}
+        user = {"authorization": f"Bearer {key}"}
+        info = f"{base}/model_group/info?model_group=meta/llama-3.1-8b-instruct"
+
+        def price() -> str:
+            return str(httpx.get(info, headers=user).json()["data"][0]["input_cost_per_million_tokens"])
+
+        assert price() == "0.05"
+        config = tmp_path / "demo.toml"
+        text = config.read_text()
+        config.write_text(text.replace(f'"{tmp_path}/demo.db"', f'"{tmp_path}/other.db"', 1))
+        refused = httpx.post(f"{base}/admin/v1/config/reload", headers=admin)
+        assert refused.status_code == 400 and "store.path" in refused.json()["error"]["message"]
+        config.write_text(text.replace('input = "0.05"', 'input = "7.77"', 1))
+        reloaded = httpx.post(f"{base}/admin/v1/config/reload", headers=admin)
+        assert reloaded.status_code == 202 and reloaded.json()["config"] == "demo.toml", reloaded.text
+        deadline = time.monotonic() + 30
+        while price() != "7.77":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        chat = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers=user,
+            json={"model": "meta/llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=30,
+        )
+        assert chat.status_code == 200, chat.text  # the new workers still reach the demo's simulator
