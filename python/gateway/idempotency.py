@@ -9,9 +9,11 @@ runs or is charged; with another body it is 409 idempotency_key_reused; while th
 synchronous window plus a minute), so a crashed gateway never leaves a key stuck.
 
 Kept: every answer of a request that claimed its key, errors included (spec 7.5.4: the credit
-refusals and a tokens-per-minute 429 too), except 5xx (the retry runs again) and answers over 8 MB
-(the request ran; nothing to replay). A request refused at the door, for its key or its key's
-requests per minute, never claims one: those answers are not kept.
+refusals too), except 5xx (the retry runs again), 429s and answers over 8 MB (the request ran;
+nothing to replay). A 429 tells its client to wait and send the request again (spec 7.2, 7.4: a
+`rate_limited` one has a Retry-After): kept, that retry got the same 429 back for 24 hours, without
+the Retry-After 7.2 promises (review). A request refused at the door, for its key or its key's
+requests per minute, never claims one: those answers are not kept either.
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ def replayed_error_code(replay: Response) -> str | None:
 def kept_answer(call: Call, status: int, headers: dict[str, str], body: bytes) -> KeptAnswer | None:
     """The answer the request's key keeps, for the store to keep in the same step as what the
     request did (Store.settle, Store.create_job; `taken` once it has); None when the request holds
-    no key or its answer is not kept (5xx, over 8 MB)."""
-    if call.idempotency is None or status >= 500 or len(body) > MAX_STORED_BYTES:
+    no key or its answer is not kept (5xx, 429, over 8 MB)."""
+    if call.idempotency is None or status >= 500 or status == 429 or len(body) > MAX_STORED_BYTES:
         return None
     key, digest = call.idempotency
     answer = StoredAnswer(status, tuple(_replayable(headers.items())), body)
@@ -172,7 +174,7 @@ def taken(call: Call) -> None:
 
 async def keep(state: GatewayState, call: Call, status: int, headers: dict[str, str], body: bytes) -> None:
     """The request that held the key has answered: keep the answer, or forget the key when the
-    answer is not kept (5xx, over 8 MB)."""
+    answer is not kept (5xx, 429, over 8 MB)."""
     kept = kept_answer(call, status, headers, body)
     if kept is None:
         await forget(state, call)

@@ -22,7 +22,7 @@ from gateway import idempotency
 from gateway.context import Call
 from gateway.errors import ServiceUnavailable
 from gateway.store import Account, ApiKey, KeyContext, Store, open_store
-from harness import Gateway, KeyHandle, eventually, store_spec
+from harness import Gateway, KeyHandle, eventually, store_spec, with_store
 
 IMAGES = "/v1/images/generations"
 SPEECH = "/v1/audio/speech"
@@ -309,10 +309,11 @@ def test_an_answer_the_store_cannot_take_now_is_kept_once_it_can(tmp_path: Path,
         assert asyncio.run(go(open_store(spec.settings()))) == "replay"
 
 
-def test_a_replayed_429_shows_the_limits_now_and_no_wait(gw: Gateway, sim: httpx.Client) -> None:
-    """A tokens-per-minute 429 is kept (spec 7.5.4), but its rate-limit headers and Retry-After
-    said the buckets of its moment: the replay carries the key's headers as they are now, and no
-    Retry-After, since waiting brings back the same answer."""
+def test_a_429_is_not_kept_and_the_retry_it_asks_for_runs(gw: Gateway, sim: httpx.Client) -> None:
+    """A tokens-per-minute 429 says: wait Retry-After, send it again (spec 7.2, 7.4). Kept (spec
+    7.5.4 read alone), that retry got the same 429 back for 24 hours, replayed without Retry-After
+    (review): the key is let go, the retry is refused afresh while the bucket is empty, with its
+    Retry-After, and runs once the key may go on."""
     probe = gw.new_key(tpm_limit=100_000)
     reserved = 100_000 - int(
         post(gw, probe.key, IMAGES, {"model": GPT_IMAGE, "prompt": "a probe"}, None).headers[
@@ -325,11 +326,36 @@ def test_a_replayed_429_shows_the_limits_now_and_no_wait(gw: Gateway, sim: httpx
     assert post(gw, limited.key, IMAGES, {**body, "prompt": "first"}, None).status_code == 200
     refused = post(gw, limited.key, IMAGES, body, "t")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
-    assert "retry-after" in refused.headers
-    replayed = post(gw, limited.key, IMAGES, body, "t")
-    assert (replayed.status_code, replayed.content) == (429, refused.content)
-    assert replayed.headers["idempotency-replayed"] == "true"
-    assert "retry-after" not in replayed.headers
-    assert replayed.headers["x-ratelimit-limit-tokens"] == str(reserved + reserved // 2)
-    assert "x-ratelimit-remaining-tokens" in replayed.headers
+    again = post(gw, limited.key, IMAGES, body, "t")
+    assert again.status_code == 429 and "idempotency-replayed" not in again.headers
+    assert int(again.headers["retry-after"]) >= 1
     assert sim_calls(sim, IMAGES, str(body["prompt"])) == 0
+
+    async def lift(store: Store) -> None:
+        await store.update_account(limited.account_id, {"tpm_limit": None})
+
+    with_store(gw.store_settings, lift)
+
+    def retried() -> httpx.Response | None:
+        answer = post(gw, limited.key, IMAGES, body, "t")
+        return answer if answer.status_code == 200 else None
+
+    ran = eventually(retried, 10, 0.2, what="the retry after the limit went")
+    assert "idempotency-replayed" not in ran.headers
+    replayed = post(gw, limited.key, IMAGES, body, "t")
+    assert replayed.headers["idempotency-replayed"] == "true" and replayed.content == ran.content
+    assert sim_calls(sim, IMAGES, str(body["prompt"])) == 1
+
+
+def test_a_provider_at_capacity_is_not_kept_either(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    """429 provider_overloaded: "retry with backoff" (spec 7.2); a retry with the key asks the
+    model again instead of getting the first answer replayed for 24 hours (review)."""
+    body = {"model": GPT_IMAGE, "prompt": "[sim fail=429] a busy kite " + os.urandom(4).hex()}
+    first = post(gw, key.key, IMAGES, body, "busy")
+    assert first.status_code == 429 and first.json()["error"]["code"] == "provider_overloaded"
+    tried = sim_calls(sim, IMAGES, str(body["prompt"]))
+    assert tried >= 1
+    second = post(gw, key.key, IMAGES, body, "busy")
+    assert second.status_code == 429 and "idempotency-replayed" not in second.headers
+    assert "retry-after" in second.headers
+    assert sim_calls(sim, IMAGES, str(body["prompt"])) == 2 * tried

@@ -416,3 +416,24 @@ def test_a_response_its_upstream_keeps_is_fetched_under_the_gateways_id(
         oai.responses.retrieve(made.id)
     # The turn that continued it no longer has its gateway id to show, and never the upstream's.
     assert oai.responses.retrieve(later.id).previous_response_id is None
+
+
+def test_a_continuation_the_upstream_no_longer_holds_is_refused_under_the_gateway_id(
+    oai: openai.OpenAI, sim: httpx.Client
+) -> None:
+    """Responses review: the upstream's 400 quoted the id it holds the response under (OpenAI's
+    "Previous response with id 'resp_…' not found."), an id the client never saw; it names the
+    gateway's, as an unknown id's refusal does. Plain and streamed."""
+    marker = "forgotten " + os.urandom(4).hex()
+    first = oai.responses.create(model=MODEL, input=f"{marker} one")
+    oai.responses.create(model=MODEL, input=f"{marker} two", previous_response_id=first.id)
+    upstream_id = received(sim, marker)[-1]["previous_response_id"]
+    assert isinstance(upstream_id, str)
+    assert sim.delete(f"/v1/responses/{upstream_id}").status_code == 200  # the provider forgot it
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.responses.create(
+                model=MODEL, input=f"{marker} three", previous_response_id=first.id, stream=stream
+            )
+        assert first.id in err.value.message and upstream_id not in err.value.message
+        assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"

@@ -70,12 +70,14 @@ def routes(state: GatewayState) -> list[Route]:
         previous = payload.get("previous_response_id")
         only: ChannelConfig | None = None
         earlier = 0
+        said_as_gateway_ids = _GatewayIds()
         if previous is not None:
             held = await state.store.find_response(previous, call.ctx.account.id, now_ms())
             if held is None:
                 raise await kept_responses.previous_unknown(state, call, model, previous)
             only = _channel_holding(model, held)
             upstream["previous_response_id"] = held.upstream_id
+            said_as_gateway_ids = _GatewayIds(held.upstream_id, previous)
             earlier = await _earlier_tokens(state, call, held)
         prompt = await _check_and_hold(state, request, call, model, payload, earlier=earlier)
         rid = response_id("resp_")
@@ -107,26 +109,28 @@ def routes(state: GatewayState) -> list[Route]:
                 )
 
         if payload.get("stream") is True:
-            return await forward_stream(
-                state,
-                request,
-                call,
-                model,
-                json_body(upstream),
-                rid,
-                lambda: ResponsesStreamRewriter(rid, previous),
-                prompt,
-                error_event=responses_error_event,
-                only=only,
-                on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
-            )
+            with said_as_gateway_ids:
+                return await forward_stream(
+                    state,
+                    request,
+                    call,
+                    model,
+                    json_body(upstream),
+                    rid,
+                    lambda: ResponsesStreamRewriter(rid, previous),
+                    prompt,
+                    error_event=responses_error_event,
+                    only=only,
+                    on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
+                )
 
         # A background response is a job upstream: never cancelled by the client leaving, so that
         # the job the upstream started is recorded (and its hold kept) whatever happens.
         call.cancel_on_disconnect = not in_background
-        answered = await call_upstream(
-            state, request, call, model, json_body(upstream), only=only, replayable=not in_background
-        )
+        with said_as_gateway_ids:
+            answered = await call_upstream(
+                state, request, call, model, json_body(upstream), only=only, replayable=not in_background
+            )
         try:
             answer = rewrite_response(answered.content, rid, previous)
             status = orjson.loads(answer.body).get("status")
@@ -429,6 +433,27 @@ def _holder(state: GatewayState, held: ResponseState) -> ChannelConfig:
         f"Response {quoted_id(held.id)} is kept by an upstream of {held.model!r} that the configuration"
         " no longer names: the gateway cannot reach it."
     )
+
+
+class _GatewayIds:
+    """An upstream's refusal that quotes the response it was asked to continue by the id it keeps
+    it under (OpenAI's "Previous response with id 'resp_…' not found.") names the gateway's id
+    instead: a client never sees an upstream's ids (responses review). Nothing when the request
+    continues no response."""
+
+    __slots__ = ("gateway_id", "upstream_id")
+
+    def __init__(self, upstream_id: str = "", gateway_id: str = "") -> None:
+        self.upstream_id = upstream_id
+        self.gateway_id = gateway_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        if isinstance(error, GatewayError) and self.upstream_id and self.upstream_id in error.message:
+            error.message = error.message.replace(self.upstream_id, self.gateway_id)
+            error.args = (error.message,)
 
 
 def _channel_holding(model: ModelConfig, held: ResponseState) -> ChannelConfig:
