@@ -4,7 +4,9 @@ errors and scope as through Starlette, and everything else still through Starlet
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
+import time
 import weakref
 from decimal import Decimal
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import EXCEPTION_HANDLERS, answer_exception, create_app
-from gateway.config import ChannelConfig, ModelConfig, Settings
+from gateway.config import ChannelConfig, ModelConfig, Prices, Settings
 from gateway.model_dispatch import ModelDispatch
 from gateway.routes import chat
 from harness import new_key, query
@@ -225,3 +227,47 @@ def test_model_requests_let_go_of_the_server_s_receive_when_they_end(tmp_path: P
             r = client.post(path, headers=headers, json=body)
             assert r.status_code in (200, 400), r.text
     assert held == []
+
+
+def test_a_charge_queued_for_the_store_says_its_cost(
+    tmp_path: Path, sim_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain answer whose charge could not be made durable (a full disk under the journal) is a
+    503 that names the usage id its record will have, and now the cost it is charged too, as the
+    answer would have said (spec 4: x-service-cost); the record, once the disk has room, agrees."""
+    settings, requests = _model_requests(tmp_path, sim_url)
+    priced = dataclasses.replace(settings.models[0], prices=Prices(input=Decimal(3), output=Decimal(15)))
+    settings = dataclasses.replace(settings, models=(priced,))
+    key = new_key(settings, Decimal("1"))
+    full = {"disk": True}
+
+    class FullDisk:
+        def __init__(self, file: Any) -> None:
+            self.file = file
+
+        def append(self, data: bytes) -> None:
+            if full["disk"]:
+                raise OSError(28, "No space left on device")
+            self.file.append(data)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.file, name)
+
+    with TestClient(create_app(settings)) as client:
+        headers = {"authorization": f"Bearer {key.key}"}
+        store = client.app.state.gateway.store  # type: ignore[attr-defined]
+        monkeypatch.setattr(store._journal, "_file", FullDisk(store._journal._file))
+        path, body = requests[0]
+        r = client.post(path, headers=headers, json=body)
+        assert r.status_code == 503 and "charge is queued" in r.json()["error"]["message"], r.text
+        usage_id, charged = r.headers["x-service-response-id"], Decimal(r.headers["x-service-cost"])
+        assert charged > 0
+        full["disk"] = False
+        assert client.post(path, headers=headers, json=body).status_code == 200  # the disk has room
+        for _ in range(200):
+            found = client.get(f"/v1/usage/{usage_id}", headers=headers)
+            if found.status_code == 200:
+                break
+            time.sleep(0.02)
+        assert found.status_code == 200, found.text
+        assert found.json(parse_float=Decimal)["cost"] == charged

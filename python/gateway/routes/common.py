@@ -31,6 +31,7 @@ from ..errors import (
     unexpected_failure,
 )
 from ..ids import request_id
+from ..pricing import format_cost
 from ..providers.http import UPSTREAM_FAILURES
 from ..ratelimits import note_rate
 from ..registry import ModelRefused
@@ -294,6 +295,7 @@ REQUEST_ID_HEADER = "x-service-request-id"
 # The id /v1/usage/{id} takes, for an answer whose body cannot carry it (audio, plain text, a 503
 # whose charge is queued).
 RESPONSE_ID_HEADER = "x-service-response-id"
+COST_HEADER = "x-service-cost"  # a plain answer's cost, in US dollars (spec 4)
 # The mark model_endpoint leaves on what it returns (gateway.model_dispatch serves those first).
 _MODEL_ENDPOINT = "_gateway_model_endpoint"
 log = logging.getLogger("gateway.requests")
@@ -497,7 +499,8 @@ def is_model_endpoint(endpoint: object) -> bool:
 def _charge_queued(err: ServiceUnavailable, call: Call, usage_id: str | None) -> GatewayError:
     """The 503 of a request that ran and was charged, whose charge waits for the store: it names
     the id its usage record will have (the answer that would have carried it is not sent; review:
-    the message pointed at the request id, which /v1/usage does not take)."""
+    the message pointed at the request id, which /v1/usage does not take) and, as the answer would
+    have (spec 4: a plain answer carries its cost), the cost it is charged."""
     where = "" if usage_id is None else f" under the id {usage_id} (header {RESPONSE_ID_HEADER})"
     queued = GatewayError(
         "service_unavailable",
@@ -508,6 +511,8 @@ def _charge_queued(err: ServiceUnavailable, call: Call, usage_id: str | None) ->
     queued.headers[REQUEST_ID_HEADER] = call.request_id
     if usage_id is not None:
         queued.headers[RESPONSE_ID_HEADER] = usage_id
+    if call.charged is not None:
+        queued.headers[COST_HEADER] = format_cost(call.charged)
     return queued
 
 
