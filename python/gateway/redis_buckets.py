@@ -15,14 +15,15 @@ is exact in doubles (~40 us). The gateway's buckets are always such (minute peri
 clock read to the millisecond); anything else takes the bignum path, with the same answers
 (property-tested against the Rust core both ways).
 
-One Redis key per bucket, its value "<level> <last_ns> <period_ns>", written by every operation
-(as the file's slot is) with an expiry (PX): when the bucket would be full again, at least one
-period later, plus EXPIRY_SLACK_MS; so keys of idle API keys never accumulate. A missing key is a
-new, full bucket, and forgetting a bucket that is full is invisible: after one period without use a
-bucket is full under any limit that refills its capacity within its period (every limit the
-gateway sets), even one raised meanwhile. The one difference from the file, which keeps a bucket
-until its slot is needed: a bucket still in debt when it expires (more than MAX_EXPIRY_MS, or its
-limit lowered meanwhile) starts full.
+One Redis key per bucket, its value "<level> <last_ns> <period_ns> <capacity>" (a value without the
+capacity, written before it was kept, reads as kept under the capacity asked for now), written by
+every operation (as the file's slot is) with an expiry (PX): when the bucket would be full again, at
+least one period later, plus EXPIRY_SLACK_MS; so keys of idle API keys never accumulate. A missing
+key is a new, full bucket, and forgetting a bucket that is full is invisible: after one period
+without use a bucket is full under any limit that refills its capacity within its period (every
+limit the gateway sets), even one raised meanwhile. The one difference from the file, which keeps a
+bucket until its slot is needed: a bucket still in debt when it expires (more than MAX_EXPIRY_MS, or
+its limit lowered meanwhile) starts full.
 
 The clock: `now_ns=None` (what the gateway passes) reads the Redis server's clock (TIME) inside
 the script, to the millisecond, so every instance measures time on one clock and their own clocks
@@ -92,13 +93,15 @@ do
   local full = quick and capacity * period
   local level, last = full, now
   if quick and stored then
-    local l, t, p = string.match(stored, '^(%-?%d+) (%d+) (%d+)$')
+    local l, t, p, c = string.match(stored, '^(%-?%d+) (%d+) (%d+) ?(%d*)$')
     if l and p == period_s then
       level, last = millis(l), millis(t)
-      if level == nil or last == nil or level < -LIMIT then
+      local was = c == '' and capacity or small(c) -- a bucket kept before capacities were: as now
+      if level == nil or last == nil or was == nil or level < -LIMIT then
         quick = false
-      elseif level > full then
-        level = full
+      else
+        if capacity > was then level = level + (capacity - was) * period end -- a raised limit
+        if level > full then level = full end
       end
     end
   end
@@ -159,7 +162,8 @@ do
     if keep < period then keep = period end
     keep = math.min(keep + slack, longest)
     local function ns(v) if v == 0 then return '0' end return text(v) .. '000000' end
-    redis.call('SET', key, ns(level) .. ' ' .. ns(last) .. ' ' .. period_s, 'PX', text(keep))
+    local value = ns(level) .. ' ' .. ns(last) .. ' ' .. period_s .. ' ' .. ARGV[2]
+    redis.call('SET', key, value, 'PX', text(keep))
     return result
   end
 end
@@ -308,12 +312,17 @@ local period = parse(period_s)
 local now = parse(now_s)
 local full = S(false, mul(capacity, period))
 
--- The bucket: as stored (cut to a lowered capacity), or full when new or its period changed.
+-- The bucket: as stored (a raised capacity adds what it raised; cut to a lowered one), or full
+-- when new or its period changed.
 local level, last
 if stored then
-  local l, t, p = string.match(stored, '^(%-?%d+) (%d+) (%d+)$')
+  local l, t, p, c = string.match(stored, '^(%-?%d+) (%d+) (%d+) ?(%d*)$')
   if l and p == period_s then
     level, last = sparse(l), parse(t)
+    if c ~= '' then
+      local was = parse(c)
+      if cmp(capacity, was) > 0 then level = sadd(level, S(false, mul(sub(capacity, was), period))) end
+    end
     if scmp(level, full) > 0 then level = full end
   end
 end
@@ -378,7 +387,8 @@ if cmp(keep, ms(period)) < 0 then keep = ms(period) end
 keep = add(keep, parse(ARGV[7]))
 local longest = parse(ARGV[8])
 if cmp(keep, longest) > 0 then keep = longest end
-redis.call('SET', key, sfmt(level) .. ' ' .. fmt(last) .. ' ' .. period_s, 'PX', fmt(keep))
+local value = sfmt(level) .. ' ' .. fmt(last) .. ' ' .. period_s .. ' ' .. fmt(capacity)
+redis.call('SET', key, value, 'PX', fmt(keep))
 return result
 """
 

@@ -101,6 +101,25 @@ def test_requests_per_minute_with_an_injected_clock(store_kind: str | None, tmp_
     asyncio.run(go())
 
 
+def test_a_raised_limit_applies_to_the_next_request(store_kind: str | None, tmp_path: Path) -> None:
+    """Review: an account's limit raised from 6 to 100 requests a minute still refused the next
+    requests until its bucket refilled. What was taken stays taken; the rest is there at once."""
+
+    async def go() -> None:
+        clock = Clock()
+        async with bucket_stores(store_kind, tmp_path) as open_store:
+            limiter = RateLimiter(open_store(), clock)
+            for _ in range(6):
+                await limiter.admit(ctx(6, None))
+            await refusal(limiter.admit(ctx(6, None)))
+            state = await limiter.admit(ctx(100, None))
+            assert state is not None and state.headers()["x-ratelimit-remaining-requests"] == "93"
+            lowered = await limiter.admit(ctx(6, None))  # lowered again: the level cut to 6
+            assert lowered is not None and lowered.headers()["x-ratelimit-remaining-requests"] == "5"
+
+    asyncio.run(go())
+
+
 def test_tokens_are_reserved_then_corrected(store_kind: str | None, tmp_path: Path) -> None:
     async def go() -> None:
         clock = Clock()

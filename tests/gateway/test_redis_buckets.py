@@ -234,8 +234,9 @@ def test_the_servers_clock_is_read_to_the_millisecond(redis_loop: Loop) -> None:
     async def go() -> None:
         await redis.try_take("clock-ms", 10, 10, MINUTE, 3, None)
         stored = await redis_loop.client.execute("GET", prefix + "clock-ms")
-        level, last, period = stored.split()
+        level, last, period, capacity = stored.split()
         assert last.endswith(b"000000") and level.endswith(b"000000") and int(period) == MINUTE
+        assert int(capacity) == 10
 
     redis_loop.run(go())
 
@@ -305,3 +306,24 @@ def test_an_unreachable_redis_raises_buckets_unavailable() -> None:
             await client.aclose()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_raised_limit_applies_at_once_and_an_old_value_reads_as_kept_under_todays(
+    redis_loop: Loop, quick: bool
+) -> None:
+    """Review: a limit raised from 6 to 100 requests a minute refused the next requests until the
+    bucket refilled; what was taken stays taken, the rest of the new limit is there at once. A
+    value written before capacities were kept ("<level> <last> <period>") still reads."""
+    prefix = prefix_of(redis_loop)
+    redis = RedisBuckets(redis_loop.client, prefix, quick=quick)
+
+    async def go() -> None:
+        assert (await redis.try_take("k", 6, 6, MINUTE, 6, 0)).allowed
+        assert not (await redis.try_take("k", 6, 6, MINUTE, 1, 0)).allowed
+        taken = await redis.try_take("k", 100, 100, MINUTE, 1, 0)
+        assert taken.allowed and taken.remaining == 93
+        await redis_loop.client.execute("SET", prefix + "old", f"0 0 {MINUTE}")
+        assert await redis.available("old", 100, 100, MINUTE, 0) == 0
+
+    redis_loop.run(go())

@@ -62,8 +62,10 @@ impl Slot {
         b
     }
 
-    /// This slot's bucket under `limit`: its state carried over (a level above a lowered capacity
-    /// is cut to it), or a full bucket for a fresh slot.
+    /// This slot's bucket under `limit`: its state carried over, or a full bucket for a fresh slot.
+    /// A raised capacity adds what it raised to the level (what was taken stays taken, the rest of
+    /// the new limit is there at once: an operator who raises a limit sees it apply); a level above
+    /// a lowered capacity is cut to it.
     fn bucket(&self, limit: Limit, now_ns: u64) -> Result<TokenBucket> {
         let fresh = TokenBucket::new(limit.capacity, limit.refill_tokens, limit.period_ns, now_ns)?;
         if self.key == 0 {
@@ -74,13 +76,12 @@ impl Slot {
         if self.limit.period_ns != limit.period_ns {
             return Ok(fresh);
         }
-        TokenBucket::from_state(
-            limit.capacity,
-            limit.refill_tokens,
-            limit.period_ns,
-            self.level.min(full),
-            self.last_ns,
-        )
+        let mut level = self.level;
+        if limit.capacity > self.limit.capacity {
+            // Both fulls are below 2^125 (TokenBucket::check), so the sum stays inside i128.
+            level += i128::from(limit.capacity - self.limit.capacity) * i128::from(limit.period_ns);
+        }
+        TokenBucket::from_state(limit.capacity, limit.refill_tokens, limit.period_ns, level.min(full), self.last_ns)
     }
 
     /// Whether this slot's bucket is full again at `now_ns` under its own last limit.
@@ -278,6 +279,30 @@ mod tests {
         assert!(t.try_take(key, lower, 3, 0).unwrap().allowed);
         let hourly = Limit { capacity: 5, refill_tokens: 5, period_ns: 60 * MINUTE };
         assert_eq!(t.available(key, hourly, 0).unwrap(), 5);
+    }
+
+    #[test]
+    fn a_raised_limit_applies_at_once_with_what_was_taken_still_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table(&dir, 64);
+        let key = key_hash(b"k");
+        let six = Limit { capacity: 6, refill_tokens: 6, period_ns: MINUTE };
+        assert!(t.try_take(key, six, 6, 0).unwrap().allowed);
+        assert!(!t.try_take(key, six, 1, 0).unwrap().allowed);
+        let hundred = Limit { capacity: 100, refill_tokens: 100, period_ns: MINUTE };
+        let taken = t.try_take(key, hundred, 1, 0).unwrap(); // review: refused until the refill
+        assert!(taken.allowed);
+        assert_eq!(taken.remaining, 93);
+        // A full bucket stays full, not above: raised again from a full 100.
+        let more = Limit { capacity: 150, refill_tokens: 150, period_ns: MINUTE };
+        assert_eq!(t.available(key, more, MINUTE).unwrap(), 150);
+        // Into debt under the old limit: the raise pays part of it, the rest stays owed.
+        assert_eq!(t.adjust(key, six, -20, 2 * MINUTE).unwrap(), 0); // cut to 6, then 6 - 20 = -14
+        assert_eq!(t.available(key, PER_MINUTE_10, 2 * MINUTE).unwrap(), 0); // -14 + 4 = -10
+        assert_eq!(
+            t.available(key, Limit { capacity: 30, refill_tokens: 30, period_ns: MINUTE }, 2 * MINUTE).unwrap(),
+            10
+        );
     }
 
     #[test]
