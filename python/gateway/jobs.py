@@ -215,7 +215,7 @@ async def get(
                     raise GatewayError("not_found", "The model's provider has no such job.")
                 if not is_success(response.status):
                     raise upstream_error(
-                        response.status, await response.read(), response.headers.get("retry-after")
+                        response.status, await response.read(), response.headers.get("retry-after"), headers
                     )
                 content = await read_capped(response, limit, "file")
                 return content, response.headers.get("content-type", "application/octet-stream")
@@ -243,7 +243,7 @@ async def delete(state: GatewayState, channel: ChannelConfig, path: str) -> None
     except (TimeoutError, *UPSTREAM_FAILURES) as exc:
         raise GatewayError("provider_error", "The model's provider could not be reached.") from exc
     if not is_success(response.status) and response.status != 404:
-        raise upstream_error(response.status, answer, response.headers.get("retry-after"))
+        raise upstream_error(response.status, answer, response.headers.get("retry-after"), headers)
 
 
 async def post(state: GatewayState, channel: ChannelConfig, path: str) -> bytes:

@@ -93,7 +93,7 @@ async def send(
             payload = b""
         finally:
             response.release()
-        raise upstream_error(response.status, payload, response.headers.get("retry-after"))
+        raise upstream_error(response.status, payload, response.headers.get("retry-after"), headers)
     return response
 
 
@@ -146,8 +146,35 @@ class UpstreamRefusal(GatewayError):
     that translated the request clears it (routes/translated.py)."""
 
 
-def upstream_error(status: int, payload: bytes, retry_after: str | None) -> GatewayError:
-    """An upstream failure in the spec's vocabulary. Upstream credentials never leak into it."""
+# The request headers that carry a channel's credential: the bearer token (OpenAI, Azure AD,
+# Vertex), Anthropic's x-api-key, Azure's api-key, Google's x-goog-api-key.
+CREDENTIAL_HEADERS: Final = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
+# Shorter values are no secret worth the search (and could match ordinary words of a message).
+_SHORTEST_SECRET: Final = 8
+REDACTED: Final = b"[redacted]"
+
+
+def without_credentials(payload: bytes, sent: Mapping[str, str]) -> bytes:
+    """An upstream's answer with the credentials the gateway sent it (`sent`: the request's
+    headers) blanked out: some upstreams quote the key or the header they refused in their error
+    message, which reaches the client and the request log (security review)."""
+    for name, value in sent.items():
+        if name.lower() not in CREDENTIAL_HEADERS:
+            continue
+        secret = value.partition(" ")[2] or value if name.lower() == "authorization" else value
+        for text in {value, secret}:
+            if len(text) >= _SHORTEST_SECRET:
+                payload = payload.replace(text.encode(), REDACTED)
+    return payload
+
+
+def upstream_error(
+    status: int, payload: bytes, retry_after: str | None, sent: Mapping[str, str] | None = None
+) -> GatewayError:
+    """An upstream failure in the spec's vocabulary. Upstream credentials never leak into it: the
+    ones the gateway sent (`sent`, the request's headers) are blanked out of what it quotes."""
+    if sent:
+        payload = without_credentials(payload, sent)
     if status in OVERLOADED_STATUSES:
         seconds = retry_after if retry_after and retry_after.isdigit() else "1"
         return GatewayError(
