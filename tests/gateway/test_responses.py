@@ -437,3 +437,20 @@ def test_a_continuation_the_upstream_no_longer_holds_is_refused_under_the_gatewa
             )
         assert first.id in err.value.message and upstream_id not in err.value.message
         assert isinstance(err.value.body, dict) and err.value.body["param"] == "previous_response_id"
+
+
+def test_a_conversation_id_is_not_forwarded(gw: Gateway, key: KeyHandle, sim: httpx.Client) -> None:
+    """Security review: `conversation` named an upstream conversation under the gateway's one
+    upstream key, unchecked, so an account could read into another's (or the operator's). The
+    gateway serves no conversations (every id one would come from is the upstream's own): the
+    parameter is not among those it forwards, and is dropped (spec 1.3)."""
+    marker = "conversation " + os.urandom(4).hex()
+    with gw.client(key.key) as c:
+        r = c.post(
+            "/v1/responses", json={"model": MODEL, "input": marker, "conversation": "conv_someone_else"}
+        )
+        info = c.get("/model_group/info", params={"model_group": MODEL})
+    assert r.status_code == 200, r.text
+    (body,) = received(sim, marker)
+    assert "conversation" not in body
+    assert "conversation" not in info.json()["data"][0]["supported_openai_params"]

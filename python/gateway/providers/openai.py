@@ -94,11 +94,12 @@ IMAGE_PARAMS: Final = GPT_IMAGE_PARAMS | DALL_E_PARAMS
 # Responses API parameters (types/responses/response_create_params.py). "model", "input" and
 # "previous_response_id" are the request itself.
 # `background` runs the response as a job (gateway.background), polled with GET /v1/responses/{id}.
+# Not `conversation`: it names a conversation the upstream keeps under the gateway's one key, which
+# the gateway serves none of and cannot scope to an account (security review).
 RESPONSES_PARAMS: Final = frozenset(
     {
         "background",
         "context_management",
-        "conversation",
         "include",
         "instructions",
         "max_output_tokens",
