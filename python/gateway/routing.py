@@ -126,11 +126,12 @@ class ChannelHealth:
 
     def usable(self, now: float, pinned: bool = False, capped: bool = True) -> bool:
         """Whether a request may go here now. A `pinned` request (its state lives on this channel)
-        passes a cooling breaker: it has nowhere else to go. `capped`: this worker's share of the
-        cap applies (without Redis, or while it is unreachable)."""
+        passes a cooling breaker and a busy mark (routing review: it got the gateway's own 429
+        while the upstream would have answered): it has nowhere else to go. `capped`: this
+        worker's share of the cap applies (without Redis, or while it is unreachable)."""
         if capped and self.cap is not None and self.in_flight >= self.cap:
             return False
-        if now < self.busy_until:
+        if now < self.busy_until and not pinned:
             return False
         if self.tripped and not pinned:
             return now >= self.cool_until and now >= self.probe_until and not self.probing

@@ -97,7 +97,8 @@ if cap > 0 then
   in_flight = redis.call('ZCARD', KEYS[2])
   if in_flight >= cap then return answer(0, 'full', 0, in_flight) end
 end
-if s[3] > 0 then return answer(0, 'busy', 0, in_flight) end
+-- A pinned request (its state lives here) passes a busy mark and a cooling breaker alike.
+if s[3] > 0 and ARGV[4] ~= '1' then return answer(0, 'busy', 0, in_flight) end
 local probe = 0
 if s[1] == 1 then
   if ARGV[4] ~= '1' then

@@ -247,6 +247,28 @@ def test_a_pinned_request_passes_a_cooling_breaker() -> None:
     assert {c["state"] for c in router.health()["a/model"]} == {"healthy"}
 
 
+def test_a_pinned_request_passes_a_busy_mark() -> None:
+    """Routing review: a channel an upstream 429 marked busy answered a Responses turn whose state
+    lives there with the gateway's own 429 "every channel at capacity", without asking it, while
+    the upstream would have answered: it has nowhere else to go, as under a cooling breaker."""
+    router, model, clock = make(channel("a"), channel("b", priority=1))
+
+    async def overloaded_on_b(ch: ChannelConfig) -> str:
+        if ch.name == "b":
+            raise GatewayError("provider_overloaded", "busy", headers={"retry-after": "15"}, retry="other")
+        return ch.name
+
+    async def go() -> None:
+        _, slot = await router.run(model, overloaded_on_b, [], model.channels[1])
+        slot.release()
+
+    with pytest.raises(GatewayError):
+        asyncio.run(go())
+    assert {c["name"]: c["state"] for c in router.health()["a/model"]}["b"] == "busy"
+    clock.now += 1
+    assert run(router, model, set(), only=model.channels[1]) == ["b"]
+
+
 def test_attempts_are_recorded_for_the_request_log() -> None:
     router, model, _ = make(channel("a"), channel("b", priority=1))
     attempts: list[Attempt] = []

@@ -381,3 +381,24 @@ def test_without_redis_the_local_view_serves_and_the_shared_one_comes_back(
         asyncio.run(go())
     unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(unreachable) == 1  # once, not once per request (b made no call meanwhile)
+
+
+def test_a_pinned_request_passes_a_busy_mark_made_on_another_process(redis_url: str) -> None:
+    """Routing review: a Responses turn whose state lives on a channel marked busy (an upstream
+    429 seen by another process) got the gateway's own 429 without asking the upstream."""
+    model = ModelConfig("a/model", "chat", (channel("a"), channel("b", priority=1)))
+
+    async def overloaded(ch: ChannelConfig) -> str:
+        raise GatewayError("provider_overloaded", "busy", headers={"retry-after": "15"}, retry="other")
+
+    async def go() -> None:
+        async with processes(redis_url, model) as (one, two):
+            with pytest.raises(GatewayError):
+                await one.run(model, overloaded, [], model.channels[1])
+            await until_shown(two, "b", "state", "busy")
+            calls: list[str] = []
+            _, slot = await two.run(model, answering(set(), calls), [], model.channels[1])
+            slot.release()
+            assert calls == ["b"]
+
+    asyncio.run(go())
