@@ -53,6 +53,9 @@ class _IdleTimeout(Exception):
 
 
 IDLE_MESSAGE: Final = "The model sent nothing within the stream idle window."
+# The status an attempt whose stream broke after its start is logged with: what the same failure
+# before the start is answered (502 provider_error; the idle window's 408 timeout).
+_FAILED_STATUS: Final[dict[str, int]] = {"provider_error": 502, "timeout": 408}
 
 
 class StreamRewriter(Protocol):
@@ -189,8 +192,10 @@ async def forward_stream(
         return stream_outcome(rewriter, call, counted_prompt, delivered, complete)
 
     async def body() -> AsyncGenerator[bytes, None]:
-        # The error that ends the stream, as (code, message), once the model fails mid-way.
+        # The error that ends the stream, as (code, message), once the model fails mid-way; the
+        # same in `channel_failure` when it is the upstream's (not the drain's, nor the route's).
         failure: tuple[ErrorCode, str] | None = None
+        channel_failure: tuple[ErrorCode, str] | None = None
         # A `yield` returns once the client was sent its chunk (a client gone raises there
         # instead), so `delivered` marks the output the client was sent: what is billed.
         delivered = 0
@@ -264,11 +269,14 @@ async def forward_stream(
             if state.drain.cut and not rewriter.done:
                 failure = ("service_unavailable", CUT_MESSAGE)
             elif rewriter.error is not None:
-                failure = ("provider_error", "The model failed during the stream.")
+                failure = channel_failure = ("provider_error", "The model failed during the stream.")
             elif idled:
-                failure = ("timeout", IDLE_MESSAGE)
+                failure = channel_failure = ("timeout", IDLE_MESSAGE)
             elif not rewriter.done:
-                failure = ("provider_error", "The model's stream ended before it was complete.")
+                failure = channel_failure = (
+                    "provider_error",
+                    "The model's stream ended before it was complete.",
+                )
         except _EndFailed as failed:
             failure = failed.failure
         except UPSTREAM_FAILURES as exc:
@@ -278,9 +286,9 @@ async def forward_stream(
             elif state.drain.cut:
                 failure = ("service_unavailable", CUT_MESSAGE)
             elif is_timeout(exc):
-                failure = ("timeout", IDLE_MESSAGE)
+                failure = channel_failure = ("timeout", IDLE_MESSAGE)
             else:
-                failure = ("provider_error", "The model's stream broke.")
+                failure = channel_failure = ("provider_error", "The model's stream broke.")
         finally:
             unfollow()
             response.release()  # closes the connection when the body was not read to its end
@@ -288,6 +296,11 @@ async def forward_stream(
             billing.settle_stream(state, call, model, rid, outcome(delivered, complete))
         if failure is not None:
             call.error_code = failure[0]
+            if channel_failure is not None and call.attempts:
+                # The attempt that started the stream failed after all: its entry in the request
+                # log says so (routing review: it read as the channel's success).
+                attempt = call.attempts[-1]
+                attempt.error, attempt.status = channel_failure[0], _FAILED_STATUS[channel_failure[0]]
             yield error_event(*failure, rewriter.chunks, rid)
 
     headers = {REQUEST_ID_HEADER: call.request_id, **SSE_HEADERS}
