@@ -271,6 +271,10 @@ class ResponsesStreamRewriter:
     def upstream_id(self) -> str | None:
         """The upstream's own id of this response (from the first response object seen)."""
     @property
+    def item_ids(self) -> list[str]:
+        """The ids of the response's output items so far (response.output_item.added / .done), in
+        order: what a later turn's item_reference may name."""
+    @property
     def model(self) -> str | None: ...
     @property
     def finish_reason(self) -> str | None:

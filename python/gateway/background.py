@@ -23,6 +23,7 @@ from .context import Call
 from .core import InvalidJsonError, RewrittenResponse, count_tokens, rewrite_response
 from .errors import GatewayError
 from .pricing import Usage, prices_text, reported_usage
+from .routes.kept_responses import output_item_ids, remember_items
 from .state import GatewayState
 from .store import JOB_RUNNING, Job
 from .translate import response_output_text
@@ -98,6 +99,9 @@ async def advance(
         await state.store.finish_job(
             job.id, status, error=None, record=record, now_ms=ended, body=rewritten.body
         )
+        # A background response is stored upstream (store false is refused): its items are the
+        # account's, for a later turn's item_reference (routes/kept_responses.py).
+        await remember_items(state, job.account_id, output_item_ids(answer))
     elif status == "failed":
         code, message = jobs.reported_error(answer, "server_error", "The model failed.")
         await jobs.fail(state, job, code, message, rewritten.body)

@@ -454,3 +454,25 @@ def test_a_conversation_id_is_not_forwarded(gw: Gateway, key: KeyHandle, sim: ht
     (body,) = received(sim, marker)
     assert "conversation" not in body
     assert "conversation" not in info.json()["data"][0]["supported_openai_params"]
+
+
+def test_an_upstream_item_is_named_only_by_its_own_account(gw: Gateway, oai: openai.OpenAI) -> None:
+    """Security review: an item_reference to an upstream's item id went to the upstream unchecked,
+    which keeps every account's items under the gateway's one key; another account could have it
+    read. The output items of a response (plain, streamed) are recorded as its account's; another
+    account naming one gets OpenAI's "not found"."""
+    plain = oai.responses.create(model=MODEL, input="item owner plain")
+    with oai.responses.stream(model=MODEL, input="item owner streamed") as stream:
+        streamed = stream.get_final_response()
+    other = gw.new_key()
+    with openai.OpenAI(base_url=gw.openai_base, api_key=other.key, max_retries=0) as stranger:
+        for made in (plain, streamed):
+            item_id = made.output[-1].id
+            assert item_id and item_id.startswith("msg_")
+            reference = [{"type": "item_reference", "id": item_id}, {"role": "user", "content": "again"}]
+            again = oai.responses.create(model=MODEL, input=reference)  # type: ignore[arg-type]
+            assert again.status == "completed"
+            with pytest.raises(openai.BadRequestError) as err:
+                stranger.responses.create(model=MODEL, input=reference)  # type: ignore[arg-type]
+            assert err.value.code == "invalid_request" and item_id in err.value.message
+            assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0]"

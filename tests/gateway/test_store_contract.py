@@ -731,6 +731,34 @@ def test_a_deleted_kept_response_leaves_a_gap_and_a_forgotten_state_is_gone(new_
     asyncio.run(main())
 
 
+def test_an_upstream_s_output_items_are_known_to_their_account_only(new_store: StoreFactory) -> None:
+    """The items of responses upstreams keep, recorded by account (security review: any account
+    could name another's by the upstream's id): known to theirs while unexpired, a later expiry
+    winning, purged with the response states."""
+
+    async def main() -> None:
+        async with started(new_store) as [store]:
+            mine, _ = await account_and_key(store, "1")
+            other, _ = await account_and_key(store, "1")
+            now = now_ms()
+            tag = os.urandom(6).hex()
+            first, second, third = f"msg_{tag}1", f"fc_{tag}2", f"rs_{tag}3"
+            await store.remember_items(mine, [first, second, first], now + 100)
+            await store.remember_items(mine, [], now + 100)
+            await store.remember_items(other, [third], now + 100)
+            assert await store.known_items(mine, [first, second, third, "msg_nope"], now) == {first, second}
+            assert await store.known_items(other, [first, third], now) == {third}
+            assert await store.known_items(mine, [], now) == set()
+            await store.remember_items(mine, [second], now + 500)  # named again by a later turn
+            await store.remember_items(mine, [second], now + 50)  # an earlier expiry changes nothing
+            assert await store.known_items(mine, [first, second], now + 100) == {second}
+            assert await store.purge_responses(now + 100) == 2
+            assert await store.known_items(mine, [first, second], now) == {second}
+            assert await store.known_items(other, [third], now) == set()
+
+    asyncio.run(main())
+
+
 def test_request_log_filters_and_paging(new_store: StoreFactory) -> None:
     from gateway.store import LogQuery
 

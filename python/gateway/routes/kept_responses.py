@@ -112,17 +112,42 @@ async def refuse_kept_items(
 ) -> None:
     """For a model whose upstream keeps its state (type responses): item_references naming items
     the gateway keeps for a chat model are out of that upstream's reach, 400 naming the model that
-    said them (an item the gateway did not make is the upstream's own, and goes to it)."""
+    said them. An item the gateway did not make is the upstream's own, and goes to it only when it
+    is an output item of a response made for this account (remember_items): the upstream keeps
+    every account's items under the gateway's one key, and would read another's (security
+    review); any other is "not found", as OpenAI answers an item it does not have."""
     given = payload.get("input")
-    owners = {
-        i: _owner(item_id) for i, item_id in (_references(given) if isinstance(given, list) else {}).items()
-    }
+    named = _references(given) if isinstance(given, list) else {}
+    if not named:
+        return
+    owners = {i: _owner(item_id) for i, item_id in named.items()}
     asked = sorted({owner for owner in owners.values() if owner is not None})
     kept = await state.store.kept_items(asked, call.ctx.account.id, now_ms()) if asked else {}
     if kept:
         first = min(i for i, owner in owners.items() if owner in kept)
         made = await state.store.find_kept_response(str(owners[first]), call.ctx.account.id, now_ms())
         raise _out_of_reach(model, f"input[{first}]", made)
+    # None is this account's kept item: each is the upstream's (its ids can look like the
+    # gateway's own, `msg_X`), to be one of this account's.
+    known = await state.store.known_items(call.ctx.account.id, list(named.values()), now_ms())
+    for i, item_id in sorted(named.items()):
+        if item_id not in known:
+            raise invalid_request(f"Item with id {quoted_id(item_id)} not found.", f"input[{i}]")
+
+
+def output_item_ids(response: Any) -> list[str]:
+    """The ids of a Responses object's output items (what a later turn's item_reference names)."""
+    output = response.get("output") if isinstance(response, dict) else None
+    if not isinstance(output, list):
+        return []
+    return [i["id"] for i in output if isinstance(i, dict) and isinstance(i.get("id"), str) and i["id"]]
+
+
+async def remember_items(state: GatewayState, account_id: str, item_ids: list[str]) -> None:
+    """Record the output items of a response an upstream keeps as this account's, for as long as
+    the response is kept (refuse_kept_items lets an item_reference name them)."""
+    if item_ids:
+        await state.store.remember_items(account_id, item_ids, now_ms() + RESPONSE_TTL_MS)
 
 
 async def previous_unknown(

@@ -84,11 +84,15 @@ def routes(state: GatewayState) -> list[Route]:
         stored_upstream = upstream.get("store") is not False
 
         async def remember(
-            upstream_id: str | None, channel: ChannelConfig, usage: Usage | None = None
+            upstream_id: str | None,
+            channel: ChannelConfig,
+            usage: Usage | None = None,
+            items: list[str] | None = None,
         ) -> None:
             """Record where the response lives upstream, and the conversation a turn continuing it
             has the upstream read: its prompt (earlier turns in it) and its output, or as much
-            output as it may make while that is not known yet."""
+            output as it may make while that is not known yet; and its output `items`, once known,
+            as this account's (kept_responses.refuse_kept_items)."""
             if stored_upstream and upstream_id:
                 context = (
                     usage.prompt_tokens + usage.completion_tokens
@@ -107,6 +111,15 @@ def routes(state: GatewayState) -> list[Route]:
                         context_tokens=context,
                     )
                 )
+                if items:
+                    await kept_responses.remember_items(state, call.ctx.account.id, items)
+
+        async def items_made(rewriter: ResponsesStreamRewriter) -> bytes:
+            """A stream's output items, recorded before its end goes out (the next turn may name
+            them at once)."""
+            if rewriter.upstream_id:
+                await kept_responses.remember_items(state, call.ctx.account.id, rewriter.item_ids)
+            return b""
 
         if payload.get("stream") is True:
             with said_as_gateway_ids:
@@ -122,6 +135,7 @@ def routes(state: GatewayState) -> list[Route]:
                     error_event=responses_error_event,
                     only=only,
                     on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
+                    on_end=items_made if stored_upstream else None,
                 )
 
         # A background response is a job upstream: never cancelled by the client leaving, so that
@@ -133,7 +147,8 @@ def routes(state: GatewayState) -> list[Route]:
             )
         try:
             answer = rewrite_response(answered.content, rid, previous)
-            status = orjson.loads(answer.body).get("status")
+            parsed = orjson.loads(answer.body)
+            status = parsed.get("status")
         except (InvalidJsonError, orjson.JSONDecodeError) as exc:
             raise GatewayError("provider_error", "The model's provider sent a malformed answer.") from exc
         if in_background and status in JOB_RUNNING:
@@ -162,7 +177,7 @@ def routes(state: GatewayState) -> list[Route]:
         )
         # Charged first: the model has run, so its cost is kept even if keeping the state fails.
         charged = billing.settle(state, call, model, rid, "completed", usage)
-        await remember(answer.upstream_id, answered.channel, usage)
+        await remember(answer.upstream_id, answered.channel, usage, kept_responses.output_item_ids(parsed))
         return Response(
             answer.body,
             media_type="application/json",

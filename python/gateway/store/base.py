@@ -293,8 +293,17 @@ class ResponseStates(Protocol):
     async def kept_items(self, response_ids: Sequence[str], account_id: str, now_ms: int) -> dict[str, bytes]:
         """The `items` of those of these kept responses that are this account's and unexpired."""
 
+    async def remember_items(self, account_id: str, item_ids: Sequence[str], expires_at_ms: int) -> None:
+        """Record that these output items of a response an upstream keeps (its own ids: `msg_...`,
+        `fc_...`) are this account's until `expires_at_ms` (a later expiry wins): a later turn's
+        item_reference may name them. Committed when this returns."""
+
+    async def known_items(self, account_id: str, item_ids: Sequence[str], now_ms: int) -> set[str]:
+        """Those of these item ids recorded as this account's and unexpired."""
+
     async def purge_responses(self, now_ms: int) -> int:
-        """Delete every response state and kept response expired at `now_ms`; returns how many."""
+        """Delete every response state, kept response and recorded item expired at `now_ms`;
+        returns how many."""
 
 
 class Jobs(Protocol):

@@ -40,6 +40,7 @@ TABLES = (
     "leases",
     "idempotency",
     "response_states",
+    "response_items",
     "kept_conversations",
     "kept_responses",
     "images",

@@ -339,7 +339,8 @@ stream_rewriter!(
     fn new(response_id: &str, previous_response_id: Option<&str>) -> Self {
         Self(responses::ResponsesStreamRewriter::new(response_id, previous_response_id))
     },
-    getter upstream_id: Option<String>
+    getter upstream_id: Option<String>,
+    getter item_ids: Vec<String>
 );
 
 #[pyclass(module = "gateway._core", frozen, get_all)]

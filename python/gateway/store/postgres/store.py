@@ -792,6 +792,31 @@ class PostgresStore(PostgresConsole):
         )
         return {row[0]: row[1] for row in found}
 
+    async def remember_items(self, account_id: str, item_ids: Sequence[str], expires_at_ms: int) -> None:
+        if not item_ids:
+            return
+        await self._execute(
+            "INSERT INTO response_items (account_id, item_id, expires_at_ms)"
+            " SELECT $1, item, $3 FROM unnest($2::text[]) AS item"
+            " ON CONFLICT (account_id, item_id)"
+            " DO UPDATE SET expires_at_ms = greatest(response_items.expires_at_ms, excluded.expires_at_ms)",
+            account_id,
+            list(dict.fromkeys(item_ids)),
+            expires_at_ms,
+        )
+
+    async def known_items(self, account_id: str, item_ids: Sequence[str], now_ms: int) -> set[str]:
+        if not item_ids:
+            return set()
+        found = await self._fetch(
+            "SELECT item_id FROM response_items"
+            " WHERE account_id = $1 AND item_id = ANY($2::text[]) AND expires_at_ms > $3",
+            account_id,
+            list(item_ids),
+            now_ms,
+        )
+        return {row[0] for row in found}
+
     async def purge_responses(self, now_ms: int) -> int:
         async def work(conn: asyncpg.Connection) -> int:
             kept = await conn.execute(
@@ -800,7 +825,8 @@ class PostgresStore(PostgresConsole):
                 now_ms,
             )
             await conn.execute("DELETE FROM kept_conversations WHERE expires_at_ms <= $1", now_ms)
-            return rows.count(kept)
+            items = await conn.execute("DELETE FROM response_items WHERE expires_at_ms <= $1", now_ms)
+            return rows.count(kept) + rows.count(items)
 
         kept = await self._tx(work)
         return kept + rows.count(

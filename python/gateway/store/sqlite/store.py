@@ -615,6 +615,33 @@ class SqliteStore(SqliteConsole):
             found.update(rows)
         return found
 
+    async def remember_items(self, account_id: str, item_ids: Sequence[str], expires_at_ms: int) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO response_items (account_id, item_id, expires_at_ms) VALUES (?, ?, ?)"
+                " ON CONFLICT (account_id, item_id)"
+                " DO UPDATE SET expires_at_ms = max(expires_at_ms, excluded.expires_at_ms)",
+                [(account_id, item_id, expires_at_ms) for item_id in dict.fromkeys(item_ids)],
+            )
+
+        if item_ids:
+            await self._write(op)
+
+    async def known_items(self, account_id: str, item_ids: Sequence[str], now_ms: int) -> set[str]:
+        known: set[str] = set()
+        for chunk in _chunks(list(dict.fromkeys(item_ids))):
+            rows = (
+                self._read()
+                .execute(
+                    f"SELECT item_id FROM response_items WHERE item_id IN ({_marks(chunk)})"
+                    " AND account_id = ? AND expires_at_ms > ?",
+                    (*chunk, account_id, now_ms),
+                )
+                .fetchall()
+            )
+            known.update(row[0] for row in rows)
+        return known
+
     async def purge_responses(self, now_ms: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
             deleted: int = conn.execute(
@@ -623,6 +650,7 @@ class SqliteStore(SqliteConsole):
                 (now_ms,),
             ).rowcount
             conn.execute("DELETE FROM kept_conversations WHERE expires_at_ms <= ?", (now_ms,))
+            deleted += conn.execute("DELETE FROM response_items WHERE expires_at_ms <= ?", (now_ms,)).rowcount
             return (
                 deleted
                 + conn.execute("DELETE FROM response_states WHERE expires_at_ms <= ?", (now_ms,)).rowcount

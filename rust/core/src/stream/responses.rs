@@ -70,6 +70,12 @@ struct ResponseView<'a> {
 }
 
 #[derive(Deserialize)]
+struct ItemView<'a> {
+    #[serde(default, borrow)]
+    id: Text<'a>,
+}
+
+#[derive(Deserialize)]
 struct EventView<'a> {
     #[serde(default, rename = "type", borrow)]
     kind: Text<'a>,
@@ -77,6 +83,9 @@ struct EventView<'a> {
     response: Option<ResponseView<'a>>,
     #[serde(default, borrow)]
     delta: Text<'a>,
+    /// `response.output_item.added` / `.done`: the output item, whose id a later turn may name.
+    #[serde(default, borrow)]
+    item: Lenient<ItemView<'a>>,
 }
 
 /// A whole (non-streamed) response with the gateway's id, and what the client must not see.
@@ -128,6 +137,9 @@ pub struct ResponsesStreamRewriter {
     usage: Option<TokenUsage>,
     /// The upstream's own response id, which the next turn must name to the channel holding it.
     upstream_id: Option<String>,
+    /// The ids of the response's output items, in order (an `item_reference` of a later turn names
+    /// them: the gateway records whose they are).
+    item_ids: Vec<String>,
 }
 
 impl ResponsesStreamRewriter {
@@ -138,6 +150,7 @@ impl ResponsesStreamRewriter {
             encoded_previous: previous_id.map(encode_id),
             usage: None,
             upstream_id: None,
+            item_ids: Vec::new(),
         }
     }
 
@@ -145,7 +158,16 @@ impl ResponsesStreamRewriter {
         self.upstream_id.clone()
     }
 
+    pub fn item_ids(&self) -> Vec<String> {
+        self.item_ids.clone()
+    }
+
     fn read(&mut self, view: EventView<'_>, delta: Delta) {
+        if let Some(id) = view.item.0.and_then(|item| item.id.into_owned()) {
+            if !self.item_ids.contains(&id) {
+                self.item_ids.push(id);
+            }
+        }
         if let Some(response) = view.response {
             if self.upstream_id.is_none() {
                 self.upstream_id = response.id.into_owned();
@@ -283,6 +305,8 @@ mod tests {
             }
         }
         assert_eq!(rw.upstream_id().as_deref(), Some(UPSTREAM_ID));
+        // Its output item, named in .added and .done: once.
+        assert_eq!(rw.item_ids(), vec!["msg_67c9fdcf37fc8190ba82116e33fb28c507b8b0ad4e5eb654".to_string()]);
         let u = rw.usage().unwrap();
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.reasoning_tokens), (37, 5, 11, 2));
         assert_eq!(rw.state().output_text, "Hi there!");
