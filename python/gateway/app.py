@@ -82,7 +82,7 @@ def _shared_state(settings: Settings) -> tuple[RedisClient | None, BucketStore, 
     Its modules are imported only then."""
     if not settings.redis_url:
         return None, FileBuckets(_beside(settings.store_path, ".ratelimits")), None
-    from .redis_buckets import RedisBuckets
+    from .redis_buckets import RATE_LIMIT_KEYS, RedisBuckets
     from .redis_client import connect
     from .shared_channels import SharedChannels
 
@@ -90,7 +90,7 @@ def _shared_state(settings: Settings) -> tuple[RedisClient | None, BucketStore, 
     redis = connect(settings.redis_url)
     return (
         redis,
-        RedisBuckets(redis, f"{settings.redis_prefix}:rl:"),
+        RedisBuckets(redis, f"{settings.redis_prefix}:{RATE_LIMIT_KEYS}:"),
         SharedChannels(redis, f"{settings.redis_prefix}:channel:"),
     )
 

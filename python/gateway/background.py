@@ -96,12 +96,13 @@ async def advance(
         # A cancelled response is charged what the upstream says it used; saying nothing, nothing.
         charged = reported is not None or status != "cancelled"
         record = billing.job_usage_record(job, model, status, usage, ended) if charged else None
+        # A background response is stored upstream (store false is refused): its items are the
+        # account's, for a later turn's item_reference (routes/kept_responses.py). Before the job
+        # ends, so that a store away now leaves both for the next poll (the record is idempotent).
+        await remember_items(state, job.account_id, output_item_ids(answer))
         await state.store.finish_job(
             job.id, status, error=None, record=record, now_ms=ended, body=rewritten.body
         )
-        # A background response is stored upstream (store false is refused): its items are the
-        # account's, for a later turn's item_reference (routes/kept_responses.py).
-        await remember_items(state, job.account_id, output_item_ids(answer))
     elif status == "failed":
         code, message = jobs.reported_error(answer, "server_error", "The model failed.")
         await jobs.fail(state, job, code, message, rewritten.body)

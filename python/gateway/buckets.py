@@ -8,11 +8,10 @@
 
 A bucket is named by `key` and behaves as the Rust core's `TokenBucket(capacity, refill_tokens,
 refill_period_ns, now)`: it starts full, refills `refill_tokens` every `refill_period_ns`
-continuously, in exact integer arithmetic; a raised capacity adds what it raised to the level (what
-was taken stays taken, the rest of the new limit is there at once), a level above a lowered
-capacity is cut to it, and a bucket whose period changed starts full. Times are nanoseconds of
-the wall clock; `now_ns=None` means the store's own clock (this machine's for the file, the Redis
-server's for Redis). Time going backwards counts as no time.
+continuously, in exact integer arithmetic; under a changed capacity the level moves by the change,
+up or down (what was taken stays taken), and a bucket whose period changed starts full. Times are
+nanoseconds of the wall clock; `now_ns=None` means the store's own clock (this machine's for the
+file, the Redis server's for Redis). Time going backwards counts as no time.
 """
 
 from __future__ import annotations

@@ -386,9 +386,21 @@ def _demo_upstream_keys(settings: Settings, sim_port: int) -> None:
                 os.environ.pop("AWS_SESSION_TOKEN", None)
             if channel.provider == "vertex" and channel.credentials_file is None:
                 key_file = settings.store_path.parent / "demo-vertex-key.json"
-                if not key_file.exists():
-                    _write_service_account(key_file, f"http://127.0.0.1:{sim_port}/token")
+                token_uri = f"http://127.0.0.1:{sim_port}/token"
+                # Made again for another simulator port (code review: a demo on a new --sim-port
+                # asked the first run's port for its tokens).
+                if _token_uri(key_file) != token_uri:
+                    _write_service_account(key_file, token_uri)
                 os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(key_file)
+
+
+def _token_uri(key_file: Path) -> object:
+    """The token endpoint a service account key file names; None when there is no such file."""
+    try:
+        account = json.loads(key_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return account.get("token_uri") if isinstance(account, dict) else None
 
 
 def _write_service_account(path: Path, token_uri: str) -> None:

@@ -12,7 +12,8 @@ Kept: every answer of a request that claimed its key, errors included (spec 7.5.
 refusals too), except 5xx (the retry runs again), 429s and answers over 8 MB (the request ran;
 nothing to replay). A 429 tells its client to wait and send the request again (spec 7.2, 7.4: a
 `rate_limited` one has a Retry-After): kept, that retry got the same 429 back for 24 hours, without
-the Retry-After 7.2 promises (review). A request refused at the door, for its key or its key's
+the Retry-After 7.2 promises (review). A departure from 7.5.4's letter (only 5xx exempt), where it
+conflicts with 7.2 and 7.4. A request refused at the door, for its key or its key's
 requests per minute, never claims one: those answers are not kept either.
 """
 

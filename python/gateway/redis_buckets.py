@@ -15,8 +15,7 @@ is exact in doubles (~40 us). The gateway's buckets are always such (minute peri
 clock read to the millisecond); anything else takes the bignum path, with the same answers
 (property-tested against the Rust core both ways).
 
-One Redis key per bucket, its value "<level> <last_ns> <period_ns> <capacity>" (a value without the
-capacity, written before it was kept, reads as kept under the capacity asked for now), written by
+One Redis key per bucket, its value "<level> <last_ns> <period_ns> <capacity>", written by
 every operation (as the file's slot is) with an expiry (PX): when the bucket would be full again, at
 least one period later, plus EXPIRY_SLACK_MS; so keys of idle API keys never accumulate. A missing
 key is a new, full bucket, and forgetting a bucket that is full is invisible: after one period
@@ -48,6 +47,12 @@ I64_MIN: Final = -(2**63)
 I64_MAX: Final = 2**63 - 1
 # The Rust core's bound on a full level (i128::MAX / 4).
 MAX_FULL: Final = (2**127 - 1) // 4
+# What the buckets' keys are named under ("<prefix>:rl2:<key id>:requests"). rl2: the value keeps
+# the capacity it was written under since 2026-12-02 (a changed limit moves the level by the change);
+# a release that kept three fields reads four as no bucket, and this one three, so the two count
+# apart while both run (a rolling upgrade: each allows the limit, at most twice it together) rather
+# than each reading the other's buckets as full.
+RATE_LIMIT_KEYS: Final = "rl2"
 # Added to a key's expiry: a bucket kept a little past the moment it is full again is still full.
 EXPIRY_SLACK_MS: Final = 1_000
 # The longest a bucket is kept (one in debt for longer starts full again afterwards): a week.
@@ -93,15 +98,16 @@ do
   local full = quick and capacity * period
   local level, last = full, now
   if quick and stored then
-    local l, t, p, c = string.match(stored, '^(%-?%d+) (%d+) (%d+) ?(%d*)$')
+    local l, t, p, c = string.match(stored, '^(%-?%d+) (%d+) (%d+) (%d+)$')
     if l and p == period_s then
       level, last = millis(l), millis(t)
-      local was = c == '' and capacity or small(c) -- a bucket kept before capacities were: as now
-      if level == nil or last == nil or was == nil or level < -LIMIT then
+      local was = small(c)
+      if level == nil or last == nil or was == nil or was * period > LIMIT or level < -LIMIT then
         quick = false
       else
-        if capacity > was then level = level + (capacity - was) * period end -- a raised limit
-        if level > full then level = full end
+        -- Under a changed capacity what was taken stays taken: the level moves by the change.
+        level = level + (capacity - was) * period
+        if level < -LIMIT then quick = false elseif level > full then level = full end
       end
     end
   end
@@ -312,18 +318,16 @@ local period = parse(period_s)
 local now = parse(now_s)
 local full = S(false, mul(capacity, period))
 
--- The bucket: as stored (a raised capacity adds what it raised; cut to a lowered one), or full
--- when new or its period changed.
+-- The bucket: as stored, moved by a changed capacity (what was taken stays taken), or full when
+-- new or its period changed.
 local level, last
 if stored then
-  local l, t, p, c = string.match(stored, '^(%-?%d+) (%d+) (%d+) ?(%d*)$')
+  local l, t, p, c = string.match(stored, '^(%-?%d+) (%d+) (%d+) (%d+)$')
   if l and p == period_s then
     level, last = sparse(l), parse(t)
-    if c ~= '' then
-      local was = parse(c)
-      if cmp(capacity, was) > 0 then level = sadd(level, S(false, mul(sub(capacity, was), period))) end
-    end
+    level = sadd(level, sadd(full, sneg(S(false, mul(parse(c), period)))))
     if scmp(level, full) > 0 then level = full end
+    if scmp(level, MIN_LEVEL) < 0 then level = MIN_LEVEL end
   end
 end
 if not level then level, last = full, now end
@@ -407,7 +411,7 @@ class RedisBuckets:
     def __init__(
         self,
         client: RedisClient,
-        prefix: str = "gw:rl:",
+        prefix: str = f"gw:{RATE_LIMIT_KEYS}:",
         expiry_slack_ms: int = EXPIRY_SLACK_MS,
         max_expiry_ms: int = MAX_EXPIRY_MS,
         quick: bool = True,

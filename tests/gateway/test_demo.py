@@ -196,3 +196,27 @@ def test_a_reload_of_a_demo_on_another_simulator_port_takes_the_file_as_edited(t
             timeout=30,
         )
         assert chat.status_code == 200, chat.text  # the new workers still reach the demo's simulator
+
+
+def test_the_demo_s_vertex_key_follows_the_simulator_s_port(tmp_path: Path) -> None:
+    """Code review: the service account file the demo makes was written once, so a demo on another
+    --sim-port asked the first run's port for its tokens."""
+    import json
+
+    from gateway.cli import _demo_upstream_keys
+    from gateway.config import load_settings
+
+    config = tmp_path / "demo.toml"
+    config.write_text(
+        (ROOT / "config" / "demo.toml").read_text().replace('"../var/demo.db"', f'"{tmp_path}/demo.db"')
+    )
+    settings = load_settings(config)
+    saved = dict(os.environ)
+    try:
+        for port in (9931, 9932, 9932):
+            _demo_upstream_keys(settings, port)
+            key_file = Path(os.environ["GOOGLE_APPLICATION_CREDENTIALS"])
+            assert json.loads(key_file.read_text())["token_uri"] == f"http://127.0.0.1:{port}/token"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

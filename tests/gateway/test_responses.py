@@ -476,3 +476,11 @@ def test_an_upstream_item_is_named_only_by_its_own_account(gw: Gateway, oai: ope
                 stranger.responses.create(model=MODEL, input=reference)  # type: ignore[arg-type]
             assert err.value.code == "invalid_request" and item_id in err.value.message
             assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0]"
+        # A reasoning item sent back by its id alone, which OpenAI reads from what it stored.
+        thought = oai.responses.create(model=MODEL, input="item owner [sim reasoning=3]")
+        reasoning = next(item for item in thought.output if item.type == "reasoning")
+        by_id = [{"type": "reasoning", "id": reasoning.id, "summary": []}, {"role": "user", "content": "go"}]
+        assert oai.responses.create(model=MODEL, input=by_id).status == "completed"  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError) as err:
+            stranger.responses.create(model=MODEL, input=by_id)  # type: ignore[arg-type]
+        assert reasoning.id in err.value.message

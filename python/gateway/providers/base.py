@@ -147,8 +147,11 @@ class UpstreamRefusal(GatewayError):
 
 
 # The request headers that carry a channel's credential: the bearer token (OpenAI, Azure AD,
-# Vertex), Anthropic's x-api-key, Azure's api-key, Google's x-goog-api-key.
-CREDENTIAL_HEADERS: Final = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
+# Vertex), Anthropic's x-api-key, Azure's api-key, Google's x-goog-api-key, and AWS's session token
+# (Bedrock with temporary credentials; its signature is no secret, its secret key never sent).
+CREDENTIAL_HEADERS: Final = frozenset(
+    {"authorization", "x-api-key", "api-key", "x-goog-api-key", "x-amz-security-token"}
+)
 # Shorter values are no secret worth the search (and could match ordinary words of a message).
 _SHORTEST_SECRET: Final = 8
 REDACTED: Final = b"[redacted]"

@@ -115,10 +115,15 @@ async def refuse_kept_items(
     said them. An item the gateway did not make is the upstream's own, and goes to it only when it
     is an output item of a response made for this account (remember_items): the upstream keeps
     every account's items under the gateway's one key, and would read another's (security
-    review); any other is "not found", as OpenAI answers an item it does not have."""
+    review); any other is "not found", as OpenAI answers an item it does not have. So is a
+    reasoning item sent back by its id alone (no `encrypted_content`), which OpenAI reads from
+    what it stored."""
     given = payload.get("input")
-    named = _references(given) if isinstance(given, list) else {}
-    if not named:
+    if not isinstance(given, list):
+        return
+    named = _references(given)
+    looked_up = {**named, **_reasoning_by_id(given)}
+    if not looked_up:
         return
     owners = {i: _owner(item_id) for i, item_id in named.items()}
     asked = sorted({owner for owner in owners.values() if owner is not None})
@@ -129,10 +134,25 @@ async def refuse_kept_items(
         raise _out_of_reach(model, f"input[{first}]", made)
     # None is this account's kept item: each is the upstream's (its ids can look like the
     # gateway's own, `msg_X`), to be one of this account's.
-    known = await state.store.known_items(call.ctx.account.id, list(named.values()), now_ms())
-    for i, item_id in sorted(named.items()):
+    known = await state.store.known_items(call.ctx.account.id, list(looked_up.values()), now_ms())
+    for i, item_id in sorted(looked_up.items()):
         if item_id not in known:
             raise invalid_request(f"Item with id {quoted_id(item_id)} not found.", f"input[{i}]")
+
+
+def _reasoning_by_id(items: list[Any]) -> dict[int, str]:
+    """The ids of reasoning items sent back without their `encrypted_content`, by their place:
+    OpenAI reads such an item from what it stored under that id (code review), as it does an
+    item_reference's."""
+    return {
+        i: item["id"]
+        for i, item in enumerate(items)
+        if isinstance(item, dict)
+        and item.get("type") == "reasoning"
+        and isinstance(item.get("id"), str)
+        and item["id"]
+        and not item.get("encrypted_content")
+    }
 
 
 def output_item_ids(response: Any) -> list[str]:

@@ -9,6 +9,7 @@ the model supports `tools`, and their results come back in the output untouched.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -49,6 +50,8 @@ from .streaming import forward_stream
 from .text import check_and_hold
 from .translated import chat_body, forward_to_chat_model
 from .upstream import call_upstream
+
+log = logging.getLogger("gateway.responses")
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -109,16 +112,21 @@ def routes(state: GatewayState) -> list[Route]:
                         upstream_id=upstream_id,
                         expires_at_ms=now_ms() + kept_responses.RESPONSE_TTL_MS,
                         context_tokens=context,
+                        item_ids=tuple(items or ()),
                     )
                 )
-                if items:
-                    await kept_responses.remember_items(state, call.ctx.account.id, items)
 
         async def items_made(rewriter: ResponsesStreamRewriter) -> bytes:
             """A stream's output items, recorded before its end goes out (the next turn may name
-            them at once)."""
+            them at once). A store that cannot take them leaves the answer whole (code review: the
+            stream ended in an error instead): only a later item_reference to them is refused."""
             if rewriter.upstream_id:
-                await kept_responses.remember_items(state, call.ctx.account.id, rewriter.item_ids)
+                try:
+                    await kept_responses.remember_items(state, call.ctx.account.id, rewriter.item_ids)
+                except Exception:
+                    log.warning(
+                        "request %s: its output items could not be recorded", call.request_id, exc_info=True
+                    )
             return b""
 
         if payload.get("stream") is True:
@@ -226,7 +234,8 @@ def routes(state: GatewayState) -> list[Route]:
             held = await state.store.find_response(response_id, account, now_ms())
             if held is None:
                 raise not_found_response(response_id)
-            await jobs.delete(state, _holder(state, held), f"/responses/{held.upstream_id}")
+            with _GatewayIds(held.upstream_id, held.id):
+                await jobs.delete(state, _holder(state, held), f"/responses/{held.upstream_id}")
             await state.store.forget_response(response_id, account)
         body = {"id": response_id, "object": "response", "deleted": True}
         return Response(orjson.dumps(body), media_type="application/json")
@@ -404,7 +413,8 @@ async def _kept_upstream(state: GatewayState, held: ResponseState, query: str) -
     when the gateway still knows it; its 404 (deleted or expired there) in OpenAI's words."""
     path = f"/responses/{held.upstream_id}" + (f"?{query}" if query else "")
     try:
-        content, _ = await jobs.get(state, _holder(state, held), path, jobs.MAX_STATE_BYTES)
+        with _GatewayIds(held.upstream_id, held.id):
+            content, _ = await jobs.get(state, _holder(state, held), path, jobs.MAX_STATE_BYTES)
     except GatewayError as failure:
         if failure.code == "not_found":
             raise not_found_response(held.id) from None

@@ -318,6 +318,9 @@ class ResponseState:
     # prompt and output, or its output limit while its output is not known (a stream, a background
     # response). Recorded before its answer goes out, so the next turn's hold never misses them.
     context_tokens: int = 0
+    # Its output items' ids, when known as it is recorded (a plain answer's): recorded as its
+    # account's in the same step (Store.remember_items), never read back with the state.
+    item_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{CoreError, Result};
-use crate::ratelimit::{TakeResult, TokenBucket};
+use crate::ratelimit::{TakeResult, TokenBucket, MIN_LEVEL};
 
 const MAGIC: &[u8; 8] = b"GWBKT001";
 const HEADER: u64 = 64;
@@ -63,9 +63,10 @@ impl Slot {
     }
 
     /// This slot's bucket under `limit`: its state carried over, or a full bucket for a fresh slot.
-    /// A raised capacity adds what it raised to the level (what was taken stays taken, the rest of
-    /// the new limit is there at once: an operator who raises a limit sees it apply); a level above
-    /// a lowered capacity is cut to it.
+    /// Under a changed capacity what was taken stays taken: the level moves by the change, up or
+    /// down (raised, the rest of the new limit is there at once; lowered, a key that took more
+    /// than the new limit waits for it). Never cut nor topped up, so callers asking under the old
+    /// and the new limit in turn, as workers do while a change reaches them, make no tokens.
     fn bucket(&self, limit: Limit, now_ns: u64) -> Result<TokenBucket> {
         let fresh = TokenBucket::new(limit.capacity, limit.refill_tokens, limit.period_ns, now_ns)?;
         if self.key == 0 {
@@ -76,12 +77,11 @@ impl Slot {
         if self.limit.period_ns != limit.period_ns {
             return Ok(fresh);
         }
-        let mut level = self.level;
-        if limit.capacity > self.limit.capacity {
-            // Both fulls are below 2^125 (TokenBucket::check), so the sum stays inside i128.
-            level += i128::from(limit.capacity - self.limit.capacity) * i128::from(limit.period_ns);
-        }
-        TokenBucket::from_state(limit.capacity, limit.refill_tokens, limit.period_ns, level.min(full), self.last_ns)
+        let was = i128::from(self.limit.capacity) * i128::from(limit.period_ns);
+        // Each full is below 2^125 (a slot's limit was checked when it was written), so the shift
+        // fits; saturating all the same, for a damaged slot.
+        let level = self.level.saturating_add(full.saturating_sub(was)).clamp(MIN_LEVEL, full);
+        TokenBucket::from_state(limit.capacity, limit.refill_tokens, limit.period_ns, level, self.last_ns)
     }
 
     /// Whether this slot's bucket is full again at `now_ns` under its own last limit.
@@ -269,40 +269,54 @@ mod tests {
     }
 
     #[test]
-    fn a_lowered_limit_cuts_the_level_and_a_new_period_starts_full() {
+    fn a_changed_limit_keeps_what_was_taken_and_a_new_period_starts_full() {
         let dir = tempfile::tempdir().unwrap();
         let t = table(&dir, 64);
         let key = key_hash(b"k");
         assert_eq!(t.available(key, PER_MINUTE_10, 0).unwrap(), 10);
-        let lower = Limit { capacity: 3, refill_tokens: 3, period_ns: MINUTE };
-        assert_eq!(t.available(key, lower, 0).unwrap(), 3);
-        assert!(t.try_take(key, lower, 3, 0).unwrap().allowed);
-        let hourly = Limit { capacity: 5, refill_tokens: 5, period_ns: 60 * MINUTE };
-        assert_eq!(t.available(key, hourly, 0).unwrap(), 5);
-    }
-
-    #[test]
-    fn a_raised_limit_applies_at_once_with_what_was_taken_still_taken() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = table(&dir, 64);
-        let key = key_hash(b"k");
         let six = Limit { capacity: 6, refill_tokens: 6, period_ns: MINUTE };
+        // Raised: what was taken stays taken, the rest of the new limit is there at once.
         assert!(t.try_take(key, six, 6, 0).unwrap().allowed);
         assert!(!t.try_take(key, six, 1, 0).unwrap().allowed);
         let hundred = Limit { capacity: 100, refill_tokens: 100, period_ns: MINUTE };
         let taken = t.try_take(key, hundred, 1, 0).unwrap(); // review: refused until the refill
         assert!(taken.allowed);
         assert_eq!(taken.remaining, 93);
-        // A full bucket stays full, not above: raised again from a full 100.
-        let more = Limit { capacity: 150, refill_tokens: 150, period_ns: MINUTE };
-        assert_eq!(t.available(key, more, MINUTE).unwrap(), 150);
-        // Into debt under the old limit: the raise pays part of it, the rest stays owed.
-        assert_eq!(t.adjust(key, six, -20, 2 * MINUTE).unwrap(), 0); // cut to 6, then 6 - 20 = -14
-        assert_eq!(t.available(key, PER_MINUTE_10, 2 * MINUTE).unwrap(), 0); // -14 + 4 = -10
-        assert_eq!(
-            t.available(key, Limit { capacity: 30, refill_tokens: 30, period_ns: MINUTE }, 2 * MINUTE).unwrap(),
-            10
-        );
+        // Lowered: 7 taken against 3 allowed, the key waits (not cut to the lower limit).
+        let three = Limit { capacity: 3, refill_tokens: 3, period_ns: MINUTE };
+        assert_eq!(t.available(key, three, 0).unwrap(), 0);
+        assert!(!t.try_take(key, three, 1, 0).unwrap().allowed);
+        let hourly = Limit { capacity: 5, refill_tokens: 5, period_ns: 60 * MINUTE };
+        assert_eq!(t.available(key, hourly, 0).unwrap(), 5);
+    }
+
+    #[test]
+    fn limits_asked_for_in_turn_make_no_tokens() {
+        // Code review: workers that learn of a change at different moments ask under the old and
+        // the new limit in turn; a raise that topped the bucket up each time let 382 through 100.
+        let dir = tempfile::tempdir().unwrap();
+        let t = table(&dir, 64);
+        let key = key_hash(b"k");
+        let six = Limit { capacity: 6, refill_tokens: 6, period_ns: MINUTE };
+        let hundred = Limit { capacity: 100, refill_tokens: 100, period_ns: MINUTE };
+        let mut allowed = 0;
+        for _ in 0..4 {
+            for limit in [hundred, six] {
+                while t.try_take(key, limit, 1, 0).unwrap().allowed {
+                    allowed += 1;
+                }
+            }
+        }
+        assert_eq!(allowed, 100);
+        // A lowered limit on the deepest debt the level keeps holds it there (no error, no wrap).
+        let huge = Limit { capacity: 1 << 63, refill_tokens: 1, period_ns: 1 << 61 };
+        let none = Limit { capacity: 0, ..huge };
+        let deep = key_hash(b"d");
+        assert!(t.try_take(deep, huge, 1 << 63, 0).unwrap().allowed);
+        assert_eq!(t.adjust(deep, huge, i64::MIN, 0).unwrap(), 0);
+        assert_eq!(t.adjust(deep, huge, i64::MIN, 0).unwrap(), 0); // at MIN_LEVEL now
+        assert_eq!(t.available(deep, none, 0).unwrap(), 0);
+        assert_eq!(t.available(deep, huge, 0).unwrap(), 0);
     }
 
     #[test]

@@ -57,7 +57,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import asyncpg
 import orjson
@@ -143,6 +143,16 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     connections never change session state (no SET, LISTEN, cursors or session advisory locks: the
     listener is its own connection, migrations take a transaction's lock). A transaction left open
     is still rolled back by the pool before this runs."""
+
+
+# Output items of a response an upstream keeps, as their account's ($1 account, $2 ids without
+# repeats: one statement may not update a row twice, $3 expiry; a later expiry wins).
+_REMEMBER_ITEMS: Final = (
+    "INSERT INTO response_items (account_id, item_id, expires_at_ms)"
+    " SELECT $1, item, $3 FROM unnest($2::text[]) AS item"
+    " ON CONFLICT (account_id, item_id)"
+    " DO UPDATE SET expires_at_ms = greatest(response_items.expires_at_ms, excluded.expires_at_ms)"
+)
 
 
 class PostgresStore(PostgresConsole):
@@ -666,21 +676,31 @@ class PostgresStore(PostgresConsole):
         return rows.count(await self._execute("DELETE FROM images WHERE expires_at_ms <= $1", now_ms))
 
     async def remember_response(self, state: ResponseState) -> None:
-        await self._execute(
-            "INSERT INTO response_states"
-            " (id, account_id, model, channel_url, upstream_id, expires_at_ms, context_tokens)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7)"
-            " ON CONFLICT (id) DO UPDATE SET account_id = excluded.account_id, model = excluded.model,"
-            " channel_url = excluded.channel_url, upstream_id = excluded.upstream_id,"
-            " expires_at_ms = excluded.expires_at_ms, context_tokens = excluded.context_tokens",
-            state.id,
-            state.account_id,
-            state.model,
-            state.channel_url,
-            state.upstream_id,
-            state.expires_at_ms,
-            state.context_tokens,
-        )
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "INSERT INTO response_states"
+                " (id, account_id, model, channel_url, upstream_id, expires_at_ms, context_tokens)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                " ON CONFLICT (id) DO UPDATE SET account_id = excluded.account_id, model = excluded.model,"
+                " channel_url = excluded.channel_url, upstream_id = excluded.upstream_id,"
+                " expires_at_ms = excluded.expires_at_ms, context_tokens = excluded.context_tokens",
+                state.id,
+                state.account_id,
+                state.model,
+                state.channel_url,
+                state.upstream_id,
+                state.expires_at_ms,
+                state.context_tokens,
+            )
+            if state.item_ids:
+                await conn.execute(
+                    _REMEMBER_ITEMS,
+                    state.account_id,
+                    list(dict.fromkeys(state.item_ids)),
+                    state.expires_at_ms,
+                )
+
+        await self._tx(work)
 
     async def forget_response(self, response_id: str, account_id: str) -> bool:
         forgotten = await self._execute(
@@ -793,17 +813,8 @@ class PostgresStore(PostgresConsole):
         return {row[0]: row[1] for row in found}
 
     async def remember_items(self, account_id: str, item_ids: Sequence[str], expires_at_ms: int) -> None:
-        if not item_ids:
-            return
-        await self._execute(
-            "INSERT INTO response_items (account_id, item_id, expires_at_ms)"
-            " SELECT $1, item, $3 FROM unnest($2::text[]) AS item"
-            " ON CONFLICT (account_id, item_id)"
-            " DO UPDATE SET expires_at_ms = greatest(response_items.expires_at_ms, excluded.expires_at_ms)",
-            account_id,
-            list(dict.fromkeys(item_ids)),
-            expires_at_ms,
-        )
+        if item_ids:
+            await self._execute(_REMEMBER_ITEMS, account_id, list(dict.fromkeys(item_ids)), expires_at_ms)
 
     async def known_items(self, account_id: str, item_ids: Sequence[str], now_ms: int) -> set[str]:
         if not item_ids:

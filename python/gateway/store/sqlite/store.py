@@ -524,6 +524,7 @@ class SqliteStore(SqliteConsole):
                     state.context_tokens,
                 ),
             )
+            _remember_items(conn, state.account_id, state.item_ids, state.expires_at_ms)
 
         await self._write(op)
 
@@ -616,16 +617,8 @@ class SqliteStore(SqliteConsole):
         return found
 
     async def remember_items(self, account_id: str, item_ids: Sequence[str], expires_at_ms: int) -> None:
-        def op(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT INTO response_items (account_id, item_id, expires_at_ms) VALUES (?, ?, ?)"
-                " ON CONFLICT (account_id, item_id)"
-                " DO UPDATE SET expires_at_ms = max(expires_at_ms, excluded.expires_at_ms)",
-                [(account_id, item_id, expires_at_ms) for item_id in dict.fromkeys(item_ids)],
-            )
-
         if item_ids:
-            await self._write(op)
+            await self._write(lambda conn: _remember_items(conn, account_id, item_ids, expires_at_ms))
 
     async def known_items(self, account_id: str, item_ids: Sequence[str], now_ms: int) -> set[str]:
         known: set[str] = set()
@@ -1143,6 +1136,17 @@ def _write_ahead_log(conn: sqlite3.Connection) -> None:
 
 # Ids a statement: SQLite limits a statement's parameters (32,766), a request may name more.
 _CHUNK = 500
+
+
+def _remember_items(
+    conn: sqlite3.Connection, account_id: str, item_ids: Sequence[str], expires_at_ms: int
+) -> None:
+    conn.executemany(
+        "INSERT INTO response_items (account_id, item_id, expires_at_ms) VALUES (?, ?, ?)"
+        " ON CONFLICT (account_id, item_id)"
+        " DO UPDATE SET expires_at_ms = max(expires_at_ms, excluded.expires_at_ms)",
+        [(account_id, item_id, expires_at_ms) for item_id in dict.fromkeys(item_ids)],
+    )
 
 
 def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
