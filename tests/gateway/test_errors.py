@@ -475,3 +475,21 @@ def test_failures_outside_the_model_endpoints_are_logged_for_their_key(gw: Gatew
     assert ids == {row_id for (row_id,) in rows} and None not in ids
     rows = gw.query("SELECT response_body FROM request_logs WHERE key_id = ?", handle.key_id)
     assert all(b'"error"' in bytes(body) for (body,) in rows)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_a_request_with_two_hosts_is_400(gw: Gateway, version: str) -> None:
+    """Protocol review: a request with two Host lines was served and billed; RFC 9112 3.2 answers
+    it 400 (a proxy in front may have read the other one)."""
+    port = int(gw.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/chat/completions HTTP/{version}\r\nHost: a\r\nHost: b\r\nContent-Length: 2\r\n"
+            "Connection: close\r\n\r\n{}".encode()
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer
+    assert orjson.loads(body)["error"]["code"] == "invalid_request" and b"Host" in body
