@@ -268,15 +268,15 @@ def test_cancelling_a_foreground_response_is_400(bgw: Gateway) -> None:
 def test_a_finished_background_response_s_items_are_its_account_s(bgw: Gateway) -> None:
     """Its output items are recorded when it ends (security review: an item_reference names an
     upstream's item only for the account whose response made it)."""
-    owner = client(bgw, bgw.new_key(balance="10").key)
-    created = owner.responses.create(model=DEEP, input="items of a background response", background=True)
-    ended = wait_until_ended(owner, created.id)
-    assert ended.status == "completed" and ended.output
-    item_id = ended.output[-1].id
-    assert item_id is not None
-    reference = [{"type": "item_reference", "id": item_id}, {"role": "user", "content": "more"}]
-    again = owner.responses.create(model=DEEP, input=reference)  # type: ignore[arg-type]
-    assert again.status == "completed"
-    with pytest.raises(openai.BadRequestError) as err:
-        client(bgw, bgw.new_key().key).responses.create(model=DEEP, input=reference)  # type: ignore[arg-type]
-    assert err.value.code == "invalid_request" and item_id in err.value.message
+    with client(bgw, bgw.new_key(balance="10").key) as owner, client(bgw, bgw.new_key().key) as stranger:
+        created = owner.responses.create(model=DEEP, input="items of a background response", background=True)
+        ended = wait_until_ended(owner, created.id)
+        assert ended.status == "completed" and ended.output
+        item_id = ended.output[-1].id
+        assert item_id is not None
+        reference = [{"type": "item_reference", "id": item_id}, {"role": "user", "content": "more"}]
+        again = owner.responses.create(model=DEEP, input=reference)  # type: ignore[arg-type]
+        assert again.status == "completed"
+        with pytest.raises(openai.BadRequestError) as err:
+            stranger.responses.create(model=DEEP, input=reference)  # type: ignore[arg-type]
+        assert err.value.code == "invalid_request" and item_id in err.value.message
