@@ -84,6 +84,7 @@ async def advance(
     except InvalidJsonError:
         rewritten = None
     status = answer.get("status")
+    status = status if isinstance(status, str) else None  # any JSON value, a list too (unhashable)
     if rewritten is None:
         await jobs.fail(state, job, "provider_error", "The model's provider sent a malformed answer.")
     elif status in CHARGED_ENDINGS:

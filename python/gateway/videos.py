@@ -64,6 +64,7 @@ async def advance(
 ) -> None:
     """Act on the upstream's Video object (gateway.jobs.JobKind.advance)."""
     status = answer.get("status")
+    status = status if isinstance(status, str) else None  # any JSON value, a list too (unhashable)
     if status == "failed":
         await jobs.fail(
             state, job, *jobs.reported_error(answer, "video_generation_failed", "The render failed.")

@@ -77,7 +77,8 @@ def chat_completion_from_message(message: dict[str, Any], usage: Usage, created:
 
 
 # The content blocks of a messages model's reasoning: its thinking, signed, or a redacted part of it.
-THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+# A tuple, not a set: an upstream block's `type` may be any JSON value, a list too (unhashable).
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 
 def thinking_block(block: dict[str, Any]) -> dict[str, Any] | None:
