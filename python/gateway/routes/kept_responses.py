@@ -132,8 +132,8 @@ async def refuse_kept_items(
         first = min(i for i, owner in owners.items() if owner in kept)
         made = await state.store.find_kept_response(str(owners[first]), call.ctx.account.id, now_ms())
         raise _out_of_reach(model, f"input[{first}]", made)
-    # None is this account's kept item: each is the upstream's (its ids can look like the
-    # gateway's own, `msg_X`), to be one of this account's.
+    # No item named is one this account's chat models said: each is the upstream's (its ids can
+    # look like the gateway's own, `msg_X`) and must be of one of this account's responses.
     known = await state.store.known_items(call.ctx.account.id, list(looked_up.values()), now_ms())
     for i, item_id in sorted(looked_up.items()):
         if item_id not in known:
