@@ -14,12 +14,14 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -59,6 +61,30 @@ def read_json_answer(sock: socket.socket, answer: bytes = b"") -> bytes:
 # process on is never the one another worker, or an outgoing connection, is handed.
 _PORT_RANGE = 1500
 _next_port = itertools.count()
+
+
+@contextmanager
+def bare_upstream(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A bare HTTP server answering as `handler` says, on a free port of this machine, for an
+    upstream the simulator does not play (one that leaves out usage, one that echoes headers): its
+    base URL, for as long as the block runs."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload: object) -> None:
+    """A bare upstream's JSON answer, whole, with its length."""
+    body = orjson.dumps(payload)
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def free_port() -> int:

@@ -5,16 +5,14 @@ passes on (security review: it was in the 400's message and the log's response b
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 import pytest
 
-from harness import Gateway, chat_model, eventually, gateway
+from harness import Gateway, bare_upstream, chat_model, eventually, gateway, send_json
 
 OPENAI_KEY = "sk-upstream-" + "S3CRET" * 6
 ANTHROPIC_KEY = "sk-ant-upstream-" + "K3Y" * 10
@@ -27,12 +25,7 @@ class _Quoting(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         said = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "x-api-key")}
         message = f"Incorrect API key provided: {self.headers.get('authorization')}. header dump {said}"
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
-        self.send_response(400)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, 400, {"error": {"message": message, "type": "invalid_request_error"}})
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -40,22 +33,16 @@ class _Quoting(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def quoting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Quoting)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    models = (
-        chat_model("q/chat", "c", url).rstrip()
-        + '\napi_key_env = "QUOTED_OPENAI_KEY"\n'
-        + chat_model("q/claude", "m", url, type_="messages", provider="anthropic").rstrip()
-        + '\napi_key_env = "QUOTED_ANTHROPIC_KEY"\n'
-    )
-    env = {"QUOTED_OPENAI_KEY": OPENAI_KEY, "QUOTED_ANTHROPIC_KEY": ANTHROPIC_KEY}
-    try:
+    with bare_upstream(_Quoting) as url:
+        models = (
+            chat_model("q/chat", "c", url).rstrip()
+            + '\napi_key_env = "QUOTED_OPENAI_KEY"\n'
+            + chat_model("q/claude", "m", url, type_="messages", provider="anthropic").rstrip()
+            + '\napi_key_env = "QUOTED_ANTHROPIC_KEY"\n'
+        )
+        env = {"QUOTED_OPENAI_KEY": OPENAI_KEY, "QUOTED_ANTHROPIC_KEY": ANTHROPIC_KEY}
         with gateway(tmp_path_factory.mktemp("quoting"), models, env=env) as g:
             yield g
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize(

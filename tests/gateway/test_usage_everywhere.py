@@ -6,18 +6,16 @@ server that answers without usage; the clients are the official openai ones."""
 from __future__ import annotations
 
 import io
-import json
-import threading
 import wave
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from harness import Gateway, chat_model, eventually, gateway
+from harness import Gateway, bare_upstream, chat_model, eventually, gateway, send_json
 
 
 class _NoUsage(BaseHTTPRequestHandler):
@@ -34,12 +32,7 @@ class _NoUsage(BaseHTTPRequestHandler):
             }
         else:
             answer = {"text": "hello there general kenobi"}
-        body = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, 200, answer)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -47,18 +40,12 @@ class _NoUsage(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoUsage)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    models = chat_model("bare/embed", "e", url, type_="embedding") + chat_model(
-        "bare/whisper", "w", url, type_="transcription"
-    )
-    try:
+    with bare_upstream(_NoUsage) as url:
+        models = chat_model("bare/embed", "e", url, type_="embedding") + chat_model(
+            "bare/whisper", "w", url, type_="transcription"
+        )
         with gateway(tmp_path_factory.mktemp("bare"), models) as g:
             yield g
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def usage_record(gw: Gateway, key: str, rid: str) -> dict[str, Any]:
