@@ -181,6 +181,8 @@ await check("responses streamText", () => streamedText(openai.responses(RESPONSE
 await check("responses generateObject", () => plainObject(openai.responses(RESPONSES)));
 await check("responses streamObject", () => streamedObject(openai.responses(RESPONSES)));
 await check("responses mid-stream error", () => midStreamError(openai.responses(RESPONSES)));
+// Its upstream keeps the items: the item_references the SDK sends must be of this account's responses.
+await check("responses tool loop and next turn", () => toolLoopAndNextTurn(openai.responses(RESPONSES)));
 // ... serving a chat model (translated: a Response and its stream built from chat completions).
 await check("responses->gpt generateText", () => plainText(openai.responses(GPT)));
 await check("responses->gpt streamText", () => streamedText(openai.responses(GPT)));
