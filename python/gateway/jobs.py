@@ -92,12 +92,15 @@ async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
     its poll ends (one slow upstream holds up no job of another); returns how many were polled."""
     polled = 0
     running: set[asyncio.Task[None]] = set()
+    claimed: dict[asyncio.Task[None], str] = {}  # each running poll's job
     try:
         while True:
             room = POLL_BATCH - len(running)
             jobs = await state.store.claim_jobs(now_ms(), POLL_LEASE_MS, room) if room else []
             for job in jobs:
-                running.add(asyncio.create_task(poll(state, kinds[job.kind], job)))
+                task = asyncio.create_task(poll(state, kinds[job.kind], job))
+                running.add(task)
+                claimed[task] = job.id
             polled += len(jobs)
             if not running:
                 return polled
@@ -106,11 +109,21 @@ async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
                     running, timeout=CLAIM_AGAIN_SECONDS, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
+                    claimed.pop(task, None)
                     if not task.cancelled() and task.exception() is not None:
                         log.error("polling a job failed", exc_info=task.exception())
     finally:
-        for task in running:
-            task.cancel()
+        if running:
+            for task in running:
+                task.cancel()
+            # Polls cut short (the worker stopping: a reload, a shutdown) let their jobs go at once,
+            # for another process to poll now, not once the claim's minute has run out (a reload
+            # held a render back for up to a minute; CI's test_videos found it).
+            await asyncio.gather(*running, return_exceptions=True)
+            try:
+                await state.store.release_jobs([claimed[task] for task in running])
+            except Exception:  # the store away too: the claims lapse with their lease
+                log.warning("stopping, %d polled jobs could not be let go", len(running), exc_info=True)
 
 
 async def poll(state: GatewayState, kind: JobKind, job: Job) -> None:

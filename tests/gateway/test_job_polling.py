@@ -45,6 +45,33 @@ def test_a_hanging_upstream_holds_up_no_other_job(monkeypatch: pytest.MonkeyPatc
     assert max(t - began for job, t in started.items() if job != "hangs") < 1.0
 
 
+def test_polls_cut_short_let_their_jobs_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI: a worker stopped mid-poll (a reload) kept its jobs claimed for the lease's minute, and a
+    render waited that long for another process to poll it. Cancelled, the polls' jobs are let go
+    at once (Store.release_jobs); jobs already polled are not named."""
+    released: list[list[str]] = []
+
+    class Releasing(Store):
+        async def release_jobs(self, job_ids: list[str]) -> None:
+            released.append(sorted(job_ids))
+
+    async def poll(state: Any, kind: Any, job: Any) -> None:
+        await asyncio.sleep(0 if job.id == "quick" else 60)
+
+    monkeypatch.setattr(jobs, "poll", poll)
+    state = SimpleNamespace(store=Releasing(["quick", "slow1", "slow2"]))
+
+    async def stopped() -> None:
+        task = asyncio.create_task(jobs.poll_due(state, {"video": None}))  # type: ignore[arg-type, dict-item]
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(stopped())
+    assert released == [["slow1", "slow2"]]
+
+
 def settings(channels: list[dict[str, Any]]) -> Any:
     model = {"name": "openai/sora-2", "type": "video", "channels": channels}
     return parse_settings({"models": [model]}, Path("/tmp")).models[0]

@@ -305,6 +305,12 @@ def test_job_claims_are_exclusive_and_finishing_charges_once(new_store: StoreFac
                 )
             )
             assert sorted(ended) == [False, True]
+            # Claims let go (a process stopping mid-poll) are claimable at once, by the other
+            # process; a finished job's stays finished.
+            await stores[0].release_jobs([jobs[1].id, jobs[2].id, first.id])
+            await stores[0].release_jobs([])
+            again = await stores[1].claim_jobs(later, 60_000, 100)
+            assert sorted(job.id for job in again) == sorted([jobs[1].id, jobs[2].id])
             assert await balance(stores[0], account_id) == Decimal("99.25")
             assert await stores[0].free("account", account_id, later) == Decimal("99.25") - 19
             assert await stores[1].get_video_content(first.id, key_id, later) == (b"mp4", "video/mp4")

@@ -325,6 +325,10 @@ class Jobs(Protocol):
         """Up to `limit` unfinished jobs due for a poll, leased to this process for `lease_ms` so
         that no other process polls them meanwhile."""
 
+    async def release_jobs(self, job_ids: Sequence[str]) -> None:
+        """Let go of these unfinished jobs' poll claims (a process stopping mid-poll): another
+        process may poll them at once, instead of when the claims' lease runs out."""
+
     async def note_job_progress(
         self, job_id: str, status: str, progress: int, next_poll_at_ms: int, body: bytes | None = None
     ) -> None:

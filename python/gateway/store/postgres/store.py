@@ -880,6 +880,12 @@ class PostgresStore(PostgresConsole):
         found.sort(key=lambda row: (row[-1], row[0]))
         return [rows.job(row[:-1]) for row in found]
 
+    async def release_jobs(self, job_ids: Sequence[str]) -> None:
+        if job_ids:
+            await self._execute(
+                f"UPDATE jobs SET lease_until_ms = 0 WHERE id = ANY($1::text[]) AND {_RUNNING}", list(job_ids)
+            )
+
     async def note_job_progress(
         self, job_id: str, status: str, progress: int, next_poll_at_ms: int, body: bytes | None = None
     ) -> None:

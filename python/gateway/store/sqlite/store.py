@@ -692,6 +692,16 @@ class SqliteStore(SqliteConsole):
         claimed: list[Job] = await self._write(op)
         return claimed
 
+    async def release_jobs(self, job_ids: Sequence[str]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            for chunk in _chunks(list(job_ids)):
+                conn.execute(
+                    f"UPDATE jobs SET lease_until_ms = 0 WHERE id IN ({_marks(chunk)}) AND {_RUNNING}", chunk
+                )
+
+        if job_ids:
+            await self._write(op)
+
     async def note_job_progress(
         self, job_id: str, status: str, progress: int, next_poll_at_ms: int, body: bytes | None = None
     ) -> None:
