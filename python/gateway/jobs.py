@@ -17,6 +17,7 @@ holds are in the store, and their poll leases run out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -93,10 +94,17 @@ async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
     polled = 0
     running: set[asyncio.Task[None]] = set()
     claimed: dict[asyncio.Task[None], str] = {}  # each running poll's job
+    claiming: asyncio.Future[list[Job]] | None = None
     try:
         while True:
             room = POLL_BATCH - len(running)
-            jobs = await state.store.claim_jobs(now_ms(), POLL_LEASE_MS, room) if room else []
+            jobs: list[Job] = []
+            if room:
+                # Shielded: a claim under way when the worker stops still commits (the store's
+                # write goes on), and its jobs are let go below with the polls'.
+                claiming = asyncio.ensure_future(state.store.claim_jobs(now_ms(), POLL_LEASE_MS, room))
+                jobs = await asyncio.shield(claiming)
+                claiming = None
             for job in jobs:
                 task = asyncio.create_task(poll(state, kinds[job.kind], job))
                 running.add(task)
@@ -113,17 +121,30 @@ async def poll_due(state: GatewayState, kinds: Mapping[str, JobKind]) -> int:
                     if not task.cancelled() and task.exception() is not None:
                         log.error("polling a job failed", exc_info=task.exception())
     finally:
-        if running:
-            for task in running:
-                task.cancel()
-            # Polls cut short (the worker stopping: a reload, a shutdown) let their jobs go at once,
-            # for another process to poll now, not once the claim's minute has run out (a reload
-            # held a render back for up to a minute; CI's test_videos found it).
-            await asyncio.gather(*running, return_exceptions=True)
-            try:
-                await state.store.release_jobs([claimed[task] for task in running])
-            except Exception:  # the store away too: the claims lapse with their lease
-                log.warning("stopping, %d polled jobs could not be let go", len(running), exc_info=True)
+        await _let_go(state, running, [claimed[task] for task in running], claiming)
+
+
+async def _let_go(
+    state: GatewayState,
+    running: set[asyncio.Task[None]],
+    polled: list[str],
+    claiming: asyncio.Future[list[Job]] | None,
+) -> None:
+    """Polls cut short (the worker stopping: a reload, a shutdown) and a claim under way let their
+    jobs go at once, for another process to poll now, not once the claim's minute has run out (a
+    reload held a render back for up to a minute; CI's test_videos found it)."""
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    if claiming is not None:
+        with contextlib.suppress(Exception):
+            polled += [job.id for job in await claiming]
+    if not polled:
+        return
+    try:
+        await state.store.release_jobs(polled)
+    except Exception:  # the store away too: the claims lapse with their lease
+        log.warning("stopping, %d polled jobs could not be let go", len(polled), exc_info=True)
 
 
 async def poll(state: GatewayState, kind: JobKind, job: Job) -> None:

@@ -72,6 +72,32 @@ def test_polls_cut_short_let_their_jobs_go(monkeypatch: pytest.MonkeyPatch) -> N
     assert released == [["slow1", "slow2"]]
 
 
+def test_a_claim_under_way_when_the_worker_stops_lets_its_jobs_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim's write goes on in the store when its worker stops (SQLite's writer thread, a
+    statement sent to PostgreSQL): the jobs it claimed are let go too, not held for a minute."""
+    released: list[list[str]] = []
+
+    class SlowClaim(Store):
+        async def claim_jobs(self, now_ms: int, lease_ms: int, limit: int) -> list[Any]:
+            await asyncio.sleep(0.3)  # the worker is stopped meanwhile; the claim still commits
+            return await super().claim_jobs(now_ms, lease_ms, limit)
+
+        async def release_jobs(self, job_ids: list[str]) -> None:
+            released.append(sorted(job_ids))
+
+    state = SimpleNamespace(store=SlowClaim(["a", "b"]))
+
+    async def stopped() -> None:
+        task = asyncio.create_task(jobs.poll_due(state, {"video": None}))  # type: ignore[arg-type, dict-item]
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(stopped())
+    assert released == [["a", "b"]]
+
+
 def settings(channels: list[dict[str, Any]]) -> Any:
     model = {"name": "openai/sora-2", "type": "video", "channels": channels}
     return parse_settings({"models": [model]}, Path("/tmp")).models[0]
