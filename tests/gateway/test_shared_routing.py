@@ -162,7 +162,9 @@ def test_a_killed_instance_slots_come_back_within_the_lease(
             while channels(b, "test/capped")["only"]["in_flight"] < 2:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            for pid in process_tree(a.proc.pid):  # kill -9, the worker with the slots included
+            # kill -9, the worker with the slots first: killed after its supervisor, it had notice
+            # (SIGTERM on its parent's death, gateway.drain) and could give the slots back at once.
+            for pid in reversed(process_tree(a.proc.pid)):
                 os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
             assert post(b, key_b, chat("test/capped")) == 429  # still held by the dead process
