@@ -130,21 +130,22 @@ def routes(state: GatewayState) -> list[Route]:
             return b""
 
         if payload.get("stream") is True:
+            streaming = forward_stream(
+                state,
+                request,
+                call,
+                model,
+                json_body(upstream),
+                rid,
+                lambda: ResponsesStreamRewriter(rid, previous),
+                prompt,
+                error_event=responses_error_event,
+                only=only,
+                on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
+                on_end=items_made if stored_upstream else None,
+            )
             with said_as_gateway_ids:
-                return await forward_stream(
-                    state,
-                    request,
-                    call,
-                    model,
-                    json_body(upstream),
-                    rid,
-                    lambda: ResponsesStreamRewriter(rid, previous),
-                    prompt,
-                    error_event=responses_error_event,
-                    only=only,
-                    on_start=lambda rewriter, channel: remember(rewriter.upstream_id, channel),
-                    on_end=items_made if stored_upstream else None,
-                )
+                return await streaming
 
         # A background response is a job upstream: never cancelled by the client leaving, so that
         # the job the upstream started is recorded (and its hold kept) whatever happens.

@@ -127,38 +127,39 @@ async def forward_to_chat_model(
     # (its stream by a second translator; billed from its own usage, cache writes too).
     messages = model.type == "messages"
     created = int(time.time())
-    try:
-        if payload.get("stream") is True:
+    forwarding: Awaitable[Response]
+    if payload.get("stream") is True:
 
-            def translator() -> FromChatStream | MessagesThroughChat:
-                shape = new_stream(counted_usage)
-                if not messages:
-                    return shape
-                return MessagesThroughChat(ChatStreamFromMessages(rid, True, created, counted_usage), shape)
+        def translator() -> FromChatStream | MessagesThroughChat:
+            shape = new_stream(counted_usage)
+            if not messages:
+                return shape
+            return MessagesThroughChat(ChatStreamFromMessages(rid, True, created, counted_usage), shape)
 
-            async def end(rewriter: FromChatStream | MessagesThroughChat) -> bytes:
-                assert on_end is not None
-                return await on_end(rewriter.shape if isinstance(rewriter, MessagesThroughChat) else rewriter)
+        async def end(rewriter: FromChatStream | MessagesThroughChat) -> bytes:
+            assert on_end is not None
+            return await on_end(rewriter.shape if isinstance(rewriter, MessagesThroughChat) else rewriter)
 
-            return await forward_stream(
-                state,
-                request,
-                call,
-                model,
-                upstream,
-                rid,
-                translator,
-                counted_prompt,
-                error_event=error_event,
-                on_end=None if on_end is None else end,
-            )
+        forwarding = forward_stream(
+            state,
+            request,
+            call,
+            model,
+            upstream,
+            rid,
+            translator,
+            counted_prompt,
+            error_event=error_event,
+            on_end=None if on_end is None else end,
+        )
+    else:
 
         def to_client(body: bytes, usage: Usage) -> bytes:
             answer = orjson.loads(body)
             completion = chat_completion_from_message(answer, usage, created) if messages else answer
             return orjson.dumps(from_chat(completion, usage))
 
-        return await forward_plain(
+        forwarding = forward_plain(
             state,
             request,
             call,
@@ -170,6 +171,8 @@ async def forward_to_chat_model(
             to_client=to_client,
             on_answer=on_answer,
         )
+    try:
+        return await forwarding
     except UpstreamRefusal as refused:
         # Its `param` names a field of the chat request made in between, not of the client's.
         refused.param = None
