@@ -101,8 +101,8 @@ class Drain:
         """From the stop signal on, the kernel ends this process (SIGALRM, its default action) if it
         is still there drain_seconds + KILL_GRACE_SECONDS later: the bound the supervisor enforces,
         kept when there is no supervisor (an orphan: end_with_supervisor) and when the process is
-        stuck where no Python runs (seen once: Granian's worker deadlocked in its own signal
-        handling as both workers of a killed supervisor got the signal)."""
+        stuck where no Python runs (as Granian's worker was in its own signal handling at a third
+        stop signal, until gateway.supervisor made every signal after the first a no-op)."""
         if not self._bounded:
             self._bounded = True
             signal.alarm(math.ceil(self.deadline_seconds + KILL_GRACE_SECONDS) + 1)

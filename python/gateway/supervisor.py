@@ -65,7 +65,9 @@ os.mkdir(METRICS_DIR)
 # Before prometheus_client is imported anywhere in this process or the workers forked from it.
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 
+import granian._signals  # noqa: E402
 from granian import Granian  # noqa: E402
+from granian._granian import WorkerSignal  # noqa: E402
 from granian.constants import HTTPModes, Interfaces, Loops  # noqa: E402
 from granian.log import configure_logging, logger  # noqa: E402
 
@@ -94,11 +96,36 @@ CRASH_WINDOW_SECONDS = 5.5
 CRASH_BACKOFF_MAX_SECONDS = 30.0
 
 
+def _set_loop_signals_once(loop: Any) -> Any:
+    """Granian's worker signal handling (granian._signals.set_loop_signals), telling the worker to
+    stop at the first SIGTERM or SIGINT only. Granian's handler tells it at every one, through a
+    channel of one place that its server reads once: the third signal blocked the worker's event
+    loop for good (a process manager signalling every process of the service, then the kernel's
+    signal when the supervisor ended; kill -9 review). What the later ones would say is said."""
+    told = WorkerSignal()
+    stopping = False
+
+    def signal_handler(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            told.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, signal_handler, signum, None)
+    return told
+
+
+# Workers are forked from this process; Granian looks the function up as each one starts.
+granian._signals.set_loop_signals = _set_loop_signals_once
+
+
 class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
     """Granian with the gateway's reload (checked before it happens, each new worker up before the
     old one goes) and its own rule for workers that die. Uses Granian 2.8's supervisor internals
     (_respawn_workers, wrks, respawned_wrks, interrupt_children, interrupt_signal,
-    main_loop_interrupt, _stop_workers, a worker's birth): pyproject.toml pins granian below 3."""
+    main_loop_interrupt, _stop_workers, a worker's birth; set_loop_signals, replaced above):
+    pyproject.toml pins granian below 3."""
 
     notice_seconds: float = 1.0  # [server] drain_notice_seconds
     kill_grace_seconds: float = 10.0  # gateway.drain.KILL_GRACE_SECONDS

@@ -5,6 +5,7 @@ bad file is refused with the old configuration serving on."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from harness import (
     free_port,
     kill_worker,
     new_key,
+    process_tree,
     query,
     read_json_answer,
     running,
@@ -134,6 +136,51 @@ def test_sigterm_finishes_plain_requests_and_ends_streams_at_the_deadline(
     assert abs(completion - delivered) <= 2, (completion, delivered)
     assert Decimal(str(cost)) > 0
     assert query(settings, "SELECT count(*) FROM leases")[0][0] == 0
+
+
+def test_a_worker_told_to_stop_three_times_still_drains(tmp_path: Path, sim_url: str) -> None:
+    """Stop signals can reach a worker more than once: a process manager signalling every process
+    of the service and then the supervisor's own, the kernel's when the supervisor dies (kill -9
+    review), an operator's second try. Granian's worker blocked for good in its own handler at the
+    third (a channel of one place, read once): the worker froze, its streams stalled without their
+    error chunk until the kernel's alarm killed it. Each signal after the first is a no-op."""
+    port = free_port()
+    models = chat_model("test/long", "sim-chat+tokens=400+pace=25ms", sim_url)
+    config = _config(tmp_path, port, sim_url, 1, models, drain=2.0)
+    key = new_key(load_settings(config), Decimal("10"))
+    url = f"http://127.0.0.1:{port}"
+    with serving(config, port) as proc:
+        (worker,) = process_tree(proc.pid)[1:]
+        chunks: list[tuple[float, bytes]] = []
+        with httpx.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            json={"model": "test/long", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            headers={"authorization": f"Bearer {key.key}"},
+            timeout=8,
+        ) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))
+            for _ in range(3):
+                os.kill(worker, signal.SIGTERM)
+            signalled = time.monotonic()
+            chunks.extend((time.monotonic(), line.encode()) for line in lines if line.startswith("data: "))
+        # The stream flowed on after the signals, to the drain's deadline, and ended as a drained
+        # stream does (the error chunk), not with the worker frozen at once.
+        flowing = [at for at, _ in chunks if at - signalled > 1.0]
+        assert len(flowing) > 10, [round(at - signalled, 2) for at, _ in chunks[-5:]]
+        last = orjson.loads(chunks[-1][1].removeprefix(b"data: "))
+        assert last["error"]["code"] == "service_unavailable"
+        assert chunks[-1][0] - signalled < 4
+        eventually(lambda: _gone(worker), 5, 0.1, what="the drained worker's exit")
+
+
+def _gone(pid: int) -> bool:
+    """Whether a process has ended (exited, or a zombie its parent has yet to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
 
 
 @pytest.mark.parametrize(
