@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Scope
@@ -59,7 +59,7 @@ from .routes import (
     usage,
     videos,
 )
-from .routes.common import REQUEST_ID_HEADER
+from .routes.common import REQUEST_ID_HEADER, ClientGone, body_cut
 from .routing import Router
 from .runtime_threads import batch_runtime_threads_once_started
 from .state import GatewayState
@@ -247,6 +247,13 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
     return answer
 
 
+async def _body_cut(request: Request, exc: Exception) -> Response:
+    # A body that ended before it was whole (read_body's ClientGone, Starlette's ClientDisconnect)
+    # outside the model endpoints, which answer it themselves: the same 400, not an unexpected
+    # failure (fuzz review: a 500 and a logged traceback, an anonymous client's to write at will).
+    return await _gateway_error(request, body_cut())
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     # Starlette's router raises these for unknown paths and wrong methods.
     assert isinstance(exc, HTTPException)
@@ -343,6 +350,8 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
 # The app's one table of exception handlers: Starlette's, and the model endpoints' ahead of it.
 EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
     GatewayError: _gateway_error,
+    ClientGone: _body_cut,
+    ClientDisconnect: _body_cut,
     HTTPException: _http_error,
     Exception: _unexpected_error,
 }

@@ -220,3 +220,21 @@ def test_the_commands_refuse_what_the_api_refuses(ugw: Gateway) -> None:
     assert bad.returncode == 1 and "--email" in bad.stderr
     operator = cli(ugw, "create-console-user", "--email", email(), "--role", "operator")
     assert operator.returncode == 0 and "/console/invite/" in operator.stdout
+
+
+def test_a_lone_surrogate_escape_and_a_field_where_none_is_taken_are_400(
+    ugw: Gateway, admin: httpx.Client
+) -> None:
+    """The admin endpoints' reading here too (fuzz review: "\\ud800" reached the store, a 500); an
+    invitation or a deletion takes no field, and refuses one before it acts."""
+    raw = b'{"email": "z@example.com", "role": "member", "account_id": "\\ud800"}'
+    refused = admin.post("/console-users", content=raw)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", refused.text
+    address = email()
+    user = admin.post("/console-users", json={"email": address, "role": "member", "account_id": account(ugw)})
+    assert user.status_code == 201, user.text
+    path = f"/console-users/{user.json()['id']}"
+    assert admin.post(path + "/invite", json={"role": "operator"}).status_code == 400
+    assert admin.request("DELETE", path, json={"force": True}).status_code == 400
+    assert admin.get(path).json()["status"] == "invited"
+    assert admin.request("DELETE", path).status_code == 200

@@ -75,7 +75,9 @@ def test_unsupported_parameters_are_dropped(gw: Gateway, key: KeyHandle, sim: ht
     assert found == [{"model": "text-embedding-3-small", "input": marker, "user": "u"}]
 
 
-@pytest.mark.parametrize("bad", [None, "", [], [""], [1, "x"], {"text": "x"}, [[]], True, [True]])
+@pytest.mark.parametrize(
+    "bad", [None, "", [], [""], [1, "x"], {"text": "x"}, [[]], True, [True], ["x"] * 2049]
+)
 def test_bad_input(gw: Gateway, key: KeyHandle, bad: object) -> None:
     with gw.client(key.key) as c:
         r = c.post("/v1/embeddings", json={"model": MODEL, "input": bad})

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from gateway.config import load_settings
-from harness import chat_model, free_port, new_key, running
+from harness import chat_model, eventually, free_port, new_key, running
 
 METRICS_TOKEN = "metrics-" + "m" * 32
 ADMIN_TOKEN = "admin-" + "a" * 32
@@ -183,3 +183,21 @@ def test_a_speech_stream_reports_its_upstream_time_and_first_byte(tmp_path: Path
     assert line["endpoint"] == "/v1/audio/speech" and line["status"] == 200
     assert line["upstream_ms"] > 0 and line["first_byte_ms"] >= line["upstream_ms"]
     assert line["added_ms"] is not None and line["added_ms"] >= 0
+
+
+def test_a_library_s_warning_is_a_json_line_too(tmp_path: Path, sim_url: str) -> None:
+    """The libraries' own records go out in the gateway's format: python-multipart's word on a
+    malformed form was a bare line in the JSON stream (fuzz review)."""
+    with serving(tmp_path, sim_url) as (url, _, out):
+        answer = httpx.post(
+            url + "/console/login",
+            content=b"x=1",
+            headers={"content-type": "multipart/form-data; boundary=zz"},
+        )
+        assert answer.status_code == 400
+        eventually(lambda: "boundary" in out.read_text(), what="python-multipart's warning in the log")
+        text = out.read_text()
+    lines = text.splitlines()
+    assert all(line.startswith("{") for line in lines), [line for line in lines if not line.startswith("{")]
+    (warning,) = [orjson.loads(line) for line in lines if "boundary" in line]
+    assert warning["level"] == "warning" and warning["logger"].startswith("python_multipart")

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from ..errors import GatewayError, error_response, invalid_request
-from ..routes.common import read_body
+from ..routes.common import ClientGone, body_cut, read_body
 from .endpoints import Endpoint
 from .render import error_page, with_security_headers
 
@@ -46,7 +46,10 @@ def bounded_body(
 
     async def bounded(request: Request) -> Response:
         try:
-            body = await read_body(request, limit)
+            try:
+                body = await read_body(request, limit)
+            except ClientGone:  # cut short, or a malformed chunked body: a 400 like any bad form
+                raise body_cut() from None
             replay = Request(request.scope, replay_body(body, request.receive))
             await form_of(replay, max_fields)
         except GatewayError as err:

@@ -63,8 +63,11 @@ def routes(state: GatewayState) -> list[Route]:
 
         return run
 
+    async def raw_body(request: Request) -> bytes:
+        return await read_body(request, body_limit, state.settings.body_idle_timeout_seconds)
+
     async def body(request: Request) -> dict[str, Any]:
-        return object_body(await read_body(request, body_limit, state.settings.body_idle_timeout_seconds))
+        return object_body(await raw_body(request))
 
     async def account_of(request: Request) -> Account:
         return await management.account(store, request.path_params["account_id"])
@@ -138,10 +141,12 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
     async def rotate_key(request: Request) -> tuple[int, Any]:
+        no_fields(await raw_body(request))
         key, secret = await management.rotate_key(store, request.path_params["key_id"])
         return 200, {**key_json(key), "key": secret}
 
     async def delete_key(request: Request) -> tuple[int, Any]:
+        no_fields(await raw_body(request))
         return 200, key_json(await management.delete_key(store, request.path_params["key_id"]))
 
     # ---------------------------------------------------------------- request logs
@@ -234,6 +239,16 @@ def object_body(raw: bytes) -> dict[str, Any]:
             "The request body is not valid JSON: a string holds a lone surrogate escape (\\ud800-\\udfff)."
         ) from None
     return payload
+
+
+def no_fields(raw: bytes) -> None:
+    """The body of an endpoint that takes no field: empty, or a JSON object without one. A field
+    given is refused as every admin endpoint refuses an unknown one, so that a caller who thinks it
+    set something (a limit on a rotated key) learns that it did not (fuzz review)."""
+    given = object_body(raw)
+    if given:
+        first = sorted(given)[0]
+        raise invalid_request(f"Unknown field `{first}`: this endpoint takes none.", first)
 
 
 def _no_constant(name: str) -> None:

@@ -409,9 +409,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
             # The body ended early: the client left, or (the server says the same of both) sent a
             # malformed chunked body and waits for an answer, which it gets in the spec's format,
             # and which its log entry shows (spec 7.5.3), not a 499 the client never saw.
-            cut = invalid_request(
-                "The request's body ended before it was whole (or its chunked encoding is malformed)."
-            )
+            cut = body_cut()
             cut.headers[REQUEST_ID_HEADER] = call.request_id
             await _close(state, request, call, cut.status, cut.body(request.url.path), error_code=cut.code)
             await idempotency.forget(state, call)
@@ -519,6 +517,14 @@ def _charge_queued(err: ServiceUnavailable, call: Call, usage_id: str | None) ->
 class ClientGone(Exception):
     """The client left before the answer: the request was cancelled (or, while its body was being
     read, never really began)."""
+
+
+def body_cut() -> GatewayError:
+    """The answer to a body that ended before it was whole (read_body's ClientGone): the client
+    left, or sent a malformed chunked body and waits for an answer, which is then a 400."""
+    return invalid_request(
+        "The request's body ended before it was whole (or its chunked encoding is malformed)."
+    )
 
 
 async def _watched(request: Request, call: Call, handler: ModelHandler) -> Response:

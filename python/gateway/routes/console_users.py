@@ -11,7 +11,6 @@ A new invitation for an existing user (a reset) ends the user's sessions and the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -29,6 +28,7 @@ from ..errors import GatewayError, invalid_request
 from ..state import GatewayState
 from ..store import ConsoleUser, NameTaken, Store
 from ..store.records import CONSOLE_ROLES
+from .admin import no_fields, object_body
 from .common import json_response, list_query, public_base, read_body
 
 PREFIX: Final = "/admin/v1/console-users"
@@ -178,17 +178,13 @@ def routes(state: GatewayState) -> list[Route]:
 
         return run
 
+    async def raw_body(request: Request) -> bytes:
+        return await read_body(request, body_limit, state.settings.body_idle_timeout_seconds)
+
     async def body(request: Request) -> dict[str, Any]:
-        raw = await read_body(request, body_limit, state.settings.body_idle_timeout_seconds)
-        if not raw.strip():
-            return {}
-        try:
-            payload = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise invalid_request(f"The request body is not valid JSON: {exc}.") from None
-        if not isinstance(payload, dict):
-            raise invalid_request("The request body must be a JSON object.")
-        return payload
+        # The admin endpoints' reading: a lone surrogate escape is refused here, not by the store
+        # (fuzz review: a 500).
+        return object_body(await raw_body(request))
 
     def link(request: Request, secret: str) -> str:
         return invite_url(base_url(state.settings, request, state), secret)
@@ -211,10 +207,12 @@ def routes(state: GatewayState) -> list[Route]:
         return 200, user_json(user)
 
     async def invite(request: Request) -> tuple[int, Any]:
+        no_fields(await raw_body(request))
         user, secret = await invite_user(store, request.path_params["user_id"])
         return 200, invited_json(user, link(request, secret))
 
     async def delete(request: Request) -> tuple[int, Any]:
+        no_fields(await raw_body(request))
         return 200, {**user_json(await delete_user(store, request.path_params["user_id"])), "deleted": True}
 
     return [

@@ -24,8 +24,16 @@ LineFormat = Literal["json", "text"]
 FLUSH_SECONDS: Final = 0.05
 
 
+# The handler configure() gave the root logger: the libraries' warnings and errors.
+_libraries: logging.Handler | None = None
+
+
 def configure(format_: str = "auto", level: str = "info", access: bool = True) -> None:
-    """Send the `gateway` loggers to stderr in the chosen format (once per process; again replaces it)."""
+    """Send the `gateway` loggers to stderr in the chosen format (once per process; again replaces
+    it), and the warnings and errors of the libraries' own loggers too: without a handler of the
+    root's they went out as bare lines in the JSON stream (fuzz review: python-multipart's word on
+    a malformed form)."""
+    global _libraries  # noqa: PLW0603 (one handler per process, replaced by a second call)
     use_json = uses_json(format_)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(format_))
@@ -35,6 +43,13 @@ def configure(format_: str = "auto", level: str = "info", access: bool = True) -
     root.addHandler(handler)
     root.setLevel(level.upper())
     root.propagate = False  # Granian's own handler would print it a second time
+    libraries = logging.StreamHandler(sys.stderr)
+    libraries.setFormatter(formatter(format_))
+    libraries.setLevel(logging.WARNING)
+    if _libraries is not None:
+        logging.getLogger().removeHandler(_libraries)
+    logging.getLogger().addHandler(libraries)
+    _libraries = libraries
     ACCESS.flush()
     ACCESS.format = ("json" if use_json else "text") if access else None
 
