@@ -447,13 +447,15 @@ def test_broken_connections_are_replaced(postgres_url: str) -> None:
 
 
 class Proxy:
-    """A TCP relay to PostgreSQL that can be cut (every connection dropped, new ones refused)."""
+    """A TCP relay to PostgreSQL that can be cut (every connection dropped, new ones refused) or
+    made `silent` (connections kept and taken, nothing passed on: a database that hangs)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.port = 0
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
+        self.silent = False
 
     async def open(self) -> None:
         self.server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -473,6 +475,8 @@ class Proxy:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
                 while data := await src.read(65536):
+                    if self.silent:
+                        continue
                     dst.write(data)
                     await dst.drain()
             except OSError:
@@ -515,6 +519,37 @@ def test_database_away_then_back(postgres_url: str, monkeypatch: pytest.MonkeyPa
                 await direct.close()
             assert await store.get_usage(r.id, key_id) == r
             assert await balance(store, account_id) == Decimal("8.5")
+        await proxy.cut()
+
+    asyncio.run(main())
+
+
+def test_ready_says_out_of_reach_within_its_second_when_the_database_hangs(postgres_url: str) -> None:
+    """A database that takes connections and never answers: /ready's check says so within its
+    second, every time, where the cancelled query was waited for again as its connection went back
+    to the pool, 30 s (the statement timeout; outage review). One check runs at a time."""
+    parts = urlsplit(postgres_url)
+
+    async def main() -> None:
+        proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+        await proxy.open()
+        url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}").geturl()
+        async with stores(url, 1) as (store,):
+            assert await store.ready() is None
+            proxy.silent = True
+            for _ in range(3):
+                started = time.monotonic()
+                reason = await store.ready()
+                assert reason is not None and reason.startswith("PostgreSQL is out of reach"), reason
+                assert time.monotonic() - started < 5, reason
+            proxy.silent = False
+            await proxy.cut()  # the connections that hang are dropped; new ones are answered
+            await proxy.open()
+
+            async def ready_again() -> bool:
+                return await store.ready() is None
+
+            await until(ready_again, 10.0)
         await proxy.cut()
 
     asyncio.run(main())

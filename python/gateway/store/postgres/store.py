@@ -168,6 +168,7 @@ class PostgresStore(PostgresConsole):
         self._control_task: asyncio.Task[None] | None = None
         self._live: tuple[float, int] = (0.0, 1)  # (monotonic time read, live owners)
         self._lease_epoch = 0  # bumped when this process was reclaimed while alive
+        self._schema_check: asyncio.Task[int | None] | None = None  # ready()'s query, while it runs
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -979,10 +980,18 @@ class PostgresStore(PostgresConsole):
         if self._pool is None:
             return "the store has not started"
         needed = len(migrations())
+        # The query runs as a task of its own, waited for READY_TIMEOUT_SECONDS: cut short within
+        # its connection's block, it was waited for again as the connection went back to the pool
+        # (asyncpg waits for the cancelled query), 30 s on a database that never answers (outage
+        # review). One runs at a time: the probes of a silent database take one connection.
+        check = self._schema_check
+        if check is None or check.done():
+            check = self._schema_check = asyncio.ensure_future(self._schema_version())
+            check.add_done_callback(_retrieved)
         try:
-            async with asyncio.timeout(READY_TIMEOUT_SECONDS):
-                async with self._pool.acquire() as conn:
-                    version = await conn.fetchval("SELECT max(version) FROM schema_migrations")
+            version = await asyncio.wait_for(asyncio.shield(check), READY_TIMEOUT_SECONDS)
+        except TimeoutError:
+            return f"PostgreSQL is out of reach: it did not answer within {READY_TIMEOUT_SECONDS:g} s"
         except Exception as exc:  # whatever it is, the store cannot serve: say so, never raise
             return f"PostgreSQL is out of reach: {type(exc).__name__}: {exc}"
         if version is None or version < needed:
@@ -991,6 +1000,12 @@ class PostgresStore(PostgresConsole):
         if failing is not None:
             return f"writes to PostgreSQL have failed for {failing:.0f} s"
         return None
+
+    async def _schema_version(self) -> int | None:
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            version: int | None = await conn.fetchval("SELECT max(version) FROM schema_migrations")
+            return version
 
     async def list_jobs(
         self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool
@@ -1377,3 +1392,10 @@ def _decoded_progress(found: Iterable[bytes]) -> list[Settlement]:
         except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
             log.error("a stream's progress that is not a settlement was dropped (%s): %r", exc, data[:200])
     return settlements
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A done callback that takes a background task's failure (ready()'s query, answered by then),
+    which asyncio would otherwise log as never retrieved."""
+    if not task.cancelled():
+        task.exception()
