@@ -56,6 +56,8 @@ class RateLimitHeaders:
         return True
 
     async def _state(self, scope: Scope, slot: KeySlot) -> RateState | None:
+        if slot.rate is not None and slot.rate.unreachable:
+            return None  # the buckets could not be reached for the request just now: none to show
         if slot.rate is not None:
             await self._limiter.corrected(slot.rate)  # a plain answer shows its corrected tokens
             try:

@@ -53,6 +53,9 @@ class RateState:
     remaining_tokens: int | None = None
     reserved_tokens: int = 0
     corrected: bool = False
+    # The buckets could not be reached for this request: its answer (a 503) shows no headers, rather
+    # than wait for them a second time (outage review: a blackholed Redis held the 503 for 1 s).
+    unreachable: bool = False
     # The correction under way in the store (Redis) when it was not made at once (RateLimiter.correct).
     correcting: asyncio.Task[None] | None = None
 
@@ -109,10 +112,11 @@ class RateLimiter:
     def _now(self) -> int | None:
         return None if self._now_ns is None else self._now_ns()
 
-    async def admit(self, ctx: KeyContext) -> RateState | None:
+    async def admit(self, ctx: KeyContext, scope: MutableMapping[str, Any] | None = None) -> RateState | None:
         """Take one request from the key's requests bucket, or refuse with 429 (503 when the
-        buckets cannot be reached). None when the key's account sets no limits. The tokens bucket
-        is left for the reservation (`reserve`): one operation on the buckets fewer a request."""
+        buckets cannot be reached: the request's KeySlot in `scope` then says so). None when the
+        key's account sets no limits. The tokens bucket is left for the reservation (`reserve`):
+        one operation on the buckets fewer a request."""
         rpm, tpm = ctx.account.rpm_limit, ctx.account.tpm_limit
         if rpm is None and tpm is None:
             return None
@@ -126,6 +130,8 @@ class RateLimiter:
                     await self.tokens_read(state)
                     raise _refused(state, taken.retry_after_ns, f"{rpm} requests per minute", "requests")
         except OSError as exc:
+            if scope is not None:
+                note_rate(scope, state)
             raise _unavailable(state, exc) from exc
         return state
 
@@ -277,6 +283,7 @@ def _unavailable(state: RateState, exc: OSError) -> GatewayError:
     """Nothing can be admitted while the buckets cannot be reached: the request is refused before
     it runs, so it is never charged, and may be sent again in a moment."""
     log.warning("the rate limits of key %s cannot be checked: %s", state.key_id, exc)
+    state.unreachable = True
     return ServiceUnavailable("rate-limit store", UNAVAILABLE_RETRY_SECONDS)
 
 

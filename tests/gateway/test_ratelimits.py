@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from gateway.buckets import BucketStore, FileBuckets
+from gateway.config import load_settings
 from gateway.errors import GatewayError
 from gateway.estimates import DEFAULT_RESERVED_OUTPUT, TextEstimate
 from gateway.pricing import Usage
@@ -28,7 +30,16 @@ from gateway.ratelimits import RateLimiter, RateState, reserved_tokens
 from gateway.redis_buckets import RedisBuckets
 from gateway.redis_client import connect
 from gateway.store import Account, ApiKey, KeyContext
-from harness import Gateway, chat_model, forget_redis_keys, free_port, gateway, wait_until_listening
+from harness import (
+    Gateway,
+    chat_model,
+    eventually,
+    forget_redis_keys,
+    free_port,
+    gateway,
+    running,
+    wait_until_listening,
+)
 
 MODEL = "openai/gpt-4o-mini"
 CHAT = "/v1/chat/completions"
@@ -441,3 +452,41 @@ def test_redis_going_away_and_coming_back(redis_url: str, sim_url: str, tmp_path
                 assert int(back.headers["x-ratelimit-remaining-requests"]) < 1000
                 for _ in range(4):
                     assert lc.post(CHAT, json=BODY).status_code == 200
+
+
+@contextmanager
+def blackhole() -> Iterator[int]:
+    """A port that takes connections and never answers (a Redis that hangs): its port."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_redis_that_never_answers_is_waited_for_once(sim_url: str, tmp_path: Path) -> None:
+    """A limited key's request while Redis hangs waits for its admission once (0.5 s) and is
+    answered 503 without x-ratelimit-* headers: the answer no longer asked Redis for them a second
+    time, which doubled the wait (outage review)."""
+    with blackhole() as redis_port:
+        port = free_port()
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f"[server]\nport = {port}\ndrain_notice_seconds = 0\n"
+            f'[store]\npath = "{tmp_path / "gw.db"}"\n'
+            + redis_toml(f"redis://127.0.0.1:{redis_port}/0")
+            + chat_model(MODEL, "gpt-4o-mini", sim_url)
+        )
+        out = tmp_path / "gateway.log"
+        with running(["serve", "--config", str(config)], port, output=out) as proc:
+            gw2 = Gateway(f"http://127.0.0.1:{port}", proc, load_settings(config), config)
+            limited = gw2.new_key(rpm_limit=1000, tpm_limit=100_000)
+            with gw2.client(limited.key) as lc:
+                down = lc.post(CHAT, json=BODY)
+            assert down.status_code == 503, down.text
+            assert down.json()["error"]["code"] == "service_unavailable"
+            assert not [name for name in down.headers if name.startswith("x-ratelimit")]
+            eventually(lambda: "cannot be checked" in out.read_text(), what="the admission's warning")
+            text = out.read_text()
+    assert text.count(f"the rate limits of key {limited.key_id} cannot be checked") == 1
+    assert f"reading the rate limits of key {limited.key_id}" not in text

@@ -343,7 +343,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
         call.trace = trace(scope)
         replayed_code: str | None = None  # an Idempotency-Key's replayed error, for its log entry
         try:
-            call.rate = await state.limiter.admit(ctx)
+            call.rate = await state.limiter.admit(ctx, request.scope)
             note_rate(request.scope, call.rate)  # for the answer's x-ratelimit-* headers
             key = idempotency.requested_key(request) if idempotent else None
             body = await read_body(
