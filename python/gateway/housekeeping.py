@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from .clock import now_ms
 from .console.security import IDLE_MS
+from .loop_failures import QuietWhileAway
 from .state import GatewayState
 from .telemetry.metrics import forget_dead_processes
 
@@ -39,18 +40,22 @@ async def purge_expired(state: GatewayState) -> None:
         "video files": state.store.purge_video_files,
         "console sessions": lambda now: state.store.purge_console_sessions(now, IDLE_MS),
     }
+    said = {what: QuietWhileAway(log, f"purging expired {what}") for what in purges}
     while True:
         await asyncio.sleep(interval)
         now = now_ms()
         for what, purge in purges.items():
             try:
                 await purge(now)
-            except Exception:  # retried at the next tick; the task must not die
-                log.exception("purging expired %s failed", what)
+            except Exception as exc:  # retried at the next tick; the task must not die
+                said[what].failed(exc)
+            else:
+                said[what].succeeded()
 
 
 async def tend_leases(state: GatewayState) -> None:
     passes = 0
+    said = QuietWhileAway(log, "tending leases")
     while True:
         await asyncio.sleep(LEASE_INTERVAL_SECONDS)
         passes += 1
@@ -59,8 +64,10 @@ async def tend_leases(state: GatewayState) -> None:
             await state.funds.return_idle()
             if passes % RECLAIM_EVERY == 0:
                 await state.store.reclaim_orphans()
-        except Exception:  # retried at the next tick; the task must not die
-            log.exception("tending leases failed")
+        except Exception as exc:  # retried at the next tick; the task must not die
+            said.failed(exc)
+        else:
+            said.succeeded()
 
 
 async def flush_metrics(state: GatewayState) -> None:
@@ -79,6 +86,7 @@ async def sample_gauges(state: GatewayState) -> None:
     metrics = state.telemetry.metrics
     seen_jobs: set[tuple[str, str]] = set()
     passes = 0
+    said = QuietWhileAway(log, "sampling the metrics' gauges")
     while True:
         try:
             forget_dead_processes()
@@ -90,7 +98,9 @@ async def sample_gauges(state: GatewayState) -> None:
                 counts = await state.store.job_counts()
                 seen_jobs.update(counts)
                 metrics.jobs(counts, seen_jobs)
-        except Exception:  # sampled again at the next tick; the task must not die
-            log.exception("sampling the metrics' gauges failed")
+        except Exception as exc:  # sampled again at the next tick; the task must not die
+            said.failed(exc)
+        else:
+            said.succeeded()
         passes += 1
         await asyncio.sleep(GAUGE_INTERVAL_SECONDS)

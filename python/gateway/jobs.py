@@ -32,6 +32,7 @@ from .clock import now_ms
 from .config import ChannelConfig, JobSettings, ModelConfig, Settings
 from .context import Call
 from .errors import GatewayError
+from .loop_failures import QuietWhileAway
 from .providers import PROVIDERS, resource_url
 from .providers.base import is_success, read_capped, send, upstream_error
 from .providers.http import UPSTREAM_FAILURES
@@ -80,11 +81,14 @@ async def record(state: GatewayState, call: Call, job: Job, answer: Response | N
 async def drive_jobs(state: GatewayState, kinds: Mapping[str, JobKind]) -> None:
     """Poll every unfinished job when it is due, forever (a task of every worker process)."""
     pause = min(1.0, *(settings_of(state.settings, kind).poll_seconds / 2 for kind in kinds))
+    said = QuietWhileAway(log, "polling jobs")
     while True:
         try:
             await poll_due(state, kinds)
-        except Exception:
-            log.exception("polling jobs failed; trying again")
+        except Exception as exc:  # tried again after the pause
+            said.failed(exc)
+        else:
+            said.succeeded()
         await asyncio.sleep(pause)
 
 
