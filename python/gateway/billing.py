@@ -287,18 +287,23 @@ class StreamOutcome:
     delivered_reasoning: str  # the reasoning among delivered_text (billed at its own price)
     counted_audio: int = 0  # of counted_prompt, its audio's tokens
     spoken: bool = False  # the answer is spoken: delivered_text is the transcript of audio
+    # The upstream counts reasoning apart from output (providers.reasoning_apart): else delivered
+    # reasoning is billed as output, as the upstream's own usage of a whole stream bills it.
+    reasoning_apart: bool = True
 
 
 def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
     """Spec 6.1.9: a stream is billed its full prompt plus the output the client was sent (the
-    reasoning in it, which counts as output, at the model's reasoning price as a whole stream's
-    is); output generated after the stop is not billed, and a stream that sent no output is not
-    billed. A complete stream is billed the upstream's own usage when it sent one; so is a spoken
-    one whose usage came (its audio is counted only at its end, after the whole answer). A stream
-    cut short is billed its prompt as the upstream counted it when it said (each kind at its
-    price: cache reads and writes, audio), else as the gateway counted it (its audio too); a spoken
-    one cut before its usage came, its delivered transcript's tokens as audio output, the least
-    the audio sent with it can have taken (each audio token is a fraction of a second)."""
+    reasoning in it, which counts as output, at the price a whole stream's is: the model's reasoning
+    price where the upstream counts reasoning apart, else its output price; review: cut short, a
+    Claude stream's thinking cost more than the whole answer's); output generated after the stop
+    is not billed, and a stream that sent no output is not billed. A complete stream is billed the
+    upstream's own usage when it sent one; so is a spoken one whose usage came (its audio is
+    counted only at its end, after the whole answer). A stream cut short is billed its prompt as
+    the upstream counted it when it said (each kind at its price: cache reads and writes, audio),
+    else as the gateway counted it (its audio too); a spoken one cut before its usage came, its
+    delivered transcript's tokens as audio output, the least the audio sent with it can have taken
+    (each audio token is a fraction of a second)."""
     reported = outcome.reported
     if reported is not None and (outcome.complete or reported.audio_completion_tokens):
         return reported_usage(reported)
@@ -306,7 +311,9 @@ def stream_usage(model: ModelConfig, outcome: StreamOutcome) -> Usage:
         return Usage()
     reasoning = outcome.delivered_reasoning
     completion = count_tokens(outcome.delivered_text, model.tokenizer)
-    reasoning_tokens = count_tokens(reasoning, model.tokenizer) if reasoning else 0
+    reasoning_tokens = (
+        count_tokens(reasoning, model.tokenizer) if reasoning and outcome.reasoning_apart else 0
+    )
     spoken = completion - reasoning_tokens if outcome.spoken else 0
     if reported is not None and reported.prompt_tokens:
         said = reported_usage(reported)

@@ -491,6 +491,20 @@ def advisories(settings: Settings) -> tuple[str, ...]:
             f"{_some(unpriced_videos)}: a video model is charged per second of video, and `second` is "
             "not priced: its videos are free. Set [models.prices] second."
         )
+    from .providers import reasoning_apart
+
+    unused_reasoning = [
+        m.name
+        for m in settings.models
+        if m.prices.reasoning != m.prices.output
+        and m.type in TEXT_MODEL_TYPES
+        and not any(reasoning_apart(channel, m.type) for channel in m.channels)
+    ]
+    if unused_reasoning:
+        found.append(
+            f"{_some(unused_reasoning)}: a `reasoning` price is set, but the upstream counts thinking "
+            "within its output tokens (Anthropic's Messages, Bedrock): it is billed at the output price."
+        )
     return tuple(found)
 
 

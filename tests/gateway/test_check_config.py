@@ -389,3 +389,23 @@ def test_a_model_without_prices_is_a_warning(tmp_path: Path) -> None:
     assert warnings[0].startswith(f"{config}: warning: a/free has no prices: every request is served free")
     assert warnings[1].startswith(f"{config}: warning: a/video: a video model is charged per second")
     assert not any("a/priced" in w or "a/moderation" in w for w in warnings)
+
+
+def test_a_reasoning_price_the_upstream_cannot_apply_is_a_warning(tmp_path: Path) -> None:
+    """Anthropic's Messages and Bedrock count thinking within the output tokens: a `reasoning`
+    price set on such a model is never used (its thinking is billed as output), and says so."""
+    config = tmp_path / "models.toml"
+    prices = '[models.prices]\ninput = "1"\noutput = "2"\nreasoning = "8"\n'
+    config.write_text(
+        '[[models]]\nname = "a/claude"\ntype = "messages"\nmax_output_tokens = 4096\n'
+        + prices
+        + '[[models.channels]]\nprovider = "anthropic"\nbase_url = "http://127.0.0.1:1"\n'
+        + '[[models]]\nname = "a/o4"\ntype = "chat"\nmax_output_tokens = 4096\n'
+        + prices
+        + '[[models.channels]]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+    )
+    done = check(config, {"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "reasoning" in line]
+    assert warning.startswith(f"{config}: warning: a/claude: a `reasoning` price is set, but the upstream")
+    assert "a/o4" not in warning

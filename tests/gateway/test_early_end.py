@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -399,3 +399,51 @@ def test_failure_before_any_output_is_json_error_and_free(quick: Gateway, shape:
     for directive, key, before in watched:
         assert quick.balance(key.account_id) == before, directive
         assert usage_rows(quick, key.account_id) == 0, directive
+
+
+# ---------------------------------------------------------------- reasoning at the price a whole stream pays
+
+DEAR_THINKING = replace(PRICES, reasoning=Decimal(100))
+
+
+@pytest.fixture(scope="module")
+def dear(sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway whose models price reasoning apart, ten times their output."""
+
+    def priced(toml: str) -> str:
+        return toml.replace('output = "10.00"\n', 'output = "10.00"\nreasoning = "100.00"\n')
+
+    models = priced(chat_model(CHAT.model, "gpt-4o-mini", sim_url)) + priced(
+        chat_model(MESSAGES.model, "claude-sonnet-4-5", sim_url, type_="messages", provider="anthropic")
+    )
+    with gateway(tmp_path_factory.mktemp("dear-thinking"), models) as g:
+        yield g
+
+
+@pytest.mark.parametrize(
+    ("shape", "apart"), [(CHAT, True), (MESSAGES, False), (CHAT_TO_MESSAGES, False), (MESSAGES_TO_CHAT, True)]
+)
+def test_streamed_reasoning_is_priced_as_the_whole_stream_prices_it(
+    dear: Gateway, shape: Shape, apart: bool
+) -> None:
+    """OpenAI's usage counts reasoning apart: at the reasoning price, whole or cut. Anthropic's
+    counts thinking within its output tokens, so a whole Claude stream pays output prices for it,
+    and its thinking cut short does too (review: at the reasoning price, three thinking tokens cost
+    more than the whole answer)."""
+    key = dear.new_key()
+    whole = stream(dear, key, shape, f"whole {shape.name} [sim tokens=8 reasoning=5]")
+    cut = stream(
+        dear, key, shape, f"cut {shape.name} [sim tokens=8 reasoning=5 drop_after=3 pace={DROP_PACE}]"
+    )
+    charged = []
+    for got in (whole, cut):
+        record = dear.usage_record(key.key, got.rid)
+        usage = record["usage"]
+        reasoning = min(5, usage["completion_tokens"]) if apart else 0  # the first five are thinking
+        priced = cost(
+            DEAR_THINKING,
+            Usage(usage["prompt_tokens"], usage["completion_tokens"], reasoning_tokens=reasoning),
+        )
+        assert Decimal(str(record["cost"])) == priced, (got.rid, usage)
+        charged.append(priced)
+    assert charged[1] < charged[0]  # three tokens of the stream cost less than all of it

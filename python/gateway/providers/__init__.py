@@ -84,6 +84,15 @@ def resource_url(channel: ChannelConfig, path: str) -> str:
     return channel.base_url + path
 
 
+def reasoning_apart(channel: ChannelConfig, model_type: str) -> bool:
+    """Whether the upstream's usage counts a model's reasoning apart from its output (OpenAI's
+    reasoning_tokens, Gemini's thoughtsTokenCount). Anthropic's Messages (on Vertex too) and
+    Bedrock's Converse count thinking within the output tokens and show a summary of it, not all
+    of it: there the gateway cannot know what of the output was thinking, and bills it as output,
+    at the output price, whole or cut short (billing.stream_usage)."""
+    return model_type != "messages" and channel.provider != "bedrock"
+
+
 PROVIDERS: Final[Mapping[str, Provider]] = {
     "openai": openai,
     "anthropic": anthropic,
@@ -104,6 +113,7 @@ __all__ = [
     "cohere",
     "gemini",
     "openai",
+    "reasoning_apart",
     "resource_url",
     "vertex",
 ]

@@ -21,7 +21,7 @@ from ..deadline import within
 from ..drain import CUT_MESSAGE
 from ..errors import ErrorCode, GatewayError, unexpected_failure
 from ..pricing import ReportedUsage
-from ..providers import PROVIDERS, StreamTranslator
+from ..providers import PROVIDERS, StreamTranslator, reasoning_apart
 from ..providers.base import stream_failure
 from ..providers.http import UPSTREAM_FAILURES, UpstreamResponse, is_timeout
 from ..request_log import STREAM_SUMMARY
@@ -188,8 +188,10 @@ async def forward_stream(
             slot.release()
             raise
 
+    apart = reasoning_apart(slot.channel, model.type)
+
     def outcome(delivered: int, complete: bool) -> billing.StreamOutcome:
-        return stream_outcome(rewriter, call, counted_prompt, delivered, complete)
+        return stream_outcome(rewriter, call, counted_prompt, delivered, complete, apart)
 
     async def body() -> AsyncGenerator[bytes, None]:
         # The error that ends the stream, as (code, message), once the model fails mid-way; the
@@ -338,10 +340,15 @@ async def forward_stream(
 
 
 def stream_outcome(
-    rewriter: StreamRewriter, call: Call, counted_prompt: int, delivered: int, complete: bool
+    rewriter: StreamRewriter,
+    call: Call,
+    counted_prompt: int,
+    delivered: int,
+    complete: bool,
+    apart: bool = True,
 ) -> billing.StreamOutcome:
     """What billing reads of a stream whose client was sent the output up to `delivered` (a mark
-    of `rewriter.output_len`)."""
+    of `rewriter.output_len`); `apart` as providers.reasoning_apart says of its channel."""
     return billing.StreamOutcome(
         complete,
         rewriter.usage,
@@ -350,6 +357,7 @@ def stream_outcome(
         rewriter.reasoning_upto(delivered),
         call.prompt_audio,
         rewriter.spoken,
+        apart,
     )
 
 
