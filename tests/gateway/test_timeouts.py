@@ -123,3 +123,22 @@ def test_keepalives_are_no_output_for_the_idle_window(quick: Gateway, after: int
         assert r.status_code == 200
         events = [e for e in raw.split(b"\n\n") if e]
         assert b'"code":"timeout"' in events[-1] and b"keep-alive" not in raw
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_keepalives_just_inside_the_window_do_not_stretch_it(quick: Gateway, after: int) -> None:
+    """The window runs from the last output, whatever the keep-alives do: a keep-alive restarted
+    the upstream's read timeout and the window was checked only when the next one came, so one
+    every 0.9 s held a 1 s window open for 1.8 s (usage review: up to twice the window)."""
+    handle = quick.new_key()
+    last_output = time.monotonic()  # with after=0 the window runs from the request
+    with (
+        quick.client(handle.key) as c,
+        c.stream("POST", CHAT, json=body(f"[sim tokens=9 stall_after={after} ping=900ms]", True)) as r,
+    ):
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                last_output = time.monotonic()
+        ended = time.monotonic()
+    assert 0.9 < ended - last_output < 1.45, ended - last_output
+    assert r.status_code == (408 if after == 0 else 200)

@@ -126,6 +126,7 @@ async def forward_stream(
         # JSON error with its own status (spec 6.1.7), and nothing is billed (6.1.9).
         first = b""
         since = clock()
+        bounded = False  # the upstream's read timeout is what is left of the window
         try:
             while not (rewriter.saw_output or rewriter.done or rewriter.error is not None):
                 chunk = await anext(chunks, b"")
@@ -133,10 +134,16 @@ async def forward_stream(
                     first += rewriter.finish()
                     break
                 first += rewriter.feed(chunk)
-                if clock() - since > idle and not (rewriter.saw_output or rewriter.done):
+                if not (rewriter.saw_output or rewriter.done):
                     # Keep-alives are no output (spec 8: "without model output"): an upstream that
                     # only pings is as silent as one that sends nothing (review: it held on).
-                    raise _IdleTimeout
+                    silent = clock() - since
+                    if silent > idle:
+                        raise _IdleTimeout
+                    bound_silence(response, idle - silent)
+                    bounded = True
+            if bounded and rewriter.saw_output:
+                response.allow_silence(idle)  # from its first token, the whole window again
         except BaseException as exc:
             response.release()
             if is_timeout(exc) or isinstance(exc, _IdleTimeout):
@@ -232,15 +239,18 @@ async def forward_stream(
                 state, call, model, rid, outcome(delivered, False), progress.entry(state, request, call)
             )
             quiet_since = clock()  # the last output's time: keep-alives are none (spec 8)
+            bounded = False  # the upstream's read timeout is what is left of the window
             if rewriter.error is None and not rewriter.done:
                 async for chunk in upstream:
                     out = rewriter.feed(chunk)
                     if on_end is not None and rewriter.done:  # no coroutine a chunk otherwise
                         out += await end(on_end)
+                    spoke = False
                     if out:
                         yield out
                         if rewriter.output_len != delivered:
                             quiet_since = clock()
+                            spoke = True
                         delivered = rewriter.output_len
                         if rewriter.done:
                             # The client has the whole answer: what remains is the upstream's
@@ -257,9 +267,20 @@ async def forward_stream(
                             )
                     if rewriter.error is not None:
                         break
-                    if clock() - quiet_since > idle and not rewriter.done:
-                        idled = True
-                        break
+                    if spoke:
+                        if bounded:  # output again: the whole window from now
+                            bounded = False
+                            response.allow_silence(idle)
+                    elif not rewriter.done:
+                        silent = clock() - quiet_since
+                        if silent > idle:
+                            idled = True
+                            break
+                        # A keep-alive restarted the upstream's read timeout: what is left of the
+                        # window bounds the next read instead (review: a ping every P seconds
+                        # stretched the window by up to P).
+                        bound_silence(response, idle - silent)
+                        bounded = True
                 else:
                     tail = rewriter.finish()
                     if on_end is not None and rewriter.done:
@@ -337,6 +358,11 @@ async def forward_stream(
         headers=headers,
     )
     return held
+
+
+def bound_silence(response: UpstreamResponse, seconds: float) -> None:
+    """The upstream may be silent `seconds` more (never 0 s, which is no bound at all)."""
+    response.allow_silence(seconds if seconds > 0.001 else 0.001)
 
 
 def stream_outcome(
