@@ -98,9 +98,8 @@ async def sample_gauges(state: GatewayState) -> None:
                 counts = await state.store.job_counts()
                 seen_jobs.update(counts)
                 metrics.jobs(counts, seen_jobs)
+                said.succeeded()  # only a pass that asked the store can say it is back
         except Exception as exc:  # sampled again at the next tick; the task must not die
             said.failed(exc)
-        else:
-            said.succeeded()
         passes += 1
         await asyncio.sleep(GAUGE_INTERVAL_SECONDS)

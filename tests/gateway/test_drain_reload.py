@@ -161,9 +161,10 @@ def test_a_worker_told_to_stop_three_times_still_drains(tmp_path: Path, sim_url:
         ) as stream:
             lines = stream.iter_lines()
             next(line for line in lines if line.startswith("data: {"))
+            signalled = time.monotonic()
             for _ in range(3):
                 os.kill(worker, signal.SIGTERM)
-            signalled = time.monotonic()
+                time.sleep(0.2)  # handled before the next: one still pending would absorb it
             chunks.extend((time.monotonic(), line.encode()) for line in lines if line.startswith("data: "))
         # The stream flowed on after the signals, to the drain's deadline, and ended as a drained
         # stream does (the error chunk), not with the worker frozen at once.

@@ -71,3 +71,41 @@ def test_tending_leases_while_the_store_is_away_logs_no_traceback(
         asyncio.run(main())
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert caplog.records[0].exc_info is None
+
+
+def test_the_gauges_say_an_outage_once_though_most_passes_never_ask_the_store(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is asked every JOB_SAMPLE_EVERY passes: the others must not say it is back (diff
+    review: a warning and a false "resumed" every 15 s)."""
+    monkeypatch.setattr(housekeeping, "GAUGE_INTERVAL_SECONDS", 0.002)
+    asked = 0
+
+    async def job_counts() -> dict[tuple[str, str], int]:
+        nonlocal asked
+        asked += 1
+        raise StoreUnavailable("PostgreSQL is out of reach: refused")
+
+    async def report() -> dict[str, list[dict[str, str]]]:
+        return {}
+
+    funds = SimpleNamespace(open_holds=0, money_held=lambda: 0)
+    metrics = SimpleNamespace(holds=lambda *_: None, channel_state=lambda *_: None, jobs=lambda *_: None)
+    state: Any = SimpleNamespace(
+        funds=funds,
+        router=SimpleNamespace(report=report),
+        store=SimpleNamespace(job_counts=job_counts),
+        telemetry=SimpleNamespace(metrics=metrics),
+    )
+
+    async def main() -> None:
+        task = asyncio.create_task(housekeeping.sample_gauges(state))
+        while asked < 5:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.INFO, logger="gateway.housekeeping"):
+        asyncio.run(main())
+    assert [r.levelname for r in caplog.records] == ["WARNING"]

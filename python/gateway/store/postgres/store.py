@@ -168,7 +168,6 @@ class PostgresStore(PostgresConsole):
         self._control_task: asyncio.Task[None] | None = None
         self._live: tuple[float, int] = (0.0, 1)  # (monotonic time read, live owners)
         self._lease_epoch = 0  # bumped when this process was reclaimed while alive
-        self._schema_check: asyncio.Task[int | None] | None = None  # ready()'s query, while it runs
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -980,18 +979,8 @@ class PostgresStore(PostgresConsole):
         if self._pool is None:
             return "the store has not started"
         needed = len(migrations())
-        # The query runs as a task of its own, waited for READY_TIMEOUT_SECONDS: cut short within
-        # its connection's block, it was waited for again as the connection went back to the pool
-        # (asyncpg waits for the cancelled query), 30 s on a database that never answers (outage
-        # review). One runs at a time: the probes of a silent database take one connection.
-        check = self._schema_check
-        if check is None or check.done():
-            check = self._schema_check = asyncio.ensure_future(self._schema_version())
-            check.add_done_callback(_retrieved)
         try:
-            version = await asyncio.wait_for(asyncio.shield(check), READY_TIMEOUT_SECONDS)
-        except TimeoutError:
-            return f"PostgreSQL is out of reach: it did not answer within {READY_TIMEOUT_SECONDS:g} s"
+            version = await self._schema_version()
         except Exception as exc:  # whatever it is, the store cannot serve: say so, never raise
             return f"PostgreSQL is out of reach: {type(exc).__name__}: {exc}"
         if version is None or version < needed:
@@ -1002,10 +991,28 @@ class PostgresStore(PostgresConsole):
         return None
 
     async def _schema_version(self) -> int | None:
+        """ready()'s query, answered within READY_TIMEOUT_SECONDS or TimeoutError. A query still
+        running then is not cancelled but its connection closed at once: a cancelled one was
+        waited for as its connection went back to the pool (asyncpg waits for the cancellation), 30
+        s on a database that never answers (outage review); and a probe shares nothing with the
+        one before, so the first after the database's return says so."""
         assert self._pool is not None
-        async with self._pool.acquire() as conn:
-            version: int | None = await conn.fetchval("SELECT max(version) FROM schema_migrations")
-            return version
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT_SECONDS
+        async with asyncio.timeout_at(deadline):
+            conn = await self._pool.acquire()
+        query = asyncio.ensure_future(conn.fetchval("SELECT max(version) FROM schema_migrations"))
+        try:
+            await asyncio.wait({query}, timeout=max(deadline - loop.time(), 0.0))
+        finally:
+            if not query.done():
+                conn.terminate()
+                query.add_done_callback(_retrieved)
+            await self._pool.release(conn)
+        if not query.done():
+            raise TimeoutError(f"no answer within {READY_TIMEOUT_SECONDS:g} s")
+        version: int | None = query.result()
+        return version
 
     async def list_jobs(
         self, key_id: str, kind: str, *, after: str | None, limit: int, newest_first: bool
