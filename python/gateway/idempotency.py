@@ -126,7 +126,7 @@ def _named_model(state: GatewayState, request: Request, call: Call, body: bytes)
 
     content_type = request.headers.get("content-type", "")
     name: object = None
-    parts = form_parts(body, content_type)
+    parts = form_parts(body, content_type, repeatable=None)
     if parts is not None:
         name = next((p.data.decode(errors="replace") for p in parts if p.name == "model"), None)
     else:

@@ -539,3 +539,26 @@ def test_image_dimensions_come_from_the_headers() -> None:
         assert image_files.dimensions(data) == (321, 123), data[:16]
     assert image_files.dimensions(b"\x89PNG\r\n\x1a\n") is None
     assert image_files.dimensions(b"GIF89a" + bytes(20)) is None
+
+
+@pytest.mark.parametrize("field", ["n", "size", "quality", "mask", "model", "prompt"])
+def test_an_edit_field_given_twice_is_refused(gw: Gateway, key: KeyHandle, field: str) -> None:
+    """The gateway holds and bills one copy of a field: an upstream that read the other would run
+    another request than the one paid for (evasion review: n=5 in HD sent before n=1, held and
+    charged as one standard image). Several `image` parts are several source images."""
+    one = {"n": "1", "size": "1024x1024", "quality": "low", "model": GPT_IMAGE, "prompt": "p"}
+    upload = ("m.png", PNG, "image/png")
+    parts: list[tuple[str, Any]] = [
+        ("image", ("a.png", PNG, "image/png")),
+        ("image", ("b.png", PNG, "image/png")),
+    ]
+    parts += [(name, (None, value)) for name, value in one.items()]
+    parts.append((field, upload if field == "mask" else (None, one[field])))
+    if field == "mask":
+        parts.append(("mask", upload))
+    before = gw.balance(key.account_id)
+    with gw.client(key.key) as c:
+        r = c.post("/v1/images/edits", files=parts)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("invalid_request", field)
+    assert gw.balance(key.account_id) == before

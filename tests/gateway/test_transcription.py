@@ -257,3 +257,19 @@ def test_subtitles_words_are_their_cues_lines() -> None:
     )
     vtt = "WEBVTT\n\n00:00.000 --> 00:01.500\nHello there.\n\n00:01.500 --> 00:03.000\nGeneral Kenobi.\n"
     assert _cue_text(srt) == _cue_text(vtt) == "Hello there.\nGeneral Kenobi."
+
+
+@pytest.mark.parametrize("field", ["file", "model", "response_format"])
+def test_a_field_given_twice_is_refused(gw: Gateway, key: KeyHandle, field: str) -> None:
+    """The hold and the bill read one copy: a second, longer file (or another model) the upstream
+    may read instead was never held (evasion review: 60 s transcribed, 1 s charged)."""
+    parts: list[tuple[str, Any]] = [
+        ("model", (None, WHISPER)),
+        ("file", ("a.wav", wav(1.0), "audio/wav")),
+        ("response_format", (None, "json")),
+    ]
+    parts += [part for part in parts if part[0] == field]
+    with gw.client(key.key) as c:
+        r = c.post("/v1/audio/transcriptions", files=parts)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("invalid_request", field)

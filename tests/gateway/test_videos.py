@@ -329,3 +329,18 @@ def test_an_expired_file_has_no_download_url(sim_url: str, tmp_path: Path) -> No
             later = c.get(f"{VIDEOS}/{created.id}").json()
             assert later["status"] == "completed" and later["download_url"] is None
             assert c.get(f"{VIDEOS}/{created.id}/content").status_code == 404
+
+
+def test_a_form_field_given_twice_is_refused(vgw: Gateway, key: KeyHandle) -> None:
+    """Held for one copy of `seconds`, a job whose upstream read the other would render (and be
+    charged for) another length (evasion review: 12 s sent before 4 s, 4 s held)."""
+    parts = [
+        ("model", (None, SORA)),
+        ("prompt", (None, "x")),
+        ("seconds", (None, "12")),
+        ("seconds", (None, "4")),
+    ]
+    with vgw.client(key.key) as c:
+        r = c.post(VIDEOS, files=parts)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("invalid_request", "seconds")

@@ -42,6 +42,7 @@ from .upstream import call_upstream, window_closed, window_left
 
 IMAGE_FIELDS = ("image", "image[]")  # one image, or several as the openai client sends a list
 EDIT_FIELDS = REQUIRED_FIELDS["image"] | frozenset(IMAGE_FIELDS)
+REPEATABLE = frozenset({"image"})  # several source images, each its own `image` part
 UPLOADS = (*IMAGE_FIELDS, "mask")
 ACCEPTED_UPLOADS = frozenset({"image/png", "image/jpeg", "image/webp"})  # what OpenAI's edits take
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024  # one image linked from an upstream answer
@@ -82,7 +83,7 @@ def routes(state: GatewayState) -> list[Route]:
     async def edits(request: Request, call: Call) -> Response:
         raw = await read_body(request, state.settings.max_request_bytes)
         content_type = request.headers.get("content-type", "")
-        parts = form_parts(raw, content_type)
+        parts = form_parts(raw, content_type, REPEATABLE)
         if parts is None:
             raise invalid_request("The request must be a well-formed multipart/form-data body.")
         fields = {p.name: p.data.decode(errors="replace") for p in parts if p.name not in UPLOADS}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..config import ChannelConfig
 from ..core import MultipartPart, parse_multipart
+from ..errors import invalid_request
 from ..routing import ChannelBody
 
 FORM_TYPE = "multipart/form-data"
@@ -19,9 +20,25 @@ def is_form(content_type: str) -> bool:
     return content_type[: len(FORM_TYPE)].lower() == FORM_TYPE
 
 
-def form_parts(raw: bytes, content_type: str) -> list[MultipartPart] | None:
-    """The parts of a form body; None when it is not a well-formed form."""
-    return parse_multipart(raw, content_type) if is_form(content_type) else None
+def form_parts(
+    raw: bytes, content_type: str, repeatable: frozenset[str] | None = frozenset()
+) -> list[MultipartPart] | None:
+    """The parts of a form body; None when it is not a well-formed form. A field given more than
+    once is refused (400 naming it) unless it is a list (`name[]`) or among `repeatable` (None:
+    any, for a reader that only looks): the gateway holds and bills one copy, and an upstream
+    that read another would run another request than the one paid for (evasion review: five HD
+    images held and charged as one)."""
+    if not is_form(content_type):
+        return None
+    parts = parse_multipart(raw, content_type)
+    if parts is not None and repeatable is not None:
+        seen: set[str] = set()
+        for part in parts:
+            name = part.name
+            if name in seen and not name.endswith("[]") and name not in repeatable:
+                raise invalid_request(f"`{name}` is given more than once; it takes one value.", name)
+            seen.add(name)
+    return parts
 
 
 @dataclass(frozen=True, slots=True)
