@@ -33,6 +33,10 @@ from .common import REQUEST_ID_HEADER, HeldStream
 from .upstream import open_stream
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# A chunk without output this soon after the last output (mostly the first piece of an event split
+# across reads) leaves the upstream's read timeout as it is: it stretches the idle window by this
+# share of it at most, and a stream's split events do not re-arm a timer each.
+UNBOUNDED_SHARE: Final = 0.1
 # How often a running stream journals what it delivered (see _Progress).
 PROGRESS_CHUNKS = 64
 PROGRESS_SECONDS = 1.0
@@ -140,8 +144,9 @@ async def forward_stream(
                     silent = clock() - since
                     if silent > idle:
                         raise _IdleTimeout
-                    bound_silence(response, idle - silent)
-                    bounded = True
+                    if silent > idle * UNBOUNDED_SHARE:
+                        bound_silence(response, idle - silent)
+                        bounded = True
             if bounded and rewriter.saw_output:
                 response.allow_silence(idle)  # from its first token, the whole window again
         except BaseException as exc:
@@ -276,11 +281,12 @@ async def forward_stream(
                         if silent > idle:
                             idled = True
                             break
-                        # A keep-alive restarted the upstream's read timeout: what is left of the
-                        # window bounds the next read instead (review: a ping every P seconds
-                        # stretched the window by up to P).
-                        bound_silence(response, idle - silent)
-                        bounded = True
+                        if silent > idle * UNBOUNDED_SHARE:
+                            # A keep-alive restarted the upstream's read timeout: what is left of
+                            # the window bounds the next read instead (review: a ping every P
+                            # seconds stretched the window by up to P).
+                            bound_silence(response, idle - silent)
+                            bounded = True
                 else:
                     tail = rewriter.finish()
                     if on_end is not None and rewriter.done:
