@@ -758,7 +758,8 @@ def test_an_upstream_s_output_items_are_known_to_their_account_only(new_store: S
             await store.remember_items(mine, [second], now + 500)  # named again by a later turn
             await store.remember_items(mine, [second], now + 50)  # an earlier expiry changes nothing
             assert await store.known_items(mine, [first, second], now + 100) == {second}
-            assert await store.purge_responses(now + 100) == 2
+            # (at least: on PostgreSQL the database is shared, and other tests' expired rows go too)
+            assert await store.purge_responses(now + 100) >= 2
             assert await store.known_items(mine, [first, second], now) == {second}
             assert await store.known_items(other, [third], now) == set()
 
