@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +16,20 @@ import pytest
 from gateway import housekeeping
 from gateway.loop_failures import QuietWhileAway
 from gateway.store.postgres.errors import StoreUnavailable
+
+
+def run_until(loop: Callable[[], Coroutine[Any, Any, None]], done: Callable[[], bool]) -> None:
+    """Run a background loop as a task until `done()`, then cancel it."""
+
+    async def main() -> None:
+        task = asyncio.create_task(loop())
+        while not done():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
 
 
 def test_an_outage_is_said_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -59,16 +74,8 @@ def test_tending_leases_while_the_store_is_away_logs_no_traceback(
 
     state: Any = SimpleNamespace(funds=SimpleNamespace(answer_recalls=away, return_idle=away))
 
-    async def main() -> None:
-        task = asyncio.create_task(housekeeping.tend_leases(state))
-        while passes < 20:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
     with caplog.at_level(logging.INFO, logger="gateway.housekeeping"):
-        asyncio.run(main())
+        run_until(lambda: housekeeping.tend_leases(state), lambda: passes >= 20)
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert caplog.records[0].exc_info is None
 
@@ -98,14 +105,6 @@ def test_the_gauges_say_an_outage_once_though_most_passes_never_ask_the_store(
         telemetry=SimpleNamespace(metrics=metrics),
     )
 
-    async def main() -> None:
-        task = asyncio.create_task(housekeeping.sample_gauges(state))
-        while asked < 5:
-            await asyncio.sleep(0.005)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
     with caplog.at_level(logging.INFO, logger="gateway.housekeeping"):
-        asyncio.run(main())
+        run_until(lambda: housekeeping.sample_gauges(state), lambda: asked >= 5)
     assert [r.levelname for r in caplog.records] == ["WARNING"]
