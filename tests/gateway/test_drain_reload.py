@@ -372,7 +372,13 @@ def _wait_for_models(url: str, key: str, wanted: set[str], seconds: float = 30) 
 
     def settled() -> bool:
         nonlocal streak
-        listed = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"}).json()["data"]
+        try:
+            listed = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"}).json()["data"]
+        except httpx.TransportError:
+            # A new connection an old worker took as it stopped is closed unanswered (Granian;
+            # docs/operations.md): a client retries it, and so does this probe.
+            streak = 0
+            return False
         streak = streak + 1 if {m["id"] for m in listed} == wanted else 0
         return streak >= 8
 
