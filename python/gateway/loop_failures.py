@@ -1,4 +1,5 @@
-"""What a background loop (job polling, lease tending, purges, gauges) says when a pass fails.
+"""Failures nothing waits for: what a background loop (job polling, lease tending, purges, gauges)
+says when a pass fails, and the outcome of a future nobody awaits any more (`outcome_taken`).
 
 A service that is away (the store's database, its disk: ServiceUnavailable) fails every pass until
 it is back, and the store says so itself once an episode: such a loop says it once too, as a
@@ -8,9 +9,19 @@ ERROR entries in 80 s from two instances, a real traceback buried among them).""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 from .errors import ServiceUnavailable
+
+
+def outcome_taken(done: asyncio.Future[Any]) -> None:
+    """A done callback that takes the outcome of a future nobody may await any more (a write whose
+    waiter timed out, a connection attempt whose callers left, a query given up on), so that its
+    failure is not logged as never retrieved."""
+    if not done.cancelled():
+        done.exception()
 
 
 class QuietWhileAway:

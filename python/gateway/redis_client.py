@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .loop_failures import outcome_taken
 from .redis_protocol import ProtocolError, Reply, ReplyError, ReplyParser, encode_command
 
 # Seconds to connect, and the longest silence while calls wait for replies: a Redis on the same
@@ -304,7 +305,8 @@ class RedisClient:
             # One connection made for every call that needs it meanwhile; a caller that gives up
             # does not stop it for the others.
             opening = self._opening = asyncio.ensure_future(self._connect(loop))
-            opening.add_done_callback(_seen)
+            # Its failure is raised to every caller still waiting; with none left, taken here.
+            opening.add_done_callback(outcome_taken)
         return await asyncio.shield(opening)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
@@ -353,12 +355,6 @@ class RedisClient:
             steps.append(("SELECT", address.db))
         for reply in [connection.call(encode_command(step)) for step in steps]:
             await reply
-
-
-def _seen(opening: asyncio.Future[_Connection]) -> None:
-    # Its failure is raised to every caller still waiting; with none left, it is not "never retrieved".
-    if not opening.cancelled():
-        opening.exception()
 
 
 class Script:

@@ -64,6 +64,7 @@ import orjson
 
 from ...budget import period_start_ms
 from ...clock import now_ms
+from ...loop_failures import outcome_taken
 from .. import (
     JOB_RUNNING,
     Account,
@@ -1007,7 +1008,7 @@ class PostgresStore(PostgresConsole):
         finally:
             if not query.done():
                 conn.terminate()
-                query.add_done_callback(_retrieved)
+                query.add_done_callback(outcome_taken)
             await self._pool.release(conn)
         if not query.done():
             raise TimeoutError(f"no answer within {READY_TIMEOUT_SECONDS:g} s")
@@ -1399,10 +1400,3 @@ def _decoded_progress(found: Iterable[bytes]) -> list[Settlement]:
         except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
             log.error("a stream's progress that is not a settlement was dropped (%s): %r", exc, data[:200])
     return settlements
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    """A done callback that takes a background task's failure (ready()'s query, answered by then),
-    which asyncio would otherwise log as never retrieved."""
-    if not task.cancelled():
-        task.exception()

@@ -31,6 +31,7 @@ import orjson
 from ...budget import period_start_ms
 from ...clock import now_ms
 from ...errors import ServiceUnavailable
+from ...loop_failures import outcome_taken
 from .. import leasing
 from ..records import (
     JOB_LEASE_PREFIX,
@@ -368,7 +369,7 @@ class SqliteStore(SqliteConsole):
             # hold up an answer whose charge is durable; the others then see it once it commits.
             try:
                 await asyncio.wait_for(
-                    self._writer.write(_after_queued, on_commit=_outcome_taken), ANSWER_VISIBLE_SECONDS
+                    self._writer.write(_after_queued, on_commit=outcome_taken), ANSWER_VISIBLE_SECONDS
                 )
             except Exception:  # TimeoutError, or the batch failed (it is retried)
                 log.info("an idempotent answer is journaled; the store has it at its next commit")
@@ -1170,9 +1171,3 @@ def _marks(ids: Sequence[str]) -> str:
 
 def _after_queued(conn: sqlite3.Connection) -> None:
     """Nothing: awaited, it returns once what was queued before it is committed (one batch, FIFO)."""
-
-
-def _outcome_taken(done: asyncio.Future[Any]) -> None:
-    """Takes a write's outcome that nobody may await any more (its waiter timed out)."""
-    if not done.cancelled():
-        done.exception()
