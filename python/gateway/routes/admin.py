@@ -19,6 +19,7 @@ from starlette.routing import Route
 from .. import admin_fields as field
 from .. import idempotency, management
 from ..auth import admin_token, authenticate_admin
+from ..config import Settings
 from ..errors import GatewayError, invalid_request
 from ..management import (  # the renderers live with the operations; imported from here too
     account_json,
@@ -52,7 +53,6 @@ PREFIX = "/admin/v1"
 def routes(state: GatewayState) -> list[Route]:
     store = state.store
     token = admin_token(state.settings)
-    body_limit = state.settings.max_request_bytes
     configured = frozenset(m.name for m in state.settings.models)
 
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -63,11 +63,8 @@ def routes(state: GatewayState) -> list[Route]:
 
         return run
 
-    async def raw_body(request: Request) -> bytes:
-        return await read_body(request, body_limit, state.settings.body_idle_timeout_seconds)
-
     async def body(request: Request) -> dict[str, Any]:
-        return object_body(await raw_body(request))
+        return object_body(await admin_body(request, state.settings))
 
     async def account_of(request: Request) -> Account:
         return await management.account(store, request.path_params["account_id"])
@@ -141,12 +138,12 @@ def routes(state: GatewayState) -> list[Route]:
         )
 
     async def rotate_key(request: Request) -> tuple[int, Any]:
-        no_fields(await raw_body(request))
+        no_fields(await admin_body(request, state.settings))
         key, secret = await management.rotate_key(store, request.path_params["key_id"])
         return 200, {**key_json(key), "key": secret}
 
     async def delete_key(request: Request) -> tuple[int, Any]:
-        no_fields(await raw_body(request))
+        no_fields(await admin_body(request, state.settings))
         return 200, key_json(await management.delete_key(store, request.path_params["key_id"]))
 
     # ---------------------------------------------------------------- request logs
@@ -219,6 +216,11 @@ def routes(state: GatewayState) -> list[Route]:
 
 
 # ---------------------------------------------------------------- reading requests
+
+
+async def admin_body(request: Request, settings: Settings) -> bytes:
+    """A management request's body, read within the request size limit and the body's idle time."""
+    return await read_body(request, settings.max_request_bytes, settings.body_idle_timeout_seconds)
 
 
 def object_body(raw: bytes) -> dict[str, Any]:

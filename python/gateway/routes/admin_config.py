@@ -21,8 +21,8 @@ from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
 from ..reload import accepted_settings, command_line_flags, fixed_changes
 from ..state import GatewayState
-from .admin import no_fields
-from .common import json_response, read_body
+from .admin import admin_body, no_fields
+from .common import json_response
 
 SUPERVISOR_MODULE = "gateway.supervisor"
 
@@ -34,11 +34,7 @@ def routes(state: GatewayState) -> list[Route]:
         authenticate_admin(request, token)
         # It takes no field: one given is refused as every admin endpoint refuses an unknown one
         # (operator review: {"x": 1} was taken), a body that is not a JSON object too.
-        no_fields(
-            await read_body(
-                request, state.settings.max_request_bytes, state.settings.body_idle_timeout_seconds
-            )
-        )
+        no_fields(await admin_body(request, state.settings))
         path = os.environ.get(CONFIG_ENV, "")
         checked = await asyncio.to_thread(check_and_load, path)
         problems = list(checked.problems)

@@ -28,8 +28,8 @@ from ..errors import GatewayError, invalid_request
 from ..state import GatewayState
 from ..store import ConsoleUser, NameTaken, Store
 from ..store.records import CONSOLE_ROLES
-from .admin import no_fields, object_body
-from .common import json_response, list_query, public_base, read_body
+from .admin import admin_body, no_fields, object_body
+from .common import json_response, list_query, public_base
 
 PREFIX: Final = "/admin/v1/console-users"
 MAX_EMAIL_CHARS: Final = 254
@@ -166,7 +166,6 @@ def invited_json(u: ConsoleUser, url: str) -> dict[str, Any]:
 def routes(state: GatewayState) -> list[Route]:
     store = state.store
     token = admin_token(state.settings)
-    body_limit = state.settings.max_request_bytes
 
     def endpoint(
         handler: Callable[[Request], Awaitable[tuple[int, Any]]],
@@ -178,13 +177,10 @@ def routes(state: GatewayState) -> list[Route]:
 
         return run
 
-    async def raw_body(request: Request) -> bytes:
-        return await read_body(request, body_limit, state.settings.body_idle_timeout_seconds)
-
     async def body(request: Request) -> dict[str, Any]:
         # The admin endpoints' reading: a lone surrogate escape is refused here, not by the store
         # (fuzz review: a 500).
-        return object_body(await raw_body(request))
+        return object_body(await admin_body(request, state.settings))
 
     def link(request: Request, secret: str) -> str:
         return invite_url(base_url(state.settings, request, state), secret)
@@ -207,12 +203,12 @@ def routes(state: GatewayState) -> list[Route]:
         return 200, user_json(user)
 
     async def invite(request: Request) -> tuple[int, Any]:
-        no_fields(await raw_body(request))
+        no_fields(await admin_body(request, state.settings))
         user, secret = await invite_user(store, request.path_params["user_id"])
         return 200, invited_json(user, link(request, secret))
 
     async def delete(request: Request) -> tuple[int, Any]:
-        no_fields(await raw_body(request))
+        no_fields(await admin_body(request, state.settings))
         return 200, {**user_json(await delete_user(store, request.path_params["user_id"])), "deleted": True}
 
     return [
