@@ -144,9 +144,7 @@ async def forward_stream(
                     silent = clock() - since
                     if silent > idle:
                         raise _IdleTimeout
-                    if silent > idle * UNBOUNDED_SHARE:
-                        bound_silence(response, idle - silent)
-                        bounded = True
+                    bounded = bound_silence(response, idle, silent) or bounded
             if bounded and rewriter.saw_output:
                 response.allow_silence(idle)  # from its first token, the whole window again
         except BaseException as exc:
@@ -281,12 +279,7 @@ async def forward_stream(
                         if silent > idle:
                             idled = True
                             break
-                        if silent > idle * UNBOUNDED_SHARE:
-                            # A keep-alive restarted the upstream's read timeout: what is left of
-                            # the window bounds the next read instead (review: a ping every P
-                            # seconds stretched the window by up to P).
-                            bound_silence(response, idle - silent)
-                            bounded = True
+                        bounded = bound_silence(response, idle, silent) or bounded
                 else:
                     tail = rewriter.finish()
                     if on_end is not None and rewriter.done:
@@ -366,9 +359,16 @@ async def forward_stream(
     return held
 
 
-def bound_silence(response: UpstreamResponse, seconds: float) -> None:
-    """The upstream may be silent `seconds` more (never 0 s, which is no bound at all)."""
-    response.allow_silence(seconds if seconds > 0.001 else 0.001)
+def bound_silence(response: UpstreamResponse, idle: float, silent: float) -> bool:
+    """After a chunk without output, `silent` seconds into the `idle` window: a keep-alive
+    restarted the upstream's read timeout, so what is left of the window bounds the next read
+    instead (review: a ping every P seconds stretched the window by up to P); never 0 s, which is
+    no bound at all. Not within the window's first UNBOUNDED_SHARE. Whether it bounded it."""
+    if silent <= idle * UNBOUNDED_SHARE:
+        return False
+    left = idle - silent
+    response.allow_silence(left if left > 0.001 else 0.001)
+    return True
 
 
 def stream_outcome(
