@@ -35,8 +35,9 @@ def configure(format_: str = "auto", level: str = "info", access: bool = True) -
     a malformed form)."""
     global _libraries  # noqa: PLW0603 (one handler per process, replaced by a second call)
     use_json = uses_json(format_)
+    lines = formatter(format_)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(format_))
+    handler.setFormatter(lines)
     root = logging.getLogger("gateway")
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -44,7 +45,7 @@ def configure(format_: str = "auto", level: str = "info", access: bool = True) -
     root.setLevel(level.upper())
     root.propagate = False  # Granian's own handler would print it a second time
     libraries = logging.StreamHandler(sys.stderr)
-    libraries.setFormatter(formatter(format_))
+    libraries.setFormatter(lines)
     libraries.setLevel(logging.WARNING)
     if _libraries is not None:
         logging.getLogger().removeHandler(_libraries)
