@@ -3,7 +3,8 @@
 Periods follow UTC calendar boundaries: a daily limit resets at midnight, a weekly one on Monday at
 midnight (ISO weeks), a monthly one at midnight on the first of the month; a limit without a reset
 counts everything the key ever spent. The store keeps, per key, the amount spent and the start of
-the period it belongs to; a settlement in a later period starts the count again.
+the period it belongs to; a settlement in a later period starts the count again, one of an earlier
+period counts in the key's own.
 """
 
 from __future__ import annotations
@@ -32,8 +33,30 @@ def period_start_ms(reset: str | None, at_ms: int) -> int:
     return int(day.timestamp()) * 1000
 
 
+# A key's period never goes back (time review): with instances whose clocks differ by a moment,
+# or a clock stepped back, `now` or a request's end can fall before the period the key is already
+# in. Read as "a new period began", that lifted the limit (the key spent 0) and left the charge
+# out of every count: across each period's start a key could spend its limit once more. So a key's
+# period later than now's is its current one, and a charge of an earlier period counts in it
+# (store/postgres/migrations/0014 holds the database's side to the same rule).
+
+
+def spent_at(reset: str | None, spent: Decimal, period_ms: int, now_ms: int) -> Decimal:
+    """What a key whose count is `spent` in the period starting `period_ms` has spent in its
+    current period at `now_ms`: 0 once a new period began."""
+    return spent if period_ms >= period_start_ms(reset, now_ms) else Decimal(0)
+
+
 def spent_now(key: ApiKey, now_ms: int) -> Decimal:
-    """What the key has spent in the period containing `now_ms` (0 once a new period began)."""
-    if key.spent_period_ms == period_start_ms(key.limit_reset, now_ms):
-        return key.spent
-    return Decimal(0)
+    return spent_at(key.limit_reset, key.spent, key.spent_period_ms, now_ms)
+
+
+def counted(
+    reset: str | None, spent: Decimal, period_ms: int, cost: Decimal, ended_at_ms: int
+) -> tuple[Decimal, int]:
+    """A key's count and its period after a charge of `cost` for a request that ended at
+    `ended_at_ms`: in the period it ended in, or in the key's own when that is later."""
+    period = period_start_ms(reset, ended_at_ms)
+    if period <= period_ms:
+        return spent + cost, period_ms
+    return cost, period

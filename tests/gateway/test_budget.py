@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gateway import clock
 from gateway.auth import display_prefix, generate_key, hash_key
-from gateway.budget import FOREVER, period_start_ms
+from gateway.budget import FOREVER, counted, period_start_ms, spent_at
 from gateway.errors import GatewayError
 from gateway.funds import ZERO, Funds, Hold
 from gateway.store import KeyContext, Store, UsageRecord, open_store
@@ -149,6 +149,66 @@ def test_a_new_limit_reset_starts_a_fresh_count(tmp_path: Path, backend: str) ->
 
     with store_spec(tmp_path, backend) as spec:
         assert asyncio.run(go(spec)) == ["key_budget_exceeded", "ok", "ok", "key_budget_exceeded"]
+
+
+def test_a_clock_behind_the_keys_period_never_lifts_its_limit(tmp_path: Path, backend: str) -> None:
+    """A process whose clock is a moment behind the key's period (another instance's clock ahead
+    moved it over midnight, or this one's stepped back): the key is still in its later period, not
+    spending 0 (time review: the whole limit could be spent again), and a charge that ended "before"
+    that period counts in it rather than in no period at all."""
+    day_two = utc("2026-11-24T00:00:00.100")
+    behind = day_two - 200  # 23:59:59.900 of the day before
+
+    async def go(spec: StoreSpec) -> tuple[list[str], Decimal, int]:
+        store = open_store(spec.settings())
+        await store.start()
+        funds = Funds(store)
+        try:
+            ctx = (await _key_with_limit(store, "0.05", "daily"))[1]
+            outcomes = []
+            outcome, held = await _hold(funds, ctx, Decimal("0.04"), day_two)
+            outcomes.append(outcome)
+            assert held is not None
+            await _charge(store, funds, held, _record("r0", ctx, Decimal("0.04"), day_two))
+            outcomes.append((await _hold(funds, ctx, Decimal("0.02"), behind))[0])
+            outcome, held = await _hold(funds, ctx, Decimal("0.01"), behind)
+            outcomes.append(outcome)
+            assert held is not None
+            await _charge(store, funds, held, _record("r1", ctx, Decimal("0.01"), behind))
+            outcomes.append((await _hold(funds, ctx, Decimal("0.01"), day_two))[0])
+            key = await store.get_key(ctx.key.id)
+            assert key is not None
+            return outcomes, key.spent, key.spent_period_ms
+        finally:
+            await store.close()
+
+    with store_spec(tmp_path, backend) as spec:
+        outcomes, spent, period = asyncio.run(go(spec))
+    assert outcomes == ["ok", "key_budget_exceeded", "ok", "key_budget_exceeded"]
+    assert (spent, period) == (Decimal("0.05"), period_start_ms("daily", day_two))
+
+
+@given(
+    st.sampled_from(["daily", "weekly", "monthly", None]),
+    st.lists(st.tuples(MS, st.integers(min_value=0, max_value=10**6)), min_size=1, max_size=8),
+)
+def test_a_keys_period_never_goes_back_and_every_charge_counts_in_it(
+    reset: str | None, charges: list[tuple[int, int]]
+) -> None:
+    """budget.counted, one charge after another: the key's period is the latest of its charges'
+    ends, and its count every charge since that period began (a charge of an earlier period, late,
+    counts in it); spent_at reads that count at any moment not after the period's end."""
+    spent, period = Decimal(0), FOREVER
+    in_period = Decimal(0)
+    for ended, micro in charges:
+        cost = Decimal(micro) / 1_000_000
+        before = period
+        spent, period = counted(reset, spent, period, cost, ended)
+        assert period == max(before, period_start_ms(reset, ended))
+        in_period = cost if period != before else in_period + cost
+        assert spent == in_period
+        assert spent_at(reset, spent, period, ended) == spent  # a moment behind the period: its count
+        assert spent_at(reset, spent, period, period) == spent
 
 
 def test_a_lowered_limit_takes_back_what_was_leased(tmp_path: Path, backend: str) -> None:

@@ -194,9 +194,9 @@ def test_one_batch_across_periods_counts_as_one_by_one(postgres_url: str) -> Non
             at = today + DAY_MS // 2
             batch = [
                 record(account_id, key_id, "0.5", ended_at_ms=at),
-                record(account_id, key_id, "0.25", ended_at_ms=at - DAY_MS),  # over: not counted
+                record(account_id, key_id, "0.25", ended_at_ms=at - DAY_MS),  # late: counts today
                 record(account_id, key_id, "0.125", ended_at_ms=at + DAY_MS),  # a new day: starts again
-                record(account_id, key_id, "0.0625", ended_at_ms=at),  # today is over now
+                record(account_id, key_id, "0.0625", ended_at_ms=at),  # late now: counts in the new day
                 record(account_id, key_id, "0", ended_at_ms=at + DAY_MS),
                 record(account_id, key_id, "0.03125", ended_at_ms=at + DAY_MS),
             ]
@@ -210,7 +210,7 @@ def test_one_batch_across_periods_counts_as_one_by_one(postgres_url: str) -> Non
             assert await balance(store, account_id) == Decimal(10) - charged
             key = await store.get_key(key_id)
             assert key is not None
-            assert (key.spent, key.spent_period_ms) == (Decimal("0.15625"), today + DAY_MS)
+            assert (key.spent, key.spent_period_ms) == (Decimal("0.21875"), today + DAY_MS)
             leases = await admin(
                 postgres_url,
                 "SELECT kind, amount FROM leases WHERE owner = $1 ORDER BY kind",

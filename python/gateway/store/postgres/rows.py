@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from ...budget import period_start_ms
+from ...budget import spent_at
 from .. import Account, ApiKey, Job, KeptAnswer, RequestLog, Settlement, TopUp, UsageRecord
 
 # Column lists in the order of the records' fields, so that a row maps back with Record(*row).
@@ -336,7 +336,7 @@ async def free(
         limit, reset, spent, period = row
         if limit is None:
             return None
-        total = limit - (spent if period == period_start_ms(reset, now_ms) else Decimal(0))
+        total = limit - spent_at(reset, spent, period, now_ms)
     leased = await conn.fetchval(
         "SELECT coalesce(sum(amount), 0) FROM leases WHERE kind = $1 AND pot_id = $2", kind, pot_id
     )

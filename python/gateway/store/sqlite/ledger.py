@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from ...budget import period_start_ms, spent_now
+from ...budget import counted, spent_now
 from ..records import JOB_LEASE_PREFIX, KeptAnswer, Settlement, UsageRecord
 from . import journal
 from .rows import _KEY, INSERT_LOG, INSERT_USAGE, _key, _log_values, insert_rows, usage_row
@@ -187,9 +187,8 @@ def _add_to_lease(conn: sqlite3.Connection, kind: str, pot_id: str, owner: str, 
 
 
 def _count_key_spend(conn: sqlite3.Connection, r: UsageRecord) -> None:
-    """Add the cost to what the key spent in the credit-limit period the request ended in. A cost
-    from a period already over (a late journal replay) no longer counts against the limit. Only keys
-    with a limit keep the count: the rest cost the writer one index lookup, not a row update."""
+    """Add the cost to what the key spent in its credit-limit period (gateway.budget.counted). Only
+    keys with a limit keep the count: the rest cost the writer one index lookup, not a row update."""
     row = conn.execute(
         "SELECT limit_reset, spent, spent_period_ms FROM api_keys WHERE id = ? AND credit_limit IS NOT NULL",
         (r.key_id,),
@@ -197,10 +196,7 @@ def _count_key_spend(conn: sqlite3.Connection, r: UsageRecord) -> None:
     if row is None:
         return
     reset, spent, current = row
-    period = period_start_ms(reset, r.ended_at_ms)
-    if period < current:
-        return
-    total = (Decimal(spent) if period == current else Decimal(0)) + r.cost
+    total, period = counted(reset, Decimal(spent), current, r.cost, r.ended_at_ms)
     conn.execute(
         "UPDATE api_keys SET spent = ?, spent_period_ms = ? WHERE id = ?", (str(total), period, r.key_id)
     )
