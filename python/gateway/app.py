@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -25,6 +24,7 @@ from . import console, jobs, request_log
 from . import videos as video_jobs
 from .auth import presented_context
 from .buckets import BucketStore, FileBuckets
+from .clock import instant_ns
 from .config import ConfigError, Settings, settings_from_env
 from .console.render import with_security_headers
 from .console.security import COOKIE_PATH as CONSOLE_PATH
@@ -306,7 +306,7 @@ async def _log_failure_for_its_key(request: Request, answer: Response, err: Gate
         request_log.entry(
             state.settings.log_max_body_bytes,
             request,
-            started_ns=slot.started_ns if slot is not None and slot.started_ns else time.time_ns(),
+            started_ns=slot.started_ns if slot is not None and slot.started_ns else instant_ns(),
             status=err.status,
             response_body=body,
             key_id=None if ctx is None else ctx.key.id,

@@ -11,12 +11,12 @@ handler left open is released then, so no hold leaks.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
+from .clock import span_ms
 from .config import ModelConfig
 from .context import Call
 from .core import count_tokens
@@ -256,8 +256,7 @@ def _record(call: Call, model: ModelConfig, response_id: str, status: str, usage
         usage.prompt_tokens,
         usage.completion_tokens,
         cost(model.prices, usage),
-        call.started_ns // 1_000_000,  # started_at_ms
-        time.time_ns() // 1_000_000,  # ended_at_ms
+        *span_ms(call.started_ns),  # started_at_ms, ended_at_ms
     )
 
 

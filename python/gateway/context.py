@@ -21,7 +21,7 @@ class Call:
 
     ctx: KeyContext
     request_id: str
-    started_ns: int
+    started_ns: int  # its arrival on the monotonic clock (clock.instant_ns; wall times: clock.span_ms)
     hold: Hold | None = None
     # Of the prompt as the gateway counted it, its audio's tokens (routes/text.check_and_hold):
     # billed at their price when the upstream reports no usage.
@@ -47,7 +47,7 @@ class Call:
     client_gone: bool = False
     # For the metrics and the request's log line (gateway.telemetry): the route template, the W3C
     # trace, the time spent waiting for the upstream (a stream: to its first chunk), and when a
-    # stream's first byte went out (time.time_ns; 0: not a stream, or none went out).
+    # stream's first byte went out (clock.instant_ns; 0: not a stream, or none went out).
     endpoint: str = ""
     trace: Trace | None = None
     upstream_ns: int = 0

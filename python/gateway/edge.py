@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .clock import instant_ns
 from .drain import Drain
 from .ratelimit_headers import RateLimitHeaders
 from .ratelimits import SCOPE_KEY, KeySlot
@@ -38,7 +38,7 @@ class AnswerEdge:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        started_ns = time.time_ns()
+        started_ns = instant_ns()
         slot = scope[SCOPE_KEY] = KeySlot(started_ns)
         status = 0
 

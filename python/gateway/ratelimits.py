@@ -80,7 +80,9 @@ class KeySlot:
     """What is known, while one HTTP request is answered, of the key it presented: whether it was
     checked, the key when it was valid, and what a model request took from its buckets."""
 
-    started_ns: int = 0  # when the request arrived (its log entry's start, gateway.app._log_failure)
+    # When the request arrived, on the monotonic clock (clock.instant_ns): its log entry's start
+    # (gateway.app._log_failure).
+    started_ns: int = 0
     checked: bool = False
     ctx: KeyContext | None = None
     rate: RateState | None = None

@@ -9,12 +9,12 @@ can lose the entries of its last few milliseconds, never a charge or a usage rec
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import orjson
 from starlette.requests import Request
 
+from .clock import span_ms
 from .context import Call
 from .ids import request_id
 from .routing import Attempt
@@ -89,6 +89,7 @@ def entry(
     has no request id (spec 7.3.1): its entry gets an id of its own and keeps no bodies, since
     nobody it could belong to may read them."""
     raw: bytes | None = request.scope.get(BODY_SCOPE_KEY)
+    started_at_ms, ended_at_ms = span_ms(started_ns)
     request_bytes = len(raw) if raw is not None else request.scope.get(RECEIVED_SCOPE_KEY, 0)
     # Positional, in field order (LOG_COLUMNS, on which the rows and the journal rely too): with
     # keywords, making a record of 17 fields takes 0.5 us more, on every request.
@@ -101,8 +102,8 @@ def entry(
         model,
         status,
         error_code,
-        started_ns // 1_000_000,  # started_at_ms
-        (time.time_ns() - started_ns) // 1_000_000,  # duration_ms
+        started_at_ms,
+        ended_at_ms - started_at_ms,  # duration_ms
         cost,
         usage_id,
         _attempts_json(attempts, dropped_params) if attempts else None,

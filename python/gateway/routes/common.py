@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -16,6 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .. import billing, idempotency, request_log
 from ..auth import authenticate
+from ..clock import instant_ns
 from ..config import ModelConfig
 from ..context import Call
 from ..core import json_nesting_depth
@@ -323,7 +323,7 @@ def model_endpoint(state: GatewayState, handler: ModelHandler, *, idempotent: bo
     durable, so a replayed answer was always paid for."""
 
     async def endpoint(request: Request) -> Response:
-        started_ns = time.time_ns()
+        started_ns = instant_ns()
         try:
             ctx = await authenticate(request, state.store)
         except GatewayError as err:
@@ -585,7 +585,7 @@ async def read_body(
     """The whole body, refused with 413 as soon as it passes `limit` bytes (never buffered whole),
     and with 408 timeout when nothing of it arrives for `idle_seconds` (a client declaring more
     than it sends would otherwise hold the request, and its connection, open for ever). The model
-    endpoints also pass the request's start (time.time_ns) and the synchronous window, which runs
+    endpoints also pass the request's start (clock.instant_ns) and the synchronous window, which runs
     from it (spec 8: "from start of request to last byte"): a body still arriving as it closes is
     504 timeout (one that trickles in would hold them open as long); and the worker's `drain`, at
     whose deadline a request still receiving its body is answered 503 service_unavailable rather
@@ -655,7 +655,7 @@ async def _later_piece(
     deadline too. Its end is the spec's error (_body_late)."""
     wait = idle_seconds
     if window_seconds:
-        left = window_seconds - (time.time_ns() - started_ns) / 1e9
+        left = window_seconds - (instant_ns() - started_ns) / 1e9
         wait = left if left < wait else wait  # not min(): several times the instructions
     by_drain = False  # the drain's deadline is the nearest bound (its timer may fire before the drain's)
     if drain is not None and drain.cut_at is not None:

@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import billing, safety
+from ..clock import instant_ns
 from ..config import ChannelConfig
 from ..context import Call
 from ..core import count_tokens
@@ -90,7 +91,7 @@ def routes(state: GatewayState) -> list[Route]:
             try:
                 async for chunk in upstream.content.iter_any():
                     if not call.first_byte_ns:
-                        call.first_byte_ns = time.time_ns()
+                        call.first_byte_ns = instant_ns()
                     yield chunk
             except UPSTREAM_FAILURES as exc:
                 broke = True

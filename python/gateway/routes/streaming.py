@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import billing, request_log
+from ..clock import instant_ns
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
 from ..deadline import within
@@ -235,7 +236,7 @@ async def forward_stream(
         try:
             head = first + await end(on_end) if on_end is not None and rewriter.done else first
             yield head
-            call.first_byte_ns = time.time_ns()
+            call.first_byte_ns = instant_ns()
             delivered = rewriter.output_len
             progress.sent(len(head))
             billing.note_progress(

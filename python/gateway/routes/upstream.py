@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import billing
+from ..clock import instant_ns
 from ..config import ChannelConfig, ModelConfig
 from ..context import Call
 from ..core import InvalidJsonError, set_json_id, stamp_answer
@@ -109,7 +110,7 @@ async def open_stream(
 def window_left(state: GatewayState, call: Call) -> float:
     """Seconds left of the request's synchronous window (spec 8: from its start, its body's
     arrival included)."""
-    return state.settings.sync_timeout_seconds - (time.time_ns() - call.started_ns) / 1e9
+    return state.settings.sync_timeout_seconds - (instant_ns() - call.started_ns) / 1e9
 
 
 def window_closed(state: GatewayState) -> GatewayError:
@@ -156,8 +157,8 @@ async def call_upstream(
 
     window = state.settings.sync_timeout_seconds
     # The window runs from the request's start (spec 8), its body's arrival included: the attempts
-    # end by then (wall time, as the start is); `within(window)` below, one length for every
-    # request, is only the backstop.
+    # end by then (the monotonic clock, as the start is: gateway.clock); `within(window)` below,
+    # one length for every request, is only the backstop.
     deadline = call.started_ns / 1e9 + window
     longest = state.settings.routing.attempt_timeout_seconds or window
     margin = min(ATTEMPT_MARGIN_SECONDS, window / 4)
@@ -166,7 +167,7 @@ async def call_upstream(
         # Each attempt gives up a moment before the request's window closes (or after [routing]
         # attempt_timeout_seconds): its own timeout is then a failure of the channel
         # (gateway.routing: counted, cooled down), where the window's would only cancel it.
-        left = deadline - time.time() - margin
+        left = deadline - time.monotonic() - margin
         left = longest if left > longest else left  # not min(): ten times the instructions
         if left <= 0:
             raise TimeoutError  # the window is spent: the answer is 504

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from starlette.types import Scope
 
+from ..clock import instant_ns
 from ..core import answer_line
 from ..pricing import format_cost
 from .logs import ACCESS
@@ -44,7 +45,8 @@ class Telemetry:
     def model_request(self, call: Call, entry: RequestLog, record: UsageRecord | None) -> None:
         """A model request has ended (and its charge, if any, is settled): its metrics and its line,
         in one call to the Rust core (RequestTally)."""
-        now_ns = time.time_ns()
+        now_ns = time.time_ns()  # the line's time; the durations are the monotonic clock's
+        elapsed_ns = instant_ns() - call.started_ns
         attempts = [
             (attempt.channel, attempt.error or "ok")
             for attempt in call.attempts
@@ -56,7 +58,7 @@ class Telemetry:
             call.model,
             entry.status,
             entry.error_code,
-            now_ns - call.started_ns,
+            elapsed_ns,
             call.upstream_ns,
             call.first_byte_ns - call.started_ns if call.first_byte_ns else 0,
             attempts,
@@ -87,7 +89,7 @@ class Telemetry:
             return
         now_ns = time.time_ns()
         method = scope.get("method", "")
-        duration_ns = now_ns - started_ns
+        duration_ns = instant_ns() - started_ns
         ACCESS.add(answer_line(line_format, now_ns, trace_id, method, endpoint, status, code, duration_ns))
 
 

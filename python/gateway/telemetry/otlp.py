@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from ..clock import wall_ns
+
 if TYPE_CHECKING:
     from ..context import Call
     from ..store import RequestLog, UsageRecord
@@ -105,7 +107,7 @@ class SpanExport:
                 attributes=attributes,
                 kind=self._kind.SERVER,
                 status=self._status(self._code.ERROR if entry.status >= 500 else self._code.UNSET),
-                start_time=call.started_ns,
+                start_time=wall_ns(call.started_ns),
                 end_time=ended_ns,
                 instrumentation_scope=self._scope,
             )
