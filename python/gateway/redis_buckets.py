@@ -64,6 +64,8 @@ SCRIPT: Final = r"""
 -- now_ns ("" for the server's clock), expiry slack in ms, longest expiry in ms, and "1" to take
 -- the quick path when it applies ("0": always the bignum one).
 
+-- A clock reading this far behind the bucket's last is the clock stepped back (ratelimit.rs).
+local CLOCK_STEP_NS = 1000000000
 local key, op, period_s = KEYS[1], ARGV[1], ARGV[4]
 local now_s = ARGV[6]
 if now_s == '' then
@@ -112,11 +114,13 @@ do
     end
   end
   if quick then
-    if now > last then -- time going backwards counts as no time
+    if now > last then
       local added = (now - last) * rate
       if added >= 2 * LIMIT then level = full else level = math.min(level + added, full) end
       last = now
-    end
+    elseif last - now > CLOCK_STEP_NS / 1000000 then
+      last = now -- the clock stepped back: the bucket's clock restarts from now (as the core's)
+    end -- else time going backwards counts as no time
     local function text(v) return string.format('%.0f', v) end
     local function whole()
       if level <= 0 then return '0' end
@@ -333,7 +337,10 @@ end
 if not level then level, last = full, now end
 
 local function refill()
-  if cmp(now, last) <= 0 then return end -- time going backwards counts as no time
+  if cmp(now, last) <= 0 then -- time going backwards counts as no time; a step back, see the core's
+    if cmp(sub(last, now), parse(string.format('%.0f', CLOCK_STEP_NS))) > 0 then last = now end
+    return
+  end
   level = sadd(level, S(false, mul(sub(now, last), rate)))
   if scmp(level, full) > 0 then level = full end
   last = now

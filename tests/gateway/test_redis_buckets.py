@@ -83,9 +83,12 @@ limits = st.one_of(
 )
 amounts = st.one_of(st.integers(0, 5), st.integers(0, 45), st.integers(0, 10**12), st.integers(0, U64))
 deltas = st.one_of(st.integers(-45, 45), st.integers(-(10**12), 10**12), st.integers(-(2**63), 2**63 - 1))
+# Backwards too: a moment (processes reading the clock in another order) and a step of the clock
+# (an NTP correction), around the core's CLOCK_STEP_NS and beyond.
 steps = st.one_of(
-    st.just(0), st.integers(0, 50), st.integers(0, 10**10), st.integers(0, 10**14), st.integers(0, 2**60)
-)
+    st.just(0), st.integers(0, 50), st.integers(0, 10**10), st.integers(0, 10**14), st.integers(0, 2**60),
+    st.integers(-2 * 10**9, 0), st.integers(-(10**14), 0),
+)  # fmt: skip
 
 
 def op_lists(apart: st.SearchStrategy[int]) -> st.SearchStrategy[list[Op]]:
@@ -111,7 +114,7 @@ async def run_ops(
     answers: list[object] = []
     now = start
     for op in sequence:
-        now = min(now + op.dt, U64)
+        now = max(0, min(now + op.dt, U64))
         capacity, refill, period = chosen[op.limit]
         key = f"k{op.key}"
         try:
@@ -170,9 +173,10 @@ ms_limits = st.tuples(
     st.one_of(st.integers(1, 40), st.integers(1, 10**9), st.integers(8 * 10**9, 10**10)),
     st.one_of(st.sampled_from([1, 7, 1_000, 60_000]), st.integers(1, 10**7)).map(lambda ms: ms * MS),
 )
-ms_steps = st.one_of(st.just(0), st.integers(0, 50), st.integers(0, 10**5), st.integers(0, 10**9)).map(
-    lambda ms: ms * MS
-)
+ms_steps = st.one_of(
+    st.just(0), st.integers(0, 50), st.integers(0, 10**5), st.integers(0, 10**9),
+    st.integers(-2_000, 0), st.integers(-(10**8), 0),
+).map(lambda ms: ms * MS)  # fmt: skip
 ms_ops = op_lists(ms_steps)
 
 

@@ -26,6 +26,9 @@ pub struct TokenBucket {
     last_ns: u64,
 }
 
+/// How far back a clock reading must be from the bucket's last one to count as the clock stepped
+/// back rather than processes reading it in another order.
+pub const CLOCK_STEP_NS: u64 = 1_000_000_000;
 /// The deepest debt the level can reach (adjustments beyond it are clamped).
 pub const MIN_LEVEL: i128 = i128::MIN / 4;
 /// The largest full level, capacity × period_ns, accepted.
@@ -65,7 +68,15 @@ impl TokenBucket {
 
     fn refill(&mut self, now_ns: u64) {
         if now_ns <= self.last_ns {
-            return; // time going backwards counts as no time
+            // Time going backwards counts as no time. A little is the order in which processes
+            // sharing the bucket read their clocks; more is the clock stepped back (an NTP
+            // correction): the bucket's clock then restarts from now, or it would refill nothing
+            // until the clock passed its old reading again (time review: a step back of an hour
+            // refused a key for an hour, its Retry-After saying seconds).
+            if self.last_ns - now_ns > CLOCK_STEP_NS {
+                self.last_ns = now_ns;
+            }
+            return;
         }
         let added = i128::from(now_ns - self.last_ns).saturating_mul(i128::from(self.refill_tokens));
         self.level = self.level.saturating_add(added).min(self.full());
@@ -183,6 +194,28 @@ mod tests {
         assert!(TokenBucket::from_state(5, 1, 1_000, 5_001, 0).is_err());
         assert!(TokenBucket::new(5, 0, 1_000, 0).is_err());
         assert!(TokenBucket::new(u64::MAX, 1, u64::MAX, 0).is_err());
+    }
+
+    #[test]
+    fn a_clock_stepped_back_restarts_the_buckets_clock() {
+        const SECOND: u64 = 1_000_000_000;
+        let hour_on = 3_600 * SECOND;
+        let mut b = TokenBucket::new(3, 3, MINUTE, hour_on).unwrap(); // 3 a minute
+        assert!(b.try_take(3, hour_on).allowed);
+        // The clock steps back an hour: no time passed, and from there it refills as it would
+        // have (it refilled nothing until the clock passed its old reading again).
+        let stepped = SECOND;
+        let r = b.try_take(1, stepped);
+        assert!(!r.allowed);
+        assert_eq!(r.retry_after_ns, 20 * SECOND);
+        assert!(b.try_take(1, stepped + 20 * SECOND).allowed);
+        // A reading a moment behind the last (processes sharing the bucket) counts as no time,
+        // and does not move the bucket's clock back: that moment is not refilled twice.
+        let last = b.state().1;
+        assert!(!b.try_take(1, last - CLOCK_STEP_NS).allowed);
+        assert_eq!(b.state().1, last);
+        assert!(!b.try_take(1, last + 20 * SECOND - 1).allowed);
+        assert!(b.try_take(1, last + 20 * SECOND).allowed);
     }
 
     #[test]
