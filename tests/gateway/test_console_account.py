@@ -443,6 +443,14 @@ def test_the_logs_filters_read_as_the_table_shows_them() -> None:
     assert until("2026-05-01T11:21") == at + 60_000
     assert until("2026-05-01T11:21:48") == at + 49_000
     assert until("2026-05-01T11:21:48.210") == at + 48_211
+    # The unit is the time of day's, whatever its offset or form (time review: the colon of
+    # `+00:00` made a minute read as a second).
+    assert until("2026-05-01T11:21+00:00") == until("2026-05-01T11:21Z") == at + 60_000
+    assert until("2026-05-01T09:21-02:00") == until("2026-05-01T16:51+0530") == at + 60_000
+    assert until("2026-05-01T11:21:48+00:00") == at + 49_000
+    assert until("2026-05-01T11") == at - 21 * 60_000 + 3_600_000  # the hour it names
+    assert until("20260501T112148") == at + 49_000  # the basic format
+    assert until("2026-05-01") == at - (11 * 60 + 21) * 60_000 + 86_400_000  # the day
     filters, query, errors = read_filters({"key": "key_other"}, "acct_1", {"key_mine"})
     assert errors == ["That key is not one of this account's."]
     assert filters.key == "" and query.key_id == "key_other" and query.account_id == "acct_1"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -100,10 +101,22 @@ def _utc_ms(text: str, param: str, *, end: bool = False) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     ms = int(moment.timestamp() * 1000)
-    if end:
-        clock = text.partition("T")[2] or text.partition(" ")[2]
-        ms += 1 if "." in clock else 1000 if clock.count(":") >= 2 else 60_000 if clock else 86_400_000
-    return ms
+    return ms + _unit_ms(text) if end else ms
+
+
+# The time of day's part of an ISO 8601 text without its offset (Z, +05:30, -08, +0530): the unit
+# is read from what is left (time review: the colon of `+00:00` made a minute read as a second).
+_TIME_OF_DAY = re.compile(r"[T ]([^Zz+-]*)")
+_UNIT_MS = {2: 3_600_000, 4: 60_000, 6: 1000}  # by the digits given: hh, hhmm, hhmmss
+
+
+def _unit_ms(text: str) -> int:
+    """The length of what `text` names: a day, an hour, a minute, a second or a millisecond."""
+    found = _TIME_OF_DAY.search(text)
+    clock = found.group(1) if found else ""
+    if "." in clock or "," in clock:
+        return 1
+    return _UNIT_MS.get(len(clock.replace(":", "")), 86_400_000) if clock else 86_400_000
 
 
 def read_filters(
