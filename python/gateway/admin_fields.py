@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from .clock import rfc3339
 from .config import decimal_places
 from .errors import GatewayError, invalid_request
 from .store import LIMIT_RESETS
@@ -86,6 +87,12 @@ def limit_reset(value: object, param: str) -> str | None:
     raise invalid_request(f"`{param}` must be one of {', '.join(LIMIT_RESETS)}, or {_null(param)}.", param)
 
 
+# Unix milliseconds below this (1973-03-03) are refused as a moment: such a number is far more
+# likely Unix seconds (time review: an `expires_at` of 1798761600, meant as 2027, made a key that
+# had expired in 1970). 0 stays a deliberate "long ago".
+SECONDS_LOOK_MS: Final = 10**11
+
+
 def expiry(value: object, param: str) -> int | None:
     """A moment as Unix milliseconds, or an ISO 8601 string with its offset (e.g.
     2026-12-31T23:59:59Z); None for never."""
@@ -93,6 +100,12 @@ def expiry(value: object, param: str) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         ms = value
+        if 0 < ms < SECONDS_LOOK_MS:  # Unix seconds, as OpenAI's `expires_at` is: not taken as 1970
+            raise invalid_request(
+                f"`{param}` is in Unix milliseconds: {ms} would be {rfc3339(ms)}. Unix seconds are a"
+                f" thousandth of it ({ms * 1000} is {rfc3339(ms * 1000)}).",
+                param,
+            )
     elif isinstance(value, str):
         ms = _iso_ms(value, param)
     else:
@@ -103,6 +116,8 @@ def expiry(value: object, param: str) -> int | None:
 
 
 def _iso_ms(text: str, param: str) -> int:
+    if text.endswith("z"):  # RFC 3339 (5.6) allows it lower case
+        text = text[:-1] + "Z"
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

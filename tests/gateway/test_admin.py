@@ -350,6 +350,18 @@ def test_key_defaults_and_expiry_in_the_past(agw: Gateway, admin: httpx.Client) 
     past = time.time_ns() // 1_000_000 - 1000
     ok(admin.patch(f"/keys/{created['id']}", json={"expires_at": past}))
     error(chat(agw, created["key"]), 401, "key_expired")
+    # Seconds for milliseconds are refused, saying both readings; 0 stays a deliberate past; a
+    # lower-case z is RFC 3339's too.
+    said = error(
+        admin.patch(f"/keys/{created['id']}", json={"expires_at": 1798761600}), 400, "invalid_request"
+    )
+    assert "1970-01-21T19:39:21.600Z" in said["message"] and "2027-01-01T00:00:00.000Z" in said["message"]
+    assert (
+        ok(admin.patch(f"/keys/{created['id']}", json={"expires_at": 0}))["expires_at"]
+        == "1970-01-01T00:00:00.000Z"
+    )
+    changed = ok(admin.patch(f"/keys/{created['id']}", json={"expires_at": "2027-01-01T00:00:00z"}))
+    assert changed["expires_at"] == "2027-01-01T00:00:00.000Z"
 
 
 @pytest.mark.parametrize(
@@ -483,6 +495,7 @@ def test_a_lone_surrogate_escape_is_400(admin: httpx.Client, raw: bytes) -> None
         ({"expires_at": "tomorrow"}, "expires_at"),
         ({"expires_at": 1.5}, "expires_at"),
         ({"expires_at": 10**20}, "expires_at"),
+        ({"expires_at": 1798761600}, "expires_at"),  # Unix seconds (2027), not 1970's milliseconds
         ({"name": None}, "name"),
         ({"secret": "sk-mine"}, "secret"),
     ],
