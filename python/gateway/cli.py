@@ -37,6 +37,7 @@ from .config import (
     ConfigError,
     Settings,
     load_settings,
+    store_of_file,
 )
 from .drain import KILL_GRACE_SECONDS
 from .errors import GatewayError
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="run the simulator and the gateway, and print a demo key")
     _server_args(demo)
-    demo.add_argument("--sim-port", type=int, default=SIM_PORT)
+    demo.add_argument(
+        "--sim-port", type=int, default=SIM_PORT, help=f"the simulator's port (default {SIM_PORT})"
+    )
 
     _admin_args(sub.add_parser("admin", help="manage accounts, money and keys (as /admin/v1 does)"))
 
@@ -161,8 +164,8 @@ def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
     # This process becomes Granian's supervisor (same pid, so signals reach it), holding nothing of
     # this command's imports: only the workers load the app.
     host, port, _ = _listening(settings, args)
-    _ready_to_serve(settings, host, port)
-    command = _granian(config, settings, args)
+    joining = _ready_to_serve(settings, host, port)
+    command = _granian(config, settings, args, joining)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)
@@ -173,14 +176,16 @@ def _serve(config: str, settings: Settings, args: argparse.Namespace) -> None:
 PRIVATE_FILES = 0o077
 
 
-def _ready_to_serve(settings: Settings, host: str, port: int) -> None:
+def _ready_to_serve(settings: Settings, host: str, port: int) -> list[int]:
     """What `serve` and `demo` settle before any worker starts: private files, a store directory
-    that takes them, an address free to listen on."""
+    that takes them, an address free to listen on (or shared with the same deployment: the pids
+    of the gateways joined)."""
     os.umask(PRIVATE_FILES)
     _check_store_directory(settings)
     _check_port(host, port)
-    _check_joining(settings, host, port)
+    joining = _check_joining(settings, host, port)
     asyncio.run(_check_services(settings))
+    return joining
 
 
 def _check_store_directory(settings: Settings) -> None:
@@ -256,12 +261,13 @@ def _check_port(host: str, port: int, what: str = "server") -> None:
         raise ConfigError(f"{what}: cannot listen on {host}:{port}: {refused.strerror or refused}")
 
 
-def _check_joining(settings: Settings, host: str, port: int) -> None:
+def _check_joining(settings: Settings, host: str, port: int) -> list[int]:
     """Workers listen with SO_REUSEPORT, so binding beside another gateway's always succeeds and
     the kernel then splits connections between the two. Only the same deployment (same store and
-    Redis: a handover) may do that; anything else on the port stops this start (gateway.deployment)."""
+    Redis: a handover) may do that; anything else on the port stops this start (gateway.deployment).
+    Returns the pids of the gateways joined (the supervisor logs the handover)."""
     if not deployment.shared_listener(host, port):
-        return
+        return []
     ours = deployment.identity(settings)
     others = deployment.listeners(host, port)
     if not others:
@@ -278,17 +284,12 @@ def _check_joining(settings: Settings, host: str, port: int) -> None:
                 " two deployments on one port would split its requests between them; stop it, or"
                 " choose another port"
             )
-    pids = ", ".join(str(other.pid) for other in others)
-    print(
-        f"gateway: {host}:{port} is already served by the gateway with pid {pids} on the same data:"
-        " this one joins it and the two share its requests (a handover: stop the old one when this"
-        " one is up)",
-        file=sys.stderr,
-    )
+    return [other.pid for other in others]
 
 
-def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[str]:
-    """The command line of Granian's supervisor for the gateway (gateway.supervisor)."""
+def _granian(config: str, settings: Settings, args: argparse.Namespace, joining: list[int]) -> list[str]:
+    """The command line of Granian's supervisor for the gateway (gateway.supervisor); `joining`,
+    the gateways on the same port it joins (a handover, which it logs)."""
     admin_token(settings)  # a bad admin token stops here with a plain message, not in every worker
     if settings.otlp_endpoint and not otlp.available():  # ... and a missing exporter
         raise ConfigError(otlp.MISSING)
@@ -303,6 +304,7 @@ def _granian(config: str, settings: Settings, args: argparse.Namespace) -> list[
         "drain_notice_seconds": settings.drain_notice_seconds,
         "kill_grace_seconds": KILL_GRACE_SECONDS,
         "metrics_listen": settings.metrics_listen if settings.metrics_enabled else None,
+        "joining": joining,
     }
     # Each worker sizes its share of a balance's leases by the number of workers (gateway.funds).
     os.environ[WORKERS_ENV] = str(options["workers"])
@@ -326,7 +328,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
     # does: the gateway drains, the simulator stops.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
-    _ready_to_serve(settings, host, port)
+    joining = _ready_to_serve(settings, host, port)
     _check_port("127.0.0.1", args.sim_port, "--sim-port (the simulator)")
     sim = subprocess.Popen(
         [sys.executable, "-m", "gateway", "sim", "--port", str(args.sim_port)],
@@ -352,7 +354,7 @@ def _demo(config: str, settings: Settings, args: argparse.Namespace) -> int:
         # A child, not this process: the simulator is stopped when the gateway stops. Ctrl-C
         # reaches both (one process group); the gateway then shuts down cleanly.
         _on_sim_port(args.sim_port)
-        gateway = subprocess.Popen(_granian(config, settings, args))
+        gateway = subprocess.Popen(_granian(config, settings, args, joining))
         try:
             ended = gateway.wait()
         except KeyboardInterrupt:
@@ -547,7 +549,9 @@ _EXPIRY_HELP = 'Unix ms, ISO 8601 (2026-12-31T23:59:59Z), or "none"'
 
 def _admin_args(admin: argparse.ArgumentParser) -> None:
     # --config before the action (`gateway admin --config my.toml list-accounts`) or after it.
-    admin.add_argument("--config", dest="admin_config", default=None, help="the TOML settings file")
+    admin.add_argument(
+        "--config", dest="admin_config", metavar="CONFIG", default=None, help="the TOML settings file"
+    )
     actions = admin.add_subparsers(dest="action", required=True)
 
     def action(name: str, summary: str, *aliases: str) -> argparse.ArgumentParser:
@@ -631,6 +635,7 @@ def _admin_args(admin: argparse.ArgumentParser) -> None:
         help="copy a stopped embedded (SQLite) deployment's data into an empty PostgreSQL database",
     )
     move.set_defaults(action="migrate-store")
+    move.add_argument("--config", default=None, help=argparse.SUPPRESS)  # refused with a reason
     move.add_argument(
         "--from", dest="source", required=True, help="the SQLite database, or a config file using it"
     )
@@ -643,17 +648,23 @@ def _migrate_store(args: argparse.Namespace) -> int:
     """`gateway admin migrate-store --from X --to Y` (docs/deploy.md)."""
     from .store.move import MoveError, run
 
+    if args.admin_config or args.config:  # given before the action or after it
+        raise AdminError(
+            "admin migrate-store: the stores are --from and --to (each a path or URL, or a config"
+            " file naming it), not --config"
+        )
+    # Of a config file only [store] is read: the copy needs neither Redis nor the models.
     source, target = Path(args.source), args.target
     if source.suffix == ".toml":
-        settings = load_settings(source)
-        if settings.store_backend != "sqlite":
+        of_source = store_of_file(source)
+        if of_source.backend != "sqlite":
             raise AdminError(f"--from {source}: its store is not SQLite")
-        source = settings.store_path
+        source = of_source.path
     if target.endswith(".toml"):
-        settings = load_settings(target)
-        if settings.store_url is None:
+        of_target = store_of_file(target)
+        if of_target.url is None:
             raise AdminError(f"--to {target}: its store is not PostgreSQL")
-        target = settings.store_url
+        target = of_target.url
     if not target.startswith(("postgres://", "postgresql://")):
         raise AdminError("--to: a postgresql:// URL or a config file whose store is PostgreSQL")
     try:
@@ -918,9 +929,12 @@ async def _rotate_key(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _delete_key(store: Store, args: argparse.Namespace) -> None:
-    if not await store.delete_key(args.key_id):
+    from .management import key_json
+
+    if not await store.delete_key(args.key_id) or (key := await store.get_key(args.key_id)) is None:
         raise AdminError(f"no live key with id {args.key_id!r}")
     print(f"deleted key {args.key_id}: it stops working at once", file=sys.stderr)
+    _print_json(key_json(key))  # as DELETE /admin/v1/keys/{id} answers it, `deleted_at` set
 
 
 async def _list_logs(store: Store, args: argparse.Namespace) -> None:
@@ -1018,6 +1032,7 @@ async def _delete_console_user(store: Store, args: argparse.Namespace) -> None:
 
     user = await console_users.delete_user(store, (await _console_user(store, args.user)).id)
     print(f"deleted console user {user.id} ({user.email}): their sessions have ended", file=sys.stderr)
+    _print_json(console_users.deleted_json(user))  # as the API answers it
 
 
 async def _account(store: Store, ref: str) -> Account:

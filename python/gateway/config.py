@@ -378,6 +378,26 @@ def load_settings(path: str | os.PathLike[str]) -> Settings:
     return settings_from_text(read_config_text(path), path)
 
 
+@dataclass(frozen=True, slots=True)
+class StoreOfFile:
+    """A settings file's [store] alone: what `gateway admin migrate-store` reads of a file (the
+    rest, [redis] with its environment variables among it, is not needed to copy the data)."""
+
+    backend: str
+    path: Path  # the SQLite file (absolute)
+    url: str | None  # PostgreSQL's
+
+
+def store_of_file(path: str | os.PathLike[str]) -> StoreOfFile:
+    p = Path(path)
+    try:
+        raw = _toml(read_config_text(p))
+    except ConfigError as exc:
+        raise ConfigError(f"config file {p}: {exc}") from exc.__cause__
+    backend, store_path, url, _ = _store(_table(raw, "store"), p.resolve().parent)
+    return StoreOfFile(backend, store_path, url)
+
+
 def read_config_text(path: str | os.PathLike[str]) -> str:
     """A configuration file's text; ConfigError naming the file when it cannot be read. Under
     `gateway demo --sim-port`, the simulator's default address in it reads as the demo's."""

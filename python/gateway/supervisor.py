@@ -465,6 +465,14 @@ def main(argv: list[str]) -> None:
     logging.config.dictConfig({"version": 1, "disable_existing_loggers": False, **_log_config(log_format)})
     if swept:
         logger.info("removed %d run directories of gateways that were killed", swept)
+    if options.get("joining"):
+        logger.info(
+            "%s:%d is already served by the gateway with pid %s on the same data: this one joins it"
+            " and the two share its requests (a handover: stop the old one when this one is up)",
+            options["host"],
+            options["port"],
+            ", ".join(map(str, options["joining"])),
+        )
     if _RUNNING:
         from gateway.config import advisories
 

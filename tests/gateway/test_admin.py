@@ -622,6 +622,10 @@ def test_cli_readme_commands(agw: Gateway, admin: httpx.Client) -> None:
     assert (key["credit_limit"], key["limit_reset"]) == ("3", "daily")
     deleted = run_cli(agw, "delete-key", "--key-id", key["id"])
     assert deleted.stderr == f"deleted key {key['id']}: it stops working at once\n", deleted.stderr
+    # The key as DELETE /admin/v1/keys/{id} answers it (docs/admin.md: single objects as the API's JSON).
+    printed = json.loads(deleted.stdout)
+    assert printed["id"] == key["id"] and printed["deleted_at"] is not None, printed
+    assert printed == ok(admin.get(f"/keys/{key['id']}"))
     error(chat(agw, secret), 401, "invalid_api_key")
 
 

@@ -4,6 +4,7 @@ sessions end), deleted; the same checks on both (docs/admin.md, "Console users")
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -208,6 +209,9 @@ def test_the_commands_create_list_invite_and_delete(ugw: Gateway, admin: httpx.C
     gone = cli(ugw, "delete-console-user", "--user", user_id)
     assert gone.returncode == 0, gone.stderr
     assert gone.stderr == f"deleted console user {user_id} ({address}): their sessions have ended\n"
+    # The object the API answers (docs/admin.md: single objects are printed as that JSON).
+    printed = json.loads(gone.stdout)
+    assert (printed["id"], printed["email"], printed["deleted"]) == (user_id, address, True)
     assert admin.get(f"/console-users/{user_id}").status_code == 404
     missing = cli(ugw, "delete-console-user", "--user", user_id)
     assert missing.returncode == 1 and "no console user" in missing.stderr

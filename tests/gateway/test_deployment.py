@@ -7,6 +7,7 @@ start is refused with one line. A command run beside a gateway names where it li
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -67,9 +68,18 @@ def test_the_same_deployment_joins_for_a_handover(tmp_path: Path, sim_url: str) 
     with running(["serve", "--config", str(config)], port) as old:
         new = _serve(config)
         try:
-            line = new.stderr.readline() if new.stderr else ""
-            assert f"127.0.0.1:{port} is already served by the gateway with pid {old.pid}" in line, line
-            assert "this one joins it" in line
+            assert new.stderr is not None
+            line = new.stderr.readline()
+            while line and "joins it" not in line:  # the supervisor's other records come first
+                line = new.stderr.readline()
+            # A record of the log's format (JSON off a terminal), as every other line on stderr
+            # (operator review: a plain line broke a JSON log shipper's stream).
+            record = json.loads(line)
+            assert record["level"] == "info", record
+            assert (
+                f"127.0.0.1:{port} is already served by the gateway with pid {old.pid}" in record["message"]
+            )
+            assert "this one joins it" in record["message"]
             # The old one goes; the new one serves the port alone (no request is refused meanwhile).
             eventually(lambda: _serving(new.pid), 30, 0.1, what="the new gateway's worker serving")
             old.terminate()

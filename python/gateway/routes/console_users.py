@@ -158,6 +158,11 @@ def user_json(u: ConsoleUser) -> dict[str, Any]:
     }
 
 
+def deleted_json(u: ConsoleUser) -> dict[str, Any]:
+    """A user as deleting them answers (the API and `gateway admin delete-console-user`)."""
+    return {**user_json(u), "deleted": True}
+
+
 def invited_json(u: ConsoleUser, url: str) -> dict[str, Any]:
     """A user with their invitation link: shown once."""
     return {**user_json(u), "invite_url": url}
@@ -209,7 +214,7 @@ def routes(state: GatewayState) -> list[Route]:
 
     async def delete(request: Request) -> tuple[int, Any]:
         no_fields(await admin_body(request, state.settings))
-        return 200, {**user_json(await delete_user(store, request.path_params["user_id"])), "deleted": True}
+        return 200, deleted_json(await delete_user(store, request.path_params["user_id"]))
 
     return [
         Route(PREFIX, endpoint(create), methods=["POST"]),
