@@ -49,6 +49,7 @@ from .store import (
     IdempotencyKeyReused,
     KeyChanges,
     NameTaken,
+    SchemaTooNew,
     Store,
     open_store,
 )
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             args.config = args.config or args.admin_config
             if args.config is None:
                 parser.error(f"admin {args.action}: --config is required")
+            if args.action == "backup-store":  # reads the file's [store] alone, starts no store
+                return _backup_store(args.config, args.to)
         settings = load_settings(args.config)
         if args.command == "serve":
             _serve(args.config, settings, args)
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)
         return 2
-    except (AdminError, ServiceUnreachable) as exc:
+    except (AdminError, ServiceUnreachable, SchemaTooNew) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     except GatewayError as exc:  # a value refused by the same checks the management API makes
@@ -216,19 +219,38 @@ class ServiceUnreachable(Exception):
 
 
 async def _check_services(settings: Settings) -> None:
-    """The PostgreSQL store answers, once, before any worker starts. Not Redis: a gateway starts
-    without it and says why it is not ready (GET /ready, 503) until Redis answers."""
+    """The PostgreSQL store answers, once, before any worker starts, and no store is one a newer
+    gateway has migrated (SchemaTooNew: one line here, not each worker's traceback as its store
+    refuses to start). Not Redis: a gateway starts without it and says why it is not ready (GET
+    /ready, 503) until Redis answers."""
     if settings.store_backend == "postgres":
         import asyncpg
 
         where = deployment.shown_url(settings.store_url or "")
+        from .store.postgres.migrate import newer_than_known
+
         try:
             conn = await asyncpg.connect(settings.store_url, timeout=10)
-            await conn.close()
+            try:
+                applied = set()
+                if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+                    applied = {row[0] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+            finally:
+                await conn.close()
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise ServiceUnreachable(
                 f"the store (PostgreSQL at {where}) cannot be reached: {_reason(exc)}"
             ) from None
+        newer = newer_than_known(applied)
+        if newer is not None:
+            raise newer
+    elif settings.store_path.exists():
+        from .store.sqlite.schema import MIGRATIONS, versions
+
+        with contextlib.closing(sqlite3.connect(settings.store_path, timeout=10)) as db:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > len(MIGRATIONS):
+            raise SchemaTooNew(*versions(version))
 
 
 def _reason(exc: BaseException) -> str:
@@ -630,6 +652,11 @@ def _admin_args(admin: argparse.ArgumentParser) -> None:
     invite.add_argument("--user", required=True, help="the user's email or id")
     gone = action("delete-console-user", "delete a console user; their sessions end at once")
     gone.add_argument("--user", required=True, help="the user's email or id")
+    backup = action(
+        "backup-store",
+        "copy the embedded (SQLite) store, consistent as of one moment, while it serves or not",
+    )
+    backup.add_argument("--to", required=True, help="the new file (never overwritten)")
     move = actions.add_parser(
         "migrate-store",
         help="copy a stopped embedded (SQLite) deployment's data into an empty PostgreSQL database",
@@ -642,6 +669,39 @@ def _admin_args(admin: argparse.ArgumentParser) -> None:
     move.add_argument(
         "--to", dest="target", required=True, help="a postgresql:// URL, or a config file using it"
     )
+
+
+def _backup_store(config: str, to: str) -> int:
+    """`gateway admin backup-store --config X --to FILE` (docs/operations.md, "Backups"): SQLite's
+    online backup, one read transaction over the whole copy, so the copy is the store as of one
+    moment while the gateway writes on; checked, then given its name (never half a file there)."""
+    store = store_of_file(config)
+    if store.backend != "sqlite":
+        raise AdminError(
+            "backup-store copies the embedded (SQLite) store; PostgreSQL's is backed up with its own"
+            ' tools (pg_dump): docs/operations.md, "Backups"'
+        )
+    target = Path(to)
+    if target.exists():
+        raise AdminError(f"--to {target}: the file exists already (a backup never overwrites one)")
+    if not store.path.is_file():
+        raise AdminError(f"store.path {store.path}: no such database")
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        with (
+            contextlib.closing(sqlite3.connect(store.path, timeout=30)) as source,
+            contextlib.closing(sqlite3.connect(partial)) as copy,
+        ):
+            source.backup(copy)
+            (check,) = copy.execute("PRAGMA quick_check").fetchone()
+            (version,) = copy.execute("PRAGMA user_version").fetchone()
+        if check != "ok":
+            raise AdminError(f"the copy did not pass SQLite's check ({check}); nothing was kept")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    print(json.dumps({"backup": str(target), "bytes": target.stat().st_size, "schema_version": version}))
+    return 0
 
 
 def _migrate_store(args: argparse.Namespace) -> int:

@@ -71,6 +71,7 @@ from granian._granian import WorkerSignal  # noqa: E402
 from granian.constants import HTTPModes, Interfaces, Loops  # noqa: E402
 from granian.log import configure_logging, logger  # noqa: E402
 
+from gateway import installed  # noqa: E402  (stdlib only)
 from gateway.drain import (  # noqa: E402  (stdlib only)
     NOTICE_SIGNAL,
     RUN_DIR_ENV,
@@ -138,6 +139,11 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
         if os.getpid() != self.pid:  # a forked worker inherited this handler: not its business
             return
         path = os.environ.get(CONFIG_ENV, "")
+        if installed.changed_since_start():
+            logger.error(
+                "reload refused: %s; the workers keep running the code they have", installed.UPGRADED
+            )
+            return
         try:
             problems = _accept(path)
         except Exception as exc:  # never let a check take the supervisor down
@@ -444,6 +450,7 @@ def _log_config(log_format: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
+    installed.note_start()  # before anything of the package runs in a worker
     options = json.loads(argv[1])
     swept = _sweep_run_dirs()
     drain = float(options.get("drain_seconds", 30.0))

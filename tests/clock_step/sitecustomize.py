@@ -12,11 +12,11 @@ if _FILE:
     _real_ns = time.time_ns
     _read = [0, 0]  # when the file was last read (monotonic ns), and its offset
 
-    def _offset() -> int:
+    def _offset(path: str = _FILE) -> int:
         now = time.monotonic_ns()
         if now - _read[0] > 5_000_000:  # read at most every 5 ms
             try:
-                with open(_FILE) as f:
+                with open(path) as f:
                     _read[1] = int(f.read().strip() or 0)
             except (OSError, ValueError):
                 pass

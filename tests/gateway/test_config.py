@@ -501,7 +501,7 @@ def test_serve_port_and_host_override_the_file(tmp_path: Path, monkeypatch: pyte
     for name in (CONFIG_ENV, LISTEN_ENV, WORKERS_ENV, FLAGS_ENV):
         monkeypatch.delenv(name, raising=False)
     args = argparse.Namespace(host="0.0.0.0", port=8200, workers=None)
-    command = _granian(str(config), load_settings(config), args)
+    command = _granian(str(config), load_settings(config), args, [])
     options = json.loads(command[-1])
     assert {k: options[k] for k in ("host", "port", "workers")} == {
         "host": "0.0.0.0",

@@ -6,6 +6,7 @@ bad file is refused with the old configuration serving on."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import httpx
 import orjson
 import pytest
 
+import gateway
 from gateway.config import Settings, load_settings
 from gateway.reload import fixed_changes
 from harness import (
@@ -425,6 +427,41 @@ def test_a_reload_that_moves_the_listener_or_the_data_is_refused(tmp_path: Path,
         # Put back, the same file reloads.
         config.write_text(text)
         assert httpx.post(url + "/admin/v1/config/reload", headers=admin).status_code == 202
+
+
+def test_a_reload_after_the_code_changed_is_refused(tmp_path: Path, sim_url: str) -> None:
+    """Upgrade review: code installed over a running gateway, then SIGHUP (as the docs said). Its
+    workers are forked from the supervisor, which holds the old modules: the new worker failed to
+    start on a mix of old and new, and the log said only that. Now a reload is refused, by the
+    endpoint and by SIGHUP, saying why and what to do; the workers serve on."""
+    installation = tmp_path / "site"
+    shutil.copytree(
+        Path(gateway.__file__).resolve().parent, installation / "gateway",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )  # fmt: skip
+    port = free_port()
+    config = _config(tmp_path, port, sim_url, 1, chat_model("test/a", "sim-chat", sim_url))
+    url = f"http://127.0.0.1:{port}"
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    out = tmp_path / "out.log"
+    env = {"T_ADMIN": ADMIN_TOKEN, "PYTHONPATH": str(installation)}
+    with running(["serve", "--config", str(config)], port, env, output=out) as proc:
+        assert eventually(lambda: workers_serving(out) == ["worker-1"], 20, 0.1, what="its worker")
+        upgraded = installation / "gateway" / "pricing.py"
+        upgraded.write_text(upgraded.read_text() + "\n# a newer release\n")
+        refused = httpx.post(url + "/admin/v1/config/reload", headers=admin)
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert "installed code changed since it started" in message and "Upgrading" in message
+        proc.send_signal(signal.SIGHUP)
+        said = eventually(
+            lambda: [line for line in out.read_text().splitlines() if "reload refused" in line] or None,
+            20, 0.1, what="the refusal logged",
+        )  # fmt: skip
+        assert "installed code changed since it started" in said[0]
+        time.sleep(1)  # a reload would have replaced the worker by now
+        assert workers_serving(out) == ["worker-1"]  # never replaced
+        assert httpx.get(url + "/health").status_code == 200
 
 
 def test_a_reload_to_text_logs_changes_the_supervisor_s_records_too(tmp_path: Path, sim_url: str) -> None:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import installed
 from ..auth import admin_token, authenticate_admin
 from ..config import CONFIG_ENV, check_and_load
 from ..errors import GatewayError
@@ -35,6 +36,8 @@ def routes(state: GatewayState) -> list[Route]:
         # It takes no field: one given is refused as every admin endpoint refuses an unknown one
         # (operator review: {"x": 1} was taken), a body that is not a JSON object too.
         no_fields(await admin_body(request, state.settings))
+        if await asyncio.to_thread(installed.changed_since_start):  # as the supervisor would refuse it
+            raise GatewayError("invalid_request", f"Nothing was reloaded: {installed.UPGRADED}.")
         path = os.environ.get(CONFIG_ENV, "")
         checked = await asyncio.to_thread(check_and_load, path)
         problems = list(checked.problems)

@@ -87,6 +87,19 @@ class NameTaken(Exception):
     """Another account has this name already."""
 
 
+class SchemaTooNew(RuntimeError):
+    """The store's schema has migrations this gateway does not know: a newer gateway has used it
+    (upgrade review: an older one started on it, said it was ready, and wrote records without what
+    the newer one needs of them). A gateway never runs on it, nor lets its migrations pass it by."""
+
+    def __init__(self, found: str, known: str) -> None:
+        super().__init__(
+            f"the store's schema is at {found}, newer than this gateway's ({known}): a newer gateway"
+            " has used it. Run that version or a later one; going back to an older one is not"
+            ' supported (docs/operations.md, "Upgrading")'
+        )
+
+
 class IdempotencyKeyReused(Exception):
     """A top-up with this idempotency key exists already, with another amount or note."""
 

@@ -15,6 +15,8 @@ from importlib import resources
 
 import asyncpg
 
+from ..records import SchemaTooNew
+
 # The advisory lock every instance takes to migrate (any constant; "gateway" in ASCII).
 MIGRATION_LOCK = 0x67617465776179
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
@@ -41,6 +43,15 @@ def migrations() -> list[Migration]:
     return found
 
 
+def newer_than_known(applied: set[int]) -> SchemaTooNew | None:
+    """The refusal for a database with migrations this gateway does not know (None: none)."""
+    known = {m.version for m in migrations()}
+    unknown = applied - known
+    if not unknown:
+        return None
+    return SchemaTooNew(f"migration {max(unknown)}", f"migration {max(known)}")
+
+
 async def migrate(conn: asyncpg.Connection) -> list[int]:
     """Apply the migrations this database lacks; returns the versions applied by this call."""
     applied: list[int] = []
@@ -52,6 +63,9 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {row[0] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+        newer = newer_than_known(done)
+        if newer is not None:
+            raise newer
         for migration in migrations():
             if migration.version in done:
                 continue

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from ..records import SchemaTooNew
+
 # A cost's decimal text (str(Decimal): "0.00123", "1.5E-7", "1.2E+2") as an exact integer of
 # picodollars, in SQL, for the request log's statistics (console.py): the mantissa's digits times the
 # power of ten that makes them picodollars. -1 when that is not an integer below 10^18 (more than 12
@@ -367,11 +369,18 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
+def versions(found: int) -> tuple[str, str]:
+    """A store's schema version and this gateway's, as SchemaTooNew names them."""
+    return f"version {found}", f"version {len(MIGRATIONS)}"
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring the schema up to date, in one transaction (concurrent starts serialise on it)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > len(MIGRATIONS):
+            raise SchemaTooNew(*versions(version))
         for i in range(version, len(MIGRATIONS)):
             for statement in MIGRATIONS[i].split(";"):
                 if statement.strip():

@@ -48,6 +48,7 @@ from ..records import (
     NameTaken,
     RequestLog,
     ResponseState,
+    SchemaTooNew,
     Settlement,
     StoredAnswer,
     StoredImage,
@@ -85,7 +86,7 @@ from .rows import (
     _top_up,
     usage_record,
 )
-from .schema import MIGRATIONS, migrate
+from .schema import MIGRATIONS, migrate, versions
 from .writer import WriteOp, Writer
 
 log = logging.getLogger("gateway.store")
@@ -796,6 +797,8 @@ class SqliteStore(SqliteConsole):
             return f"the SQLite database cannot be read: {exc}"
         if version < len(MIGRATIONS):
             return f"the SQLite schema is at version {version}, the gateway needs {len(MIGRATIONS)}"
+        if version > len(MIGRATIONS):
+            return str(SchemaTooNew(*versions(version)))
         failing = self._writer.failing
         if failing is not None:
             return f"writes to the SQLite database have failed for {failing:.0f} s: {self._writer.last_error}"

@@ -1,0 +1,55 @@
+"""What code this gateway runs: a fingerprint of its installed package, taken when `gateway serve`
+starts, to tell a reload that the code on disk has changed since (an upgrade installed over it).
+
+Workers are forked from the supervisor, which has already imported part of the package (its
+configuration, the Rust core): a worker started after an upgrade would run the old modules the
+supervisor holds beside new ones read from disk, or fail to start (upgrade review: `cannot import
+name ...`, and the reload said only that the new worker did not start). So a reload is refused
+once the code changed, naming the way to load it: the handover (docs/operations.md, "Upgrading").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+_SUFFIXES = (".py", ".so", ".sql", ".html", ".css", ".js")
+
+at_start: str | None = None  # set by the supervisor as it starts; inherited by its workers
+
+
+def fingerprint() -> str:
+    """A digest of every source, extension and asset file of the package: path, size, mtime."""
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(_SUFFIXES):
+                path = Path(root, name)
+                try:
+                    stat = path.stat()
+                except OSError:  # removed while it was listed: an installation under way
+                    continue
+                digest.update(f"{path.relative_to(PACKAGE)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def note_start() -> None:
+    global at_start  # noqa: PLW0603 (once, in the supervisor, before any worker is forked)
+    at_start = fingerprint()
+
+
+def changed_since_start() -> bool:
+    """Whether the installed code differs from what the supervisor started with (False when it was
+    not started by `gateway serve`)."""
+    return at_start is not None and fingerprint() != at_start
+
+
+UPGRADED = (
+    "the gateway's installed code changed since it started: a reload cannot load new code (its"
+    " workers are forked from the running supervisor, which holds the old). Start the new"
+    " installation with `gateway serve` on the same port, then stop this one (SIGTERM: it drains):"
+    ' docs/operations.md, "Upgrading"'
+)
