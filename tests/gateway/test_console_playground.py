@@ -347,7 +347,7 @@ def test_an_expired_playground_key_stops_the_playground(page: Page, pgw: Gateway
         # by the playground too, as two workers might): the oldest is the playground's, and
         # nothing replaces it.
         first, _ = await management.create_key(
-            store, account_id, {"name": PLAYGROUND_KEY, "expires_at": 1000}, playground=True
+            store, account_id, {"name": PLAYGROUND_KEY, "expires_at": now_ms() - 1000}, playground=True
         )
         while now_ms() <= first.created_at_ms:  # "newer": not made in the same millisecond
             await asyncio.sleep(0.001)

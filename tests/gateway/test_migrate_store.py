@@ -67,6 +67,15 @@ def config(tmp: Path, name: str, sim_url: str, store: str, port: int) -> Path:
     return path
 
 
+def account_through_the_cli(config_file: Path) -> None:
+    """Account `a` holding 1, made by `gateway admin` (which makes the store when it is new)."""
+    subprocess.run(
+        [sys.executable, "-m", "gateway", "admin", "create-account", "--config", str(config_file),
+         "--name", "a", "--balance", "1"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+
+
 def pg_rows(url: str, sql: str) -> list[tuple[object, ...]]:
     async def go() -> list[tuple[object, ...]]:
         conn = await asyncpg.connect(url)
@@ -216,11 +225,7 @@ def test_stores_that_cannot_be_opened_are_one_line_and_admin_files_are_private(
 ) -> None:
     # `gateway admin` run first makes the store (and its directories) its user's alone, as serve does.
     lite = config(tmp_path, "lite", sim_url, '[store]\npath = "new/dir/gateway.db"', free_port())
-    subprocess.run(
-        [sys.executable, "-m", "gateway", "admin", "create-account", "--config", str(lite), "--name", "a",
-         "--balance", "1"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    account_through_the_cli(lite)
     made = [tmp_path / "new", tmp_path / "new" / "dir", *(tmp_path / "new" / "dir").iterdir()]
     assert all(path.stat().st_mode & 0o077 == 0 for path in made), [oct(p.stat().st_mode) for p in made]
     # A PostgreSQL target that does not exist or cannot be reached: the reason, not a traceback.
@@ -235,11 +240,7 @@ def test_a_config_file_is_read_for_its_store_alone_and_config_is_refused(
     sim_url: str, tmp_path: Path, target_db: str
 ) -> None:
     lite = config(tmp_path, "lite", sim_url, '[store]\npath = "gateway.db"', free_port())
-    subprocess.run(
-        [sys.executable, "-m", "gateway", "admin", "create-account", "--config", str(lite), "--name", "a",
-         "--balance", "1"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    account_through_the_cli(lite)
     # The target's file as the instances will run it: its Redis named by a variable that is not
     # set where the copy runs (operator review: the copy stopped on it, and it never uses Redis).
     pg = config(
