@@ -684,6 +684,8 @@ def _backup_store(config: str, to: str) -> int:
     target = Path(to)
     if target.exists():
         raise AdminError(f"--to {target}: the file exists already (a backup never overwrites one)")
+    if not target.parent.is_dir():  # else SQLite's "unable to open database file", as if the store
+        raise AdminError(f"--to {target}: no such directory {target.parent}")
     if not store.path.is_file():
         raise AdminError(f"store.path {store.path}: no such database")
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")

@@ -74,6 +74,8 @@ def test_a_backup_while_serving_is_one_moment_of_the_store(tmp_path: Path, sim_u
         # Never over a file; PostgreSQL's is its own tools' work.
         again = backup(gw.config_path, copy)
         assert again.returncode == 1 and "exists already" in again.stderr, again.stderr
+        nowhere = backup(gw.config_path, tmp_path / "no-such-dir" / "copy.db")
+        assert nowhere.returncode == 1 and "no such directory" in nowhere.stderr, nowhere.stderr
     pg = tmp_path / "pg.toml"
     pg.write_text(
         '[store]\nbackend = "postgres"\nurl = "postgresql://h/db"\n' + chat_model(MODEL, "m", sim_url)
