@@ -682,13 +682,16 @@ def _backup_store(config: str, to: str) -> int:
             ' tools (pg_dump): docs/operations.md, "Backups"'
         )
     target = Path(to)
-    if target.exists():
-        raise AdminError(f"--to {target}: the file exists already (a backup never overwrites one)")
     if not target.parent.is_dir():  # else SQLite's "unable to open database file", as if the store
         raise AdminError(f"--to {target}: no such directory {target.parent}")
     if not store.path.is_file():
         raise AdminError(f"store.path {store.path}: no such database")
+    try:  # the name is taken first, so that nothing made there meanwhile is replaced by the copy
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise AdminError(f"--to {target}: the file exists already (a backup never overwrites one)") from None
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    kept = False
     try:
         with (
             contextlib.closing(sqlite3.connect(store.path, timeout=30)) as source,
@@ -699,9 +702,12 @@ def _backup_store(config: str, to: str) -> int:
             (version,) = copy.execute("PRAGMA user_version").fetchone()
         if check != "ok":
             raise AdminError(f"the copy did not pass SQLite's check ({check}); nothing was kept")
-        os.replace(partial, target)
+        os.replace(partial, target)  # over the name this command took above
+        kept = True
     finally:
         partial.unlink(missing_ok=True)
+        if not kept:
+            target.unlink(missing_ok=True)
     print(json.dumps({"backup": str(target), "bytes": target.stat().st_size, "schema_version": version}))
     return 0
 

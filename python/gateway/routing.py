@@ -37,6 +37,7 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
+from .clock import instant_ns
 from .config import ChannelConfig, ModelConfig, RoutingSettings
 from .errors import GatewayError
 from .shared_channels import FRESH_SECONDS, Lease, SharedChannels, SharedState, Unavailable
@@ -73,7 +74,8 @@ class Attempt:
     error: str | None = None  # the error code it failed with; None when the channel answered
     status: int | None = None  # the gateway status of that error
     # The try's W3C span (its id goes upstream in traceparent, gateway.telemetry.tracing) and its
-    # wall-clock times, for the exported trace; 0 for what was not a try through the router.
+    # instants on the monotonic clock (clock.instant_ns; the exported trace's times are made from
+    # them, as the request's are); 0 for what was not a try through the router.
     span_id: int = 0
     started_ns: int = 0
     ended_ns: int = 0
@@ -393,12 +395,11 @@ class Router:
             health.probing = True
         health.in_flight += 1
         health.attempts += 1
-        started_ns = time.time_ns()
         record = Attempt(
             health.channel.name,
-            started_ns // 1_000_000,
+            time.time_ns() // 1_000_000,
             span_id=random.getrandbits(64) or 1,
-            started_ns=started_ns,
+            started_ns=instant_ns(),
         )
         attempts.append(record)
         current = CURRENT_ATTEMPT.set(record)
@@ -431,7 +432,7 @@ class Router:
 
     def _finish(self, record: Attempt, started: float) -> None:
         record.duration_ms = int((self._clock() - started) * 1000)
-        record.ended_ns = time.time_ns()
+        record.ended_ns = instant_ns()
 
     def _answered(self, health: ChannelHealth, duration_ms: int, lease: Lease | None = None) -> None:
         health.failures_in_a_row = 0

@@ -74,6 +74,20 @@ def test_a_backup_while_serving_is_one_moment_of_the_store(tmp_path: Path, sim_u
         # Never over a file; PostgreSQL's is its own tools' work.
         again = backup(gw.config_path, copy)
         assert again.returncode == 1 and "exists already" in again.stderr, again.stderr
+        # Two at once to one name (diff review: the second replaced the first): one copy is kept.
+        twice = tmp_path / "backups" / "twice.db"
+        racing = [
+            subprocess.Popen(
+                [sys.executable, "-m", "gateway", "admin", "backup-store", "--config", str(gw.config_path),
+                 "--to", str(twice)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        ended = [p.communicate(timeout=60) for p in racing]
+        assert sorted(p.returncode for p in racing) == [0, 1], ended
+        assert any("exists already" in err for _, err in ended), ended
+        assert sorted(path.name for path in twice.parent.iterdir()) == ["gateway-copy.db", "twice.db"]
         nowhere = backup(gw.config_path, tmp_path / "no-such-dir" / "copy.db")
         assert nowhere.returncode == 1 and "no such directory" in nowhere.stderr, nowhere.stderr
     pg = tmp_path / "pg.toml"

@@ -116,7 +116,7 @@ class SpanExport:
         for n, attempt in enumerate(call.attempts):
             if not attempt.span_id:  # not a try through the router (a safety check's summary)
                 continue
-            end = attempt.ended_ns or ended_ns
+            end = wall_ns(attempt.ended_ns) if attempt.ended_ns else ended_ns
             if n == last and attempt.error is None and call.first_byte_ns:
                 end = ended_ns  # the stream it answered ran until the request's end
             tried: dict[str, Any] = {"gateway.channel": attempt.channel}
@@ -131,8 +131,8 @@ class SpanExport:
                     attributes=tried,
                     kind=self._kind.CLIENT,
                     status=self._status(self._code.ERROR if attempt.error else self._code.UNSET),
-                    start_time=attempt.started_ns,
-                    end_time=max(end, attempt.started_ns),
+                    start_time=(start := wall_ns(attempt.started_ns)),
+                    end_time=max(end, start),
                     instrumentation_scope=self._scope,
                 )
             )

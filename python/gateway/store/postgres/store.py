@@ -99,7 +99,7 @@ from . import rows
 from .console import PostgresConsole
 from .errors import StoreUnavailable, connects_refused, unavailable
 from .keys import CHANNEL, KeyCache
-from .migrate import migrate, migrations, newer_than_known
+from .migrate import migrate, migrations
 from .writer import Writer
 
 T = TypeVar("T")
@@ -986,9 +986,6 @@ class PostgresStore(PostgresConsole):
             return f"PostgreSQL is out of reach: {type(exc).__name__}: {exc}"
         if version is None or version < needed:
             return f"the PostgreSQL schema is at version {version or 0}, the gateway needs {needed}"
-        newer = newer_than_known({version})  # a newer gateway migrated it since this one started
-        if newer is not None:
-            return str(newer)
         failing = None if self._writer is None else self._writer.failing
         if failing is not None:
             return f"writes to PostgreSQL have failed for {failing:.0f} s"

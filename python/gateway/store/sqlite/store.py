@@ -48,7 +48,6 @@ from ..records import (
     NameTaken,
     RequestLog,
     ResponseState,
-    SchemaTooNew,
     Settlement,
     StoredAnswer,
     StoredImage,
@@ -86,7 +85,7 @@ from .rows import (
     _top_up,
     usage_record,
 )
-from .schema import MIGRATIONS, migrate, versions
+from .schema import MIGRATIONS, migrate
 from .writer import WriteOp, Writer
 
 log = logging.getLogger("gateway.store")
@@ -797,8 +796,6 @@ class SqliteStore(SqliteConsole):
             return f"the SQLite database cannot be read: {exc}"
         if version < len(MIGRATIONS):
             return f"the SQLite schema is at version {version}, the gateway needs {len(MIGRATIONS)}"
-        if version > len(MIGRATIONS):
-            return str(SchemaTooNew(*versions(version)))
         failing = self._writer.failing
         if failing is not None:
             return f"writes to the SQLite database have failed for {failing:.0f} s: {self._writer.last_error}"
