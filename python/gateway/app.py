@@ -64,6 +64,7 @@ from .routing import Router
 from .runtime_threads import batch_runtime_threads_once_started
 from .state import GatewayState
 from .store import open_store
+from .store.sqlite.files import RATE_LIMITS, beside
 from .telemetry import ERROR_CODE, MODEL_REQUEST, Telemetry, logs
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def _shared_state(settings: Settings) -> tuple[RedisClient | None, BucketStore, 
     instance shares them), else the Rust core's file beside the database and each process's memory.
     Its modules are imported only then."""
     if not settings.redis_url:
-        return None, FileBuckets(_beside(settings.store_path, ".ratelimits")), None
+        return None, FileBuckets(_beside(settings.store_path, RATE_LIMITS)), None
     from .redis_buckets import RATE_LIMIT_KEYS, RedisBuckets
     from .redis_client import connect
     from .shared_channels import SharedChannels
@@ -222,10 +223,10 @@ class _GatewayApp(Starlette):
         )
 
 
-def _beside(path: Path, suffix: str) -> Path:
-    """A file next to the database, shared like it by every worker process."""
+def _beside(path: Path, end: str) -> Path:
+    """A file next to the database, shared like it by every worker process (its folder made)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.parent / (path.name + suffix)
+    return beside(path, end)
 
 
 def warm_tokenizers(settings: Settings) -> None:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sqlite3
@@ -54,6 +55,7 @@ from .store import (
     open_store,
 )
 from .store.records import ACCOUNT_ID_PREFIX, CONSOLE_ROLES
+from .store.sqlite.files import JOURNAL, SQLITE_OWN, beside, owned
 from .telemetry import otlp
 
 T = TypeVar("T")
@@ -686,10 +688,17 @@ def _backup_store(config: str, to: str) -> int:
         raise AdminError(f"--to {target}: no such directory {target.parent}")
     if not store.path.is_file():
         raise AdminError(f"store.path {store.path}: no such database")
+    _not_the_stores_own(store.path, target)
+    needs = sum(f.stat().st_size for f in (store.path, beside(store.path, "-wal")) if f.exists())
+    free = shutil.disk_usage(target.parent).free
+    if free < needs:  # else SQLite's "database or disk is full", as if the store's disk were
+        raise AdminError(f"--to {target}: {target.parent} has {free:,} bytes free, the copy needs {needs:,}")
     try:  # the name is taken first, so that nothing made there meanwhile is replaced by the copy
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         raise AdminError(f"--to {target}: the file exists already (a backup never overwrites one)") from None
+    except OSError as exc:  # read-only, not ours: the destination's fault, not the store's
+        raise AdminError(f"--to {target}: cannot be written ({exc.strerror or exc})") from None
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     kept = False
     try:
@@ -705,11 +714,22 @@ def _backup_store(config: str, to: str) -> int:
         os.replace(partial, target)  # over the name this command took above
         kept = True
     finally:
-        partial.unlink(missing_ok=True)
+        for leftover in (partial, *(beside(partial, end) for end in SQLITE_OWN)):
+            leftover.unlink(missing_ok=True)
         if not kept:
             target.unlink(missing_ok=True)
     print(json.dumps({"backup": str(target), "bytes": target.stat().st_size, "schema_version": version}))
     return 0
+
+
+def _not_the_stores_own(db: Path, target: Path) -> None:
+    """A backup named as one of the store's own files would be taken by SQLite (a `-journal` or
+    `-wal` it finds is applied or discarded at the next open) or by the gateway (black-box review:
+    the copy was accepted, then deleted)."""
+    db = db.resolve()
+    where = target.resolve()
+    if where in owned(db) or beside(db, JOURNAL) in where.parents:
+        raise AdminError(f"--to {target}: one of the store's own files; name the backup otherwise")
 
 
 def _migrate_store(args: argparse.Namespace) -> int:

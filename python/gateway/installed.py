@@ -21,7 +21,9 @@ at_start: str | None = None  # set by the supervisor as it starts; inherited by 
 
 
 def fingerprint() -> str:
-    """A digest of every source, extension and asset file of the package: path, size, mtime."""
+    """A digest of every source, extension and asset file of the package: its path and content
+    (not its time: a reinstall of the same release, or a file rewritten unchanged, is the same
+    code; black-box review: a `touch` held every reload). Tens of ms, at start and at a reload."""
     digest = hashlib.sha256()
     for root, dirs, files in os.walk(PACKAGE):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -29,10 +31,11 @@ def fingerprint() -> str:
             if name.endswith(_SUFFIXES):
                 path = Path(root, name)
                 try:
-                    stat = path.stat()
+                    content = path.read_bytes()
                 except OSError:  # removed while it was listed: an installation under way
                     continue
-                digest.update(f"{path.relative_to(PACKAGE)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+                digest.update(f"{path.relative_to(PACKAGE)}\0{len(content)}\0".encode())
+                digest.update(content)
     return digest.hexdigest()
 
 
@@ -47,6 +50,15 @@ def changed_since_start() -> bool:
     return at_start is not None and fingerprint() != at_start
 
 
+# A dead worker is started again all the same (the gateway would otherwise shrink to nothing), and
+# the log says what it runs (black-box review: two releases answered, or it crashed in a loop, and
+# nothing named the upgrade).
+RESPAWNED_UPGRADED = (
+    "the gateway's installed code changed since it started, so this worker loads new modules beside"
+    " the old ones its supervisor holds: it may fail to start or run a mix of the two. Hand over"
+    " now: start the new installation with `gateway serve` on the same port, then stop this one"
+    ' (SIGTERM: it drains): docs/operations.md, "Upgrading"'
+)
 UPGRADED = (
     "the gateway's installed code changed since it started: a reload cannot load new code (its"
     " workers are forked from the running supervisor, which holds the old). Start the new"

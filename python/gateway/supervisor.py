@@ -279,6 +279,8 @@ class GatewayGranian(Granian):  # type: ignore[misc,valid-type]
                 time.sleep(0.05)  # not main_loop_interrupt: another worker's death must stay noted
             if self.interrupt_signal:
                 return False
+        if installed.changed_since_start():  # the new worker is forked from the old release
+            logger.error("worker-%d starts again: %s", idx + 1, installed.RESPAWNED_UPGRADED)
         super()._respawn_workers([idx], spawn_target, target_loader, 0)
         # Granian's crash-loop guard (which ends the gateway at a second quick death) stands down:
         # the policy above replaces it.

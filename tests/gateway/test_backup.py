@@ -88,6 +88,14 @@ def test_a_backup_while_serving_is_one_moment_of_the_store(tmp_path: Path, sim_u
         assert sorted(p.returncode for p in racing) == [0, 1], ended
         assert any("exists already" in err for _, err in ended), ended
         assert sorted(path.name for path in twice.parent.iterdir()) == ["gateway-copy.db", "twice.db"]
+        # Never one of the store's own names (black-box review: SQLite took a `-journal` copy as
+        # its own and deleted it at the next open).
+        store = gw.store_settings.store_path
+        sqlite_journal = store.with_name(store.name + "-journal")
+        for own in (sqlite_journal, store.with_name(store.name + ".journal") / "x.db"):
+            said_own = backup(gw.config_path, own)
+            assert said_own.returncode == 1 and "the store's own files" in said_own.stderr, said_own.stderr
+        assert not sqlite_journal.exists()
         nowhere = backup(gw.config_path, tmp_path / "no-such-dir" / "copy.db")
         assert nowhere.returncode == 1 and "no such directory" in nowhere.stderr, nowhere.stderr
     pg = tmp_path / "pg.toml"

@@ -61,6 +61,7 @@ from ..records import (
 )
 from . import journal
 from .console import Scans, SqliteConsole
+from .files import JOURNAL, KEY_GENERATION, beside
 from .key_cache import KeyCache
 from .ledger import _add_to_lease, _free, _keep_answers, _reclaim, _settle_many
 from .rows import (
@@ -109,7 +110,7 @@ class SqliteStore(SqliteConsole):
         self._disk_failed_at: float | None = None
         self._disk_error = ""
         self._writer = Writer(lambda: self._owner, self._applied)
-        self._keys = KeyCache(self.path.parent / (self.path.name + ".generation"))
+        self._keys = KeyCache(beside(self.path, KEY_GENERATION))
         self._scans = Scans(lambda: self._connect(check_same_thread=False))
 
     # ------------------------------------------------------------------ lifecycle
@@ -126,7 +127,7 @@ class SqliteStore(SqliteConsole):
 
     @property
     def journal_dir(self) -> Path:
-        return self.path.parent / (self.path.name + ".journal")
+        return beside(self.path, JOURNAL)
 
     @property
     def lease_owner(self) -> str:
