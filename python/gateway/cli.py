@@ -247,12 +247,11 @@ async def _check_services(settings: Settings) -> None:
         if newer is not None:
             raise newer
     elif settings.store_path.exists():
-        from .store.sqlite.schema import MIGRATIONS, versions
+        from .store.sqlite.schema import refuse_newer
 
         with contextlib.closing(sqlite3.connect(settings.store_path, timeout=10)) as db:
             (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version > len(MIGRATIONS):
-            raise SchemaTooNew(*versions(version))
+        refuse_newer(version)
 
 
 def _reason(exc: BaseException) -> str:

@@ -53,15 +53,16 @@ def changed_since_start() -> bool:
 # A dead worker is started again all the same (the gateway would otherwise shrink to nothing), and
 # the log says what it runs (black-box review: two releases answered, or it crashed in a loop, and
 # nothing named the upgrade).
+_HAND_OVER = (
+    "start the new installation with `gateway serve` on the same port, then stop this one"
+    ' (SIGTERM: it drains): docs/operations.md, "Upgrading"'
+)
 RESPAWNED_UPGRADED = (
     "the gateway's installed code changed since it started, so this worker loads new modules beside"
     " the old ones its supervisor holds: it may fail to start or run a mix of the two. Hand over"
-    " now: start the new installation with `gateway serve` on the same port, then stop this one"
-    ' (SIGTERM: it drains): docs/operations.md, "Upgrading"'
+    f" now: {_HAND_OVER}"
 )
 UPGRADED = (
     "the gateway's installed code changed since it started: a reload cannot load new code (its"
-    " workers are forked from the running supervisor, which holds the old). Start the new"
-    " installation with `gateway serve` on the same port, then stop this one (SIGTERM: it drains):"
-    ' docs/operations.md, "Upgrading"'
+    f" workers are forked from the running supervisor, which holds the old). Hand over: {_HAND_OVER}"
 )

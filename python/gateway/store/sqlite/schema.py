@@ -369,9 +369,10 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def versions(found: int) -> tuple[str, str]:
-    """A store's schema version and this gateway's, as SchemaTooNew names them."""
-    return f"version {found}", f"version {len(MIGRATIONS)}"
+def refuse_newer(version: int) -> None:
+    """SchemaTooNew when a store's schema `version` is one a newer gateway migrated to."""
+    if version > len(MIGRATIONS):
+        raise SchemaTooNew(f"version {version}", f"version {len(MIGRATIONS)}")
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -379,8 +380,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if version > len(MIGRATIONS):
-            raise SchemaTooNew(*versions(version))
+        refuse_newer(version)
         for i in range(version, len(MIGRATIONS)):
             for statement in MIGRATIONS[i].split(";"):
                 if statement.strip():
