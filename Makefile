@@ -138,6 +138,10 @@ bench-profile: setup bench-tools ## a flame graph and per-thread CPU of one work
 bench-instructions: setup bench-tools ## instructions per chat request, gateway (embedded and on PostgreSQL + Redis) and stack floor, by callgrind (benches/results/instructions.md)
 	$(BIN)/python benches/instructions.py
 
+.PHONY: bench-soak
+bench-soak: setup bench-tools ## one worker's memory and CPU per request over a long mixed run (SOAK_FLAGS="--path gateway-pg --minutes 45"; benches/results/soak-*.md)
+	$(BIN)/python benches/soak.py $(SOAK_FLAGS)
+
 .PHONY: bench-core
 bench-core: ## Criterion benchmarks of the Rust core alone (stream rewriters, json.rs), about two minutes
 	cargo bench --locked -p gateway-core
