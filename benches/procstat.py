@@ -39,14 +39,24 @@ def cpu_seconds(pid: int) -> float:
     return total / _TICKS
 
 
-def peak_rss_mb(pid: int) -> float:
-    """Sum over the tree of each process's peak resident set (VmHWM)."""
-    total_kb = 0
+def _status_mb(pid: int, field: str) -> dict[int, float]:
+    """Each process of the tree's `field` of /proc/PID/status (a size in kB), in MB."""
+    found = {}
     for p in tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total_kb += int(line.split()[1])
+                if line.startswith(field + ":"):
+                    found[p] = int(line.split()[1]) / 1024
         except OSError:
             continue
-    return total_kb / 1024
+    return found
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Sum over the tree of each process's peak resident set (VmHWM)."""
+    return sum(_status_mb(pid, "VmHWM").values())
+
+
+def rss_mb(pid: int) -> dict[int, float]:
+    """Each process of the tree's resident set now (VmRSS), in MB."""
+    return _status_mb(pid, "VmRSS")

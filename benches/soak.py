@@ -42,19 +42,6 @@ CLIENT_CPU = "1"
 MIX = ("chat", "chat_stream", servers.MANY_KEYS, servers.LIMITED, "embeddings", "chat")
 
 
-def rss_mb(pid: int) -> dict[int, float]:
-    """Each process of the tree's resident memory now, in MB."""
-    found = {}
-    for p in procstat.tree(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    found[p] = int(line.split()[1]) / 1024
-        except OSError:
-            continue
-    return found
-
-
 def window(target: servers.Target, workload: str, connections: int, seconds: float) -> dict[str, Any]:
     keys = target.keys if workload == servers.MANY_KEYS else ()
     body = load.body(workload, target.model_for(workload))
@@ -70,7 +57,7 @@ def window(target: servers.Target, workload: str, connections: int, seconds: flo
         "failures": result.failures,
         "rps": result.rps,
         "cpu_s_per_1k": cpu / result.requests * 1000 if result.requests else None,
-        "rss": rss_mb(target.pid),
+        "rss": procstat.rss_mb(target.pid),
     }
 
 
@@ -84,10 +71,10 @@ def growth(rows: list[dict[str, Any]], worker: int) -> list[str]:
             continue
         first, last = seen[1], seen[-1]
         served = sum(row["requests"] for row in rows[first + 1 : last + 1])
-        change = rows[last]["rss"].get(worker, 0.0) - rows[first]["rss"].get(worker, 0.0)
+        before, after = (rows[i]["rss"].get(worker, 0.0) for i in (first, last))
         lines.append(
-            f"- {workload}: {rows[first]['rss'].get(worker, 0.0):.1f} → {rows[last]['rss'].get(worker, 0.0):.1f} MB"
-            f" over {served:,} requests ({change / max(served, 1) * 1e6:+.2f} MB a million)"
+            f"- {workload}: {before:.1f} → {after:.1f} MB over {served:,} requests"
+            f" ({(after - before) / max(served, 1) * 1e6:+.2f} MB a million)"
         )
     return lines
 
